@@ -1,0 +1,12 @@
+"""kernel_pytorch: drop-in Triton kernels, compile diagnostics and honest benchmarks for PyTorch.
+
+    import kernel_pytorch as kp
+    y = kp.functional.rms_norm(x, weight)          # Triton on CUDA, reference on CPU
+    norm = kp.nn.RMSNorm(4096)                      # a torch.nn.RMSNorm that runs our kernel
+"""
+
+from kernel_pytorch import functional, nn
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "functional", "nn"]

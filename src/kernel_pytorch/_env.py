@@ -1,0 +1,58 @@
+"""Environment facts shared by every layer: is the Triton path usable, and one-time log lines.
+
+This module sits below `reference` and imports nothing of ours, so any layer may use it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger("kernel_pytorch")
+
+
+def interpret_mode() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def triton_version() -> str | None:
+    """The installed Triton version, or None when Triton cannot be imported."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        import triton
+    except Exception:  # a broken install is reported by `doctor`, not raised here
+        return None
+    return str(triton.__version__)
+
+
+def triton_status(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """Whether our Triton kernels can run on `device` (default: the current CUDA device), and why.
+
+    Returns:
+        (active, reason): reason is a short human sentence, suitable for a log line.
+    """
+    if triton_version() is None:
+        return False, "triton is not installed"
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type != "cuda":
+        return False, f"tensors are on {dev.type}; the Triton kernels run on CUDA devices"
+    if not torch.cuda.is_available():
+        return False, "no CUDA device is available"
+    index = dev.index if dev is not None and dev.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    if major < 7:
+        return False, f"CUDA capability {major}.{minor} is below 7.0, the oldest Triton supports"
+    return True, f"Triton {triton_version()} on {torch.cuda.get_device_name(index)}"
+
+
+@functools.cache
+def log_once(message: str, level: int = logging.INFO) -> None:
+    """Log `message` the first time it is seen in this process (the cache is the memory)."""
+    logger.log(level, message)

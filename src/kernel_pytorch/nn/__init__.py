@@ -1,0 +1,5 @@
+"""Drop-in modules backed by kernel_pytorch's kernels."""
+
+from kernel_pytorch.nn.norm import FusedAddRMSNorm, LayerNorm, RMSNorm
+
+__all__ = ["FusedAddRMSNorm", "LayerNorm", "RMSNorm"]

@@ -1,0 +1,230 @@
+"""RMSNorm forward and backward kernels, registered as `kernel_pytorch::rms_norm_fwd` / `_bwd`.
+
+Math (see reference/rms_norm.py, the specification), for x (rows, D) and weight (D,):
+    rstd = 1/sqrt(mean(x^2) + eps);  y = (x * rstd).to(dtype) * (offset + weight)
+    dx = rstd * (g - x_hat * mean(g * x_hat)),  g = dy * (offset + weight)
+    dweight = sum_rows dy * x_hat
+
+Forward: one program per row; rstd (fp32, one per row) is saved for the backward.
+Backward: a persistent grid of one program per SM walks rows pid, pid + G, ...; each program keeps
+its dweight partial in fp32 (registers when the row fits, else its own row of the partial buffer) and
+the partials are summed in a second, fixed-order reduction: no atomics, bitwise-reproducible.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op, wrap_triton
+
+from kernel_pytorch.ops._triton import as_rows, persistent_programs, row_launch, row_stride
+from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward, rms_norm_rstd
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(
+    X, W, Y, RSTD,
+    stride_x, stride_y, n_cols, eps, offset,
+    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    y_row = Y + row * stride_y
+    if SINGLE_PASS:
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
+        x_hat = (x * rstd).to(Y.dtype.element_ty).to(tl.float32)
+        tl.store(y_row + cols, (x_hat * w).to(Y.dtype.element_ty), mask=mask)
+    else:
+        # the row does not fit in registers: one pass for the sum of squares, one to normalise
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
+            x_hat = (x * rstd).to(Y.dtype.element_ty).to(tl.float32)
+            tl.store(y_row + cols, (x_hat * w).to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row, rstd)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    DY, X, W, RSTD, DX, DW_PART,
+    stride_dy, stride_x, stride_dx, n_rows, n_cols, offset,
+    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_progs = tl.num_programs(0)
+    part_row = DW_PART + pid.to(tl.int64) * n_cols
+    if SINGLE_PASS:
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
+        dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for row in range(pid, n_rows, n_progs):
+            r64 = tl.cast(row, tl.int64)
+            dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + r64)
+            x_hat = x * rstd
+            dw_acc += dy * x_hat.to(X.dtype.element_ty).to(tl.float32)
+            g = dy * w
+            c = tl.sum(g * x_hat, axis=0) / n_cols
+            dx = (g - x_hat * c) * rstd
+            tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        tl.store(part_row + cols, dw_acc, mask=mask)
+    else:
+        for row in range(pid, n_rows, n_progs):
+            r64 = tl.cast(row, tl.int64)
+            dy_row = DY + r64 * stride_dy
+            x_row = X + r64 * stride_x
+            rstd = tl.load(RSTD + r64)
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for start in range(0, n_cols, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                mask = cols < n_cols
+                dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
+                acc += dy * w * x
+            c = tl.sum(acc, axis=0) * rstd / n_cols
+            not_first = r64 != pid.to(tl.int64)
+            for start in range(0, n_cols, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                mask = cols < n_cols
+                dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
+                x_hat = x * rstd
+                dx = (dy * w - x_hat * c) * rstd
+                tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+                # this program's own partial row: read-modify-write, nobody else touches it
+                prev = tl.where(not_first, tl.load(part_row + cols, mask=mask, other=0.0), 0.0)
+                tl.store(part_row + cols, prev + dy * x_hat.to(X.dtype.element_ty).to(tl.float32), mask=mask)
+
+
+def rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+    """Launch the forward kernel.
+
+    Args:
+        x: (..., D) CUDA tensor (or CPU under TRITON_INTERPRET=1), fp32/bf16/fp16, unit column stride
+            not required.
+        weight: (D,) tensor on x's device.
+    Returns:
+        y of x's shape and dtype (contiguous), rstd fp32 of shape x.shape[:-1].
+    """
+    x2 = as_rows(x)
+    n_rows, n_cols = x2.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if n_rows == 0:
+        return y, rstd
+    weight = weight.contiguous()
+    launch = row_launch(n_cols, x.element_size())
+    wrap_triton(_rms_norm_fwd_kernel)[(n_rows,)](
+        x2, weight, y, rstd,
+        row_stride(x2), n_cols, n_cols, eps, offset,
+        BLOCK=launch.block, SINGLE_PASS=launch.single_pass, num_warps=launch.num_warps,
+    )
+    return y, rstd
+
+
+def rms_norm_bwd(
+    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float
+) -> tuple[Tensor, Tensor]:
+    """Launch the backward kernel and reduce the per-program weight-gradient partials.
+
+    Args:
+        dy: (..., D) upstream gradient; x: (..., D) forward input; weight: (D,); rstd: x.shape[:-1].
+    Returns:
+        dx of x's shape and dtype, dweight of weight's shape and dtype.
+    """
+    x2 = as_rows(x)
+    dy2 = as_rows(dy)
+    n_rows, n_cols = x2.shape
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if n_rows == 0:
+        return dx, torch.zeros_like(weight)
+    weight, rstd = weight.contiguous(), rstd.contiguous()
+    launch = row_launch(n_cols, x.element_size())
+    n_progs = persistent_programs(n_rows, x.device)
+    dw_part = torch.empty((n_progs, n_cols), dtype=torch.float32, device=x.device)
+    wrap_triton(_rms_norm_bwd_kernel)[(n_progs,)](
+        dy2, x2, weight, rstd, dx, dw_part,
+        row_stride(dy2), row_stride(x2), n_cols, n_rows, n_cols, offset,
+        BLOCK=launch.block, SINGLE_PASS=launch.single_pass, num_warps=launch.num_warps,
+    )
+    # second reduction over a fixed number of partials in a fixed order: deterministic
+    return dx, dw_part.sum(0).to(weight.dtype)
+
+
+def _fwd_reference(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+    return rms_norm(x, weight, eps, offset).contiguous(), rms_norm_rstd(x, eps)
+
+
+def _bwd_reference(
+    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float
+) -> tuple[Tensor, Tensor]:
+    dx, dw = rms_norm_backward(dy, x, weight, rstd, offset)
+    return dx.contiguous(), dw
+
+
+@triton_op("kernel_pytorch::rms_norm_fwd", mutates_args=())
+def rms_norm_fwd_op(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+    """Registered forward: Triton on CUDA, the reference elsewhere. Returns (y, rstd)."""
+    # compile/export trace this body for every device, so the CPU branch must live here too
+    if x.device.type != "cuda":
+        return _fwd_reference(x, weight, eps, offset)
+    return rms_norm_fwd(x, weight, eps, offset)
+
+
+@triton_op("kernel_pytorch::rms_norm_bwd", mutates_args=())
+def rms_norm_bwd_op(
+    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float
+) -> tuple[Tensor, Tensor]:
+    """Registered backward: returns (dx, dweight)."""
+    if x.device.type != "cuda":
+        return _bwd_reference(dy, x, weight, rstd, offset)
+    return rms_norm_bwd(dy, x, weight, rstd, offset)
+
+
+rms_norm_fwd_op.register_kernel("cpu")(_fwd_reference)
+rms_norm_bwd_op.register_kernel("cpu")(_bwd_reference)
+
+
+@rms_norm_fwd_op.register_fake
+def _(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return y, x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@rms_norm_bwd_op.register_fake
+def _(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float) -> tuple[Tensor, Tensor]:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(weight)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, _eps, offset = inputs
+    _y, rstd = output
+    ctx.save_for_backward(x, weight, rstd)
+    ctx.offset = offset
+
+
+def _backward(ctx, dy: Tensor, _drstd: Tensor | None):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = torch.ops.kernel_pytorch.rms_norm_bwd(dy, x, weight, rstd, ctx.offset)
+    return dx, dw, None, None
+
+
+rms_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)

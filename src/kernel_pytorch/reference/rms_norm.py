@@ -1,0 +1,60 @@
+"""RMSNorm, Hugging Face Llama semantics.
+
+For x of shape (..., D) and weight of shape (D,):
+
+    rstd = 1 / sqrt(mean(x^2, -1) + eps)          # fp32
+    x_hat = (x * rstd).to(x.dtype)                 # normalise in fp32, round to the input dtype
+    y = (x_hat * (offset + weight)).to(x.dtype)    # then scale; offset=1 gives Gemma's (1 + weight)
+
+The product is taken in fp32 and rounded once, which is what PyTorch does for `bf16 * bf16`.
+y has x's shape and dtype. The backward treats the rounding of x_hat as the identity:
+
+    g = dy * (offset + weight)
+    dx = rstd * (g - x_hat * mean(g * x_hat, -1))   # x_hat unrounded here
+    dweight = sum over rows of dy * x_hat            # x_hat rounded, as in the forward
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def rms_norm_rstd(x: Tensor, eps: float) -> Tensor:
+    """1 / sqrt(mean(x^2) + eps) over the last dim, fp32, shape x.shape[:-1]."""
+    x32 = x.float()
+    return torch.rsqrt(x32.pow(2).mean(-1) + eps)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) -> Tensor:
+    """y = (x * rstd).to(x.dtype) * (offset + weight), product in fp32, result in x.dtype.
+
+    Args:
+        x: (..., D) input.
+        weight: (D,) scale.
+        eps: added to the mean square.
+        offset: added to the weight (1.0 for Gemma-style norms).
+    Returns:
+        (..., D) tensor of x.dtype.
+    """
+    rstd = rms_norm_rstd(x, eps).unsqueeze(-1)
+    x_hat = (x.float() * rstd).to(x.dtype)
+    return (x_hat.float() * (weight.float() + offset)).to(x.dtype)
+
+
+def rms_norm_backward(
+    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Gradients of `rms_norm` given the saved fp32 `rstd` (shape x.shape[:-1]).
+
+    Returns:
+        dx of x's shape and dtype, dweight of weight's shape and dtype (summed in fp32).
+    """
+    x32 = x.float()
+    r = rstd.unsqueeze(-1)
+    x_hat = x32 * r
+    g = dy.float() * (weight.float() + offset)
+    dx = r * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
+    x_hat_rounded = x_hat.to(x.dtype).float()
+    dw = (dy.float() * x_hat_rounded).reshape(-1, x.shape[-1]).sum(0)
+    return dx.to(x.dtype), dw.to(weight.dtype)

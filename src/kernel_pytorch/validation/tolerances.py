@@ -1,0 +1,148 @@
+"""The one tolerance table, and the fp64-derived budget for long reductions.
+
+Every comparison in kernel_pytorch (tests, `validate_optimization`, benchmarks' correctness gate) takes
+its numbers from here. Two kinds of check:
+
+* `TOLERANCES[dtype]`: elementwise `|a - b| <= atol + rtol * |b|` against a reference computed in fp32
+  and rounded to `dtype`. Right for outputs whose every element is a short computation.
+* `fp64_budget`: for long reductions (norms over wide rows, gradients that sum over rows, cross-entropy
+  over big vocabularies) the fair yardstick is PyTorch itself: the candidate's worst error against an
+  fp64 reference may be at most `factor` times the worst error of PyTorch's own eager op run in the
+  same low precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Absolute and relative tolerance for one dtype."""
+
+    atol: float
+    rtol: float
+
+
+# fp32: reductions reorder sums, so a few ulps over ~1e4 terms; bf16/fp16: one rounding of the
+# output (half an ulp each side) plus reordering inside fp32 accumulation.
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(atol=1e-10, rtol=1e-9),
+    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
+    torch.bfloat16: Tolerance(atol=2e-2, rtol=1.6e-2),
+    torch.float16: Tolerance(atol=2e-3, rtol=2e-3),
+}
+
+# How much worse than PyTorch's own low-precision op a kernel may be on a long reduction.
+BUDGET_FACTOR = 2.0
+
+
+def tolerance_for(dtype: torch.dtype) -> Tolerance:
+    """The table's entry for `dtype`; raises KeyError with the known dtypes for anything else."""
+    try:
+        return TOLERANCES[dtype]
+    except KeyError:
+        known = ", ".join(str(d) for d in TOLERANCES)
+        raise KeyError(f"no tolerance for {dtype}; the table covers {known}") from None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Outcome of comparing `actual` with `expected` (both reduced to float64 for the arithmetic)."""
+
+    passed: bool
+    max_abs_err: float
+    max_rel_err: float
+    worst_index: tuple[int, ...]
+    allowed: str
+    nonfinite_mismatch: bool = False
+
+    def message(self, name: str = "tensor") -> str:
+        where = "non-finite values differ" if self.nonfinite_mismatch else f"worst at {self.worst_index}"
+        verdict = "ok" if self.passed else "MISMATCH"
+        return (
+            f"{name}: {verdict}: max abs err {self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g} "
+            f"({where}); allowed {self.allowed}"
+        )
+
+
+def _errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    a = actual.detach().to(torch.float64).cpu()
+    e = expected.detach().to(torch.float64).cpu()
+    if a.shape != e.shape:
+        raise ValueError(f"shape mismatch: actual {tuple(a.shape)} vs expected {tuple(e.shape)}")
+    fin_a, fin_e = torch.isfinite(a), torch.isfinite(e)
+    # NaN never passes; +-inf must match exactly
+    nonfinite_mismatch = bool((fin_a != fin_e).any()) or bool(torch.isnan(a).any())
+    if not nonfinite_mismatch and not bool(fin_e.all()):
+        nonfinite_mismatch = bool((a[~fin_e] != e[~fin_e]).any())
+    both = fin_a & fin_e
+    diff = torch.where(both, (a - e).abs(), torch.zeros_like(a))
+    return diff, e.abs(), nonfinite_mismatch
+
+
+def _worst(values: torch.Tensor) -> tuple[int, ...]:
+    if values.numel() == 0:
+        return ()
+    flat = int(torch.argmax(values).item())
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), values.shape))
+
+
+def compare(
+    actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None
+) -> Comparison:
+    """Elementwise check of `actual` against `expected` under the table's tolerance for `dtype`.
+
+    Args:
+        actual: tensor under test, any shape.
+        expected: reference of the same shape (typically fp32 math rounded to `dtype`).
+        dtype: whose tolerance applies; defaults to `actual.dtype`.
+    """
+    tol = tolerance_for(dtype or actual.dtype)
+    diff, scale, nonfinite = _errors(actual, expected)
+    excess = diff - (tol.atol + tol.rtol * scale)
+    rel = diff / scale.clamp_min(torch.finfo(torch.float64).tiny)
+    passed = not nonfinite and bool((excess <= 0).all())
+    return Comparison(
+        passed=passed,
+        max_abs_err=float(diff.max()) if diff.numel() else 0.0,
+        max_rel_err=float(rel.max()) if rel.numel() else 0.0,
+        worst_index=_worst(excess),
+        allowed=f"atol {tol.atol:g} + rtol {tol.rtol:g}",
+        nonfinite_mismatch=nonfinite,
+    )
+
+
+def fp64_budget(
+    actual: torch.Tensor,
+    eager_lowp: torch.Tensor,
+    reference64: torch.Tensor,
+    factor: float = BUDGET_FACTOR,
+) -> Comparison:
+    """Long-reduction check: err(actual) <= factor * err(PyTorch eager in the same dtype) + a floor.
+
+    Args:
+        actual: the kernel's result (any float dtype).
+        eager_lowp: PyTorch's own eager op on the same inputs in the same low precision.
+        reference64: the same computation in float64.
+        factor: allowed multiple of eager's error.
+    Returns:
+        A Comparison whose errors are the candidate's, measured against `reference64`.
+    """
+    diff, scale, nonfinite = _errors(actual, reference64)
+    eager_diff, _, _ = _errors(eager_lowp, reference64)
+    # the floor keeps an exact eager op (err 0) from demanding bit-exactness of a reordered sum
+    floor = float(torch.finfo(actual.dtype).eps) * float(scale.max()) if scale.numel() else 0.0
+    budget = factor * float(eager_diff.max()) + floor if eager_diff.numel() else floor
+    rel = diff / scale.clamp_min(torch.finfo(torch.float64).tiny)
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    return Comparison(
+        passed=not nonfinite and max_abs <= budget,
+        max_abs_err=max_abs,
+        max_rel_err=float(rel.max()) if rel.numel() else 0.0,
+        worst_index=_worst(diff),
+        allowed=f"{factor:g} x eager's max abs err {float(eager_diff.max()):.3g} + floor {floor:.3g}",
+        nonfinite_mismatch=nonfinite,
+    )

@@ -1,0 +1,31 @@
+"""Test-wide setup: Triton's interpreter on CPU-only machines, the cuda marker, fixed seeds."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Must happen before anything imports triton: without a GPU, kernels run in Triton's CPU interpreter.
+try:
+    import torch
+
+    _HAS_CUDA = torch.cuda.is_available()
+except Exception:  # pragma: no cover - torch is a hard dependency
+    _HAS_CUDA = False
+if not _HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)

@@ -1,0 +1,38 @@
+"""The shared test grid: shapes, dtypes and input makers every op test reuses (STYLE rule 7)."""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# (leading shape, row width): a single element row, odd widths, a power of two, a wide row that
+# takes the looping path once MAX_FUSED_COLS is lowered, several leading dims.
+ROW_SHAPES = (
+    ((1,), 1),
+    ((3,), 7),
+    ((5,), 33),
+    ((2, 3), 128),
+    ((4,), 257),
+    ((2, 1, 3), 64),
+)
+
+# Widths above the fused limit on the GPU (the looping path there).
+WIDE_COLS_CUDA = (16385, 65536, 262144)
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+          scale: float = 1.0, offset: float = 0.0) -> torch.Tensor:
+    """Random normal inputs (never zeros), drawn in fp32 and rounded once to `dtype`."""
+    return (torch.randn(*shape, device=device) * scale + offset).to(dtype)
+
+
+def strided_rows(lead: tuple[int, ...], cols: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    """A (..., cols) view whose rows are strided: the first `cols` columns of a wider tensor."""
+    wide = randn(*lead, cols + 5, dtype=dtype, device=device)
+    return wide[..., :cols]
+
+
+def poisoned_like(t: torch.Tensor) -> torch.Tensor:
+    """A tensor like `t` filled with NaN, to catch outputs a kernel forgets to write."""
+    return torch.full_like(t, float("nan"))
