@@ -1,0 +1,193 @@
+"""Load user models for the CLI: `FILE.py:NAME`, `package.module:NAME`, or a bare `FILE.py`.
+
+A factory is a callable returning `(model, example_inputs)`, where the inputs are a tuple (or list) of
+positional arguments, a dict of keyword arguments, or a single tensor. A bare `FILE.py` (no `:NAME`)
+may instead define the benchmark-style trio `Model`, `get_inputs()` and `get_init_inputs()`; the
+factory then builds `Model(*get_init_inputs())` and calls it on `get_inputs()`.
+
+Shared by every subcommand that takes models (`validate`, `analyze`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+Inputs = tuple[Any, ...] | dict[str, Any]
+Factory = Callable[[], tuple[nn.Module, Inputs]]
+
+# names tried, in order, when a bare FILE.py defines a factory function rather than the trio
+_DEFAULT_FACTORY_NAMES = ("make", "factory", "get_model")
+
+
+class FactoryError(ValueError):
+    """A factory spec that cannot be loaded, or a factory that returned the wrong thing."""
+
+
+def _split(spec: str) -> tuple[str, str | None]:
+    """('path/or.module', 'NAME' or None). Splits on the last ':' so Windows drive letters survive."""
+    head, sep, tail = spec.rpartition(":")
+    if not sep or not tail or "/" in tail or "\\" in tail or tail.endswith(".py"):
+        return spec, None
+    return head, tail
+
+
+def load_module(target: str) -> ModuleType:
+    """Import `target`: a path to a .py file (imported under a private name) or a dotted module name."""
+    path = Path(target)
+    if target.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise FactoryError(f"no such file: {target}")
+        resolved = path.resolve()
+        # a stable private name per file, so two files called model.py do not collide in sys.modules
+        digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
+        name = f"_kernel_pytorch_user_{resolved.stem}_{digest}"
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, resolved)
+        if spec is None or spec.loader is None:
+            raise FactoryError(f"cannot import {target} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        # the file's own directory first, so its sibling imports resolve as they would when run directly
+        sys.path.insert(0, str(resolved.parent))
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(name, None)
+            raise FactoryError(f"importing {target} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            sys.path.remove(str(resolved.parent))
+        return module
+    try:
+        return importlib.import_module(target)
+    except ImportError as exc:
+        raise FactoryError(f"{target!r} is neither a .py file nor an importable module: {exc}") from exc
+
+
+def load_callable(spec: str) -> Callable[[], Any]:
+    """The raw callable `spec` names, unwrapped (its return value is not checked).
+
+    For a bare module or file with no `:NAME`, the trio `Model` / `get_inputs` / `get_init_inputs` is
+    turned into a factory; failing that, a function named make, factory or get_model is used.
+    """
+    target, attr = _split(spec)
+    module = load_module(target)
+    if attr is not None:
+        if not hasattr(module, attr):
+            public = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
+            listing = ", ".join(public) or "none"
+            raise FactoryError(f"{target} defines no {attr!r}; callables there: {listing}")
+        fn = getattr(module, attr)
+        if not callable(fn):
+            raise FactoryError(f"{spec} is a {type(fn).__name__}, not a callable")
+        return fn
+    if all(hasattr(module, n) for n in ("Model", "get_inputs")):
+        return _trio_factory(module, "Model")
+    for name in _DEFAULT_FACTORY_NAMES:
+        if callable(getattr(module, name, None)):
+            return getattr(module, name)
+    raise FactoryError(
+        f"{target} has no factory: name one as {target}:NAME, or define Model, get_inputs() and "
+        "get_init_inputs()"
+    )
+
+
+def _trio_factory(module: ModuleType, model_attr: str) -> Factory:
+    def build() -> tuple[nn.Module, Inputs]:
+        init = module.get_init_inputs() if hasattr(module, "get_init_inputs") else ()
+        model_cls = getattr(module, model_attr)
+        model = model_cls(**init) if isinstance(init, dict) else model_cls(*init)
+        return model, normalize_inputs(module.get_inputs())
+
+    build.__name__ = f"{module.__name__}.{model_attr}"
+    return build
+
+
+def trio_pair(spec: str) -> tuple[Factory, Factory] | None:
+    """(Model factory, ModelNew factory) when the file of `spec` defines both classes, else None.
+
+    Both factories draw inputs from the same `get_inputs()`; the caller seeds the RNG.
+    """
+    target, attr = _split(spec)
+    if attr is not None:
+        return None
+    module = load_module(target)
+    if all(hasattr(module, n) for n in ("Model", "ModelNew", "get_inputs")):
+        return _trio_factory(module, "Model"), _trio_factory(module, "ModelNew")
+    return None
+
+
+def normalize_inputs(inputs: Any) -> Inputs:
+    """Positional args as a tuple, or keyword args as a dict; a lone tensor becomes a 1-tuple."""
+    if isinstance(inputs, dict):
+        return dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs)
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,)
+    raise FactoryError(
+        f"example inputs must be a tuple/list of positional args, a dict of kwargs or a tensor "
+        f"(got {type(inputs).__name__})"
+    )
+
+
+def check_pair(result: Any, spec: str) -> tuple[nn.Module, Inputs]:
+    """Check a factory's return value is `(module, inputs)` and normalise the inputs."""
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise FactoryError(f"{spec} must return (model, example_inputs); got {type(result).__name__}")
+    model, inputs = result
+    if not isinstance(model, nn.Module):
+        raise FactoryError(
+            f"{spec} returned a {type(model).__name__} as the model; expected a torch.nn.Module"
+        )
+    return model, normalize_inputs(inputs)
+
+
+def load_factory(spec: str) -> Callable[[], tuple[nn.Module, tuple | dict]]:
+    """A zero-argument callable returning `(model, example_inputs)` for the factory `spec` names.
+
+    Args:
+        spec: `FILE.py:NAME`, `package.module:NAME`, or `FILE.py` defining `Model`, `get_inputs()`
+            and (optionally) `get_init_inputs()`.
+    Returns:
+        A callable; each call builds a fresh model and inputs, checked and normalised (inputs a tuple
+        of positional args or a dict of keyword args).
+    Raises:
+        FactoryError: the spec cannot be imported or names nothing callable.
+    """
+    fn = load_callable(spec)
+
+    def factory() -> tuple[nn.Module, tuple | dict]:
+        return check_pair(fn(), spec)
+
+    factory.__name__ = getattr(fn, "__name__", "factory")
+    return factory
+
+
+def call_inputs(model: Callable[..., Any], inputs: Inputs) -> Any:
+    """model(*inputs) or model(**inputs)."""
+    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+
+
+__all__ = [
+    "Factory",
+    "FactoryError",
+    "Inputs",
+    "call_inputs",
+    "check_pair",
+    "load_callable",
+    "load_factory",
+    "load_module",
+    "normalize_inputs",
+    "trio_pair",
+]
