@@ -36,3 +36,40 @@ def strided_rows(lead: tuple[int, ...], cols: int, dtype: torch.dtype, device: s
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:
     """A tensor like `t` filled with NaN, to catch outputs a kernel forgets to write."""
     return torch.full_like(t, float("nan"))
+
+
+def device_under_test() -> str:
+    """Where the Triton launchers run: CUDA when present, else the CPU interpreter."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def compile_and_count_breaks(fn, *args) -> tuple[object, int]:
+    """Run `fn` under torch.compile(fullgraph=True) and return (result, graph breaks seen by explain)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(fn)(*args)
+    out = torch.compile(fn, fullgraph=True)(*args)
+    return out, explanation.graph_break_count
+
+
+class Poisoned:
+    """Context manager: every `torch.empty`/`empty_like` inside returns NaN-filled memory, so an
+    output element a kernel forgets to write shows up as NaN."""
+
+    def __enter__(self) -> Poisoned:
+        self._empty, self._empty_like = torch.empty, torch.empty_like
+
+        def empty(*args, **kwargs):
+            t = self._empty(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+
+        def empty_like(*args, **kwargs):
+            t = self._empty_like(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+
+        torch.empty, torch.empty_like = empty, empty_like
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.empty, torch.empty_like = self._empty, self._empty_like

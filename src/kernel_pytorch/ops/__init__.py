@@ -3,6 +3,6 @@
 Importing this package registers every op; call them as `torch.ops.kernel_pytorch.<name>`.
 """
 
-from kernel_pytorch.ops import rms_norm  # noqa: F401  (registration)
+from kernel_pytorch.ops import add_rms_norm, layer_norm, rms_norm  # noqa: F401  (registration)
 
-__all__ = ["rms_norm"]
+__all__ = ["add_rms_norm", "layer_norm", "rms_norm"]

@@ -20,15 +20,17 @@ from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
 from kernel_pytorch.ops._triton import as_rows, persistent_programs, row_launch, row_stride
+from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward, rms_norm_rstd
 
 
 @triton.jit
 def _rms_norm_fwd_kernel(
-    X, W, Y, RSTD,
-    stride_x, stride_y, n_cols, eps, offset,
-    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr,
+    X, R, H, W, Y, RSTD,
+    stride_x, stride_r, stride_y, n_cols, eps, offset,
+    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
 ):
+    # HAS_RESIDUAL: normalise h = (x + r) rounded to x's dtype, and write h (contiguous, like Y)
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
     y_row = Y + row * stride_y
@@ -36,6 +38,11 @@ def _rms_norm_fwd_kernel(
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        if HAS_RESIDUAL:
+            r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+            x = (x + r.to(tl.float32)).to(H.dtype.element_ty)
+            tl.store(H + row * stride_y + cols, x, mask=mask)
+            x = x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
         w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
         x_hat = (x * rstd).to(Y.dtype.element_ty).to(tl.float32)
@@ -45,9 +52,20 @@ def _rms_norm_fwd_kernel(
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0)
+                x = (x + r.to(tl.float32)).to(H.dtype.element_ty)
+                tl.store(H + row * stride_y + cols, x, mask=mask)
+                x = x.to(tl.float32)
             acc += x * x
         rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+        if HAS_RESIDUAL:
+            # the second pass reads the sum back instead of adding again; the barrier orders the
+            # first pass's stores before those loads across the program's threads
+            tl.debug_barrier()
+            x_row = H + row * stride_y
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             mask = cols < n_cols
@@ -60,10 +78,11 @@ def _rms_norm_fwd_kernel(
 
 @triton.jit
 def _rms_norm_bwd_kernel(
-    DY, X, W, RSTD, DX, DW_PART,
-    stride_dy, stride_x, stride_dx, n_rows, n_cols, offset,
-    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr,
+    DY, X, W, RSTD, DRES, DX, DW_PART,
+    stride_dy, stride_x, stride_dres, stride_dx, n_rows, n_cols, offset,
+    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_DRES: tl.constexpr,
 ):
+    # HAS_DRES: dx += dres, the gradient reaching the residual stream directly (fused add+norm)
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
     part_row = DW_PART + pid.to(tl.int64) * n_cols
@@ -82,6 +101,8 @@ def _rms_norm_bwd_kernel(
             g = dy * w
             c = tl.sum(g * x_hat, axis=0) / n_cols
             dx = (g - x_hat * c) * rstd
+            if HAS_DRES:
+                dx += tl.load(DRES + r64 * stride_dres + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
         tl.store(part_row + cols, dw_acc, mask=mask)
     else:
@@ -108,50 +129,60 @@ def _rms_norm_bwd_kernel(
                 w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
                 x_hat = x * rstd
                 dx = (dy * w - x_hat * c) * rstd
+                if HAS_DRES:
+                    dx += tl.load(DRES + r64 * stride_dres + cols, mask=mask, other=0.0).to(tl.float32)
                 tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
                 # this program's own partial row: read-modify-write, nobody else touches it
                 prev = tl.where(not_first, tl.load(part_row + cols, mask=mask, other=0.0), 0.0)
                 tl.store(part_row + cols, prev + dy * x_hat.to(X.dtype.element_ty).to(tl.float32), mask=mask)
 
 
-def rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+def rms_norm_fwd(
+    x: Tensor, weight: Tensor, eps: float, offset: float, residual: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the forward kernel.
 
     Args:
-        x: (..., D) CUDA tensor (or CPU under TRITON_INTERPRET=1), fp32/bf16/fp16, unit column stride
-            not required.
+        x: (..., D) CUDA tensor (or CPU under TRITON_INTERPRET=1), fp32/bf16/fp16, any strides.
         weight: (D,) tensor on x's device.
+        residual: optional (..., D) tensor added to x first (fused add + norm).
     Returns:
-        y of x's shape and dtype (contiguous), rstd fp32 of shape x.shape[:-1].
+        y of x's shape and dtype (contiguous), rstd fp32 of shape x.shape[:-1], and h = x + residual
+        (contiguous) when a residual is given, else None.
     """
     x2 = as_rows(x)
     n_rows, n_cols = x2.shape
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=acc_dtype(x.dtype), device=x.device)
+    h = torch.empty_like(y) if residual is not None else None
     if n_rows == 0:
-        return y, rstd
+        return y, rstd, h
+    r2 = as_rows(residual) if residual is not None else x2
     weight = weight.contiguous()
     launch = row_launch(n_cols, x.element_size())
     wrap_triton(_rms_norm_fwd_kernel)[(n_rows,)](
-        x2, weight, y, rstd,
-        row_stride(x2), n_cols, n_cols, eps, offset,
-        BLOCK=launch.block, SINGLE_PASS=launch.single_pass, num_warps=launch.num_warps,
+        x2, r2, h if h is not None else y, weight, y, rstd,
+        row_stride(x2), row_stride(r2), n_cols, n_cols, eps, offset,
+        BLOCK=launch.block, SINGLE_PASS=launch.single_pass, HAS_RESIDUAL=residual is not None,
+        num_warps=launch.num_warps,
     )
-    return y, rstd
+    return y, rstd, h
 
 
 def rms_norm_bwd(
-    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float
+    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, dres: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """Launch the backward kernel and reduce the per-program weight-gradient partials.
 
     Args:
-        dy: (..., D) upstream gradient; x: (..., D) forward input; weight: (D,); rstd: x.shape[:-1].
+        dy: (..., D) upstream gradient; x: (..., D) the normalised input; weight: (D,);
+        rstd: x.shape[:-1]; dres: optional (..., D) gradient added to dx (the residual stream's).
     Returns:
         dx of x's shape and dtype, dweight of weight's shape and dtype.
     """
     x2 = as_rows(x)
     dy2 = as_rows(dy)
+    dres2 = as_rows(dres) if dres is not None else dy2
     n_rows, n_cols = x2.shape
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if n_rows == 0:
@@ -161,9 +192,10 @@ def rms_norm_bwd(
     n_progs = persistent_programs(n_rows, x.device)
     dw_part = torch.empty((n_progs, n_cols), dtype=torch.float32, device=x.device)
     wrap_triton(_rms_norm_bwd_kernel)[(n_progs,)](
-        dy2, x2, weight, rstd, dx, dw_part,
-        row_stride(dy2), row_stride(x2), n_cols, n_rows, n_cols, offset,
-        BLOCK=launch.block, SINGLE_PASS=launch.single_pass, num_warps=launch.num_warps,
+        dy2, x2, weight, rstd, dres2, dx, dw_part,
+        row_stride(dy2), row_stride(x2), row_stride(dres2), n_cols, n_rows, n_cols, offset,
+        BLOCK=launch.block, SINGLE_PASS=launch.single_pass, HAS_DRES=dres is not None,
+        num_warps=launch.num_warps,
     )
     # second reduction over a fixed number of partials in a fixed order: deterministic
     return dx, dw_part.sum(0).to(weight.dtype)
@@ -186,7 +218,8 @@ def rms_norm_fwd_op(x: Tensor, weight: Tensor, eps: float, offset: float) -> tup
     # compile/export trace this body for every device, so the CPU branch must live here too
     if x.device.type != "cuda":
         return _fwd_reference(x, weight, eps, offset)
-    return rms_norm_fwd(x, weight, eps, offset)
+    y, rstd, _ = rms_norm_fwd(x, weight, eps, offset)
+    return y, rstd
 
 
 @triton_op("kernel_pytorch::rms_norm_bwd", mutates_args=())
@@ -206,7 +239,7 @@ rms_norm_bwd_op.register_kernel("cpu")(_bwd_reference)
 @rms_norm_fwd_op.register_fake
 def _(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return y, x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return y, x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
 
 
 @rms_norm_bwd_op.register_fake

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from kernel_pytorch.reference._math import acc
 from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward
 
 
@@ -31,7 +32,7 @@ def add_rms_norm(
         eps: added to the mean square.
         offset: added to the weight (1.0 for Gemma-style norms).
     """
-    h = (x.float() + residual.float()).to(x.dtype)
+    h = (acc(x) + acc(residual)).to(x.dtype)
     return rms_norm(h, weight, eps, offset), h
 
 
@@ -44,4 +45,4 @@ def add_rms_norm_backward(
         d_sum (the gradient of both x and residual, h's dtype), dweight (weight's dtype).
     """
     dh_norm, dw = rms_norm_backward(dy, h, weight, rstd, offset)
-    return (dh_norm.float() + dh.float()).to(h.dtype), dw
+    return (acc(dh_norm) + acc(dh)).to(h.dtype), dw

@@ -1,4 +1,5 @@
-"""LayerNorm, torch.nn.LayerNorm semantics (statistics and affine in fp32, one final rounding).
+"""LayerNorm, torch.nn.LayerNorm semantics (statistics and affine in fp32 - fp64 for fp64 inputs -
+one final rounding).
 
 For x of shape (..., D), optional weight and bias of shape (D,):
 
@@ -18,10 +19,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernel_pytorch.reference._math import acc
+
 
 def layer_norm_stats(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """(mean, rstd) over the last dim, fp32, each of shape x.shape[:-1]."""
-    x32 = x.float()
+    x32 = acc(x)
     mean = x32.mean(-1)
     var = (x32 - mean.unsqueeze(-1)).pow(2).mean(-1)
     return mean, torch.rsqrt(var + eps)
@@ -41,11 +44,11 @@ def layer_norm(
         (..., D) tensor of x.dtype.
     """
     mean, rstd = layer_norm_stats(x, eps)
-    y = (x.float() - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
+    y = (acc(x) - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
     if weight is not None:
-        y = y * weight.float()
+        y = y * acc(weight)
     if bias is not None:
-        y = y + bias.float()
+        y = y + acc(bias)
     return y.to(x.dtype)
 
 
@@ -60,9 +63,9 @@ def layer_norm_backward(
     """
     d = x.shape[-1]
     r = rstd.unsqueeze(-1)
-    x_hat = (x.float() - mean.unsqueeze(-1)) * r
-    dy32 = dy.float()
-    g = dy32 * weight.float() if weight is not None else dy32
+    x_hat = (acc(x) - mean.unsqueeze(-1)) * r
+    dy32 = acc(dy)
+    g = dy32 * acc(weight) if weight is not None else dy32
     dx = r * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
     dw = (dy32 * x_hat).reshape(-1, d).sum(0).to(weight.dtype) if weight is not None else None
     param_dtype = weight.dtype if weight is not None else x.dtype

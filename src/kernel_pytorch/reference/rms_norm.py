@@ -2,7 +2,7 @@
 
 For x of shape (..., D) and weight of shape (D,):
 
-    rstd = 1 / sqrt(mean(x^2, -1) + eps)          # fp32
+    rstd = 1 / sqrt(mean(x^2, -1) + eps)          # fp32 (fp64 for fp64 inputs)
     x_hat = (x * rstd).to(x.dtype)                 # normalise in fp32, round to the input dtype
     y = (x_hat * (offset + weight)).to(x.dtype)    # then scale; offset=1 gives Gemma's (1 + weight)
 
@@ -19,10 +19,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernel_pytorch.reference._math import acc
+
 
 def rms_norm_rstd(x: Tensor, eps: float) -> Tensor:
-    """1 / sqrt(mean(x^2) + eps) over the last dim, fp32, shape x.shape[:-1]."""
-    x32 = x.float()
+    """1 / sqrt(mean(x^2) + eps) over the last dim in the accumulation dtype, shape x.shape[:-1]."""
+    x32 = acc(x)
     return torch.rsqrt(x32.pow(2).mean(-1) + eps)
 
 
@@ -38,8 +40,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
         (..., D) tensor of x.dtype.
     """
     rstd = rms_norm_rstd(x, eps).unsqueeze(-1)
-    x_hat = (x.float() * rstd).to(x.dtype)
-    return (x_hat.float() * (weight.float() + offset)).to(x.dtype)
+    x_hat = (acc(x) * rstd).to(x.dtype)
+    return (acc(x_hat) * (acc(weight) + offset)).to(x.dtype)
 
 
 def rms_norm_backward(
@@ -50,11 +52,11 @@ def rms_norm_backward(
     Returns:
         dx of x's shape and dtype, dweight of weight's shape and dtype (summed in fp32).
     """
-    x32 = x.float()
+    x32 = acc(x)
     r = rstd.unsqueeze(-1)
     x_hat = x32 * r
-    g = dy.float() * (weight.float() + offset)
+    g = acc(dy) * (acc(weight) + offset)
     dx = r * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
-    x_hat_rounded = x_hat.to(x.dtype).float()
-    dw = (dy.float() * x_hat_rounded).reshape(-1, x.shape[-1]).sum(0)
+    x_hat_rounded = acc(x_hat.to(x.dtype))
+    dw = (acc(dy) * x_hat_rounded).reshape(-1, x.shape[-1]).sum(0)
     return dx.to(x.dtype), dw.to(weight.dtype)

@@ -1,0 +1,316 @@
+"""LayerNorm forward and backward kernels, registered as `kernel_pytorch::layer_norm_fwd` / `_bwd`.
+
+Math (see reference/layer_norm.py), for x (rows, D), optional weight and bias (D,):
+    mean = mean(x);  rstd = 1/sqrt(mean((x - mean)^2) + eps);  x_hat = (x - mean) * rstd
+    y = x_hat * weight + bias
+    dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat)),  g = dy * weight
+    dweight = sum_rows dy * x_hat;  dbias = sum_rows dy
+
+Forward: one program per row; the variance is taken around the mean (two passes over the row, in
+registers when it fits) so large offsets do not cancel. mean and rstd (fp32) are saved.
+Backward: a persistent grid of one program per SM, as in ops/rms_norm.py; dweight and dbias partials
+per program are summed in a fixed order afterwards: no atomics, bitwise-reproducible.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op, wrap_triton
+
+from kernel_pytorch.ops._triton import as_rows, persistent_programs, row_launch, row_stride
+from kernel_pytorch.reference._math import acc_dtype
+from kernel_pytorch.reference.layer_norm import layer_norm, layer_norm_backward, layer_norm_stats
+
+
+@triton.jit
+def _layer_norm_fwd_kernel(
+    X, W, B, Y, MEAN, RSTD,
+    stride_x, stride_y, n_cols, eps,
+    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    y_row = Y + row * stride_y
+    if SINGLE_PASS:
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        mean = tl.sum(x, axis=0) / n_cols
+        xc = tl.where(mask, x - mean, 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / n_cols + eps)
+        y = xc * rstd
+        if HAS_W:
+            y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        # wide rows: mean, then centred variance, then normalise (three passes; the row is re-read)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            acc += tl.load(x_row + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        mean = tl.sum(acc, axis=0) / n_cols
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            xc = tl.where(mask, x - mean, 0.0)
+            acc += xc * xc
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            y = (x - mean) * rstd
+            if HAS_W:
+                y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_B:
+                y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(MEAN + row, mean)
+    tl.store(RSTD + row, rstd)
+
+
+@triton.jit
+def _layer_norm_bwd_kernel(
+    DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART,
+    stride_dy, stride_x, stride_dx, n_rows, n_cols,
+    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_progs = tl.num_programs(0)
+    part_off = pid.to(tl.int64) * n_cols
+    if SINGLE_PASS:
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        if HAS_W:
+            w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
+        db_acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for row in range(pid, n_rows, n_progs):
+            r64 = tl.cast(row, tl.int64)
+            dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+            mean = tl.load(MEAN + r64)
+            rstd = tl.load(RSTD + r64)
+            x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
+            if HAS_W:
+                dw_acc += dy * x_hat
+                g = dy * w
+            else:
+                g = dy
+            if HAS_B:
+                db_acc += dy
+            c1 = tl.sum(g * x_hat, axis=0) / n_cols
+            c2 = tl.sum(g, axis=0) / n_cols
+            dx = (g - c2 - x_hat * c1) * rstd
+            tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        if HAS_W:
+            tl.store(DW_PART + part_off + cols, dw_acc, mask=mask)
+        if HAS_B:
+            tl.store(DB_PART + part_off + cols, db_acc, mask=mask)
+    else:
+        for row in range(pid, n_rows, n_progs):
+            r64 = tl.cast(row, tl.int64)
+            dy_row = DY + r64 * stride_dy
+            x_row = X + r64 * stride_x
+            mean = tl.load(MEAN + r64)
+            rstd = tl.load(RSTD + r64)
+            acc1 = tl.zeros([BLOCK], dtype=tl.float32)
+            acc2 = tl.zeros([BLOCK], dtype=tl.float32)
+            for start in range(0, n_cols, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                mask = cols < n_cols
+                dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+                x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
+                if HAS_W:
+                    g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    g = dy
+                acc1 += g * x_hat
+                acc2 += g
+            c1 = tl.sum(acc1, axis=0) / n_cols
+            c2 = tl.sum(acc2, axis=0) / n_cols
+            not_first = r64 != pid.to(tl.int64)
+            for start in range(0, n_cols, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                mask = cols < n_cols
+                dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+                x_hat = (x - mean) * rstd
+                if HAS_W:
+                    g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                    # this program's own partial row: read-modify-write, nobody else touches it
+                    prev = tl.where(not_first, tl.load(DW_PART + part_off + cols, mask=mask, other=0.0), 0.0)
+                    tl.store(DW_PART + part_off + cols, prev + dy * x_hat, mask=mask)
+                else:
+                    g = dy
+                if HAS_B:
+                    prev = tl.where(not_first, tl.load(DB_PART + part_off + cols, mask=mask, other=0.0), 0.0)
+                    tl.store(DB_PART + part_off + cols, prev + dy, mask=mask)
+                dx = (g - c2 - x_hat * c1) * rstd
+                tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+def layer_norm_fwd(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Launch the forward kernel.
+
+    Args:
+        x: (..., D) CUDA tensor (or CPU under TRITON_INTERPRET=1), fp32/bf16/fp16, any strides.
+        weight, bias: (D,) tensors on x's device, or None.
+    Returns:
+        y of x's shape and dtype (contiguous), mean and rstd fp32 of shape x.shape[:-1].
+    """
+    x2 = as_rows(x)
+    n_rows, n_cols = x2.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    mean = torch.empty(x.shape[:-1], dtype=acc_dtype(x.dtype), device=x.device)
+    rstd = torch.empty_like(mean)
+    if n_rows == 0:
+        return y, mean, rstd
+    w = weight.contiguous() if weight is not None else x2  # placeholder pointer, never read
+    b = bias.contiguous() if bias is not None else x2
+    launch = row_launch(n_cols, x.element_size())
+    wrap_triton(_layer_norm_fwd_kernel)[(n_rows,)](
+        x2, w, b, y, mean, rstd,
+        row_stride(x2), n_cols, n_cols, eps,
+        BLOCK=launch.block, SINGLE_PASS=launch.single_pass,
+        HAS_W=weight is not None, HAS_B=bias is not None, num_warps=launch.num_warps,
+    )
+    return y, mean, rstd
+
+
+def layer_norm_bwd(
+    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, has_bias: bool
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Launch the backward kernel and reduce the per-program partials.
+
+    Args:
+        dy, x: (..., D); weight: (D,) or None; mean, rstd: fp32 x.shape[:-1]; has_bias: whether to
+        return a bias gradient.
+    Returns:
+        dx (x's shape and dtype), dweight (weight's dtype) or None, dbias or None (weight's dtype when
+        there is a weight, else x's).
+    """
+    x2 = as_rows(x)
+    dy2 = as_rows(dy)
+    n_rows, n_cols = x2.shape
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    param_dtype = weight.dtype if weight is not None else x.dtype
+    if n_rows == 0:
+        dw = torch.zeros_like(weight) if weight is not None else None
+        db = torch.zeros(n_cols, dtype=param_dtype, device=x.device) if has_bias else None
+        return dx, dw, db
+    launch = row_launch(n_cols, x.element_size())
+    n_progs = persistent_programs(n_rows, x.device)
+    part = dict(size=(n_progs, n_cols), dtype=torch.float32, device=x.device)
+    dw_part = torch.empty(**part) if weight is not None else None
+    db_part = torch.empty(**part) if has_bias else None
+    placeholder = rstd  # pointer for absent tensors, never read or written
+    wrap_triton(_layer_norm_bwd_kernel)[(n_progs,)](
+        dy2, x2, weight.contiguous() if weight is not None else placeholder,
+        mean.contiguous(), rstd.contiguous(), dx,
+        dw_part if dw_part is not None else placeholder, db_part if db_part is not None else placeholder,
+        row_stride(dy2), row_stride(x2), n_cols, n_rows, n_cols,
+        BLOCK=launch.block, SINGLE_PASS=launch.single_pass,
+        HAS_W=weight is not None, HAS_B=has_bias, num_warps=launch.num_warps,
+    )
+    # second reduction over a fixed number of partials in a fixed order: deterministic
+    dw = dw_part.sum(0).to(param_dtype) if dw_part is not None else None
+    db = db_part.sum(0).to(param_dtype) if db_part is not None else None
+    return dx, dw, db
+
+
+def _fwd_reference(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    mean, rstd = layer_norm_stats(x, eps)
+    return layer_norm(x, weight, bias, eps).contiguous(), mean, rstd
+
+
+def _bwd_reference(
+    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, has_bias: bool
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    dx, dw, db = layer_norm_backward(dy, x, weight, mean, rstd, has_bias)
+    return dx.contiguous(), dw, db
+
+
+@triton_op("kernel_pytorch::layer_norm_fwd", mutates_args=())
+def layer_norm_fwd_op(
+    x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float  # noqa: UP045 (schema)
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Registered forward: (y, mean, rstd). Triton on CUDA, the reference elsewhere."""
+    # compile/export trace this body for every device, so the CPU branch must live here too
+    if x.device.type != "cuda":
+        return _fwd_reference(x, weight, bias, eps)
+    return layer_norm_fwd(x, weight, bias, eps)
+
+
+@triton_op("kernel_pytorch::layer_norm_bwd", mutates_args=())
+def layer_norm_bwd_op(
+    dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor, has_bias: bool  # noqa: UP045
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Registered backward: (dx, dweight, dbias); an absent parameter's gradient is an empty tensor
+    (op schemas cannot return None)."""
+    if x.device.type != "cuda":
+        dx, dw, db = _bwd_reference(dy, x, weight, mean, rstd, has_bias)
+    else:
+        dx, dw, db = layer_norm_bwd(dy, x, weight, mean, rstd, has_bias)
+    return dx, _or_empty(dw, x), _or_empty(db, x)
+
+
+def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
+    return t if t is not None else like.new_empty(0)
+
+
+def _cpu_bwd(
+    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, has_bias: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    dx, dw, db = _bwd_reference(dy, x, weight, mean, rstd, has_bias)
+    return dx, _or_empty(dw, x), _or_empty(db, x)
+
+
+layer_norm_fwd_op.register_kernel("cpu")(_fwd_reference)
+layer_norm_bwd_op.register_kernel("cpu")(_cpu_bwd)
+
+
+@layer_norm_fwd_op.register_fake
+def _(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    stats = x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), stats, torch.empty_like(stats)
+
+
+@layer_norm_bwd_op.register_fake
+def _(
+    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, has_bias: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    param_dtype = weight.dtype if weight is not None else x.dtype
+    dw = torch.empty_like(weight) if weight is not None else x.new_empty(0)
+    db = x.new_empty(x.shape[-1], dtype=param_dtype) if has_bias else x.new_empty(0)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), dw, db
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, _eps = inputs
+    _y, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, dy: Tensor, _dmean: Tensor | None, _drstd: Tensor | None):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = torch.ops.kernel_pytorch.layer_norm_bwd(dy, x, weight, mean, rstd, ctx.has_bias)
+    return dx, dw if weight is not None else None, db if ctx.has_bias else None, None
+
+
+layer_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)

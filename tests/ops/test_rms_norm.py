@@ -1,0 +1,192 @@
+"""RMSNorm: kernels vs the reference (both paths, strided rows, every dtype), the reference's backward
+vs autograd, registration (opcheck, compile, export), determinism, and a hypothesis fuzz."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernel_pytorch import reference as R
+from kernel_pytorch.ops.rms_norm import rms_norm_bwd, rms_norm_fwd
+from kernel_pytorch.reference.rms_norm import rms_norm_rstd
+from tests.grid import (
+    DTYPES,
+    ROW_SHAPES,
+    Poisoned,
+    compile_and_count_breaks,
+    device_under_test,
+    randn,
+    strided_rows,
+)
+from tests.ops.norm_helpers import assert_budget, assert_close
+
+DEV = device_under_test()
+EPS = 1e-6
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead,cols", ROW_SHAPES)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_kernels_match_reference(lead, cols, dtype, offset, row_path) -> None:
+    x = strided_rows(lead, cols, dtype, DEV)
+    w = randn(cols, dtype=dtype, device=DEV, scale=0.5, offset=1.0)
+    dy = randn(*lead, cols, dtype=dtype, device=DEV)
+    with Poisoned():
+        y, rstd, h = rms_norm_fwd(x, w, EPS, offset)
+        dx, dw = rms_norm_bwd(dy, x, w, rstd, offset)
+    assert h is None
+    assert_close(y, R.rms_norm(x, w, EPS, offset), "y")
+    assert_close(rstd, rms_norm_rstd(x, EPS), "rstd")
+    dx_ref, dw_ref = R.rms_norm_backward(dy, x, w, rms_norm_rstd(x, EPS), offset)
+    assert_close(dx, dx_ref, "dx")
+    # dweight sums over rows: judge it against fp64 with PyTorch's own low-precision sum as yardstick
+    dw64 = R.rms_norm_backward(dy.double(), x.double(), w.double(), rms_norm_rstd(x.double(), EPS), offset)[1]
+    assert_budget(dw, dw_ref, dw64, "dweight")
+
+
+def test_reference_backward_is_the_gradient_of_the_reference() -> None:
+    x = randn(6, 40, dtype=torch.float64).requires_grad_()
+    w = randn(40, dtype=torch.float64, offset=1.0).requires_grad_()
+    dy = randn(6, 40, dtype=torch.float64)
+    y = R.rms_norm(x, w, EPS, 0.5)
+    gx, gw = torch.autograd.grad(y, (x, w), dy)
+    dx, dw = R.rms_norm_backward(dy, x.detach(), w.detach(), rms_norm_rstd(x.detach(), EPS), 0.5)
+    torch.testing.assert_close(dx, gx)
+    torch.testing.assert_close(dw, gw)
+
+
+def test_bf16_within_fp64_budget_of_torch_eager() -> None:
+    """Long-row bf16: our error vs fp64 is at most 2x that of PyTorch's own bf16 rms_norm."""
+    x = randn(8, 1000, dtype=torch.bfloat16, device=DEV, scale=3.0)
+    w = randn(1000, dtype=torch.bfloat16, device=DEV, offset=1.0)
+    dy = randn(8, 1000, dtype=torch.bfloat16, device=DEV)
+    y, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0)
+    dx, _ = rms_norm_bwd(dy, x, w, rstd, 0.0)
+    x64 = x.double().requires_grad_()
+    y64 = R.rms_norm(x64, w.double(), EPS)
+    (dx64,) = torch.autograd.grad(y64, x64, dy.double())
+    xe = x.clone().requires_grad_()
+    ye = torch.nn.functional.rms_norm(xe, (1000,), w, EPS)
+    (dxe,) = torch.autograd.grad(ye, xe, dy)
+    assert_budget(y, ye, y64, "y")
+    assert_budget(dx, dxe, dx64, "dx")
+
+
+def test_backward_is_bitwise_deterministic(row_path) -> None:
+    x = randn(37, 48, dtype=torch.bfloat16, device=DEV)
+    w = randn(48, dtype=torch.bfloat16, device=DEV, offset=1.0)
+    dy = randn(37, 48, dtype=torch.bfloat16, device=DEV)
+    _, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0)
+    a = rms_norm_bwd(dy, x, w, rstd, 0.0)
+    b = rms_norm_bwd(dy, x, w, rstd, 0.0)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_empty_rows() -> None:
+    x = randn(0, 16, device=DEV)
+    w = randn(16, device=DEV)
+    y, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0)
+    dx, dw = rms_norm_bwd(x, x, w, rstd, 0.0)
+    assert y.shape == (0, 16) and dx.shape == (0, 16) and torch.equal(dw, torch.zeros_like(w))
+
+
+@given(
+    rows=st.integers(1, 9),
+    cols=st.integers(1, 80),
+    pad=st.integers(0, 7),
+    dtype=st.sampled_from(DTYPES),
+    transpose=st.booleans(),
+)
+@settings(max_examples=25, deadline=None)
+def test_fuzz_shapes_and_strides(rows: int, cols: int, pad: int, dtype: torch.dtype, transpose: bool) -> None:
+    base = randn(rows, cols + pad, dtype=dtype, device=DEV)
+    x = base[:, :cols]
+    if transpose:  # column stride != 1: the launcher must make rows contiguous itself
+        x = randn(cols, rows, dtype=dtype, device=DEV).t()
+    w = randn(cols, dtype=dtype, device=DEV, offset=1.0)
+    dy = randn(rows, cols, dtype=dtype, device=DEV)
+    y, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0)
+    dx, _ = rms_norm_bwd(dy, x, w, rstd, 0.0)
+    assert_close(y, R.rms_norm(x, w, EPS), "y")
+    assert_close(dx, R.rms_norm_backward(dy, x, w, rms_norm_rstd(x, EPS))[0], "dx")
+
+
+# --- the registered op (CPU: its reference kernel; CUDA: Triton) ---------------------------------
+
+
+def _op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.kernel_pytorch.rms_norm_fwd(x, w, EPS, 0.0)[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_opcheck(dtype: torch.dtype) -> None:
+    x = randn(3, 5, 32, dtype=dtype, device=DEV).requires_grad_()
+    w = randn(32, dtype=dtype, device=DEV, offset=1.0).requires_grad_()
+    torch.library.opcheck(torch.ops.kernel_pytorch.rms_norm_fwd.default, (x, w, EPS, 0.0))
+    # the backward op is not itself differentiable (no double backward): check it on plain tensors
+    x, w = x.detach(), w.detach()
+    _, rstd = torch.ops.kernel_pytorch.rms_norm_fwd(x, w, EPS, 0.0)
+    dy = randn(3, 5, 32, dtype=dtype, device=DEV)
+    torch.library.opcheck(torch.ops.kernel_pytorch.rms_norm_bwd.default, (dy, x, w, rstd, 0.0))
+
+
+def test_compile_fullgraph_no_breaks_same_grads() -> None:
+    x = randn(4, 24, device=DEV).requires_grad_()
+    w = randn(24, device=DEV, offset=1.0).requires_grad_()
+    dy = randn(4, 24, device=DEV)
+
+    def f(x, w):
+        return _op(x, w) * 2.0
+
+    eager_grads = torch.autograd.grad(f(x, w), (x, w), dy)
+    out, breaks = compile_and_count_breaks(f, x, w)
+    assert breaks == 0
+    compiled_grads = torch.autograd.grad(out, (x, w), dy)
+    for a, b in zip(compiled_grads, eager_grads):
+        assert_close(a, b, "compiled grad")
+
+
+def test_export() -> None:
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(randn(16, offset=1.0))
+
+        def forward(self, x):
+            return _op(x, self.w)
+
+    x = randn(2, 16)
+    ep = torch.export.export(M(), (x,))
+    assert "kernel_pytorch.rms_norm_fwd" in str(ep.graph)
+    assert_close(ep.module()(x), R.rms_norm(x, ep.module().w), "exported")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cols", [4096, 14336, 16385, 262144])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_wide_rows(cols: int, dtype: torch.dtype) -> None:
+    rows = 4 if cols > 16384 else 64
+    x = strided_rows((rows,), cols, dtype, "cuda")
+    w = randn(cols, dtype=dtype, device="cuda", offset=1.0)
+    dy = randn(rows, cols, dtype=dtype, device="cuda")
+    with Poisoned():
+        y, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0)
+        dx, dw = rms_norm_bwd(dy, x, w, rstd, 0.0)
+    assert_close(y, R.rms_norm(x, w, EPS), "y")
+    dx_ref, dw_ref = R.rms_norm_backward(dy, x, w, rms_norm_rstd(x, EPS))
+    assert_close(dx, dx_ref, "dx")
+    dw64 = R.rms_norm_backward(dy.double(), x.double(), w.double(), rms_norm_rstd(x.double(), EPS))[1]
+    assert_budget(dw, dw_ref, dw64, "dweight")
+    again = rms_norm_bwd(dy, x, w, rstd, 0.0)
+    assert torch.equal(again[0], dx) and torch.equal(again[1], dw)
+
+
+@pytest.mark.cuda
+def test_cuda_compile_inductor_calls_our_kernel() -> None:
+    x = randn(64, 4096, dtype=torch.bfloat16, device="cuda").requires_grad_()
+    w = randn(4096, dtype=torch.bfloat16, device="cuda", offset=1.0).requires_grad_()
+    out, breaks = compile_and_count_breaks(lambda x, w: _op(x, w) + 1.0, x, w)
+    assert breaks == 0
+    assert_close(out, R.rms_norm(x, w, EPS) + 1.0, "compiled")
