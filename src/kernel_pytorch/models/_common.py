@@ -1,0 +1,54 @@
+"""Construction helpers shared by the built-in models: build on the meta device, then materialise.
+
+Building on `meta` first means a preset never allocates at its full fp32 size on the host: the dtype is
+changed while the tensors are still shapes only, and memory is allocated once, on the target device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def materialize(make: Callable[[], M], device: torch.device | str, dtype: torch.dtype, seed: int) -> M:
+    """Build `make()` on meta, cast to `dtype`, allocate on `device`, initialise deterministically.
+
+    Args:
+        make: zero-argument constructor of a module that defines `init_weights(generator)`.
+        device: target device; "meta" returns the shapes-only model (no allocation, no init).
+        dtype: floating-point dtype of every parameter and floating buffer.
+        seed: seeds a generator private to this call, so the global RNG is left untouched.
+    Returns:
+        The module on `device` with `dtype`; the same seed gives the same weights on the same device type.
+    """
+    with torch.device("meta"):
+        model = make()
+    model = model.to(dtype=dtype)
+    device = torch.device(device)
+    if device.type == "meta":
+        return model
+    model = model.to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    # init_weights re-ties shared weights too: to_empty gives each module its own new Parameter.
+    model.init_weights(generator)  # type: ignore[operator]
+    return model
+
+
+def zero_(t: torch.Tensor | None) -> None:
+    """Zero a tensor in place if present (optional biases)."""
+    if t is not None:
+        with torch.no_grad():
+            t.zero_()
+
+
+def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean next-token cross-entropy in fp32: logits (B, T, V), labels (B, T) long, -100 ignored -> ()."""
+    shift_logits = logits[:, :-1, :].reshape(-1, logits.shape[-1]).float()
+    shift_labels = labels[:, 1:].reshape(-1)
+    return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
