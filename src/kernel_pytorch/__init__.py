@@ -3,10 +3,12 @@
     import kernel_pytorch as kp
     y = kp.functional.rms_norm(x, weight)          # Triton on CUDA, reference on CPU
     norm = kp.nn.RMSNorm(4096)                      # a torch.nn.RMSNorm that runs our kernel
+    report = kp.validate_optimization(model, fast_model, inputs)   # right? faster? compiles?
 """
 
 from kernel_pytorch import functional, nn
+from kernel_pytorch.validation import validate_optimization
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "functional", "nn"]
+__all__ = ["__version__", "functional", "nn", "validate_optimization"]

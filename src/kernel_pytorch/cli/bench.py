@@ -1,0 +1,89 @@
+"""`kernel-pytorch bench [SUITE ...] --out DIR`: run benchmark suites, write JSON, markdown and PNGs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kernel_pytorch.benchmark.suites import run_suite, suite_names
+
+
+def _progress_bar():
+    """A rich progress bar on stderr and the callback that drives it."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=False,
+    )
+    task = {"id": None}
+
+    def update(done: int, total: int, what: str) -> None:
+        if task["id"] is None:
+            task["id"] = bar.add_task(what, total=total)
+        bar.update(task["id"], completed=done, total=total, description=what[:40])
+
+    def reset() -> None:
+        task["id"] = None
+
+    return bar, update, reset
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list:
+        print("\n".join(suite_names()))
+        return 0
+    names = args.suites or suite_names()
+    unknown = [n for n in names if n not in suite_names()]
+    if unknown:
+        print(f"unknown suite(s): {', '.join(unknown)}; known: {', '.join(suite_names())}", file=sys.stderr)
+        return 2
+    providers = tuple(p for p in args.providers.split(",") if p) if args.providers else None
+    options = {"device": args.device, "providers": providers, "quick": args.quick}
+    failed_ours = []
+    bar, update, reset = _progress_bar()
+    with bar:
+        outputs = []
+        for name in names:
+            reset()
+            try:
+                outputs.append(run_suite(name, args.out, plots=not args.no_plots, progress=update, **options))
+            except ValueError as exc:  # a bad provider or op name
+                bar.stop()
+                print(f"{name}: {exc}", file=sys.stderr)
+                return 2
+    for out in outputs:
+        r = out.results
+        counts: dict[str, int] = {}
+        for row in r.rows:
+            counts[row.status] = counts.get(row.status, 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        print(f"{r.name}: {len(r.rows)} rows on {r.device} ({summary})")
+        for f in out.files:
+            print(f"  wrote {f}")
+        failed_ours += [row for row in r.rows if row.provider == "ours" and row.status == "failed"]
+    if failed_ours and args.strict:
+        for row in failed_ours:
+            print(f"FAILED ours {row.op} {row.shape} {row.pass_name}: {row.note}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="run benchmark suites (correctness-gated) and write JSON, markdown and plots",
+        description="Run benchmark suites. Each provider is checked against the reference first; "
+        "ceilings (copy bandwidth, matmul rate) are measured in the same run.",
+    )
+    p.add_argument("suites", nargs="*", metavar="SUITE",
+                   help=f"suites to run (default: all: {', '.join(suite_names())})")
+    p.add_argument("--out", default="benchmarks/results", help="output directory (default: benchmarks/results)")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
+    p.add_argument("--providers", default=None, help="comma-separated subset, e.g. ours,eager")
+    p.add_argument("--quick", action="store_true", help="first shape only, short timing (smoke test)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG charts")
+    p.add_argument("--strict", action="store_true", help="exit 1 when one of our kernels fails its correctness gate")
+    p.add_argument("--list", action="store_true", help="list the suites and exit")
+    p.set_defaults(func=run)
