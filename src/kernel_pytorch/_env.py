@@ -38,14 +38,22 @@ def triton_status(device: torch.device | str | None = None) -> tuple[bool, str]:
     Returns:
         (active, reason): reason is a short human sentence, suitable for a log line.
     """
-    if triton_version() is None:
-        return False, "triton is not installed"
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type != "cuda":
+        if triton_version() is None:
+            return False, "triton is not installed"
         return False, f"tensors are on {dev.type}; the Triton kernels run on CUDA devices"
     if not torch.cuda.is_available():
         return False, "no CUDA device is available"
     index = dev.index if dev is not None and dev.index is not None else torch.cuda.current_device()
+    return _cuda_triton_status(index)
+
+
+@functools.cache
+def _cuda_triton_status(index: int) -> tuple[bool, str]:
+    # cached: device queries cost tens of microseconds, and every op call asks
+    if triton_version() is None:
+        return False, "triton is not installed"
     major, minor = torch.cuda.get_device_capability(index)
     if major < 7:
         return False, f"CUDA capability {major}.{minor} is below 7.0, the oldest Triton supports"

@@ -3,6 +3,10 @@
 backend:
     "auto"      Triton kernels on CUDA; on CPU the registered op's reference kernel; the pure-torch
                 reference anywhere else. Why the Triton path is not taken is logged once.
+
+In eager mode on CUDA the kernels are launched through a thin autograd.Function (same launchers, less
+host time than the op dispatcher); under torch.compile / torch.export the registered ops
+`torch.ops.kernel_pytorch.*` appear in the graph.
     "triton"    the Triton kernels, or a ValueError saying why they cannot run here.
     "reference" the pure-torch specification in kernel_pytorch.reference (autograd through torch).
 """
@@ -14,10 +18,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from kernel_pytorch import ops as _ops  # noqa: F401  (registers torch.ops.kernel_pytorch.*)
 from kernel_pytorch import reference
 from kernel_pytorch._env import log_once, triton_status
 from kernel_pytorch.ops._triton import KERNEL_DTYPES
+from kernel_pytorch.ops.add_rms_norm import add_rms_norm_eager
+from kernel_pytorch.ops.layer_norm import layer_norm_eager
+from kernel_pytorch.ops.rms_norm import rms_norm_eager
 
 Backend = Literal["auto", "triton", "reference"]
 _BACKENDS = ("auto", "triton", "reference")
@@ -104,6 +110,8 @@ def rms_norm(
         _check_param("weight", weight, x)
         _check_same_device("x", x, weight=weight)
     if _resolve(backend, "rms_norm", x):
+        if x.is_cuda and not torch.compiler.is_compiling():
+            return rms_norm_eager(x, weight, float(eps), float(offset))
         return torch.ops.kernel_pytorch.rms_norm_fwd(x, weight, float(eps), float(offset))[0]
     return reference.rms_norm(x, weight, eps, offset)
 
@@ -137,6 +145,8 @@ def add_rms_norm(
         _check_param("weight", weight, x)
         _check_same_device("x", x, residual=residual, weight=weight)
     if _resolve(backend, "add_rms_norm", x):
+        if x.is_cuda and not torch.compiler.is_compiling():
+            return add_rms_norm_eager(x, residual, weight, float(eps), float(offset))
         y, h, _rstd = torch.ops.kernel_pytorch.add_rms_norm_fwd(x, residual, weight, float(eps), float(offset))
         return y, h
     return reference.add_rms_norm(x, residual, weight, eps, offset)
@@ -167,6 +177,8 @@ def layer_norm(
         _check_param("bias", bias, x)
         _check_same_device("x", x, weight=weight, bias=bias)
     if _resolve(backend, "layer_norm", x):
+        if x.is_cuda and not torch.compiler.is_compiling():
+            return layer_norm_eager(x, weight, bias, float(eps))
         return torch.ops.kernel_pytorch.layer_norm_fwd(x, weight, bias, float(eps))[0]
     return reference.layer_norm(x, weight, bias, eps)
 

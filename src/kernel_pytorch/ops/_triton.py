@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+try:  # the switch triton_op itself flips around its body in eager mode
+    from torch._library.triton import set_wrap_triton_enabled as _set_wrap_triton_enabled
+except ImportError:  # pragma: no cover - older torch: wrap_triton then always dispatches
+    _set_wrap_triton_enabled = None
+
 # One row lives in registers up to this many elements; wider rows loop over column blocks.
 MAX_FUSED_COLS = 16384
-# Column block for the looping path: 4096 fp32 values over 8 warps is 16 per thread.
+# Column block for the looping path.
 LOOP_BLOCK = 4096
 
 # The dtypes our kernels are written for (fp32 accumulation in all of them).
@@ -29,22 +36,38 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def row_launch(n_cols: int, element_size: int) -> RowLaunch:
+# Elements each thread handles, per pass. Measured on H200 (benchmarks/NOTES.md): forward kernels
+# hold one row and want 16 (8 warps for a 4096 row); backward kernels hold dy, x, weight and a
+# gradient accumulator (plus the prefetched next row) and want 8.
+FWD_ELEMENTS_PER_THREAD = 16
+BWD_ELEMENTS_PER_THREAD = 8
+MAX_WARPS = 32
+
+
+def row_launch(n_cols: int, element_size: int, backward: bool = False) -> RowLaunch:
     """Block and warp choice for a row of `n_cols` elements of `element_size` bytes.
 
-    Warps grow with the row so each thread keeps 8-16 elements in flight: enough for 16-byte loads
-    without spilling the fp32 copies the backward holds (x, dy, weight, dweight accumulator).
+    Each thread keeps at least 16 bytes per load in flight (one vector load) and about
+    FWD_/BWD_ELEMENTS_PER_THREAD elements overall; warps grow with the row up to MAX_WARPS.
     """
+    elements_per_thread = BWD_ELEMENTS_PER_THREAD if backward else FWD_ELEMENTS_PER_THREAD
     if n_cols <= MAX_FUSED_COLS:
         block = next_power_of_2(n_cols)
         single = True
     else:
         block = LOOP_BLOCK
         single = False
-    per_thread = max(16 // element_size, 8)
-    num_warps = min(16, max(1, block // (32 * per_thread)))
-    num_warps = next_power_of_2(num_warps)
+    per_thread = max(16 // element_size, elements_per_thread)
+    num_warps = next_power_of_2(min(MAX_WARPS, max(1, block // (32 * per_thread))))
     return RowLaunch(block=block, single_pass=single, num_warps=num_warps)
+
+
+# Persistent programs per SM in the backward row loops: two keep enough loads in flight to hide
+# memory latency (measured; more add partial rows without gaining bandwidth).
+PROGRAMS_PER_SM = 2
+# The backward prefetches the next row while computing this one, up to this row width; wider rows
+# would spill the doubled registers.
+PREFETCH_MAX_BLOCK = 8192
 
 
 @functools.cache
@@ -53,12 +76,12 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def persistent_programs(n_rows: int, device: torch.device) -> int:
-    """Programs for a persistent row loop: one per SM (its weight-gradient partial is one fp32 row)."""
+def persistent_programs(n_rows: int, device: torch.device, per_sm: int | None = None) -> int:
+    """Programs for a persistent row loop (each owns one fp32 row of weight-gradient partials)."""
     if device.type != "cuda":
         return max(1, min(n_rows, 4))
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return max(1, min(n_rows, sm_count(index)))
+    return max(1, min(n_rows, sm_count(index) * (per_sm or PROGRAMS_PER_SM)))
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -84,3 +107,14 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
 def row_stride(x2d: torch.Tensor) -> int:
     """Row stride of a (rows, D) view; any value works for a single row."""
     return x2d.stride(0) if x2d.shape[0] > 1 else x2d.shape[1]
+
+
+@contextlib.contextmanager
+def direct_launch() -> Iterator[None]:
+    """Launch `wrap_triton` kernels directly (as inside a registered op's eager call) instead of
+    through the tracing-aware higher-order op, which costs ~150 us of host time per launch."""
+    if _set_wrap_triton_enabled is None:
+        yield
+        return
+    with _set_wrap_triton_enabled(False):
+        yield

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 from torch.library import triton_op
 
+from kernel_pytorch.ops._triton import direct_launch
 from kernel_pytorch.ops.rms_norm import rms_norm_bwd, rms_norm_fwd
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.add_rms_norm import add_rms_norm, add_rms_norm_backward
@@ -105,3 +106,29 @@ def _backward(ctx, dy: Tensor, dh: Tensor, _drstd: Tensor | None):
 
 
 add_rms_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _AddRMSNormEager(torch.autograd.Function):
+    """Eager CUDA path: the fused launchers without the op-dispatch layers (see ops/rms_norm.py)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float):
+        with direct_launch():
+            y, h, rstd = add_rms_norm_fwd(x, residual, weight, eps, offset)
+        ctx.save_for_backward(h, weight, rstd)
+        ctx.offset = offset
+        return y, h
+
+    @staticmethod
+    def backward(ctx, dy: Tensor, dh: Tensor):
+        h, weight, rstd = ctx.saved_tensors
+        with direct_launch():
+            d_sum, dw = add_rms_norm_bwd(dy, dh, h, weight, rstd, ctx.offset)
+        return d_sum, d_sum, dw, None, None
+
+
+def add_rms_norm_eager(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
+) -> tuple[Tensor, Tensor]:
+    """Fused add + RMSNorm on CUDA tensors in eager mode, differentiable. Returns (y, h)."""
+    return _AddRMSNormEager.apply(x, residual, weight, eps, offset)

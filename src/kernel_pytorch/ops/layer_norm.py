@@ -22,7 +22,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
-from kernel_pytorch.ops._triton import as_rows, persistent_programs, row_launch, row_stride
+from kernel_pytorch.ops import _triton
+from kernel_pytorch.ops._triton import as_rows, direct_launch, persistent_programs, row_launch, row_stride
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.layer_norm import layer_norm, layer_norm_backward, layer_norm_stats
 
@@ -40,14 +41,19 @@ def _layer_norm_fwd_kernel(
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        # parameters loaded with x, so their latency hides behind x's rather than following the sums
+        if HAS_W:
+            w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_B:
+            b = tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
         mean = tl.sum(x, axis=0) / n_cols
         xc = tl.where(mask, x - mean, 0.0)
         rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / n_cols + eps)
         y = xc * rstd
         if HAS_W:
-            y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+            y = y * w
         if HAS_B:
-            y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+            y = y + b
         tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=mask)
     else:
         # wide rows: mean, then centred variance, then normalise (three passes; the row is re-read)
@@ -83,6 +89,7 @@ def _layer_norm_bwd_kernel(
     DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART,
     stride_dy, stride_x, stride_dx, n_rows, n_cols,
     BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
@@ -94,10 +101,21 @@ def _layer_norm_bwd_kernel(
             w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
         dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
         db_acc = tl.zeros([BLOCK], dtype=tl.float32)
+        # software pipelining by hand (PREFETCH), as in ops/rms_norm.py
+        first = pid.to(tl.int64)
+        dy_next = tl.load(DY + first * stride_dy + cols, mask=mask, other=0.0)
+        x_next = tl.load(X + first * stride_x + cols, mask=mask, other=0.0)
         for row in range(pid, n_rows, n_progs):
             r64 = tl.cast(row, tl.int64)
-            dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-            x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+            if PREFETCH:
+                dy = dy_next.to(tl.float32)
+                x = x_next.to(tl.float32)
+                nxt = tl.minimum(r64 + n_progs, n_rows - 1)
+                dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+                x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
+            else:
+                dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
             mean = tl.load(MEAN + r64)
             rstd = tl.load(RSTD + r64)
             x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
@@ -211,7 +229,7 @@ def layer_norm_bwd(
         dw = torch.zeros_like(weight) if weight is not None else None
         db = torch.zeros(n_cols, dtype=param_dtype, device=x.device) if has_bias else None
         return dx, dw, db
-    launch = row_launch(n_cols, x.element_size())
+    launch = row_launch(n_cols, x.element_size(), backward=True)
     n_progs = persistent_programs(n_rows, x.device)
     part = dict(size=(n_progs, n_cols), dtype=torch.float32, device=x.device)
     dw_part = torch.empty(**part) if weight is not None else None
@@ -223,7 +241,8 @@ def layer_norm_bwd(
         dw_part if dw_part is not None else placeholder, db_part if db_part is not None else placeholder,
         row_stride(dy2), row_stride(x2), n_cols, n_rows, n_cols,
         BLOCK=launch.block, SINGLE_PASS=launch.single_pass,
-        HAS_W=weight is not None, HAS_B=has_bias, num_warps=launch.num_warps,
+        HAS_W=weight is not None, HAS_B=has_bias, PREFETCH=launch.block <= _triton.PREFETCH_MAX_BLOCK,
+        num_warps=launch.num_warps,
     )
     # second reduction over a fixed number of partials in a fixed order: deterministic
     dw = dw_part.sum(0).to(param_dtype) if dw_part is not None else None
@@ -314,3 +333,27 @@ def _backward(ctx, dy: Tensor, _dmean: Tensor | None, _drstd: Tensor | None):
 
 
 layer_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _LayerNormEager(torch.autograd.Function):
+    """Eager CUDA path: the same launchers without the op-dispatch layers (see ops/rms_norm.py)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+        with direct_launch():
+            y, mean, rstd = layer_norm_fwd(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, weight, mean, rstd = ctx.saved_tensors
+        with direct_launch():
+            dx, dw, db = layer_norm_bwd(dy, x, weight, mean, rstd, ctx.has_bias)
+        return dx, dw, db, None
+
+
+def layer_norm_eager(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    """LayerNorm on CUDA tensors in eager mode, differentiable. Returns y of x's shape and dtype."""
+    return _LayerNormEager.apply(x, weight, bias, eps)

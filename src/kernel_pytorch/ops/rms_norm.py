@@ -19,7 +19,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
-from kernel_pytorch.ops._triton import as_rows, persistent_programs, row_launch, row_stride
+from kernel_pytorch.ops import _triton
+from kernel_pytorch.ops._triton import as_rows, direct_launch, persistent_programs, row_launch, row_stride
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward, rms_norm_rstd
 
@@ -38,13 +39,14 @@ def _rms_norm_fwd_kernel(
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        # issue the weight load with x's, not after the reduction: its latency then hides behind x's
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
         if HAS_RESIDUAL:
             r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0, eviction_policy="evict_first")
             x = (x + r.to(tl.float32)).to(H.dtype.element_ty)
             tl.store(H + row * stride_y + cols, x, mask=mask)
             x = x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
         x_hat = (x * rstd).to(Y.dtype.element_ty).to(tl.float32)
         tl.store(y_row + cols, (x_hat * w).to(Y.dtype.element_ty), mask=mask)
     else:
@@ -80,7 +82,7 @@ def _rms_norm_fwd_kernel(
 def _rms_norm_bwd_kernel(
     DY, X, W, RSTD, DRES, DX, DW_PART,
     stride_dy, stride_x, stride_dres, stride_dx, n_rows, n_cols, offset,
-    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_DRES: tl.constexpr,
+    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_DRES: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # HAS_DRES: dx += dres, the gradient reaching the residual stream directly (fused add+norm)
     pid = tl.program_id(0)
@@ -91,18 +93,33 @@ def _rms_norm_bwd_kernel(
         mask = cols < n_cols
         w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
         dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
+        # software pipelining by hand (PREFETCH): the next row's loads are issued before this row's
+        # math, so each program keeps two rows of traffic in flight
+        first = pid.to(tl.int64)
+        dy_next = tl.load(DY + first * stride_dy + cols, mask=mask, other=0.0)
+        x_next = tl.load(X + first * stride_x + cols, mask=mask, other=0.0)
         for row in range(pid, n_rows, n_progs):
             r64 = tl.cast(row, tl.int64)
-            dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-            x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+            if PREFETCH:
+                dy = dy_next.to(tl.float32)
+                x = x_next.to(tl.float32)
+                # clamped: the last iteration re-reads its own row instead of running past the end
+                nxt = tl.minimum(r64 + n_progs, n_rows - 1)
+                dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+                x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
+            else:
+                dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
             rstd = tl.load(RSTD + r64)
+            if HAS_DRES:  # issued before the reduction so its latency overlaps the math
+                dres = tl.load(DRES + r64 * stride_dres + cols, mask=mask, other=0.0).to(tl.float32)
             x_hat = x * rstd
             dw_acc += dy * x_hat.to(X.dtype.element_ty).to(tl.float32)
             g = dy * w
             c = tl.sum(g * x_hat, axis=0) / n_cols
             dx = (g - x_hat * c) * rstd
             if HAS_DRES:
-                dx += tl.load(DRES + r64 * stride_dres + cols, mask=mask, other=0.0).to(tl.float32)
+                dx += dres
             tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
         tl.store(part_row + cols, dw_acc, mask=mask)
     else:
@@ -188,14 +205,14 @@ def rms_norm_bwd(
     if n_rows == 0:
         return dx, torch.zeros_like(weight)
     weight, rstd = weight.contiguous(), rstd.contiguous()
-    launch = row_launch(n_cols, x.element_size())
+    launch = row_launch(n_cols, x.element_size(), backward=True)
     n_progs = persistent_programs(n_rows, x.device)
     dw_part = torch.empty((n_progs, n_cols), dtype=torch.float32, device=x.device)
     wrap_triton(_rms_norm_bwd_kernel)[(n_progs,)](
         dy2, x2, weight, rstd, dres2, dx, dw_part,
         row_stride(dy2), row_stride(x2), row_stride(dres2), n_cols, n_rows, n_cols, offset,
         BLOCK=launch.block, SINGLE_PASS=launch.single_pass, HAS_DRES=dres is not None,
-        num_warps=launch.num_warps,
+        PREFETCH=launch.block <= _triton.PREFETCH_MAX_BLOCK, num_warps=launch.num_warps,
     )
     # second reduction over a fixed number of partials in a fixed order: deterministic
     return dx, dw_part.sum(0).to(weight.dtype)
@@ -261,3 +278,28 @@ def _backward(ctx, dy: Tensor, _drstd: Tensor | None):
 
 
 rms_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _RMSNormEager(torch.autograd.Function):
+    """Eager CUDA path: the same launchers as the registered op, without the op-dispatch layers
+    (they cost more host time than a small norm's kernel). Compile and export use the op."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
+        with direct_launch():
+            y, rstd, _ = rms_norm_fwd(x, weight, eps, offset)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.offset = offset
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        with direct_launch():
+            dx, dw = rms_norm_bwd(dy, x, weight, rstd, ctx.offset)
+        return dx, dw, None, None
+
+
+def rms_norm_eager(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
+    """RMSNorm on CUDA tensors in eager mode, differentiable. Returns y of x's shape and dtype."""
+    return _RMSNormEager.apply(x, weight, eps, offset)
