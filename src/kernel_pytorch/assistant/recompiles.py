@@ -1,0 +1,451 @@
+"""Recompilations: call the compiled model with the shapes and scalars it will meet in use, catch every
+recompilation with the guard that failed, name the cause, and check the fix by running again with it.
+
+The sweep changes one thing at a time (batch sizes, then sequence lengths, then each Python scalar),
+so every recompilation has one cause. The fix for shape causes is `torch._dynamo.mark_dynamic` on the
+named dims (or `dynamic=True` when that is not enough); for Python scalars, passing a 0-dim tensor.
+The verification sweep reports the recompile count before and after.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kernel_pytorch.assistant.context import (
+    AnalysisContext,
+    CompileRecord,
+    Fix,
+    InputKey,
+    SweepResult,
+    definition_location,
+    location_of,
+    recompile_limit,
+    recompile_limit_name,
+)
+from kernel_pytorch.assistant.findings import Finding, Location, Severity
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why one recompilation happened.
+
+    Attributes:
+        kind: "dynamic-dim", "python-scalar", "dtype", "device", "requires-grad", "grad-mode",
+            "type-change", "stride", "rank", "container-length", "shape-guard", "object-identity" or
+            "other".
+        name: the input as torch names it in the guard ("x", "args[0]"), when there is one.
+        dim: the dimension, for shape causes.
+        guard: the failed guard, as torch printed it.
+        location: the user line torch attributes the guard to, when it does.
+    """
+
+    kind: str
+    name: str | None
+    dim: int | None
+    guard: str
+    location: Location | None = None
+    after_graph_break: bool = False
+
+
+_ENTRY = re.compile(r"^\s*\d+/\d+: ", re.M)
+_USER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
+
+# (kind, pattern); the first group is the input name, the second (if any) the dim
+_TENSOR_GUARDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("dynamic-dim", re.compile(r"tensor '([^']+)' size mismatch at index (\d+)")),
+    ("stride", re.compile(r"tensor '([^']+)' stride mismatch at index (\d+)")),
+    ("dtype", re.compile(r"tensor '([^']+)' dtype mismatch")),
+    ("device", re.compile(r"tensor '([^']+)' (?:device|dispatch ?key ?set) mismatch", re.I)),
+    ("requires-grad", re.compile(r"tensor '([^']+)' requires_grad mismatch")),
+    ("rank", re.compile(r"tensor '([^']+)' (?:rank|dim|ndim) mismatch")),
+    ("type-change", re.compile(r"expected type of '([^']+)' to be a tensor type")),
+    ("container-length", re.compile(r"len\(([^)]+)\) == \d+")),
+)
+
+
+def failed_guard(reason: str) -> str:
+    """The guard of the most recent cache entry: the first "N/M: ..." block, user stack trimmed."""
+    parts = _ENTRY.split(reason.strip())
+    block = next((p for p in parts if p.strip()), reason).strip()
+    block = block.split("\nUser stack trace:")[0]
+    # torch pads each guard with "   # <source line>  # <file>:<line>"; the location is kept elsewhere
+    return "\n".join(re.sub(r"\s{2,}#.*$", "", line).rstrip() for line in block.splitlines()).strip()
+
+
+def classify_recompile(record: CompileRecord, ctx: AnalysisContext) -> Cause:
+    """The cause of one recompilation, from the guard text torch recorded for it."""
+    reason = record.recompile_reason or ""
+    guard = failed_guard(reason)
+    frame = _USER_FRAME.search(reason)
+    loc = location_of(frame.group(1), int(frame.group(2)), frame.group(3)) if frame else None
+    for kind, pattern in _TENSOR_GUARDS:
+        m = pattern.search(guard)
+        if m:
+            dim = int(m.group(2)) if m.lastindex and m.lastindex >= 2 else None
+            return Cause(kind, m.group(1), dim, guard, loc, record.after_graph_break)
+    if re.search(r"grad_mode|GradMode|grad mode", guard):
+        return Cause("grad-mode", None, None, guard, loc)
+    # `scale == 0.5` or `L['scale'] == 0.5`: a Python value specialised as a constant
+    m = re.match(r"^\s*((?:L\['[^']+'\])|[A-Za-z_][\w.\[\]']*)\s*==\s*([^\s#]+)", guard)
+    if m:
+        key = ctx.resolve_input(m.group(1))
+        if key is not None and isinstance(ctx.input_value(key), (int, float)):
+            return Cause("python-scalar", m.group(1), None, guard, loc)
+        return Cause("object-identity", m.group(1), None, guard, loc)
+    if re.search(r"___check_obj_id|___check_type_id|ID_MATCH|TYPE_MATCH|id\(", guard):
+        return Cause("object-identity", None, None, guard, loc)
+    if re.search(r"\bs\d+\b|size\(\)\[\d+\]|\bEq\(|\bNe\(|<=|>=", guard):
+        return Cause("shape-guard", None, None, guard, loc)
+    return Cause("other", None, None, guard, loc)
+
+
+# causes that dynamic=True removes: sizes and Python numbers become symbols instead of constants
+_SHAPE_LIKE = frozenset({"dynamic-dim", "shape-guard", "python-scalar", "container-length"})
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    label: str
+    fix: Fix
+    result: SweepResult
+
+
+def _plan(causes: Sequence[Cause], ctx: AnalysisContext) -> Fix:
+    """The targeted fix: mark the dims that recompiled dynamic, pass the scalars that did as tensors."""
+    marks: list[tuple[InputKey, int]] = []
+    scalars: list[InputKey] = []
+    for c in causes:
+        key = ctx.resolve_input(c.name) if c.name else None
+        if key is None:
+            continue
+        if c.kind == "dynamic-dim" and c.dim is not None and (key, c.dim) not in marks:
+            marks.append((key, c.dim))
+        elif c.kind == "python-scalar" and key not in scalars:
+            scalars.append(key)
+    return Fix(mark_dynamic=tuple(marks), tensorize=tuple(scalars))
+
+
+def _describe_fix(fix: Fix, ctx: AnalysisContext) -> str:
+    parts = [f"torch._dynamo.mark_dynamic({ctx.input_names.get(k, k)}, {d})" for k, d in fix.mark_dynamic]
+    parts += [f"pass {ctx.input_names.get(k, k)} as torch.tensor(value)" for k in fix.tensorize]
+    if fix.dynamic is not None:
+        parts.append(f"torch.compile(..., dynamic={fix.dynamic})")
+    if fix.recompile_limit is not None:
+        parts.append(f"torch._dynamo.config.{recompile_limit_name()} = {fix.recompile_limit}")
+    return "; ".join(parts) or "nothing"
+
+
+def _new_errors(attempt: SweepResult, baseline: SweepResult) -> list[tuple[str, str]]:
+    old = {label for label, _ in baseline.errors}
+    return [(label, err) for label, err in attempt.errors if label not in old]
+
+
+def _sweep_summary(ctx: AnalysisContext) -> str:
+    variants, _ = ctx.variants
+    by_kind: dict[str, list[str]] = {}
+    for v in variants:
+        if v.kind != "example":
+            name, _, value = v.label.partition("=")
+            by_kind.setdefault(name, []).append(value)
+    return "; ".join(f"{k} in {{{', '.join(vs)}}}" for k, vs in by_kind.items()) or "the example only"
+
+
+def _group_key(c: Cause) -> tuple[str, str | None, int | None]:
+    return (c.kind, c.name, c.dim)
+
+
+def _dim_label(ctx: AnalysisContext, key: InputKey | None, dim: int | None) -> str:
+    if key is None or dim is None:
+        return f"dim {dim}" if dim is not None else "a dim"
+    kind = ctx.input_dims.get(key, {}).get(dim)
+    return f"{kind} (dim {dim})" if kind else f"dim {dim}"
+
+
+_ADVICE: dict[str, str] = {
+    "stride": "An input arrives with different strides (a transposed or sliced view). Pass contiguous "
+    "inputs (`x.contiguous()`) so every call has the same layout.",
+    "dtype": "The input dtype changes between calls; each dtype is its own graph. Cast inputs at the "
+    "model boundary (`x.to(torch.bfloat16)`) or expect one compile per dtype.",
+    "device": "The input moves between devices; each device is its own graph. Keep inputs on one device.",
+    "requires-grad": "Inputs alternate between requiring grad and not. Call consistently: "
+    "`x.detach()` for inference, or the same requires_grad every time.",
+    "grad-mode": "Calls alternate between grad modes. Run inference under `torch.inference_mode()` "
+    "(or `torch.no_grad()`) every time.",
+    "type-change": "The same argument is sometimes an nn.Parameter (or a tensor subclass) and sometimes "
+    "a plain tensor; each type is its own graph. Pass `p.detach()` or always the same type.",
+    "rank": "The number of dims of an input changes; each rank is its own graph. Reshape to a fixed rank "
+    "at the boundary.",
+    "container-length": "A list or tuple argument changes length; each length is its own graph. Stack "
+    "the items into one tensor and mark the stacked dim dynamic.",
+    "shape-guard": "The model's code specialises on a size (a branch on `x.shape[...]`, a size turned "
+    "into a Python int). Compile with `dynamic=True` and remove the size-dependent branch.",
+    "object-identity": "A non-tensor argument or module attribute changes between calls (a config "
+    "object, a flag, `self.training`). Keep it fixed while compiled, or pass it as a tensor.",
+    "other": "See the failed guard; `TORCH_LOGS=recompiles` prints every one.",
+}
+
+
+def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
+    """Sweep shapes and scalars, classify each recompilation, verify the fix, count before and after."""
+    if not ctx.eager.ok:
+        return [_skipped("the model does not run eagerly on its example inputs")]
+    if ctx.trace.error is not None:
+        return [_skipped("torch.compile cannot trace the model (see compilation readiness)")]
+    variants, rejected = ctx.variants
+    findings: list[Finding] = []
+    if rejected:
+        listing = "; ".join(f"{label}: {err}" for label, err in rejected)
+        findings.append(
+            Finding(
+                id="recompile.rejected-sizes",
+                severity=Severity.INFO,
+                title=f"{len(rejected)} sweep call(s) left out: the eager model rejects them",
+                evidence=listing,
+                suggestion="Give sizes the model accepts with shapes={...} (CLI: --shapes).",
+                data={"rejected": [label for label, _ in rejected]},
+            )
+        )
+    if len(variants) < 2:
+        findings.append(
+            Finding(
+                id="recompile.no-sweep",
+                severity=Severity.INFO,
+                title="No recompilation sweep: nothing in the inputs to vary",
+                evidence="no batch or sequence dims were found in the example inputs and no Python scalar arguments",
+                suggestion="Pass input_dims={0: {0: 'batch'}} and shapes={'batch': (2, 4, 8)} "
+                '(CLI: --shapes "batch=2,4,8") to sweep a dim.',
+            )
+        )
+        return findings
+
+    baseline = ctx.sweep()
+    sweep_text = _sweep_summary(ctx)
+    compiled_errors = baseline.errors
+    if compiled_errors:
+        findings.append(
+            Finding(
+                id="recompile.call-failed",
+                severity=Severity.ERROR,
+                title=f"The compiled model fails on {len(compiled_errors)} call(s) the eager model accepts",
+                evidence="; ".join(f"{label}: {err}" for label, err in compiled_errors),
+                location=definition_location(ctx.module),
+                suggestion="A torch.compile bug or a guard the model relies on; compile with "
+                "dynamic=False for these shapes or report it with the error above.",
+                data={"failed": [label for label, _ in compiled_errors]},
+            )
+        )
+
+    recompiles = baseline.recompiles
+    causes = [classify_recompile(r, ctx) for r in recompiles if not r.hit_limit]
+    limit_hit = [r for r in baseline.compiles if r.hit_limit]
+    n_before = len(recompiles)
+
+    attempts: list[_Attempt] = []
+    plan = _plan(causes, ctx)
+    if not plan.is_empty():
+        attempts.append(_Attempt("targeted", plan, ctx.sweep(plan)))
+    # mark_dynamic reaches only the model's own inputs; a size passed across a graph break or a guard
+    # the code itself adds needs dynamic=True
+    unreachable = any(c.kind in _SHAPE_LIKE and (c.name is None or ctx.resolve_input(c.name) is None) for c in causes)
+    needs_dynamic = any(c.kind in _SHAPE_LIKE for c in causes) and (
+        unreachable
+        or not attempts
+        or len(attempts[0].result.recompiles) > 1
+        or _new_errors(attempts[0].result, baseline)
+    )
+    if needs_dynamic and ctx.options.dynamic is not True:
+        fix = Fix(dynamic=True)
+        attempts.append(_Attempt("dynamic=True", fix, ctx.sweep(fix)))
+    valid = [a for a in attempts if not _new_errors(a.result, baseline)]
+    best = min(valid, key=lambda a: len(a.result.recompiles), default=None)
+
+    compile_s = _full_compile_seconds(ctx)
+    findings.append(_summary(ctx, sweep_text, baseline, n_before, best, attempts, baseline_causes=causes))
+
+    groups: dict[tuple[str, str | None, int | None], list[Cause]] = {}
+    for c in causes:
+        groups.setdefault(_group_key(c), []).append(c)
+    after_causes = [classify_recompile(r, ctx) for r in best.result.recompiles] if best else []
+    for (kind, name, dim), members in groups.items():
+        key = ctx.resolve_input(name) if name else None
+        remaining = sum(1 for c in after_causes if _group_key(c) == (kind, name, dim))
+        findings.append(_cause_finding(ctx, kind, name, dim, key, members, remaining, best, attempts, compile_s))
+    if limit_hit:
+        limit = recompile_limit()
+        findings.append(
+            Finding(
+                id="recompile.limit",
+                severity=Severity.ERROR,
+                title=f"Recompile limit ({limit}) reached: later calls run eagerly, uncompiled",
+                evidence=f"{len(limit_hit)} call(s) hit `torch._dynamo.config.{recompile_limit_name()}`; "
+                f"first at {limit_hit[0].variant}",
+                location=definition_location(ctx.module),
+                suggestion="Remove the causes above first. If the variety is real and bounded, raise the "
+                f"limit: `torch._dynamo.config.{recompile_limit_name()} = {2 * limit}`.",
+                data={"limit": limit, "calls": [r.variant for r in limit_hit]},
+            )
+        )
+    return findings
+
+
+def _full_compile_seconds(ctx: AnalysisContext) -> float | None:
+    """Seconds one full compile with the real backend took, if compile time was measured."""
+    if not ctx.options.measure_compile_time:
+        return None
+    profile = ctx.profile
+    if profile.error is not None or not profile.records:
+        return None
+    total = sum(
+        (r.get("dynamo_cumulative_compile_time_us") or 0) / 1e6 or (r.get("entire_frame_compile_time_s") or 0)
+        for r in profile.records
+    )
+    return total or None
+
+
+def _summary(
+    ctx: AnalysisContext,
+    sweep_text: str,
+    baseline: SweepResult,
+    n_before: int,
+    best: _Attempt | None,
+    attempts: Sequence[_Attempt],
+    baseline_causes: Sequence[Cause],
+) -> Finding:
+    variants, _ = ctx.variants
+    data = {
+        "calls": len(variants),
+        "recompiles_before": n_before,
+        "recompiles_after": len(best.result.recompiles) if best else None,
+        "fix": _describe_fix(best.fix, ctx) if best else None,
+        "attempts": {
+            a.label: {"fix": _describe_fix(a.fix, ctx), "recompiles": len(a.result.recompiles)} for a in attempts
+        },
+        "causes": sorted({c.kind for c in baseline_causes}),
+        "sweep_seconds": round(baseline.seconds, 3),
+    }
+    if n_before == 0:
+        return Finding(
+            id="recompile.summary",
+            severity=Severity.INFO,
+            title=f"No recompilation across {len(variants)} calls",
+            evidence=f"swept {sweep_text} with dynamic={ctx.options.dynamic}",
+            data=data,
+        )
+    after = data["recompiles_after"]
+    tried = "; ".join(f"{a.label} ({_describe_fix(a.fix, ctx)}): {len(a.result.recompiles)}" for a in attempts)
+    return Finding(
+        id="recompile.summary",
+        severity=Severity.WARNING,
+        title=f"{n_before} recompilation(s) across {len(variants)} calls"
+        + (f"; {after} after the fix (verified)" if after is not None else "; no automatic fix verified"),
+        evidence=f"swept {sweep_text} with dynamic={ctx.options.dynamic}. Recompiles per fix tried: "
+        + (tried or "none applicable"),
+        suggestion=_describe_fix(best.fix, ctx) if best else "see the causes below",
+        estimated_gain=(f"{n_before} -> {after} recompiles, measured by re-running the sweep")
+        if after is not None
+        else None,
+        data=data,
+    )
+
+
+def _cause_finding(
+    ctx: AnalysisContext,
+    kind: str,
+    name: str | None,
+    dim: int | None,
+    key: InputKey | None,
+    members: Sequence[Cause],
+    remaining: int,
+    best: _Attempt | None,
+    attempts: Sequence[_Attempt],
+    compile_s: float | None,
+) -> Finding:
+    shown = ctx.input_names.get(key, name) if key is not None else name
+    location = next((c.location for c in members if c.location), None) or definition_location(ctx.module)
+    n = len(members)
+    guard = members[0].guard
+    # the verified fix covers this cause when it marked this dim, tensorised this scalar, or is dynamic=True
+    verified = best is not None and (
+        (kind == "dynamic-dim" and (key, dim) in best.fix.mark_dynamic)
+        or (kind == "python-scalar" and key in best.fix.tensorize)
+        or (best.fix.dynamic is True and kind in _SHAPE_LIKE)
+    )
+    after_text = (
+        f"after `{_describe_fix(best.fix, ctx)}`: {remaining} (re-run with the fix applied)"
+        if verified and best
+        else "no automatic fix applies; not re-run"
+    )
+    cost = f"; each full compile with {ctx.options.backend} took {compile_s:.1f} s here" if compile_s else ""
+    gain = f"{n} -> {remaining} recompiles (verified){cost}" if verified else None
+    data = {"kind": kind, "input": shown, "dim": dim, "recompiles_before": n, "guard": guard}
+    if verified:
+        data["recompiles_after"] = remaining
+
+    if kind == "dynamic-dim" and key is None:
+        where = " (a value live across a graph break)" if any(c.after_graph_break for c in members) else ""
+        return Finding(
+            id="recompile.dynamic-dim",
+            severity=Severity.WARNING,
+            title=f"Recompiles when dim {dim} of `{shown}`{where} changes",
+            evidence=f"{n} recompile(s); failed guard: {guard}; {after_text}",
+            location=location,
+            suggestion="`torch.compile(model, dynamic=True)` makes every size symbolic, including "
+            "values handed across graph breaks, which mark_dynamic on the inputs does not reach; "
+            "fixing the graph break removes the extra frame altogether.",
+            estimated_gain=gain,
+            data=data,
+        )
+    if kind == "dynamic-dim":
+        what = _dim_label(ctx, key, dim)
+        dynamic_first = best is not None and best.fix.dynamic is True and not best.fix.mark_dynamic
+        fix = (
+            "torch.compile(model, dynamic=True)"
+            if dynamic_first
+            else f"torch._dynamo.mark_dynamic({shown}, {dim})  # before the first compiled call"
+        )
+        return Finding(
+            id="recompile.dynamic-dim",
+            severity=Severity.WARNING,
+            title=f"Recompiles when {what} of `{shown}` changes",
+            evidence=f"{n} recompile(s); failed guard: {guard}; {after_text}",
+            location=location,
+            suggestion=f"`{fix}` compiles one graph for every size of that dim "
+            f"(or `torch.compile(model, dynamic=True)` for all dims). Sizes 0 and 1 are always "
+            "specialised, so a first call with size 1 still costs one recompile.",
+            estimated_gain=gain,
+            data=data,
+        )
+    if kind == "python-scalar":
+        return Finding(
+            id="recompile.python-scalar",
+            severity=Severity.WARNING,
+            title=f"Recompiles when the Python scalar `{shown}` changes value",
+            evidence=f"{n} recompile(s); failed guard: {guard}; {after_text}",
+            location=location,
+            suggestion=f"Pass `{shown}` as a tensor: `model(x, torch.tensor({shown}))` (a 0-dim tensor "
+            "is an input to the graph, not a constant baked into it); or `dynamic=True`.",
+            estimated_gain=gain,
+            data=data,
+        )
+    advice = _ADVICE.get(kind, _ADVICE["other"])
+    return Finding(
+        id=f"recompile.{kind}",
+        severity=Severity.WARNING,
+        title=f"Recompiles on a {kind.replace('-', ' ')} change" + (f" of `{shown}`" if shown else ""),
+        evidence=f"{n} recompile(s); failed guard: {guard}; {after_text}",
+        location=location,
+        suggestion=advice,
+        estimated_gain=gain,
+        data=data,
+    )
+
+
+def _skipped(why: str) -> Finding:
+    return Finding(
+        id="recompile.skipped",
+        severity=Severity.INFO,
+        title="Recompilation sweep skipped",
+        evidence=why,
+    )
