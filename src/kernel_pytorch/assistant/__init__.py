@@ -1,0 +1,24 @@
+"""The compile analyser: each concern is a function `analyze_x(ctx) -> list[Finding]`, collected into a
+`Report` by `CompilerOptimizationAssistant`; `render` turns reports into terminal, JSON or Markdown."""
+
+from kernel_pytorch.assistant.assistant import STEPS, CompilerOptimizationAssistant
+from kernel_pytorch.assistant.compile_time import analyze_compile_time
+from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
+from kernel_pytorch.assistant.findings import SECTIONS, Finding, Location, Report, Severity
+from kernel_pytorch.assistant.readiness import analyze_readiness
+from kernel_pytorch.assistant.recompiles import analyze_recompilations
+
+__all__ = [
+    "SECTIONS",
+    "STEPS",
+    "AnalysisContext",
+    "AnalysisOptions",
+    "CompilerOptimizationAssistant",
+    "Finding",
+    "Location",
+    "Report",
+    "Severity",
+    "analyze_compile_time",
+    "analyze_readiness",
+    "analyze_recompilations",
+]

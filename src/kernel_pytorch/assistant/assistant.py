@@ -1,0 +1,203 @@
+"""`CompilerOptimizationAssistant`: run every analysis on a component and collect a `Report`.
+
+from kernel_pytorch import CompilerOptimizationAssistant
+report = CompilerOptimizationAssistant(device="cpu").analyze_component(model, (x,))
+for finding in report.compilation_readiness:
+    print(finding.location, finding.title, finding.suggestion)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from kernel_pytorch.assistant.compile_time import analyze_compile_time
+from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions, InputDims, prepare, split_inputs
+from kernel_pytorch.assistant.findings import Finding, Report, Severity, sort_findings
+from kernel_pytorch.assistant.readiness import analyze_readiness
+from kernel_pytorch.assistant.recompiles import analyze_recompilations
+
+Analysis = Callable[[AnalysisContext], list[Finding]]
+
+
+@dataclass(frozen=True)
+class _Step:
+    section: str
+    name: str
+    run: Analysis
+
+
+# Report order is fixed by the Report; this is the run order. Compile time runs before the sweep so
+# recompilation findings can quote what one full compile costs.
+STEPS: tuple[_Step, ...] = (
+    _Step("compilation_readiness", "compilation readiness", analyze_readiness),
+    _Step("compile_time", "compile time", analyze_compile_time),
+    _Step("recompilations", "recompilations", analyze_recompilations),
+)
+
+
+class CompilerOptimizationAssistant:
+    """Analyse a model (or any nn.Module component) for torch.compile: graph breaks, recompilations,
+    compile time.
+
+    Args:
+        device: move the module and the inputs' tensors here first (None: leave them where they are).
+        dtype: cast floating parameters and floating input tensors to this dtype first (None: keep).
+        backend: torch.compile backend whose compile time is measured.
+        mode: torch.compile mode for that compile ("max-autotune", ...).
+        dynamic: the `dynamic=` the model is meant to be compiled with (None: torch's automatic mode).
+        shapes: sizes to sweep per dim kind, e.g. {"batch": (1, 2, 4), "seq": (16, 32)}.
+        input_dims: which dims of which input are "batch"/"seq"/"spatial": {input: {dim: kind}} with
+            input a positional index or keyword name. None infers them from the example inputs.
+        trace_backend: backend for the graph-break trace and the recompilation sweeps ("eager": Dynamo
+            decides breaks and guards before any backend runs, so this is exact and fast).
+        measure_compile_time: False skips the real-backend compile (the slowest step).
+        cold_cache: bypass Inductor's on-disk caches for that compile, to see a first-ever compile.
+        vary_scalars: also sweep other values of Python int/float arguments.
+        progress: called with a short description before each expensive step.
+    """
+
+    def __init__(
+        self,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        backend: str | Callable[..., Any] = "inductor",
+        mode: str | None = None,
+        dynamic: bool | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        input_dims: InputDims | None = None,
+        trace_backend: str | Callable[..., Any] = "eager",
+        measure_compile_time: bool = True,
+        cold_cache: bool = False,
+        vary_scalars: bool = True,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
+        self.options = AnalysisOptions(
+            backend=backend,
+            mode=mode,
+            dynamic=dynamic,
+            trace_backend=trace_backend,
+            shapes={k: tuple(int(s) for s in v) for k, v in shapes.items()} if shapes else None,
+            input_dims=input_dims,
+            vary_scalars=vary_scalars,
+            measure_compile_time=measure_compile_time,
+            cold_cache=cold_cache,
+        )
+
+    def context(
+        self,
+        module: nn.Module,
+        example_inputs: Any,
+        *,
+        name: str | None = None,
+        extra_inputs: Sequence[Any] = (),
+    ) -> AnalysisContext:
+        """The analysis context for `module` (on the assistant's device and dtype), for running single
+        analyses: `analyze_readiness(assistant.context(model, (x,)))`."""
+        args, kwargs = split_inputs(example_inputs)
+        module, args, kwargs = prepare(module, args, kwargs, self.device, self.dtype)
+        extra = []
+        for inputs in extra_inputs:
+            a, k = split_inputs(inputs)
+            _, a, k = prepare(module, a, k, self.device, self.dtype)
+            extra.append(k if k else a)
+        return AnalysisContext(
+            module,
+            args,
+            kwargs,
+            options=self.options,
+            name=name or type(module).__name__,
+            progress=self.progress,
+            extra_inputs=extra,
+        )
+
+    def analyze_component(
+        self,
+        module: nn.Module,
+        example_inputs: Any,
+        *,
+        name: str | None = None,
+        extra_inputs: Sequence[Any] = (),
+    ) -> Report:
+        """Run every analysis on `module` called with `example_inputs`.
+
+        Args:
+            module: the model or component; it is called as `module(*args)` or `module(**kwargs)`.
+            example_inputs: a tuple of positional arguments, a dict of keyword arguments, or a tensor.
+            name: how the report names the component (default: its class name).
+            extra_inputs: more calls for the recompilation sweep, each like `example_inputs`.
+        Returns:
+            A Report; an analysis that raises becomes an ERROR finding in its section.
+        """
+        ctx = self.context(module, example_inputs, name=name, extra_inputs=extra_inputs)
+        sections: dict[str, list[Finding]] = {}
+        seconds: dict[str, float] = {}
+        training = module.training
+        start = time.perf_counter()
+        try:
+            for step in STEPS:
+                t0 = time.perf_counter()
+                try:
+                    found = step.run(ctx)
+                except Exception as exc:  # an analyser bug must not hide the other sections
+                    found = [_analysis_failed(step, exc)]
+                finally:
+                    torch._dynamo.reset()
+                sections.setdefault(step.section, []).extend(found)
+                seconds[step.section] = round(time.perf_counter() - t0, 3)
+        finally:
+            module.train(training)
+        meta = {
+            "device": str(ctx.device),
+            "dtype": str(_param_dtype(ctx.module)).replace("torch.", ""),
+            "torch": torch.__version__,
+            "backend": getattr(self.options.backend, "__name__", str(self.options.backend)),
+            "mode": self.options.mode,
+            "dynamic": self.options.dynamic,
+            "trace_backend": getattr(self.options.trace_backend, "__name__", str(self.options.trace_backend)),
+            "inputs": _describe_inputs(ctx),
+            "sweep": {k: list(v) for k, v in ctx.sweep_sizes.items()},
+            "seconds": {**seconds, "total": round(time.perf_counter() - start, 3)},
+        }
+        return Report(
+            model=ctx.name,
+            meta=meta,
+            **{section: sort_findings(found) for section, found in sections.items()},
+        )
+
+
+def _analysis_failed(step: _Step, exc: Exception) -> Finding:
+    return Finding(
+        id=f"analysis-error.{step.section}",
+        severity=Severity.ERROR,
+        title=f"The {step.name} analysis itself failed",
+        evidence=f"{type(exc).__name__}: {exc}",
+        suggestion="This is a fault of the analyser, not of the model; the other sections are unaffected.",
+    )
+
+
+def _param_dtype(module: nn.Module) -> torch.dtype | None:
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return None
+
+
+def _describe_inputs(ctx: AnalysisContext) -> dict[str, str]:
+    def one(v: Any) -> str:
+        if isinstance(v, torch.Tensor):
+            return f"{str(v.dtype).replace('torch.', '')}{list(v.shape)}"
+        return type(v).__name__ + (f" = {v}" if isinstance(v, (int, float, bool, str)) else "")
+
+    out = {ctx.input_names.get(i, f"args[{i}]"): one(a) for i, a in enumerate(ctx.args)}
+    out.update({k: one(v) for k, v in ctx.kwargs.items()})
+    return out

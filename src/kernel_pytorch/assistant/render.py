@@ -1,0 +1,170 @@
+"""Rendering of a `Report`: a rich terminal view, JSON and Markdown. Nothing here analyses anything."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.rule import Rule
+from rich.text import Text
+
+from kernel_pytorch.assistant.findings import SECTION_TITLES, Finding, Location, Report, Severity
+
+_MARK = {Severity.ERROR: "✖", Severity.WARNING: "▲", Severity.INFO: "●"}
+_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+
+
+def _where(loc: Location | None) -> str:
+    """file:line, relative to the working directory when the file lies under it."""
+    if loc is None:
+        return ""
+    path = loc.file
+    try:
+        rel = os.path.relpath(path)
+        path = rel if not rel.startswith("..") else path
+    except ValueError:  # another drive on Windows
+        pass
+    return f"{path}:{loc.line}"
+
+
+def headline(report: Report) -> dict[str, Any]:
+    """The few numbers a reader wants first, pulled from the findings' data."""
+    out: dict[str, Any] = {}
+    for f in report.compilation_readiness:
+        if f.id == "readiness.graphs":
+            out["graphs"] = f.data.get("graph_count")
+            out["graph_breaks"] = f.data.get("break_count")
+        if f.id == "readiness.fullgraph":
+            out["fullgraph"] = f.data.get("fullgraph")
+    for f in report.recompilations:
+        if f.id == "recompile.summary":
+            out["recompiles_before"] = f.data.get("recompiles_before")
+            out["recompiles_after"] = f.data.get("recompiles_after")
+    for f in report.compile_time:
+        if f.id == "compile-time.phases":
+            out["compile_s"] = f.data.get("total_s")
+    return out
+
+
+def _headline_text(report: Report) -> str:
+    h = headline(report)
+    parts = []
+    if "graphs" in h:
+        parts.append(f"graphs {h['graphs']}, breaks {h['graph_breaks']}")
+    if "fullgraph" in h:
+        parts.append("fullgraph ok" if h["fullgraph"] else "fullgraph fails")
+    if h.get("recompiles_before") is not None:
+        after = h.get("recompiles_after")
+        parts.append(f"recompiles {h['recompiles_before']}" + (f" -> {after} with fix" if after is not None else ""))
+    if h.get("compile_s") is not None:
+        parts.append(f"cold compile {h['compile_s']:.1f} s")
+    counts = report.counts()
+    parts.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info")
+    return " · ".join(parts)
+
+
+def _meta_text(report: Report) -> str:
+    m = report.meta
+    bits = [f"{k} {m[k]}" for k in ("device", "dtype", "torch", "backend") if m.get(k) is not None]
+    if m.get("mode"):
+        bits.append(f"mode {m['mode']}")
+    inputs = m.get("inputs") or {}
+    if inputs:
+        bits.append("inputs " + ", ".join(f"{k}: {v}" for k, v in inputs.items()))
+    seconds = (m.get("seconds") or {}).get("total")
+    if seconds is not None:
+        bits.append(f"analysed in {seconds:.1f} s")
+    return " · ".join(bits)
+
+
+def _finding_renderable(f: Finding) -> Group:
+    lines: list[Text] = []
+    title = Text(f"{_MARK[f.severity]} ", style=_STYLE[f.severity])
+    title.append(f.title, style="bold")
+    lines.append(title)
+    if f.location is not None:
+        where = Text("    at ", style="dim")
+        where.append(_where(f.location), style="magenta")
+        if f.location.code:
+            where.append(f"  {f.location.code}", style="dim italic")
+        lines.append(where)
+    if f.evidence:
+        lines.append(Text(f"    {f.evidence}", style="dim"))
+    if f.suggestion:
+        fix = Text("    fix: ", style="green")
+        fix.append(f.suggestion)
+        lines.append(fix)
+    if f.estimated_gain:
+        gain = Text("    gain: ", style="green")
+        gain.append(f.estimated_gain)
+        lines.append(gain)
+    return Group(*lines)
+
+
+def render_terminal(report: Report, console: Console | None = None) -> None:
+    """Print the report to `console` (default: a new rich Console on stdout)."""
+    console = console or Console()
+    console.print(
+        Panel(
+            Text(_meta_text(report)) + Text("\n") + Text(_headline_text(report), style="bold"),
+            title=f"[bold]Compile report: {report.model}[/bold]",
+            expand=True,
+        )
+    )
+    empty = []
+    for name, findings in report.sections():
+        if not findings:
+            empty.append(SECTION_TITLES[name])
+            continue
+        console.print(Rule(f"[bold]{SECTION_TITLES[name]}[/bold]", align="left"))
+        for f in findings:
+            console.print(_finding_renderable(f))
+    if empty:
+        console.print(Text(f"No findings: {', '.join(empty)}", style="dim"))
+
+
+def to_json(report: Report) -> str:
+    """The report as indented JSON (Report.to_dict plus the headline numbers)."""
+    import json
+
+    data = report.to_dict()
+    data["headline"] = headline(report)
+    return json.dumps(data, indent=2)
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def to_markdown(report: Report) -> str:
+    """The report as Markdown: a facts table, the headline, then one subsection per finding."""
+    m = report.meta
+    out = [f"# Compile report: {report.model}", ""]
+    out += ["| device | dtype | torch | backend | mode | analysis time |", "| --- | --- | --- | --- | --- | --- |"]
+    seconds = (m.get("seconds") or {}).get("total")
+    out.append(
+        f"| {m.get('device', '')} | {m.get('dtype', '')} | {m.get('torch', '')} | {m.get('backend', '')} "
+        f"| {m.get('mode') or 'default'} | {f'{seconds:.1f} s' if seconds is not None else ''} |"
+    )
+    out += ["", f"**{_md_escape(_headline_text(report))}**", ""]
+    for name, findings in report.sections():
+        out += [f"## {SECTION_TITLES[name]}", ""]
+        if not findings:
+            out += ["No findings.", ""]
+            continue
+        for f in findings:
+            out += [f"### {f.severity.value.upper()}: {_md_escape(f.title)}", ""]
+            if f.location is not None:
+                code = f" `{f.location.code}`" if f.location.code else ""
+                out.append(f"- **Where:** `{_where(f.location)}`{code}")
+            if f.evidence:
+                out.append(f"- **Evidence:** {f.evidence}")
+            if f.suggestion:
+                out.append(f"- **Fix:** {f.suggestion}")
+            if f.estimated_gain:
+                out.append(f"- **Gain:** {f.estimated_gain}")
+            out.append(f"- **Id:** `{f.id}`")
+            out.append("")
+    return "\n".join(out).rstrip() + "\n"
