@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 # Each name is a module in this package defining `register(subparsers)`; the subparser sets `func`,
 # called with the parsed args and returning the process exit code.
-SUBCOMMANDS: tuple[str, ...] = ("doctor", "validate", "bench")
+SUBCOMMANDS: tuple[str, ...] = ("doctor", "analyze", "validate", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

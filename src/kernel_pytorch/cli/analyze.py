@@ -1,0 +1,183 @@
+"""`kernel-pytorch analyze [FILE.py[:FACTORY]]`: the compile report of a model.
+
+With no argument it analyses the built-in tiny Llama (`--model NAME` picks another built-in) on
+the best device present. FILE.py:FACTORY names a function returning (model, example_inputs), the
+inputs a tuple of positional arguments or a dict of keyword arguments; a FILE.py defining Model,
+get_inputs() and get_init_inputs() works too.
+
+--shapes sets the sizes of the recompilation sweep per dimension kind:
+    --shapes "batch=1,2,4;seq=16,32"     (kinds: batch, seq, spatial)
+--dims says which input dims those kinds are when the guess is wrong (built-in models know theirs):
+    --dims "0:0=batch,1=seq;attention_mask:0=batch,1=seq"   (input index or keyword name first)
+
+Exit status: 0 the analysis ran (whatever it found), 2 the model or the arguments could not be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp64": torch.float64,
+    "float64": torch.float64,
+}
+_KINDS = ("batch", "seq", "spatial")
+
+
+class UsageError(ValueError):
+    """An argument that cannot be used; reported on stderr with exit status 2."""
+
+
+def parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
+    """ "batch=1,2,4;seq=16,32" -> {"batch": (1, 2, 4), "seq": (16, 32)}."""
+    out: dict[str, tuple[int, ...]] = {}
+    for part in filter(None, (p.strip() for p in re.split(r"[;\s]+", text))):
+        m = re.fullmatch(r"(\w+)=(\d+(?:,\d+)*)", part)
+        if not m or m.group(1) not in _KINDS:
+            raise UsageError(f"bad --shapes item {part!r}: expected KIND=N[,N...] with KIND one of {_KINDS}")
+        sizes = tuple(int(s) for s in m.group(2).split(","))
+        if min(sizes) < 1:
+            raise UsageError(f"--shapes sizes must be >= 1, got {part!r}")
+        out[m.group(1)] = sizes
+    if not out:
+        raise UsageError("--shapes is empty")
+    return out
+
+
+def parse_dims(text: str) -> dict[int | str, dict[int, str]]:
+    """ "0:0=batch,1=seq;mask:0=batch" -> {0: {0: "batch", 1: "seq"}, "mask": {0: "batch"}}."""
+    out: dict[int | str, dict[int, str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        m = re.fullmatch(r"(\w+):(\d+=\w+(?:,\d+=\w+)*)", part)
+        if not m:
+            raise UsageError(f"bad --dims item {part!r}: expected INPUT:DIM=KIND[,DIM=KIND...]")
+        key: int | str = int(m.group(1)) if m.group(1).isdigit() else m.group(1)
+        dims: dict[int, str] = {}
+        for item in m.group(2).split(","):
+            dim, kind = item.split("=")
+            if kind not in _KINDS:
+                raise UsageError(f"bad --dims kind {kind!r}: use one of {_KINDS}")
+            dims[int(dim)] = kind
+        out[key] = dims
+    return out
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_target(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, str, dict | None]:
+    """(model, example inputs, report name, input dims or None) for the CLI arguments."""
+    if args.target and args.model:
+        raise UsageError("give either FILE.py[:FACTORY] or --model NAME, not both")
+    if args.target:
+        from kernel_pytorch.cli._factory import FactoryError, load_factory
+
+        try:
+            model, inputs = load_factory(args.target)()
+        except FactoryError as exc:
+            raise UsageError(str(exc)) from exc
+        return model, inputs, args.target, None
+    from kernel_pytorch.models import DEFAULT_DEMO, build_model, input_spec, list_models
+
+    name = args.model or DEFAULT_DEMO
+    if name not in list_models():
+        raise UsageError(f"unknown model {name!r}; built-in models: {', '.join(list_models())}")
+    device = args.device or _default_device()
+    dtype = _DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    model, inputs = build_model(name, device=device, dtype=dtype)
+    return model, inputs, name, dict(enumerate(input_spec(name)))
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from kernel_pytorch.assistant import CompilerOptimizationAssistant
+    from kernel_pytorch.assistant.render import render_terminal, to_json, to_markdown
+
+    err = Console(stderr=True)
+    try:
+        shapes = parse_shapes(args.shapes) if args.shapes else None
+        dims = parse_dims(args.dims) if args.dims else None
+        model, inputs, name, builtin_dims = load_target(args)
+    except UsageError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 2
+    device = args.device or (None if args.target else _default_device())
+    dynamic = {"auto": None, "true": True, "false": False}[args.dynamic]
+
+    start = time.perf_counter()
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True
+    ) as progress:
+        task = progress.add_task(f"analysing {name}", total=None)
+
+        def step(message: str) -> None:
+            progress.update(task, description=f"{name}: {message}")
+
+        assistant = CompilerOptimizationAssistant(
+            device=device,
+            dtype=_DTYPES[args.dtype] if args.dtype else None,
+            backend=args.backend,
+            mode=args.mode,
+            dynamic=dynamic,
+            shapes=shapes,
+            input_dims=dims if dims is not None else builtin_dims,
+            measure_compile_time=not args.no_compile_time,
+            cold_cache=args.cold_cache,
+            progress=step,
+        )
+        try:
+            report = assistant.analyze_component(model, inputs, name=name)
+        except (RuntimeError, ValueError, TypeError) as exc:  # e.g. the model cannot move to --device
+            err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
+            return 2
+    if not args.quiet:
+        render_terminal(report, Console())
+    if args.json:
+        Path(args.json).write_text(to_json(report))
+        err.print(f"wrote {args.json}")
+    if args.markdown:
+        Path(args.markdown).write_text(to_markdown(report))
+        err.print(f"wrote {args.markdown}")
+    err.print(f"[dim]analysis took {time.perf_counter() - start:.1f} s[/dim]")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "analyze",
+        help="compile report of a model: graph breaks, recompilations, compile time",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("target", nargs="?", metavar="FILE.py[:FACTORY]", help="the model to analyse (default: built-in)")
+    p.add_argument("--model", metavar="NAME", help="a built-in model (default llama-tiny)")
+    p.add_argument("--device", help="device to analyse on (default: cuda if present, else cpu)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), help="cast parameters and float inputs first")
+    p.add_argument("--shapes", metavar="SPEC", help='sweep sizes, e.g. "batch=1,2,4;seq=16,32"')
+    p.add_argument("--dims", metavar="SPEC", help='which dims vary, e.g. "0:0=batch,1=seq"')
+    p.add_argument("--backend", default="inductor", help="backend whose compile time is measured")
+    p.add_argument("--mode", default=None, help="torch.compile mode for that compile (e.g. max-autotune)")
+    p.add_argument(
+        "--dynamic", choices=("auto", "true", "false"), default="auto", help="dynamic= the model is compiled with"
+    )
+    p.add_argument("--no-compile-time", action="store_true", help="skip the backend compile (fast)")
+    p.add_argument("--cold-cache", action="store_true", help="bypass Inductor's caches for the timed compile")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown")
+    p.add_argument("-q", "--quiet", action="store_true", help="do not print the report")
+    p.set_defaults(func=run)
