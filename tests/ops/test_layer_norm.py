@@ -1,0 +1,136 @@
+"""LayerNorm: kernels vs the reference (both paths, strided rows, with/without affine), the reference's
+backward vs autograd, registration, determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_pytorch import reference as R
+from kernel_pytorch.ops.layer_norm import layer_norm_bwd, layer_norm_fwd
+from kernel_pytorch.reference.layer_norm import layer_norm_stats
+from tests.grid import (
+    DTYPES,
+    ROW_SHAPES,
+    Poisoned,
+    compile_and_count_breaks,
+    device_under_test,
+    randn,
+    strided_rows,
+)
+from tests.ops.norm_helpers import assert_budget, assert_close
+
+DEV = device_under_test()
+EPS = 1e-5
+AFFINE = [(True, True), (True, False), (False, False)]
+
+
+def _params(cols, dtype, has_w, has_b, device=DEV):
+    w = randn(cols, dtype=dtype, device=device, scale=0.5, offset=1.0) if has_w else None
+    b = randn(cols, dtype=dtype, device=device, scale=0.5) if has_b else None
+    return w, b
+
+
+@pytest.mark.parametrize("has_w,has_b", AFFINE)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead,cols", ROW_SHAPES)
+def test_kernels_match_reference(lead, cols, dtype, has_w, has_b, row_path) -> None:
+    # an offset mean checks that the variance is taken around the mean, not as E[x^2] - mean^2
+    x = strided_rows(lead, cols, dtype, DEV) + 3.0
+    w, b = _params(cols, dtype, has_w, has_b)
+    dy = randn(*lead, cols, dtype=dtype, device=DEV)
+    with Poisoned():
+        y, mean, rstd = layer_norm_fwd(x, w, b, EPS)
+        dx, dw, db = layer_norm_bwd(dy, x, w, mean, rstd, has_b)
+    assert_close(y, R.layer_norm(x, w, b, EPS), "y")
+    ref_mean, ref_rstd = layer_norm_stats(x, EPS)
+    assert_close(mean, ref_mean, "mean")
+    assert_close(rstd, ref_rstd, "rstd")
+    dx_ref, dw_ref, db_ref = R.layer_norm_backward(dy, x, w, ref_mean, ref_rstd, has_b)
+    assert_close(dx, dx_ref, "dx")
+    m64, r64 = layer_norm_stats(x.double(), EPS)
+    w64 = w.double() if w is not None else None
+    _, dw64, db64 = R.layer_norm_backward(dy.double(), x.double(), w64, m64, r64, has_b)
+    assert (dw is None) == (not has_w) and (db is None) == (not has_b)
+    if has_w:
+        assert_budget(dw, dw_ref, dw64, "dweight")
+    if has_b:
+        assert_budget(db, db_ref, db64, "dbias")
+
+
+def test_reference_backward_is_the_gradient_of_the_reference() -> None:
+    x = randn(6, 40, dtype=torch.float64, offset=2.0).requires_grad_()
+    w = randn(40, dtype=torch.float64, offset=1.0).requires_grad_()
+    b = randn(40, dtype=torch.float64).requires_grad_()
+    dy = randn(6, 40, dtype=torch.float64)
+    gx, gw, gb = torch.autograd.grad(R.layer_norm(x, w, b, EPS), (x, w, b), dy)
+    mean, rstd = layer_norm_stats(x.detach(), EPS)
+    dx, dw, db = R.layer_norm_backward(dy, x.detach(), w.detach(), mean, rstd, True)
+    torch.testing.assert_close(dx, gx)
+    torch.testing.assert_close(dw, gw)
+    torch.testing.assert_close(db, gb)
+
+
+def test_reference_matches_torch_layer_norm() -> None:
+    x = randn(5, 33, offset=1.0)
+    w, b = _params(33, torch.float32, True, True, "cpu")
+    assert_close(R.layer_norm(x, w, b, EPS), torch.nn.functional.layer_norm(x, (33,), w, b, EPS), "y")
+
+
+def test_backward_is_bitwise_deterministic(row_path) -> None:
+    x = randn(37, 48, dtype=torch.bfloat16, device=DEV)
+    w, b = _params(48, torch.bfloat16, True, True)
+    dy = randn(37, 48, dtype=torch.bfloat16, device=DEV)
+    _, mean, rstd = layer_norm_fwd(x, w, b, EPS)
+    first = layer_norm_bwd(dy, x, w, mean, rstd, True)
+    second = layer_norm_bwd(dy, x, w, mean, rstd, True)
+    assert all(torch.equal(a, c) for a, c in zip(first, second))
+
+
+@pytest.mark.parametrize("has_w,has_b", AFFINE)
+def test_opcheck(has_w: bool, has_b: bool) -> None:
+    x = randn(3, 4, 32, device=DEV).requires_grad_()
+    w, b = _params(32, torch.float32, has_w, has_b)
+    if w is not None:
+        w.requires_grad_()
+    torch.library.opcheck(torch.ops.kernel_pytorch.layer_norm_fwd.default, (x, w, b, EPS))
+    x = x.detach()
+    w = w.detach() if w is not None else None
+    _, mean, rstd = torch.ops.kernel_pytorch.layer_norm_fwd(x, w, b, EPS)
+    dy = randn(3, 4, 32, device=DEV)
+    torch.library.opcheck(torch.ops.kernel_pytorch.layer_norm_bwd.default, (dy, x, w, mean, rstd, has_b))
+
+
+def test_compile_fullgraph_no_breaks() -> None:
+    x = randn(4, 24, device=DEV).requires_grad_()
+    w, b = _params(24, torch.float32, True, True)
+    w.requires_grad_()
+    dy = randn(4, 24, device=DEV)
+
+    def f(x, w, b):
+        return torch.ops.kernel_pytorch.layer_norm_fwd(x, w, b, EPS)[0].relu()
+
+    eager = torch.autograd.grad(f(x, w, b), (x, w), dy)
+    out, breaks = compile_and_count_breaks(f, x, w, b)
+    assert breaks == 0
+    for a, e in zip(torch.autograd.grad(out, (x, w), dy), eager):
+        assert_close(a, e, "compiled grad")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cols", [1024, 4096, 16385, 262144])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_wide_rows(cols: int, dtype: torch.dtype) -> None:
+    rows = 4 if cols > 16384 else 64
+    x = strided_rows((rows,), cols, dtype, "cuda") + 2.0
+    w, b = _params(cols, dtype, True, True, "cuda")
+    dy = randn(rows, cols, dtype=dtype, device="cuda")
+    with Poisoned():
+        y, mean, rstd = layer_norm_fwd(x, w, b, EPS)
+        dx, dw, db = layer_norm_bwd(dy, x, w, mean, rstd, True)
+    assert_close(y, R.layer_norm(x, w, b, EPS), "y")
+    dx_ref, dw_ref, db_ref = R.layer_norm_backward(dy, x, w, *layer_norm_stats(x, EPS), True)
+    assert_close(dx, dx_ref, "dx")
+    _, dw64, db64 = R.layer_norm_backward(dy.double(), x.double(), w.double(), *layer_norm_stats(x.double(), EPS), True)
+    assert_budget(dw, dw_ref, dw64, "dweight")
+    assert_budget(db, db_ref, db64, "dbias")
