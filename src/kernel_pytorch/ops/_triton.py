@@ -36,26 +36,27 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-# Elements each thread handles, per pass. Measured on H200 (benchmarks/NOTES.md): forward kernels
-# hold one row and want 16 (8 warps for a 4096 row); backward kernels hold dy, x, weight and a
-# gradient accumulator (plus the prefetched next row) and want 8.
-FWD_ELEMENTS_PER_THREAD = 16
-BWD_ELEMENTS_PER_THREAD = 8
-MAX_WARPS = 32
+# Warps per program at most: 32 measured slower than 16 on 16K-wide rows (benchmarks/NOTES.md).
+MAX_WARPS = 16
 
 
-def row_launch(n_cols: int, element_size: int, backward: bool = False) -> RowLaunch:
+def row_launch(
+    n_cols: int, element_size: int, elements_per_thread: int, max_fused_cols: int | None = None
+) -> RowLaunch:
     """Block and warp choice for a row of `n_cols` elements of `element_size` bytes.
 
-    Each thread keeps at least 16 bytes per load in flight (one vector load) and about
-    FWD_/BWD_ELEMENTS_PER_THREAD elements overall; warps grow with the row up to MAX_WARPS.
+    Args:
+        elements_per_thread: how many elements each thread should hold (each op measures its own;
+            at least one 16-byte vector is always used).
+        max_fused_cols: widest row kept whole in registers for this kernel (capped by MAX_FUSED_COLS);
+            wider rows loop over LOOP_BLOCK columns.
     """
-    elements_per_thread = BWD_ELEMENTS_PER_THREAD if backward else FWD_ELEMENTS_PER_THREAD
-    if n_cols <= MAX_FUSED_COLS:
+    limit = min(MAX_FUSED_COLS, max_fused_cols or MAX_FUSED_COLS)
+    if n_cols <= limit:
         block = next_power_of_2(n_cols)
         single = True
     else:
-        block = LOOP_BLOCK
+        block = min(LOOP_BLOCK, next_power_of_2(limit))
         single = False
     per_thread = max(16 // element_size, elements_per_thread)
     num_warps = next_power_of_2(min(MAX_WARPS, max(1, block // (32 * per_thread))))
@@ -63,11 +64,17 @@ def row_launch(n_cols: int, element_size: int, backward: bool = False) -> RowLau
 
 
 # Persistent programs per SM in the backward row loops: two keep enough loads in flight to hide
-# memory latency (measured; more add partial rows without gaining bandwidth).
+# memory latency on rows up to PREFETCH_MAX_BLOCK; wider rows have the registers for one.
 PROGRAMS_PER_SM = 2
 # The backward prefetches the next row while computing this one, up to this row width; wider rows
 # would spill the doubled registers.
 PREFETCH_MAX_BLOCK = 8192
+
+
+def backward_programs(n_rows: int, device: torch.device, launch: RowLaunch) -> int:
+    """Persistent programs for a backward row loop launched with `launch`."""
+    per_sm = PROGRAMS_PER_SM if launch.block <= PREFETCH_MAX_BLOCK else 1
+    return persistent_programs(n_rows, device, per_sm)
 
 
 @functools.cache

@@ -23,9 +23,18 @@ from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
 from kernel_pytorch.ops import _triton
-from kernel_pytorch.ops._triton import as_rows, direct_launch, persistent_programs, row_launch, row_stride
+from kernel_pytorch.ops._triton import as_rows, backward_programs, direct_launch, row_launch, row_stride
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.layer_norm import layer_norm, layer_norm_backward, layer_norm_stats
+
+# Elements per thread, measured on H200 (benchmarks/NOTES.md): the forward holds one row, the backward
+# dy, x, weight and accumulators.
+_FWD_ELEMENTS_PER_THREAD = 16
+_BWD_ELEMENTS_PER_THREAD = 16
+# Rows wider than this take the column loop in the backward: holding dy, x, weight and two
+# accumulators for a 16K row spills registers (measured 20% of copy bandwidth, benchmarks/NOTES.md).
+_BWD_MAX_FUSED_COLS = 8192
+_FWD_MAX_FUSED_COLS = 16384
 
 
 @triton.jit
@@ -198,7 +207,7 @@ def layer_norm_fwd(
         return y, mean, rstd
     w = weight.contiguous() if weight is not None else x2  # placeholder pointer, never read
     b = bias.contiguous() if bias is not None else x2
-    launch = row_launch(n_cols, x.element_size())
+    launch = row_launch(n_cols, x.element_size(), _FWD_ELEMENTS_PER_THREAD, _FWD_MAX_FUSED_COLS)
     wrap_triton(_layer_norm_fwd_kernel)[(n_rows,)](
         x2, w, b, y, mean, rstd,
         row_stride(x2), n_cols, n_cols, eps,
@@ -229,8 +238,8 @@ def layer_norm_bwd(
         dw = torch.zeros_like(weight) if weight is not None else None
         db = torch.zeros(n_cols, dtype=param_dtype, device=x.device) if has_bias else None
         return dx, dw, db
-    launch = row_launch(n_cols, x.element_size(), backward=True)
-    n_progs = persistent_programs(n_rows, x.device)
+    launch = row_launch(n_cols, x.element_size(), _BWD_ELEMENTS_PER_THREAD, _BWD_MAX_FUSED_COLS)
+    n_progs = backward_programs(n_rows, x.device, launch)
     part = dict(size=(n_progs, n_cols), dtype=torch.float32, device=x.device)
     dw_part = torch.empty(**part) if weight is not None else None
     db_part = torch.empty(**part) if has_bias else None

@@ -20,9 +20,14 @@ from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
 from kernel_pytorch.ops import _triton
-from kernel_pytorch.ops._triton import as_rows, direct_launch, persistent_programs, row_launch, row_stride
+from kernel_pytorch.ops._triton import as_rows, backward_programs, direct_launch, row_launch, row_stride
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward, rms_norm_rstd
+
+# Elements per thread, measured on H200 (benchmarks/NOTES.md): the forward holds one row, the backward
+# dy, x, weight and accumulators.
+_FWD_ELEMENTS_PER_THREAD = 16
+_BWD_ELEMENTS_PER_THREAD = 8
 
 
 @triton.jit
@@ -176,7 +181,7 @@ def rms_norm_fwd(
         return y, rstd, h
     r2 = as_rows(residual) if residual is not None else x2
     weight = weight.contiguous()
-    launch = row_launch(n_cols, x.element_size())
+    launch = row_launch(n_cols, x.element_size(), _FWD_ELEMENTS_PER_THREAD)
     wrap_triton(_rms_norm_fwd_kernel)[(n_rows,)](
         x2, r2, h if h is not None else y, weight, y, rstd,
         row_stride(x2), row_stride(r2), n_cols, n_cols, eps, offset,
@@ -205,8 +210,8 @@ def rms_norm_bwd(
     if n_rows == 0:
         return dx, torch.zeros_like(weight)
     weight, rstd = weight.contiguous(), rstd.contiguous()
-    launch = row_launch(n_cols, x.element_size(), backward=True)
-    n_progs = persistent_programs(n_rows, x.device)
+    launch = row_launch(n_cols, x.element_size(), _BWD_ELEMENTS_PER_THREAD)
+    n_progs = backward_programs(n_rows, x.device, launch)
     dw_part = torch.empty((n_progs, n_cols), dtype=torch.float32, device=x.device)
     wrap_triton(_rms_norm_bwd_kernel)[(n_progs,)](
         dy2, x2, weight, rstd, dres2, dx, dw_part,

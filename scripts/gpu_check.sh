@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole GPU check in one call: CUDA tests, the launch-parameter sweep, then the benchmarks.
+# usage: scripts/gpu_check.sh OUT_DIR
+# Liger-Kernel is measured when importable (install its wheel first; see benchmarks/README.md).
+set -uo pipefail
+out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
+mkdir -p "$out"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+status=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
+python3 -m pytest -m cuda -q -p no:cacheprovider tests 2>&1 | tee "$out/pytest_cuda.log" | tail -5 || status=1
+python3 scripts/probe_norms.py --sweep 2>&1 | grep -v Warning | tee "$out/sweep.log" || status=1
+python3 benchmarks/bench_norms.py --out "$out" 2>&1 | tee "$out/bench_norms.log" | tail -40 || status=1
+exit $status

@@ -1,0 +1,166 @@
+# ruff: noqa: B023  (lambdas are timed immediately, inside the loop that binds them)
+"""Quick GPU probe of the norm kernels: correctness on CUDA, then median times vs eager/compile/Liger.
+
+Usage: python scripts/probe_norms.py   (prints a table; the full suite is benchmarks/bench_norms.py)
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.testing import do_bench
+
+from kernel_pytorch import functional as F
+
+try:
+    from liger_kernel.transformers.rms_norm import LigerRMSNorm
+except ImportError:
+    LigerRMSNorm = None
+
+
+def hf_rms(x, w, eps=1e-6):
+    dt = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(dt)
+
+
+def copy_bw() -> float:
+    a = torch.empty(2**30 // 2, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    ms = do_bench(lambda: b.copy_(a), return_mode="median")
+    return 2 * a.numel() * 2 / ms / 1e6  # GB/s
+
+
+def main() -> None:
+    ceil = copy_bw()
+    print(f"copy ceiling {ceil:.0f} GB/s")
+    comp = torch.compile(hf_rms)
+    for n, d in [(16384, 4096), (4096, 1024), (2048, 16384), (256, 262144)]:
+        x = torch.randn(n, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        w = (torch.randn(d, device="cuda") * 0.1 + 1).to(torch.bfloat16).requires_grad_()
+        dy = torch.randn_like(x)
+        provs = {"ours": lambda x, w: F.rms_norm(x, w, backend="triton"), "eager": hf_rms, "compile": comp}
+        if LigerRMSNorm is not None:
+            lm = LigerRMSNorm(d).to("cuda", torch.bfloat16)
+            lm.weight.data.copy_(w.detach())
+            provs["liger"] = lambda x, w, lm=lm: lm(x)
+        for name, f in provs.items():
+            try:
+                y = f(x, w)
+            except Exception as e:  # a provider that cannot run this shape says so
+                print(f"{n}x{d} {name:8s} failed: {str(e)[:80]}")
+                continue
+            err = (y.float() - hf_rms(x, w).float()).abs().max().item()
+            fwd = do_bench(lambda f=f: f(x, w), return_mode="median")
+            params = (x, w) if name != "liger" else (x, lm.weight)
+
+            def fb(f=f, params=params):
+                torch.autograd.grad(f(x, w), params, dy)
+
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fb()
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+            fwdbwd = do_bench(fb, return_mode="median")
+            nb = x.numel() * 2
+            print(
+                f"{n}x{d} {name:8s} fwd {fwd*1e3:8.1f}us {2*nb/fwd/1e6/ceil*100:5.1f}%  "
+                f"fwd+bwd {fwdbwd*1e3:8.1f}us {5*nb/fwdbwd/1e6/ceil*100:5.1f}%  peak {peak:7.1f}MiB err {err:.3g}"
+            )
+
+
+if __name__ == "__main__" and __import__("sys").argv[1:] != ["--sweep"]:
+    main()
+
+
+def graph_ms(fn) -> float:
+    """Median GPU time of `fn` replayed from a CUDA graph: kernel time without host overhead."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return do_bench(g.replay, return_mode="median")
+
+
+def sweep() -> None:
+    """Launch-parameter sweep of the norm kernels, timed as CUDA-graph replays (no host overhead)."""
+    import time
+
+    from kernel_pytorch.ops import _triton
+    from kernel_pytorch.ops.rms_norm import _rms_norm_fwd_kernel
+
+    fwd_op = torch.ops.kernel_pytorch.rms_norm_fwd
+    bwd_op = torch.ops.kernel_pytorch.rms_norm_bwd
+    ln_fwd = torch.ops.kernel_pytorch.layer_norm_fwd
+    ln_bwd = torch.ops.kernel_pytorch.layer_norm_bwd
+    from kernel_pytorch.ops import layer_norm as ln_mod
+    from kernel_pytorch.ops import rms_norm as rms_mod
+
+    # each variant sets attributes on (module, name); {} is the committed configuration
+    variants = [
+        {},
+        {(_triton, "PROGRAMS_PER_SM"): 1},
+        {(_triton, "PREFETCH_MAX_BLOCK"): 4096},
+        {(rms_mod, "_BWD_ELEMENTS_PER_THREAD"): 16, (ln_mod, "_BWD_ELEMENTS_PER_THREAD"): 8},
+        {(ln_mod, "_FWD_MAX_FUSED_COLS"): 8192, (ln_mod, "_BWD_MAX_FUSED_COLS"): 16384},
+        {(ln_mod, "_FWD_ELEMENTS_PER_THREAD"): 8, (rms_mod, "_FWD_ELEMENTS_PER_THREAD"): 8},
+    ]
+    defaults = {key: getattr(*key) for v in variants for key in v}
+    ceil = copy_bw()
+    print(f"copy ceiling {ceil:.0f} GB/s")
+    for n, d in [(16384, 4096), (2048, 16384), (4096, 1024)]:
+        x = torch.randn(n, d, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(d, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(d, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn_like(x)
+        nb = x.numel() * 2
+        for v in variants:
+            for (mod, k), val in {**defaults, **v}.items():
+                setattr(mod, k, val)
+            _, rstd = fwd_op(x, w, 1e-6, 0.0)
+            _, mean, lrstd = ln_fwd(x, w, b, 1e-5)
+            f = graph_ms(lambda: fwd_op(x, w, 1e-6, 0.0))
+            bw = graph_ms(lambda: bwd_op(dy, x, w, rstd, 0.0))
+            lf = graph_ms(lambda: ln_fwd(x, w, b, 1e-5))
+            lb = graph_ms(lambda: ln_bwd(dy, x, w, mean, lrstd, True))
+            pct = lambda k, ms: k * nb / ms / 1e6 / ceil * 100  # noqa: E731
+            label = ", ".join(f"{k}={val}" for (_, k), val in v.items()) or "committed"
+            print(f"{n}x{d} {label:60s} rms fwd {f*1e3:6.1f}us {pct(2, f):5.1f}% "
+                  f"bwd {bw*1e3:6.1f}us {pct(3, bw):5.1f}% f+b {pct(5, f + bw):5.1f}% | "
+                  f"ln fwd {pct(2, lf):5.1f}% bwd {pct(3, lb):5.1f}% f+b {pct(5, lf + lb):5.1f}%")
+        for (mod, k), val in defaults.items():
+            setattr(mod, k, val)
+    # host overhead per call, tiny shape: how fast can each layer issue launches
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    r = torch.empty(8, device="cuda")
+    xr = x.detach().requires_grad_()
+
+    calls = {
+        "functional": lambda: F.rms_norm(x, w, backend="triton"),
+        "functional+grad": lambda: F.rms_norm(xr, w, backend="triton"),
+        "torch.ops": lambda: fwd_op(x, w, 1e-6, 0.0),
+        "raw kernel": lambda: _rms_norm_fwd_kernel[(8,)](
+            x, x, y, w, y, r, 256, 256, 256, 256, 1e-6, 0.0,
+            BLOCK=256, SINGLE_PASS=True, HAS_RESIDUAL=False, num_warps=1),
+        "2x empty": lambda: (torch.empty_like(x), torch.empty(8, device="cuda")),
+        "hf eager": lambda: hf_rms(x, w),
+        "torch F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (256,), w, 1e-6),
+    }
+    for name, fn in calls.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(2000):
+            fn()
+        torch.cuda.synchronize()
+        print(f"host overhead {name:16s} {(time.perf_counter() - t) / 2000 * 1e6:6.1f} us/call")
+
+
+if __name__ == "__main__" and __import__("sys").argv[1:] == ["--sweep"]:
+    sweep()
