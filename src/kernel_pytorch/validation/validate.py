@@ -521,12 +521,14 @@ def _compile_failure(optimized: nn.Module, inputs: tuple | dict, backend: str, e
         with torch.no_grad():
             call(torch.compile(optimized, backend=count_graphs), inputs)
         after = _graph_break_reasons()
-        reasons = [r.splitlines()[0][:200] for r, n in after.items() if n > before.get(r, 0)]
+        new = {r: n - before.get(r, 0) for r, n in after.items() if n > before.get(r, 0)}
+        reasons = [r.splitlines()[0][:200] for r in new]
         count: int | None = len(graphs)
+        # a break right before `return` leaves no second graph, so count the recorded breaks too
+        breaks: int | None = max(len(graphs) - 1, sum(new.values()))
     except Exception as exc:  # not even a graph-broken compile works
-        count = None
+        count = breaks = None
         reasons = [f"compile without fullgraph also failed: {_err(exc, 2)}"]
-    breaks = max(count - 1, 0) if count is not None else None
     return CompilationReport(False, backend, count, breaks, reasons, None, error, None)
 
 
