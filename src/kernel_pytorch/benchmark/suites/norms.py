@@ -72,6 +72,11 @@ CPU_SHAPES = (
     Shape(256, 1024, "CPU smoke: Qwen3-0.6B hidden 1024, 256 tokens"),
     Shape(64, 4096, "CPU smoke: Llama-3-8B hidden 4096, 64 tokens"),
 )
+# --quick: one small shape per device, for smoke tests of the whole pipeline
+QUICK_SHAPES = {
+    "cuda": Shape(4096, 1024, "Qwen3-0.6B: hidden 1024, 4096 tokens (launch-bound)"),
+    "cpu": Shape(32, 1024, "CPU smoke: Qwen3-0.6B hidden 1024, 32 tokens"),
+}
 
 Progress = Callable[[int, int, str], None]  # (done, total, what is running)
 
@@ -339,7 +344,7 @@ def run(
         ops: subset of OPS.
         shapes: override the shape list (default: CUDA_SHAPES on CUDA, CPU_SHAPES on CPU).
         dtype: input dtype (bf16 by default).
-        quick: CPU-test mode: first shape only, shortest timing.
+        quick: smoke-test mode: one small shape (QUICK_SHAPES), shortest CPU timing.
         ceilings: use these instead of measuring them in this run.
         progress: called as progress(done, total, description) before each step.
     """
@@ -355,9 +360,12 @@ def run(
             raise ValueError(f"unknown op {o!r}; known: {', '.join(OPS)}")
     # eager first: its results are the budget's yardstick for the others' gates
     order = ("eager",) + tuple(p for p in chosen if p != "eager")
-    shape_list = shapes or (CUDA_SHAPES if on_cuda else CPU_SHAPES)
-    if quick:
-        shape_list = shape_list[:1]
+    if shapes:
+        shape_list = shapes
+    elif quick:
+        shape_list = (QUICK_SHAPES["cuda" if on_cuda else "cpu"],)
+    else:
+        shape_list = CUDA_SHAPES if on_cuda else CPU_SHAPES
     timing = (dict(warmup_ms=25.0, rep_ms=100.0) if on_cuda
               else dict(cpu_min_run_time=0.02 if quick else 0.1))
     total = 1 + len(ops) * len(shape_list) * len(order)
