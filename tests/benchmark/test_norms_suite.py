@@ -1,0 +1,105 @@
+"""The norms suite: byte counts, the correctness gate, and a quick CPU run end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_pytorch import reference
+from kernel_pytorch.benchmark.ceilings import Ceilings
+from kernel_pytorch.benchmark.results import OK
+from kernel_pytorch.benchmark.suites import get_suite, suite_names
+from kernel_pytorch.benchmark.suites import norms as N
+from kernel_pytorch.validation.tolerances import TOLERANCES
+from tests.grid import randn
+
+STATUSES = {OK, "failed", "error", "not installed", "not available"}
+
+
+def _fake_ceilings() -> Ceilings:
+    # the suite measures its own; the unit tests use fixed ones to stay fast and exact
+    return Ceilings(device="cpu", copy_gbps=10.0, copy_bytes=1, matmul_tflops=0.1, matmul_shape=(1, 1, 1),
+                    matmul_dtype="float32", torch_version=torch.__version__, measured_at="now")
+
+
+def test_registry() -> None:
+    assert "norms" in suite_names() and get_suite("norms") is N
+    with pytest.raises(ValueError, match="known: norms"):
+        get_suite("nope")
+
+
+def test_minimum_bytes() -> None:
+    r, c, s = 16384, 4096, 2
+    e = r * c
+    assert N.min_bytes("rms_norm", r, c, s, "fwd") == (2 * e + c) * s
+    assert N.min_bytes("rms_norm", r, c, s, "fwd+bwd") == (2 * e + c + 3 * e + 2 * c) * s
+    assert N.min_bytes("add_rms_norm", r, c, s, "fwd") == (4 * e + c) * s
+    assert N.min_bytes("add_rms_norm", r, c, s, "fwd+bwd (cuda graph)") == (8 * e + 3 * c) * s
+    assert N.min_bytes("layer_norm", r, c, s, "fwd+bwd") == (5 * e + 5 * c) * s
+
+
+def test_shapes_are_labelled_with_model_configs() -> None:
+    assert [(s.rows, s.cols) for s in N.CUDA_SHAPES] == [(16384, 4096), (2048, 16384), (4096, 1024), (256, 262144)]
+    assert all(s.config for s in N.CUDA_SHAPES + N.CPU_SHAPES)
+    assert N.GRAPH_SHAPE in [(s.rows, s.cols) for s in N.CUDA_SHAPES]
+
+
+def test_hf_eager_code_matches_the_reference_in_fp32() -> None:
+    x, w, r = randn(8, 64), 1 + 0.1 * randn(64), randn(8, 64)
+    tol = TOLERANCES[torch.float32]
+    torch.testing.assert_close(N.hf_rms_norm(x, w, 1e-5), reference.rms_norm(x, w, 1e-5), atol=tol.atol,
+                               rtol=tol.rtol)
+    y, h = N.hf_add_rms_norm(x, r, w, 1e-5)
+    y_ref, h_ref = reference.add_rms_norm(x, r, w, 1e-5)
+    torch.testing.assert_close(h, h_ref, atol=tol.atol, rtol=tol.rtol)
+    torch.testing.assert_close(y, y_ref, atol=tol.atol, rtol=tol.rtol)
+
+
+def test_the_gate_rejects_a_wrong_provider() -> None:
+    dev = torch.device("cpu")
+    eager = N._eager("rms_norm")
+    _, eager_result = N.gate("rms_norm", "eager", eager, (16, 64), torch.bfloat16, dev, None)
+    checks, _ = N.gate("rms_norm", "eager", eager, (16, 64), torch.bfloat16, dev, eager_result)
+    assert all(c.passed for c in checks), [c.message() for c in checks if not c.passed]
+    wrong_eps = lambda x, weight: N.hf_rms_norm(x, weight, 0.5)  # noqa: E731
+    checks, _ = N.gate("rms_norm", "eager", wrong_eps, (16, 64), torch.bfloat16, dev, eager_result)
+    failed = {c.name for c in checks if not c.passed}
+    assert "rms_norm y" in failed and "rms_norm dx" in failed
+
+
+def test_quick_cpu_run() -> None:
+    seen: list[tuple[int, int, str]] = []
+    r = N.run(device="cpu", providers=("ours", "eager", "liger"), ops=("rms_norm", "add_rms_norm"), quick=True,
+              ceilings=_fake_ceilings(), progress=lambda d, t, w: seen.append((d, t, w)))
+    assert seen[-1][0] == seen[-1][1] and seen[-1][2] == "done"
+    assert {row.status for row in r.rows} <= STATUSES
+    shape = [N.QUICK_SHAPES["cpu"].rows, N.QUICK_SHAPES["cpu"].cols]
+    for op in ("rms_norm", "add_rms_norm"):
+        for p in N.PASSES:
+            eager = r.find(op=op, provider="eager", pass_name=p)
+            assert len(eager) == 1 and eager[0].ok and eager[0].shape == shape, eager
+            row = eager[0]
+            assert row.bytes == N.min_bytes(op, *shape, 2, p)
+            assert row.gbps == pytest.approx(row.bytes / (row.median_ms * 1e-3) / 1e9)
+            assert row.pct_of_copy == pytest.approx(100 * row.gbps / 10.0)
+            assert row.peak_mem_bytes is not None and "cpu" in row.peak_mem_method
+    ours = r.find(op="rms_norm", provider="ours", pass_name="fwd")[0]
+    assert ours.ok, ours.note
+    liger = r.find(provider="liger")
+    assert liger and all(x.status in ("not installed", "not available") for x in liger)
+    assert "CPU run" in " ".join(r.notes)
+    with pytest.raises(ValueError, match="unknown provider"):
+        N.run(device="cpu", providers=("nope",), ceilings=_fake_ceilings())
+
+
+@pytest.mark.cuda
+def test_cuda_small_shape_run() -> None:
+    shape = N.Shape(*N.GRAPH_SHAPE, "Qwen3-0.6B")
+    r = N.run(device="cuda", providers=("ours", "eager"), ops=("rms_norm",), shapes=(shape,))
+    assert r.ceilings is not None and r.ceilings.source == "measured"
+    rows = {(row.provider, row.pass_name): row for row in r.rows}
+    for key in [("ours", "fwd"), ("ours", "fwd+bwd"), ("eager", "fwd"), ("ours", "fwd (cuda graph)")]:
+        assert rows[key].ok, rows[key].note
+        assert 0 < rows[key].pct_of_copy < 110
+    assert rows[("ours", "fwd")].peak_mem_bytes >= shape.rows * shape.cols * 2
+    assert rows[("ours", "fwd (cuda graph)")].median_ms <= rows[("ours", "fwd")].median_ms * 1.5
