@@ -197,7 +197,8 @@ def analyze_compile_time(ctx: AnalysisContext) -> list[Finding]:
         Finding(
             id="compile-time.phases",
             severity=Severity.INFO,
-            title=f"Cold compile with {backend}: {total:.1f} s over {frames} frame(s)",
+            title=f"Compile with {backend}: {total:.1f} s over {frames} frame(s)"
+            + (" (cache hits: a first-ever compile takes longer)" if cache_hit else ""),
             evidence=f"{breakdown or 'no compile recorded'}. First call {profile.first_call_s:.1f} s "
             f"(compile + {run_s:.2f} s running){steady}.{parallel}{warm}",
             data={

@@ -271,7 +271,12 @@ def prepare(
 
 
 def clone_inputs(value: Any) -> Any:
-    """Fresh tensors with the same values: marks like mark_dynamic must not stick to the originals."""
+    """Fresh tensors with the same values: marks like mark_dynamic must not stick to the originals.
+
+    Parameters stay Parameters: whether an argument is one is part of what Dynamo guards on.
+    """
+    if isinstance(value, nn.Parameter):
+        return nn.Parameter(value.detach().clone(), requires_grad=value.requires_grad)
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, (list, tuple)):

@@ -134,7 +134,7 @@ def classify_break(reason: str, code: str | None) -> BreakKind:
         return kind("logging")
     if "tolist" in low:
         return kind("tolist")
-    if ".item()" in low or "_local_scalar_dense" in low or "capture_scalar_outputs" in low:
+    if ".item()" in low or "tensor.item" in low or "_local_scalar_dense" in low or "capture_scalar_outputs" in low:
         return kind("item")
     if (
         "generic_jump" in low
@@ -167,19 +167,29 @@ class _Break:
 
 
 def dedupe_breaks(records: Sequence[BreakRecord]) -> list[_Break]:
-    """One entry per (kind, file, line), in first-seen order, with how often Dynamo hit it."""
+    """One entry per (kind, file, line), in first-seen order, counting the distinct call paths to it.
+
+    Dynamo may record one break several times (it restarts the frame's analysis after a break); the
+    same stack counts once, the same line reached from two call sites counts twice.
+    """
     merged: dict[tuple[str, str, int], _Break] = {}
+    stacks: dict[tuple[str, str, int], set[tuple[tuple[str, int | None], ...]]] = {}
     for rec in records:
         loc = user_location(list(rec.frames))
         kind = classify_break(rec.reason, loc.code if loc else None)
         key = (kind.kind, loc.file if loc else "", loc.line if loc else -1)
-        if key in merged:
-            old = merged[key]
-            merged[key] = _Break(old.kind, old.location, old.explanation, old.hints, old.count + 1)
-            continue
-        explanation, hints = torch_explanation(rec.reason)
-        merged[key] = _Break(kind, loc, explanation, tuple(hints), 1)
-    return list(merged.values())
+        stack = tuple((fr.filename, fr.lineno) for fr in rec.frames)
+        stacks.setdefault(key, set()).add(stack)
+        if key not in merged:
+            explanation, hints = torch_explanation(rec.reason)
+            merged[key] = _Break(kind, loc, explanation, tuple(hints), 0)
+    return [_Break(b.kind, b.location, b.explanation, b.hints, _call_sites(stacks[key])) for key, b in merged.items()]
+
+
+def _call_sites(stacks: set[tuple[tuple[str, int | None], ...]]) -> int:
+    """Distinct stacks, not counting one that is the tail of a longer one (Dynamo re-reports a break
+    from the resumed inner frame with only that frame on its stack)."""
+    return sum(1 for s in stacks if not any(len(o) > len(s) and o[len(o) - len(s) :] == s for o in stacks))
 
 
 def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
@@ -235,14 +245,13 @@ def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
     breaks = dedupe_breaks(trace.breaks)
     n_graphs = len(trace.graphs)
     for b in breaks:
-        where = f" at {b.location}" if b.location else ""
         hint = f" Torch's hint: {b.hints[0]}" if b.hints else ""
-        seen = f" Dynamo hit it {b.count} times." if b.count > 1 else ""
+        seen = f" Reached from {b.count} call sites." if b.count > 1 else ""
         findings.append(
             Finding(
                 id=f"graph-break.{b.kind.kind}",
                 severity=Severity.INFO if b.kind.kind == "compiler-disabled" else Severity.WARNING,
-                title=f"Graph break: {b.kind.operation}{where}",
+                title=f"Graph break: {b.kind.operation}",
                 evidence=f"{b.explanation}.{hint}{seen}".replace("..", "."),
                 location=b.location,
                 suggestion=b.kind.fix,
@@ -251,7 +260,7 @@ def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
                 data={
                     "kind": b.kind.kind,
                     "operation": b.kind.operation,
-                    "occurrences": b.count,
+                    "call_sites": b.count,
                     "torch_hints": list(b.hints),
                 },
             )

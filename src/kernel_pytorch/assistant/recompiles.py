@@ -49,7 +49,7 @@ class Cause:
     after_graph_break: bool = False
 
 
-_ENTRY = re.compile(r"^\s*\d+/\d+: ", re.M)
+_ENTRY = re.compile(r"^\s*\d+/(\d+): ", re.M)
 _USER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
 
 # (kind, pattern); the first group is the input name, the second (if any) the dim
@@ -66,10 +66,17 @@ _TENSOR_GUARDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 
 def failed_guard(reason: str) -> str:
-    """The guard of the most recent cache entry: the first "N/M: ..." block, user stack trimmed."""
-    parts = _ENTRY.split(reason.strip())
-    block = next((p for p in parts if p.strip()), reason).strip()
-    block = block.split("\nUser stack trace:")[0]
+    """The guard that failed against the frame's first compile ("N/0"), user stack trimmed.
+
+    Torch lists one failed guard per cached entry, newest first. Each sweep call differs from the
+    example in one thing only, so the failure against the first entry, compiled for the example,
+    names that thing; failures against later entries may name earlier changes instead.
+    """
+    pieces = _ENTRY.split(reason.strip())
+    # re.split with a group: [text before the first entry, attempt, block, attempt, block, ...]
+    blocks = [(int(pieces[i]), pieces[i + 1]) for i in range(1, len(pieces) - 1, 2)]
+    block = min(blocks, key=lambda b: b[0])[1] if blocks else reason
+    block = block.strip().split("\nUser stack trace:")[0]
     # torch pads each guard with "   # <source line>  # <file>:<line>"; the location is kept elsewhere
     return "\n".join(re.sub(r"\s{2,}#.*$", "", line).rstrip() for line in block.splitlines()).strip()
 

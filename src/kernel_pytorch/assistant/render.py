@@ -45,6 +45,7 @@ def headline(report: Report) -> dict[str, Any]:
     for f in report.compile_time:
         if f.id == "compile-time.phases":
             out["compile_s"] = f.data.get("total_s")
+            out["compile_cache_hit"] = f.data.get("cache_hit")
     return out
 
 
@@ -59,7 +60,7 @@ def _headline_text(report: Report) -> str:
         after = h.get("recompiles_after")
         parts.append(f"recompiles {h['recompiles_before']}" + (f" -> {after} with fix" if after is not None else ""))
     if h.get("compile_s") is not None:
-        parts.append(f"cold compile {h['compile_s']:.1f} s")
+        parts.append(f"compile {h['compile_s']:.1f} s" + (" (cached)" if h.get("compile_cache_hit") else " (cold)"))
     counts = report.counts()
     parts.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info")
     return " · ".join(parts)

@@ -1,0 +1,98 @@
+"""Compile time: phases from torch's own instrumentation, cache counters, regional-compilation advice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_pytorch.assistant.compile_time import analyze_compile_time, find_repeated_blocks
+from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
+from kernel_pytorch.assistant.findings import Finding, Severity
+from tests.assistant import zoo
+
+
+def _compile_time(model: torch.nn.Module, *args: object, **options: object) -> list[Finding]:
+    return analyze_compile_time(AnalysisContext(model, args, options=AnalysisOptions(**options)))
+
+
+def _get(findings: list[Finding], finding_id: str) -> Finding:
+    (hit,) = [f for f in findings if f.id == finding_id]
+    return hit
+
+
+@pytest.fixture(scope="module")
+def inductor() -> list[Finding]:
+    """The one Inductor compile of this test module (about 5 s on a 2-core CPU)."""
+    torch.manual_seed(0)
+    return _compile_time(zoo.TwoBlocks(), torch.randn(2, 4, 16))
+
+
+def test_inductor_phases_are_present_non_negative_and_add_up(inductor: list[Finding]) -> None:
+    phases = _get(inductor, "compile-time.phases")
+    seconds = phases.data["phases"]
+    assert set(seconds) == {
+        "dynamo",
+        "cache_keys",
+        "aot_autograd",
+        "inductor_lowering",
+        "autotune",
+        "inductor_codegen",
+        "kernel_compile",
+    }
+    assert all(v >= 0 for v in seconds.values())
+    total = phases.data["total_s"]
+    assert total > 0
+    assert sum(seconds.values()) == pytest.approx(total, rel=0.05, abs=1e-3)
+    # compiling happens inside the first call, so it cannot take longer than that call
+    assert total <= phases.data["first_call_s"]
+    assert seconds["dynamo"] > 0
+    cache = _get(inductor, "compile-time.cache").data
+    # Inductor either compiled the graph (miss) or reused it from the on-disk cache (hit)
+    if not cache["aot_autograd_cache"]["hit"]:
+        assert seconds["inductor_lowering"] + seconds["inductor_codegen"] > 0
+    assert cache["fx_graph_cache"]["hit"] + cache["fx_graph_cache"]["miss"] >= 1 or cache["aot_autograd_cache"]["hit"]
+    assert phases.data["steady_call_s"] > 0
+
+
+def test_slowest_phase_is_named_with_advice(inductor: list[Finding]) -> None:
+    slowest = _get(inductor, "compile-time.slowest-phase")
+    seconds = _get(inductor, "compile-time.phases").data["phases"]
+    assert slowest.data["phase"] == max(seconds, key=seconds.get)
+    assert slowest.suggestion
+    assert slowest.severity in (Severity.INFO, Severity.WARNING)
+
+
+def test_repeated_blocks_get_regional_compilation(inductor: list[Finding]) -> None:
+    regional = _get(inductor, "compile-time.regional")
+    assert regional.data["count"] == 3 and regional.data["block_type"] == "Mlp"
+    assert "block.compile()" in regional.suggestion
+    assert "estimate" in (regional.estimated_gain or "")
+
+
+def test_find_repeated_blocks() -> None:
+    assert find_repeated_blocks(zoo.Clean()) is None
+    blocks = find_repeated_blocks(zoo.TwoBlocks(n=4))
+    assert blocks is not None and (blocks.path, blocks.count) == ("blocks", 4)
+    assert blocks.param_fraction == pytest.approx(1.0)
+
+
+def test_aot_eager_has_no_inductor_phases() -> None:
+    findings = _compile_time(zoo.Clean(), torch.randn(4, 16), backend="aot_eager")
+    seconds = _get(findings, "compile-time.phases").data["phases"]
+    assert seconds["aot_autograd"] > 0
+    assert seconds["inductor_lowering"] == seconds["inductor_codegen"] == seconds["kernel_compile"] == 0
+    assert "no compile cache" in _get(findings, "compile-time.cache").title.lower()
+
+
+def test_a_failing_backend_is_a_finding() -> None:
+    def broken(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
+        raise RuntimeError("lowering exploded")
+
+    findings = _compile_time(zoo.Clean(), torch.randn(4, 16), backend=broken)
+    failed = _get(findings, "compile-time.failed")
+    assert failed.severity is Severity.ERROR and "lowering exploded" in failed.evidence
+
+
+def test_skipped_when_turned_off() -> None:
+    findings = _compile_time(zoo.Clean(), torch.randn(4, 16), measure_compile_time=False)
+    assert [f.id for f in findings] == ["compile-time.skipped"]

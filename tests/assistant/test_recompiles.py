@@ -1,0 +1,168 @@
+"""Recompilations: caught with their guard, classified, fixed, and the fix verified by a second sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions, CompileRecord, recompile_limit
+from kernel_pytorch.assistant.findings import Finding, Severity
+from kernel_pytorch.assistant.recompiles import analyze_recompilations, classify_recompile, failed_guard
+from tests.assistant import zoo
+
+
+def _analyze(model: torch.nn.Module, args: tuple, extra: tuple = (), **options: object) -> list[Finding]:
+    ctx = AnalysisContext(
+        model, args, options=AnalysisOptions(measure_compile_time=False, **options), extra_inputs=extra
+    )
+    return analyze_recompilations(ctx)
+
+
+def _one(findings: list[Finding], finding_id: str, **data: object) -> Finding:
+    hits = [f for f in findings if f.id == finding_id and all(f.data.get(k) == v for k, v in data.items())]
+    assert len(hits) == 1, [(f.id, dict(f.data)) for f in findings]
+    return hits[0]
+
+
+@pytest.fixture(scope="module")
+def static_batch() -> tuple[list[Finding], torch.Tensor]:
+    """An MLP compiled with dynamic=False and called with 4 batch sizes: 3 recompiles before the fix."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 16)
+    return _analyze(zoo.Mlp(), (x,), dynamic=False, shapes={"batch": (2, 4, 8, 16), "seq": (8,)}), x
+
+
+def test_varying_batch_recompiles_are_fixed_by_mark_dynamic(static_batch: tuple[list[Finding], torch.Tensor]) -> None:
+    findings, _ = static_batch
+    summary = _one(findings, "recompile.summary")
+    assert summary.data["recompiles_before"] == 3
+    assert summary.data["recompiles_after"] <= 1  # the goal for varying batch sizes
+    assert summary.severity is Severity.WARNING
+    batch = _one(findings, "recompile.dynamic-dim", dim=0)
+    assert batch.data["input"] == "x"
+    assert batch.data["recompiles_before"] == 3 and batch.data["recompiles_after"] == 0
+    assert "torch._dynamo.mark_dynamic(x, 0)" in batch.suggestion
+    assert "batch" in batch.title
+    assert "size mismatch at index 0" in batch.evidence
+    assert "verified" in (batch.estimated_gain or "")
+    assert batch.location is not None and batch.location.line == zoo.def_line(zoo.Mlp)
+    assert Path(batch.location.file).resolve() == Path(zoo.__file__).resolve()
+
+
+def test_the_users_example_tensors_are_not_marked(static_batch: tuple[list[Finding], torch.Tensor]) -> None:
+    _, x = static_batch
+    assert not getattr(x, "_dynamo_dynamic_indices", None)
+
+
+def test_automatic_dynamic_batch_and_seq_then_fix() -> None:
+    findings = _analyze(zoo.Mlp(), (torch.randn(2, 8, 16),))
+    summary = _one(findings, "recompile.summary")
+    # torch's automatic dynamic shapes: one recompile per dim that varies, none once marked dynamic
+    assert summary.data["recompiles_before"] == 2
+    assert summary.data["recompiles_after"] == 0
+    assert _one(findings, "recompile.dynamic-dim", dim=1).title.startswith("Recompiles when seq (dim 1)")
+
+
+def test_batch_of_one_costs_at_most_one_recompile_after_the_fix() -> None:
+    findings = _analyze(zoo.Mlp(), (torch.randn(2, 8, 16),), dynamic=False, shapes={"batch": (1, 2, 4, 8), "seq": (8,)})
+    summary = _one(findings, "recompile.summary")
+    assert summary.data["recompiles_before"] == 3  # batch 1, 4 and 8 after the example's 2
+    assert summary.data["recompiles_after"] <= 1
+
+
+def test_python_scalar_is_named_at_its_line_and_tensorised() -> None:
+    findings = _analyze(zoo.ScalarArg(), (torch.randn(4, 16), 0.5), shapes={"batch": (4,)})
+    scalar = _one(findings, "recompile.python-scalar")
+    assert scalar.data["input"] == "scale"
+    assert scalar.data["recompiles_before"] == 1 and scalar.data["recompiles_after"] == 0
+    assert "torch.tensor(scale)" in scalar.suggestion
+    assert scalar.location is not None and scalar.location.line == zoo.line_of("scalar")
+    assert _one(findings, "recompile.summary").data["recompiles_after"] == 0
+
+
+def test_calls_the_eager_model_rejects_are_left_out() -> None:
+    findings = _analyze(
+        zoo.Mlp(),
+        (torch.randn(2, 3, 16),),
+        extra=((torch.randn(2, 3, 16, dtype=torch.float64),),),
+        shapes={"batch": (2,), "seq": (3,)},
+    )
+    # a float64 input into a float32 Linear fails eagerly: left out, not blamed on the compiler
+    assert _one(findings, "recompile.rejected-sizes").data["rejected"] == ["extra_inputs[0]"]
+    assert [f.id for f in findings] == ["recompile.rejected-sizes", "recompile.no-sweep"]
+
+
+def test_dtype_and_parameter_changes_are_classified() -> None:
+    class Scale(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    x = torch.randn(4, 16)
+    findings = _analyze(Scale(), (x,), extra=((x.double(),), (torch.nn.Parameter(x.clone()),)), shapes={"batch": (4,)})
+    dtype = _one(findings, "recompile.dtype")
+    assert "dtype mismatch" in dtype.evidence and "recompiles_after" not in dtype.data
+    assert "type-change" in {f.data.get("kind") for f in findings}
+
+
+def test_recompile_limit_is_reported() -> None:
+    sizes = tuple(range(2, 2 + recompile_limit() + 3))
+    findings = _analyze(zoo.Clean(), (torch.randn(2, 16),), dynamic=False, shapes={"batch": sizes})
+    limit = _one(findings, "recompile.limit")
+    assert limit.severity is Severity.ERROR
+    assert "recompile_limit" in limit.suggestion or "cache_size_limit" in limit.suggestion
+    assert _one(findings, "recompile.summary").data["recompiles_after"] == 0
+
+
+def test_analysis_restores_dynamo_config() -> None:
+    before = recompile_limit()
+    _analyze(zoo.Clean(), (torch.randn(2, 16),), dynamic=False, shapes={"batch": (2, 3)})
+    assert recompile_limit() == before
+
+
+def test_nothing_to_vary_is_said_so() -> None:
+    class Norm(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x / x.norm()
+
+    findings = _analyze(Norm(), (torch.randn(()),))
+    assert [f.id for f in findings] == ["recompile.no-sweep"]
+
+
+def test_keyword_inputs_are_swept_by_name() -> None:
+    ids = torch.randint(0, 32, (2, 6))
+    ctx = AnalysisContext(
+        zoo.TwoInputs(), (), {"ids": ids, "mask": torch.ones(2, 6)}, options=AnalysisOptions(measure_compile_time=False)
+    )
+    assert ctx.input_dims == {"ids": {0: "batch", 1: "seq"}, "mask": {0: "batch"}}
+    findings = analyze_recompilations(ctx)
+    names = {f.data.get("input") for f in findings if f.id == "recompile.dynamic-dim"}
+    assert "ids" in names
+    assert _one(findings, "recompile.summary").data["recompiles_after"] == 0
+
+
+def test_failed_guard_parsing() -> None:
+    reason = (
+        "0/1: tensor 'x' size mismatch at index 0. expected 4, actual 8\n"
+        "0/0: tensor 'x' size mismatch at index 0. expected 2, actual 8"
+    )
+    assert failed_guard(reason) == "tensor 'x' size mismatch at index 0. expected 2, actual 8"
+    scalar = "0/0: scale == 0.5        # return x * scale  # f.py:3 in forward\nUser stack trace:\n  ..."
+    assert failed_guard(scalar) == "scale == 0.5"
+
+
+@pytest.mark.parametrize(
+    "reason, kind",
+    [
+        ("0/0: tensor 'x' stride mismatch at index 0. expected 16, actual 1", "stride"),
+        ("0/0: tensor 'x' requires_grad mismatch. expected requires_grad=0", "requires-grad"),
+        ("0/0: len(xs) == 3", "container-length"),
+        ("0/0: 2 <= L['x'].size()[0]", "shape-guard"),
+        ("0/0: ___check_obj_id(L['self'].cfg, 1234)", "object-identity"),
+        ("0/0: GLOBAL_STATE changed: grad_mode ", "grad-mode"),
+    ],
+)
+def test_guard_classification(reason: str, kind: str) -> None:
+    ctx = AnalysisContext(zoo.Clean(), (torch.randn(2, 16),), options=AnalysisOptions(measure_compile_time=False))
+    assert classify_recompile(CompileRecord("0/1", "v", reason), ctx).kind == kind
