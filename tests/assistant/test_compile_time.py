@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_pytorch.assistant.compile_time import analyze_compile_time, find_repeated_blocks
+from kernel_pytorch.assistant.compile_time import analyze_compile_time, find_repeated_blocks, mode_advice
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.findings import Finding, Severity
 from tests.assistant import zoo
@@ -96,3 +96,12 @@ def test_a_failing_backend_is_a_finding() -> None:
 def test_skipped_when_turned_off() -> None:
     findings = _compile_time(zoo.Clean(), torch.randn(4, 16), measure_compile_time=False)
     assert [f.id for f in findings] == ["compile-time.skipped"]
+
+
+def test_mode_advice() -> None:
+    tuned = mode_advice("max-autotune", "cuda", 12.0, 40.0)
+    assert tuned is not None and "30%" in tuned.title
+    cpu_graphs = mode_advice("reduce-overhead", "cpu", 0.0, 5.0)
+    assert cpu_graphs is not None and cpu_graphs.severity is Severity.WARNING
+    assert mode_advice(None, "cuda", 0.0, 5.0) is not None
+    assert mode_advice(None, "cpu", 0.0, 5.0) is None

@@ -230,6 +230,10 @@ def analyze_compile_time(ctx: AnalysisContext) -> list[Finding]:
             )
         )
     findings.append(_cache_finding(profile))
+    autotune = next(p.seconds for p in ps if p.key == "autotune")
+    mode = mode_advice(profile.mode, ctx.device.type, autotune, total)
+    if mode is not None:
+        findings.append(mode)
     regional = _regional_finding(ctx, ps, total)
     if regional is not None:
         findings.append(regional)
@@ -320,6 +324,42 @@ def _regional_finding(ctx: AnalysisContext, ps: Sequence[Phase], total: float) -
             "estimated_saving_s": round(saved, 3),
         },
     )
+
+
+def mode_advice(mode: str | None, device_type: str, autotune_s: float, total_s: float) -> Finding | None:
+    """What the torch.compile mode costs and buys on this device; None when there is nothing to say."""
+    if mode is not None and "max-autotune" in mode:
+        share = f" ({100 * autotune_s / total_s:.0f}% of the compile)" if total_s else ""
+        return Finding(
+            id="compile-time.mode",
+            severity=Severity.INFO,
+            title=f"mode={mode!r} spent {autotune_s:.1f} s autotuning{share}",
+            evidence="max-autotune benchmarks GEMM/convolution choices and kernel configs while compiling",
+            suggestion="Iterate with the default mode and build the deployed model with max-autotune; keep "
+            "TORCHINDUCTOR_CACHE_DIR on persistent disk so the tuned choices are reused.",
+            data={"mode": mode, "autotune_s": round(autotune_s, 4)},
+        )
+    if mode == "reduce-overhead" and device_type != "cuda":
+        return Finding(
+            id="compile-time.mode",
+            severity=Severity.WARNING,
+            title=f"mode='reduce-overhead' does nothing on {device_type}: it captures CUDA graphs",
+            evidence=f"the model runs on {device_type}",
+            suggestion="Use the default mode off the GPU.",
+            data={"mode": mode},
+        )
+    if mode is None and device_type == "cuda":
+        return Finding(
+            id="compile-time.mode",
+            severity=Severity.INFO,
+            title="Default mode: no autotuning, no CUDA graphs",
+            evidence="compiled with torch.compile's default mode",
+            suggestion="For the deployed model try mode='max-autotune' (longer compile, often faster GEMMs "
+            "and kernels) and, for small launch-bound batches, mode='reduce-overhead' (CUDA graphs); "
+            "re-run this analysis with --mode to see the compile-time cost.",
+            data={"mode": None},
+        )
+    return None
 
 
 def _skipped(why: str) -> Finding:
