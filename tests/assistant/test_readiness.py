@@ -12,9 +12,6 @@ from kernel_pytorch.assistant.findings import Finding, Severity
 from kernel_pytorch.assistant.readiness import analyze_readiness, classify_break
 from tests.assistant import zoo
 
-# torch warns about time.time() on top of the graph break we are testing
-pytestmark = pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace")
-
 ZOO_FILE = str(Path(zoo.__file__).resolve())
 
 # model, zoo marker of the offending line, finding id, text its fix must contain

@@ -13,14 +13,16 @@ import contextlib
 import functools
 import inspect
 import linecache
+import logging
 import os
 import re
 import sysconfig
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch._inductor.config
@@ -29,7 +31,6 @@ from torch import nn
 from kernel_pytorch.assistant.findings import Location
 
 InputKey = int | str  # position of a positional argument, or name of a keyword argument
-DimKind = Literal["batch", "seq", "spatial"]
 InputDims = Mapping[InputKey, Mapping[int, str]]  # {input: {dim: kind}}
 
 
@@ -114,15 +115,31 @@ def fresh_dynamo(**config: Any) -> Iterator[None]:
     """Reset Dynamo, patch its config with `config`, run in no_grad; reset again and restore after.
 
     Unknown config names are dropped, so callers can ask for options that only some torch versions have.
+    Dynamo's own warnings are silenced meanwhile (see `_quiet_dynamo`).
     """
     known = {k: v for k, v in config.items() if hasattr(torch._dynamo.config, k)}
     torch._dynamo.reset()
     _clear_compilation_metrics()
     try:
-        with torch._dynamo.config.patch(**known), torch.no_grad():
+        with torch._dynamo.config.patch(**known), torch.no_grad(), _quiet_dynamo():
             yield
     finally:
         torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def _quiet_dynamo() -> Iterator[None]:
+    """Silence Dynamo's log warnings and Python warnings about graph breaks and recompile limits for a
+    while: the analysis provokes them on purpose and reports them as findings."""
+    dynamo_log = logging.getLogger("torch._dynamo")
+    level = dynamo_log.level
+    dynamo_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"torch\._dynamo")
+            yield
+    finally:
+        dynamo_log.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -421,7 +438,8 @@ class SweepResult:
 
     @property
     def recompiles(self) -> tuple[CompileRecord, ...]:
-        return tuple(c for c in self.compiles if c.is_recompile)
+        """Compiles after a frame's first; a compile refused at the recompile limit is not one."""
+        return tuple(c for c in self.compiles if c.is_recompile and not c.hit_limit)
 
 
 @dataclass(frozen=True)
@@ -549,11 +567,10 @@ class _GraphRecorder:
 
 
 def _target_name(target: Any) -> str:
+    """A short name for an FX node target: method and module names as they are, functions by name."""
     if isinstance(target, str):
         return target
-    name = getattr(target, "__name__", None) or str(target)
-    module = getattr(target, "__module__", None)
-    return f"{module}.{name}" if module and module.startswith("torch") and "." not in name else name
+    return getattr(target, "__name__", None) or str(target)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -93,6 +93,14 @@ _OPERATIONS: dict[str, str] = {
 }
 
 
+_WHY: dict[str, str] = {
+    "data-dependent-branch": "Python control flow on a tensor's value: Dynamo cannot know which branch to "
+    "trace without the value, so it stops the graph, runs the test eagerly and resumes",
+    "item": "A Python number read from a tensor needs the value on the host, so the graph stops there",
+    "print": "print() has side effects Dynamo does not trace",
+}
+
+
 def _first_line(reason: str) -> str:
     return reason.strip().splitlines()[0].strip() if reason.strip() else ""
 
@@ -182,6 +190,9 @@ def dedupe_breaks(records: Sequence[BreakRecord]) -> list[_Break]:
         stacks.setdefault(key, set()).add(stack)
         if key not in merged:
             explanation, hints = torch_explanation(rec.reason)
+            if "Explanation:" not in rec.reason and kind.kind in _WHY:
+                # older torch messages name only the bytecode ("generic_jump ..."); say what it means
+                explanation = f"{_WHY[kind.kind]} (torch: {explanation})"
             merged[key] = _Break(kind, loc, explanation, tuple(hints), 0)
     return [_Break(b.kind, b.location, b.explanation, b.hints, _call_sites(stacks[key])) for key, b in merged.items()]
 

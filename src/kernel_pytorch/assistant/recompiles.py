@@ -219,8 +219,11 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
             Finding(
                 id="recompile.no-sweep",
                 severity=Severity.INFO,
-                title="No recompilation sweep: nothing in the inputs to vary",
-                evidence="no batch or sequence dims were found in the example inputs and no Python scalar arguments",
+                title="No recompilation sweep: no call besides the example",
+                evidence="every other call was rejected (above)"
+                if rejected
+                else f"dims found: {ctx.input_dims or 'none'}; sizes: {ctx.sweep_sizes or 'none'}; "
+                "no Python scalar arguments to vary",
                 suggestion="Pass input_dims={0: {0: 'batch'}} and shapes={'batch': (2, 4, 8)} "
                 '(CLI: --shapes "batch=2,4,8") to sweep a dim.',
             )
@@ -267,6 +270,8 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
         attempts.append(_Attempt("dynamic=True", fix, ctx.sweep(fix)))
     valid = [a for a in attempts if not _new_errors(a.result, baseline)]
     best = min(valid, key=lambda a: len(a.result.recompiles), default=None)
+    if best is not None and len(best.result.recompiles) >= n_before:
+        best = None  # tried, verified, and no better: say so rather than recommend it
 
     compile_s = _full_compile_seconds(ctx)
     findings.append(_summary(ctx, sweep_text, baseline, n_before, best, attempts, baseline_causes=causes))
@@ -407,10 +412,12 @@ def _cause_finding(
     if kind == "dynamic-dim":
         what = _dim_label(ctx, key, dim)
         dynamic_first = best is not None and best.fix.dynamic is True and not best.fix.mark_dynamic
-        fix = (
-            "torch.compile(model, dynamic=True)"
+        mark = f"torch._dynamo.mark_dynamic({shown}, {dim})"
+        how = (
+            f"`torch.compile(model, dynamic=True)` (what the verification found best here; `{mark}` "
+            "before the first call marks only this dim)"
             if dynamic_first
-            else f"torch._dynamo.mark_dynamic({shown}, {dim})  # before the first compiled call"
+            else f"`{mark}` before the first compiled call (or `torch.compile(model, dynamic=True)` for every dim)"
         )
         return Finding(
             id="recompile.dynamic-dim",
@@ -418,9 +425,8 @@ def _cause_finding(
             title=f"Recompiles when {what} of `{shown}` changes",
             evidence=f"{n} recompile(s); failed guard: {guard}; {after_text}",
             location=location,
-            suggestion=f"`{fix}` compiles one graph for every size of that dim "
-            f"(or `torch.compile(model, dynamic=True)` for all dims). Sizes 0 and 1 are always "
-            "specialised, so a first call with size 1 still costs one recompile.",
+            suggestion=f"{how} compiles one graph for every size. Sizes 0 and 1 are always specialised, "
+            "so a first call with size 1 still costs one recompile.",
             estimated_gain=gain,
             data=data,
         )

@@ -16,6 +16,8 @@ Exit status: 0 the analysis ran (whatever it found), 2 the model or the argument
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import re
 import time
 from pathlib import Path
@@ -140,11 +142,17 @@ def run(args: argparse.Namespace) -> int:
             cold_cache=args.cold_cache,
             progress=step,
         )
+        # the model runs a dozen times; its own prints would bury the report
+        printed = io.StringIO()
         try:
-            report = assistant.analyze_component(model, inputs, name=name)
+            with contextlib.redirect_stdout(printed):
+                report = assistant.analyze_component(model, inputs, name=name)
         except (RuntimeError, ValueError, TypeError) as exc:  # e.g. the model cannot move to --device
             err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
             return 2
+    lines = printed.getvalue().count("\n")
+    if lines:
+        err.print(f"[dim]the model printed {lines} line(s) while being analysed; not shown[/dim]")
     if not args.quiet:
         render_terminal(report, Console())
     if args.json:
