@@ -93,7 +93,8 @@ def test_quick_cpu_run() -> None:
 
 
 @pytest.mark.cuda
-def test_cuda_small_shape_run() -> None:
+def test_cuda_small_shape_run(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNEL_PYTORCH_CACHE_DIR", str(tmp_path))
     shape = N.Shape(*N.GRAPH_SHAPE, "Qwen3-0.6B")
     r = N.run(device="cuda", providers=("ours", "eager"), ops=("rms_norm",), shapes=(shape,))
     assert r.ceilings is not None and r.ceilings.source == "measured"
@@ -103,3 +104,38 @@ def test_cuda_small_shape_run() -> None:
         assert 0 < rows[key].pct_of_copy < 110
     assert rows[("ours", "fwd")].peak_mem_bytes >= shape.rows * shape.cols * 2
     assert rows[("ours", "fwd (cuda graph)")].median_ms <= rows[("ours", "fwd")].median_ms * 1.5
+
+
+class _LigerLikeRMSNorm(torch.nn.Module):
+    """Stands in for LigerRMSNorm's interface (Liger itself needs CUDA)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0, in_place: bool = True) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.eps, self.in_place = eps, in_place
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return N.hf_rms_norm(x, self.weight, self.eps)
+
+
+class _LigerLikeFusedAdd(_LigerLikeRMSNorm):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return N.hf_add_rms_norm(x, residual, self.weight, self.eps)
+
+
+@pytest.mark.parametrize("op, cls", [("rms_norm", _LigerLikeRMSNorm), ("add_rms_norm", _LigerLikeFusedAdd)])
+def test_module_providers_get_the_benchmark_weights(op: str, cls: type) -> None:
+    assert N.liger_kwargs(cls, op) == ({"in_place": False} if op == "rms_norm" else {})
+    dev = torch.device("cpu")
+    _, eager_result = N.gate(op, "eager", N._eager(op), (16, 64), torch.bfloat16, dev, None)
+    checks, _ = N.gate(op, "liger", cls, (16, 64), torch.bfloat16, dev, eager_result)
+    assert all(c.passed for c in checks), [c.message() for c in checks if not c.passed]
+    assert {c.name for c in checks} >= {f"{op} dweight", f"{op} dx"}
+
+
+def test_gate_keeps_the_row_width_and_caps_the_elements() -> None:
+    for shape in N.CUDA_SHAPES:
+        rows, cols = N.gate_shape(shape)
+        assert cols == shape.cols and rows <= shape.rows
+        assert rows * cols <= max(N.GATE_MAX_ELEMENTS, N.GATE_MIN_ROWS * cols)
+    assert N.gate_shape(N.Shape(5, 10, "tiny")) == (5, 10)

@@ -11,7 +11,8 @@ Providers:
 Passes: "fwd" under no_grad; "fwd+bwd" with torch.autograd.grad and a fixed random upstream gradient.
 Every provider first passes a correctness gate against kernel_pytorch.reference (outputs and
 gradients, the tolerance table, weight gradients by the fp64-derived budget with eager as the
-yardstick); a provider that fails is reported as failed and not timed.
+yardstick) at the shape's row width, rows capped so the gate checks at most ~4M elements; a provider
+that fails is reported as failed and not timed.
 
 Bytes are the minimum each pass must move (E = rows * cols elements, D = cols, s = element size):
     rms_norm      fwd: read x, write y, read w                      (2E + D) s
@@ -116,14 +117,19 @@ def tensor_names(op: str) -> tuple[str, ...]:
 def make_inputs(
     op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device, seed: int
 ) -> dict[str, Tensor]:
-    """Random inputs (never zeros), drawn in fp32 on the CPU from `seed` and rounded once."""
-    gen = torch.Generator().manual_seed(seed)
-    t: dict[str, Tensor] = {"x": torch.randn(rows, cols, generator=gen)}
+    """Random inputs (never zeros), drawn in fp32 on `device` from `seed` and rounded once.
+
+    The generator lives on the device: drawing 67M values on the host for every timed row would cost
+    more than the timing (the values differ between device types, never between runs).
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+    draw = lambda *size: torch.randn(*size, generator=gen, device=device)
+    t: dict[str, Tensor] = {"x": draw(rows, cols)}
     if op == "add_rms_norm":
-        t["residual"] = torch.randn(rows, cols, generator=gen)
-    t["weight"] = 1.0 + 0.1 * torch.randn(cols, generator=gen)
+        t["residual"] = draw(rows, cols)
+    t["weight"] = 1.0 + 0.1 * draw(cols)
     if op == "layer_norm":
-        t["bias"] = 0.1 * torch.randn(cols, generator=gen)
+        t["bias"] = 0.1 * draw(cols)
     return {k: v.to(device=device, dtype=dtype) for k, v in t.items()}
 
 
@@ -183,6 +189,25 @@ def liger_status(op: str) -> tuple[type | None, str]:
     return cls, "ok"
 
 
+LIGER_NOTE = {
+    "rms_norm": "in_place=False, so the fixed upstream gradient is not overwritten by dx "
+    "(Liger's default reuses dy's memory: one activation-sized buffer less in fwd+bwd)",
+}
+
+
+def liger_kwargs(cls: type, op: str) -> dict[str, Any]:
+    """Constructor arguments beyond (hidden_size, eps) for Liger's module `cls`."""
+    import inspect
+
+    params = inspect.signature(cls).parameters
+    kwargs: dict[str, Any] = {}
+    if op == "layer_norm" and "bias" in params:
+        kwargs["bias"] = True
+    if op == "rms_norm" and "in_place" in params:
+        kwargs["in_place"] = False
+    return kwargs
+
+
 @dataclass
 class Bound:
     """A provider bound to one set of inputs: `call()` runs the forward, `wrt` are what the
@@ -197,8 +222,7 @@ def _bind(op: str, provider: str, fn: Any, t: dict[str, Tensor], grad: bool) -> 
     names = tensor_names(op)
     if provider != "liger":
         return Bound(lambda: fn(*(args[n] for n in names)), [args[n] for n in names])
-    module = fn(args["x"].shape[-1], eps=RMS_EPS if op != "layer_norm" else LN_EPS,
-                **({"bias": True} if op == "layer_norm" else {}))
+    module = fn(args["x"].shape[-1], eps=RMS_EPS if op != "layer_norm" else LN_EPS, **liger_kwargs(fn, op))
     module = module.to(device=args["x"].device, dtype=args["x"].dtype)
     with torch.no_grad():
         module.weight.copy_(args["weight"])
@@ -230,13 +254,25 @@ def _pass_fn(bound: Bound, pass_name: str, seed: int) -> Callable[[], Any]:
 
     def fwd_bwd() -> Any:
         with torch.enable_grad():
-            # clones: Liger's in-place backward overwrites the upstream gradient it is handed
-            return torch.autograd.grad(_outs(bound.call()), bound.wrt, [g.clone() for g in grads])
+            # the same upstream gradient every call: no copy inside the timed region
+            return torch.autograd.grad(_outs(bound.call()), bound.wrt, grads)
 
     return fwd_bwd
 
 
 # ---- the correctness gate ------------------------------------------------------------------------
+
+# The gate's checks run in float64 on the host (tolerances.py), so it keeps the benchmark's row width,
+# which decides the kernel path (whole row in registers or the column loop), but caps the elements.
+GATE_MAX_ELEMENTS = 1 << 22
+GATE_MIN_ROWS = 8
+
+
+def gate_shape(shape: Shape) -> tuple[int, int]:
+    """(rows, cols) the gate checks for a benchmark shape: same cols, rows capped at ~4M elements."""
+    rows = min(shape.rows, max(GATE_MIN_ROWS, GATE_MAX_ELEMENTS // shape.cols))
+    return rows, shape.cols
+
 
 
 def gate(op: str, provider: str, fn: Any, shape: tuple[int, int], dtype: torch.dtype,
@@ -320,7 +356,7 @@ def _provider_fn(op: str, provider: str, device: torch.device) -> tuple[Any, str
                 "" if status == "not installed" else status.removeprefix("not available: "))
         if device.type != "cuda":
             return None, "not available", "Liger-Kernel runs on CUDA"
-        return cls, "ok", ""
+        return cls, "ok", LIGER_NOTE.get(op, "")
     raise ValueError(f"unknown provider {provider!r}; known: {', '.join(PROVIDERS)}")
 
 
@@ -431,7 +467,7 @@ def _measure(
     if status != "ok":
         return [_row(op, shape, dtype, provider, p, status=status, note=note) for p in PASSES], None
     try:
-        checks, result = gate(op, provider, fn, (shape.rows, shape.cols), dtype, dev, eager_result)
+        checks, result = gate(op, provider, fn, gate_shape(shape), dtype, dev, eager_result)
     except Exception as exc:
         return [_row(op, shape, dtype, provider, p, status="error", note=_why(exc)) for p in PASSES], None
     bad = [c for c in checks if not c.passed]
@@ -496,6 +532,7 @@ __all__ = [
     "PROVIDERS",
     "Shape",
     "gate",
+    "gate_shape",
     "hf_add_rms_norm",
     "hf_layer_norm",
     "hf_rms_norm",
