@@ -1,0 +1,20 @@
+"""RMSNorm, LayerNorm and fused add+RMSNorm vs eager, torch.compile and Liger-Kernel.
+
+    python benchmarks/bench_norms.py --out benchmarks/results
+
+The suite itself lives in kernel_pytorch.benchmark.suites.norms (also `kernel-pytorch bench norms`);
+this script only forwards its arguments to the CLI.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# run from a source checkout without installing: put src/ first on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from kernel_pytorch.cli.main import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", "norms", *sys.argv[1:]]))
