@@ -120,6 +120,7 @@ def test_builtin_by_name_with_dims(tmp_path: Path) -> None:
         ["analyze", "no/such/file.py:make"],
         ["analyze", "--shapes", "width=3"],
         ["analyze", "--dims", "0:0=height"],
+        ["analyze", "--model", "llama-tiny", "--device", "no-such-device"],
     ],
 )
 def test_unusable_arguments_exit_2(argv: list[str]) -> None:

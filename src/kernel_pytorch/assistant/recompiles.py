@@ -283,7 +283,7 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
     for (kind, name, dim), members in groups.items():
         key = ctx.resolve_input(name) if name else None
         remaining = sum(1 for c in after_causes if _group_key(c) == (kind, name, dim))
-        findings.append(_cause_finding(ctx, kind, name, dim, key, members, remaining, best, attempts, compile_s))
+        findings.append(_cause_finding(ctx, kind, name, dim, key, members, remaining, best, compile_s))
     if limit_hit:
         limit = recompile_limit()
         findings.append(
@@ -371,7 +371,6 @@ def _cause_finding(
     members: Sequence[Cause],
     remaining: int,
     best: _Attempt | None,
-    attempts: Sequence[_Attempt],
     compile_s: float | None,
 ) -> Finding:
     shown = ctx.input_names.get(key, name) if key is not None else name
@@ -387,9 +386,12 @@ def _cause_finding(
     after_text = (
         f"after `{_describe_fix(best.fix, ctx)}`: {remaining} (re-run with the fix applied)"
         if verified and best
+        else "the fixes tried did not remove it (see the summary)"
+        if kind in _SHAPE_LIKE
         else "no automatic fix applies; not re-run"
     )
-    cost = f"; each full compile with {ctx.options.backend} took {compile_s:.1f} s here" if compile_s else ""
+    backend = getattr(ctx.options.backend, "__name__", str(ctx.options.backend))
+    cost = f"; each full compile with {backend} took {compile_s:.1f} s here" if compile_s else ""
     gain = f"{n} -> {remaining} recompiles (verified){cost}" if verified else None
     data = {"kind": kind, "input": shown, "dim": dim, "recompiles_before": n, "guard": guard}
     if verified:

@@ -118,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2
+    except Exception as exc:  # building the model failed (no such device, out of memory, ...)
+        err.print(f"[red]error:[/red] cannot build the model: {type(exc).__name__}: {exc}")
+        return 2
     device = args.device or (None if args.target else _default_device())
     dynamic = {"auto": None, "true": True, "false": False}[args.dynamic]
 
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             with contextlib.redirect_stdout(printed):
                 report = assistant.analyze_component(model, inputs, name=name)
-        except (RuntimeError, ValueError, TypeError) as exc:  # e.g. the model cannot move to --device
+        except Exception as exc:  # the analyses catch their own errors; this is moving to --device/--dtype
             err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
             return 2
     lines = printed.getvalue().count("\n")
