@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions, CompileRecord, recompile_limit
+from kernel_pytorch.assistant.context import (
+    AnalysisContext,
+    AnalysisOptions,
+    CompileRecord,
+    recompile_limit,
+    recompile_limit_name,
+)
 from kernel_pytorch.assistant.findings import Finding, Severity
 from kernel_pytorch.assistant.recompiles import analyze_recompilations, classify_recompile, failed_guard
 from tests.assistant import zoo
@@ -111,8 +117,26 @@ def test_recompile_limit_is_reported() -> None:
     findings = _analyze(zoo.Clean(), (torch.randn(2, 16),), dynamic=False, shapes={"batch": sizes})
     limit = _one(findings, "recompile.limit")
     assert limit.severity is Severity.ERROR
-    assert "recompile_limit" in limit.suggestion or "cache_size_limit" in limit.suggestion
+    assert "verified" in limit.evidence  # mark_dynamic keeps every call under the limit
     assert _one(findings, "recompile.summary").data["recompiles_after"] == 0
+
+
+def test_raising_the_recompile_limit_is_verified_when_nothing_else_helps() -> None:
+    class Scale(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    x = torch.randn(4, 16)
+    dtypes = (torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.int16, torch.int8)
+    extra = tuple((x.to(d),) for d in dtypes)
+    # seven dtypes, a limit of four: only a higher limit keeps every call compiled
+    with torch._dynamo.config.patch({recompile_limit_name(): 4}):
+        findings = _analyze(Scale(), (x,), extra=extra, shapes={"batch": (4,)})
+    limit = _one(findings, "recompile.limit")
+    assert limit.data["limit"] == 4
+    assert limit.data["limit_hit_after"] == 0
+    assert f"{recompile_limit_name()} = {limit.data['raised_limit']}" in limit.suggestion
+    assert {f.data.get("kind") for f in findings} >= {"dtype"}
 
 
 def test_analysis_restores_dynamo_config() -> None:

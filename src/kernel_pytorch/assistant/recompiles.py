@@ -285,21 +285,46 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
         remaining = sum(1 for c in after_causes if _group_key(c) == (kind, name, dim))
         findings.append(_cause_finding(ctx, kind, name, dim, key, members, remaining, best, compile_s))
     if limit_hit:
-        limit = recompile_limit()
-        findings.append(
-            Finding(
-                id="recompile.limit",
-                severity=Severity.ERROR,
-                title=f"Recompile limit ({limit}) reached: later calls run eagerly, uncompiled",
-                evidence=f"{len(limit_hit)} call(s) hit `torch._dynamo.config.{recompile_limit_name()}`; "
-                f"first at {limit_hit[0].variant}",
-                location=definition_location(ctx.module),
-                suggestion="Remove the causes above first. If the variety is real and bounded, raise the "
-                f"limit: `torch._dynamo.config.{recompile_limit_name()} = {2 * limit}`.",
-                data={"limit": limit, "calls": [r.variant for r in limit_hit]},
-            )
-        )
+        findings.append(_limit_finding(ctx, limit_hit, best))
     return findings
+
+
+def _limit_finding(ctx: AnalysisContext, limit_hit: Sequence[CompileRecord], best: _Attempt | None) -> Finding:
+    """The recompile limit was reached. When no verified fix keeps the calls under it, check that a
+    raised limit does: one compile per distinct call of the sweep."""
+    limit = recompile_limit()
+    name = recompile_limit_name()
+    variants, _ = ctx.variants
+    data: dict[str, object] = {"limit": limit, "calls": [r.variant for r in limit_hit]}
+    fixed = best is not None and not any(c.hit_limit for c in best.result.compiles)
+    if fixed:
+        assert best is not None
+        verdict = f"with `{_describe_fix(best.fix, ctx)}` no call reaches it (verified)"
+        suggestion = f"Apply the fix above; raising `torch._dynamo.config.{name}` only hides the cost."
+    else:
+        raised = max(2 * limit, len(variants) + 1)
+        result = ctx.sweep(Fix(recompile_limit=raised))
+        still = [c for c in result.compiles if c.hit_limit]
+        data.update({"raised_limit": raised, "limit_hit_after": len(still)})
+        verdict = (
+            f"with the limit at {raised}: {len(still)} call(s) still hit it"
+            if still
+            else f"with the limit at {raised} every call compiles (verified), at {len(result.recompiles)} recompiles"
+        )
+        suggestion = (
+            "Remove the causes above first. If the variety is real and bounded, raise the limit: "
+            f"`torch._dynamo.config.{name} = {raised}`."
+        )
+    return Finding(
+        id="recompile.limit",
+        severity=Severity.ERROR,
+        title=f"Recompile limit ({limit}) reached: later calls run eagerly, uncompiled",
+        evidence=f"{len(limit_hit)} call(s) hit `torch._dynamo.config.{name}`, first at {limit_hit[0].variant}; "
+        f"{verdict}",
+        location=definition_location(ctx.module),
+        suggestion=suggestion,
+        data=data,
+    )
 
 
 def _full_compile_seconds(ctx: AnalysisContext) -> float | None:
