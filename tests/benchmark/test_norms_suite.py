@@ -133,9 +133,30 @@ def test_module_providers_get_the_benchmark_weights(op: str, cls: type) -> None:
     assert {c.name for c in checks} >= {f"{op} dweight", f"{op} dx"}
 
 
-def test_gate_keeps_the_row_width_and_caps_the_elements() -> None:
+def test_gate_samples_rows_of_big_shapes_and_reports_full_indices(monkeypatch: pytest.MonkeyPatch) -> None:
     for shape in N.CUDA_SHAPES:
-        rows, cols = N.gate_shape(shape)
-        assert cols == shape.cols and rows <= shape.rows
-        assert rows * cols <= max(N.GATE_MAX_ELEMENTS, N.GATE_MIN_ROWS * cols)
-    assert N.gate_shape(N.Shape(5, 10, "tiny")) == (5, 10)
+        rows = N.gate_rows(shape.rows, shape.cols)
+        if shape.rows * shape.cols <= N.GATE_MAX_ELEMENTS:
+            assert rows is None
+            continue
+        assert rows is not None and rows[0] == 0 and rows[-1] == shape.rows - 1
+        assert len(rows) * shape.cols <= max(N.GATE_MAX_ELEMENTS, N.GATE_MIN_ROWS * shape.cols)
+        assert rows == sorted(set(rows))
+    assert N.gate_rows(16, 64) is None
+    # a provider wrong in one late row only: the sample must include it, and the index must be the full one
+    monkeypatch.setattr(N, "GATE_MAX_ELEMENTS", 16 * 64)  # small shapes, same sampling
+    rows, cols = 256, 64
+    sample = N.gate_rows(rows, cols)
+    bad_row = sample[-2]
+
+    def wrong(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        y = N.hf_rms_norm(x, weight, N.RMS_EPS)
+        bump = torch.zeros_like(y)
+        bump[bad_row] = 1.0
+        return y + bump
+
+    dev = torch.device("cpu")
+    checks, _ = N.gate("rms_norm", "ours", wrong, (rows, cols), torch.bfloat16, dev, None)
+    y = next(c for c in checks if c.name == "rms_norm y")
+    assert not y.passed and y.worst_index[0] == bad_row and y.shape == (rows, cols)
+    assert f"{len(sample)} of {rows} rows" in y.note

@@ -676,8 +676,8 @@ def _render(r: ValidationResult) -> list[str]:
         method = next((pc.original.method for pc in p.passes.values() if pc.original), "")
         lines.append(f"performance_improvement: on {p.device} ({method}; median [q20-q80])")
         for pc in p.passes.values():
-            if pc.error:
-                lines.append(f"  {pc.pass_name:<8} error: {pc.error}")
+            if pc.error or pc.speedup is None:
+                lines.append(f"  {pc.pass_name:<8} error: {pc.error or 'no timing'}")
                 continue
             lines.append(
                 f"  {pc.pass_name:<8} original {_ms(pc.original)}  optimized {_ms(pc.optimized)}  "
