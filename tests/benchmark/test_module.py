@@ -43,3 +43,14 @@ def test_fwd_bwd_differentiates_inputs_and_parameters_with_a_fixed_gradient() ->
     assert lin.weight.grad is None  # autograd.grad: nothing accumulates
     with pytest.raises(ValueError):
         make_pass(lin, (x,), "bwd")
+
+
+@pytest.mark.cuda
+def test_cuda_rotation_and_graph_replay() -> None:
+    lin = nn.Linear(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    x = randn(64, 1024, dtype=torch.bfloat16, device="cuda")
+    r = benchmark_module(lin, (x,), rotate=True, cuda_graph=True)
+    for p in r.passes.values():
+        assert p.error is None and p.graph_error is None, (p.error, p.graph_error)
+        assert "input copies" in p.timing.method and "cuda graph" in p.graph_timing.method
+        assert p.memory.peak_bytes >= x.numel() * 2

@@ -225,3 +225,24 @@ def test_modes_are_restored_and_eval_is_used() -> None:
     b.train()
     r = validate_optimization(a, b, (randn(4, 8),), **FAST)
     assert r.passed and a.training and b.training and a.drop.training
+
+
+@pytest.mark.cuda
+def test_cuda_bf16_rms_norm_validates_times_and_measures() -> None:
+    from kernel_pytorch.benchmark.memory import CUDA_METHOD
+    from kernel_pytorch.validation import examples
+
+    original, optimized, _ = examples.rms_norm_pair()
+    original = original.to("cuda", torch.bfloat16)
+    optimized = optimized.to("cuda", torch.bfloat16)
+    x = randn(4096, 1024, dtype=torch.bfloat16, device="cuda")
+    r = validate_optimization(original, optimized, (x,))
+    assert r.passed, r.summary()
+    assert not r.device.startswith("cpu")
+    assert r.memory_efficiency.method == CUDA_METHOD
+    for pm in r.memory_efficiency.passes.values():
+        assert pm.original_bytes >= x.numel() * x.element_size()  # at least the output
+    for pc in r.performance_improvement.passes.values():
+        assert "cuda events" in pc.original.method and pc.speedup > 0
+    assert r.compilation_success.success and r.compilation_success.backend == "inductor"
+    assert r.determinism.deterministic
