@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -436,6 +437,7 @@ def run(
             progress(done, total, what)
         done += 1
 
+    started = time.perf_counter()
     step("measuring copy and matmul ceilings")
     ceil = ceilings or measure_ceilings(dev, force=True)
     results = BenchmarkResults(name=NAME, device=device_name(dev), ceilings=ceil)
@@ -462,6 +464,8 @@ def run(
                         eager_result = gated
                     for r in rows:
                         results.add(r)
+    # compile times and first-call kernel builds included: how long the whole run took
+    results.notes.append(f"suite wall time {time.perf_counter() - started:.0f} s")
     if progress is not None:
         progress(total, total, "done")
     return results
