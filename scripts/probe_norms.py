@@ -102,8 +102,7 @@ def sweep() -> None:
     # each variant sets attributes on (module, name); {} is the committed configuration
     variants = [
         {},
-        {(_triton, "BWD_ROWS"): 1},
-        {(_triton, "BWD_ROWS"): 4},
+        {(_triton, "PROGRAMS_PER_SM"): 1},
         {(_triton, "PREFETCH_MAX_BLOCK"): 4096},
         {(rms_mod, "_BWD_ELEMENTS_PER_THREAD"): 16, (ln_mod, "_BWD_ELEMENTS_PER_THREAD"): 8},
         {(ln_mod, "_FWD_MAX_FUSED_COLS"): 8192},

@@ -63,30 +63,18 @@ def row_launch(
     return RowLaunch(block=block, single_pass=single, num_warps=num_warps)
 
 
-# The backward walks tiles of this many rows per iteration (with one program per SM), prefetching the
-# next tile: two rows in flight per program matched two programs per SM in bandwidth (NOTES.md) with
-# half the fp32 weight-gradient partials. Rows wider than PREFETCH_MAX_BLOCK take one row, no prefetch:
-# the doubled registers would spill.
-BWD_ROWS = 2
+# Persistent programs per SM in the backward row loops: two keep enough loads in flight to hide
+# memory latency on rows up to PREFETCH_MAX_BLOCK; wider rows have the registers for one.
+PROGRAMS_PER_SM = 2
+# The backward prefetches the next row while computing this one, up to this row width; wider rows
+# would spill the doubled registers.
 PREFETCH_MAX_BLOCK = 8192
 
 
-@dataclass(frozen=True)
-class BackwardTile:
-    """Launch shape of a persistent backward row loop."""
-
-    programs: int  # grid size; also the number of fp32 weight-gradient partial rows
-    rows: int  # rows per loop iteration
-    prefetch: bool
-    num_warps: int
-
-
-def backward_tile(n_rows: int, device: torch.device, launch: RowLaunch) -> BackwardTile:
-    """Persistent grid for a backward row loop launched with `launch` (one row's block and warps)."""
-    wide = launch.block > PREFETCH_MAX_BLOCK or not launch.single_pass
-    rows = 1 if wide else BWD_ROWS
-    programs = persistent_programs(-(-n_rows // rows), device)
-    return BackwardTile(programs, rows, prefetch=not wide, num_warps=min(32, launch.num_warps * rows))
+def backward_programs(n_rows: int, device: torch.device, launch: RowLaunch) -> int:
+    """Persistent programs for a backward row loop launched with `launch`."""
+    per_sm = PROGRAMS_PER_SM if launch.block <= PREFETCH_MAX_BLOCK else 1
+    return persistent_programs(n_rows, device, per_sm)
 
 
 @functools.cache
@@ -95,12 +83,12 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def persistent_programs(n_items: int, device: torch.device) -> int:
-    """Programs for a persistent loop over `n_items`: one per SM (4 on CPU under the interpreter)."""
+def persistent_programs(n_rows: int, device: torch.device, per_sm: int | None = None) -> int:
+    """Programs for a persistent row loop (each owns one fp32 row of weight-gradient partials)."""
     if device.type != "cuda":
-        return max(1, min(n_items, 4))
+        return max(1, min(n_rows, 4))
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return max(1, min(n_items, sm_count(index)))
+    return max(1, min(n_rows, sm_count(index) * (per_sm or PROGRAMS_PER_SM)))
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,7 @@ Math (see reference/layer_norm.py), for x (rows, D), optional weight and bias (D
 
 Forward: one program per row; the variance is taken around the mean (two passes over the row, in
 registers when it fits) so large offsets do not cancel. mean and rstd (fp32) are saved.
-Backward: a persistent grid of one program per SM walking prefetched tiles of rows, as in
-ops/rms_norm.py; dweight and dbias partials
+Backward: a persistent grid of one program per SM, as in ops/rms_norm.py; dweight and dbias partials
 per program are summed in a fixed order afterwards: no atomics, bitwise-reproducible.
 """
 
@@ -23,7 +22,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
-from kernel_pytorch.ops._triton import as_rows, backward_tile, direct_launch, row_launch, row_stride
+from kernel_pytorch.ops import _triton
+from kernel_pytorch.ops._triton import as_rows, backward_programs, direct_launch, row_launch, row_stride
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.layer_norm import layer_norm, layer_norm_backward, layer_norm_stats
 
@@ -98,7 +98,7 @@ def _layer_norm_bwd_kernel(
     DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART,
     stride_dy, stride_x, stride_dx, n_rows, n_cols,
     BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    PREFETCH: tl.constexpr, ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
@@ -110,40 +110,35 @@ def _layer_norm_bwd_kernel(
             w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
         dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
         db_acc = tl.zeros([BLOCK], dtype=tl.float32)
-        # tiles of ROWS rows with the next tile prefetched, as in ops/rms_norm.py
-        sub = tl.arange(0, ROWS)
-        step = n_progs * ROWS
-        nxt = tl.minimum(pid * ROWS + sub, n_rows - 1).to(tl.int64)
-        dy_next = tl.load(DY + nxt[:, None] * stride_dy + cols[None, :], mask=mask[None, :], other=0.0)
-        x_next = tl.load(X + nxt[:, None] * stride_x + cols[None, :], mask=mask[None, :], other=0.0)
-        for row0 in range(pid * ROWS, n_rows, step):
-            rows = row0 + sub
-            tile = (rows < n_rows)[:, None] & mask[None, :]
-            r64 = tl.minimum(rows, n_rows - 1).to(tl.int64)
+        # software pipelining by hand (PREFETCH), as in ops/rms_norm.py
+        first = pid.to(tl.int64)
+        dy_next = tl.load(DY + first * stride_dy + cols, mask=mask, other=0.0)
+        x_next = tl.load(X + first * stride_x + cols, mask=mask, other=0.0)
+        for row in range(pid, n_rows, n_progs):
+            r64 = tl.cast(row, tl.int64)
             if PREFETCH:
                 dy = dy_next.to(tl.float32)
                 x = x_next.to(tl.float32)
-                nxt = tl.minimum(rows + step, n_rows - 1).to(tl.int64)
-                dy_next = tl.load(DY + nxt[:, None] * stride_dy + cols[None, :], mask=mask[None, :], other=0.0)
-                x_next = tl.load(X + nxt[:, None] * stride_x + cols[None, :], mask=mask[None, :], other=0.0)
+                nxt = tl.minimum(r64 + n_progs, n_rows - 1)
+                dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+                x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
             else:
-                dy = tl.load(DY + r64[:, None] * stride_dy + cols[None, :], mask=tile, other=0.0).to(tl.float32)
-                x = tl.load(X + r64[:, None] * stride_x + cols[None, :], mask=tile, other=0.0).to(tl.float32)
-            dy = tl.where(tile, dy, 0.0)
+                dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
             mean = tl.load(MEAN + r64)
             rstd = tl.load(RSTD + r64)
-            x_hat = tl.where(tile, (x - mean[:, None]) * rstd[:, None], 0.0)
+            x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
             if HAS_W:
-                dw_acc += tl.sum(dy * x_hat, axis=0)
-                g = dy * w[None, :]
+                dw_acc += dy * x_hat
+                g = dy * w
             else:
                 g = dy
             if HAS_B:
-                db_acc += tl.sum(dy, axis=0)
-            c1 = tl.sum(g * x_hat, axis=1) / n_cols
-            c2 = tl.sum(g, axis=1) / n_cols
-            dx = (g - c2[:, None] - x_hat * c1[:, None]) * rstd[:, None]
-            tl.store(DX + r64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=tile)
+                db_acc += dy
+            c1 = tl.sum(g * x_hat, axis=0) / n_cols
+            c2 = tl.sum(g, axis=0) / n_cols
+            dx = (g - c2 - x_hat * c1) * rstd
+            tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
         if HAS_W:
             tl.store(DW_PART + part_off + cols, dw_acc, mask=mask)
         if HAS_B:
@@ -244,19 +239,19 @@ def layer_norm_bwd(
         db = torch.zeros(n_cols, dtype=param_dtype, device=x.device) if has_bias else None
         return dx, dw, db
     launch = row_launch(n_cols, x.element_size(), _BWD_ELEMENTS_PER_THREAD, _BWD_MAX_FUSED_COLS)
-    tile = backward_tile(n_rows, x.device, launch)
-    part = dict(size=(tile.programs, n_cols), dtype=torch.float32, device=x.device)
+    n_progs = backward_programs(n_rows, x.device, launch)
+    part = dict(size=(n_progs, n_cols), dtype=torch.float32, device=x.device)
     dw_part = torch.empty(**part) if weight is not None else None
     db_part = torch.empty(**part) if has_bias else None
     placeholder = rstd  # pointer for absent tensors, never read or written
-    wrap_triton(_layer_norm_bwd_kernel)[(tile.programs,)](
+    wrap_triton(_layer_norm_bwd_kernel)[(n_progs,)](
         dy2, x2, weight.contiguous() if weight is not None else placeholder,
         mean.contiguous(), rstd.contiguous(), dx,
         dw_part if dw_part is not None else placeholder, db_part if db_part is not None else placeholder,
         row_stride(dy2), row_stride(x2), n_cols, n_rows, n_cols,
         BLOCK=launch.block, SINGLE_PASS=launch.single_pass,
-        HAS_W=weight is not None, HAS_B=has_bias, PREFETCH=tile.prefetch, ROWS=tile.rows,
-        num_warps=tile.num_warps,
+        HAS_W=weight is not None, HAS_B=has_bias, PREFETCH=launch.block <= _triton.PREFETCH_MAX_BLOCK,
+        num_warps=launch.num_warps,
     )
     # second reduction over a fixed number of partials in a fixed order: deterministic
     dw = dw_part.sum(0).to(param_dtype) if dw_part is not None else None

@@ -6,10 +6,9 @@ Math (see reference/rms_norm.py, the specification), for x (rows, D) and weight 
     dweight = sum_rows dy * x_hat
 
 Forward: one program per row; rstd (fp32, one per row) is saved for the backward.
-Backward: a persistent grid of one program per SM walks tiles of ROWS rows (pid, pid + G, ...),
-prefetching the next tile while computing this one; each program keeps its dweight partial in fp32
-(registers when the row fits, else its own row of the partial buffer) and the partials are summed in
-a second, fixed-order reduction: no atomics, bitwise-reproducible.
+Backward: a persistent grid of one program per SM walks rows pid, pid + G, ...; each program keeps
+its dweight partial in fp32 (registers when the row fits, else its own row of the partial buffer) and
+the partials are summed in a second, fixed-order reduction: no atomics, bitwise-reproducible.
 """
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
-from kernel_pytorch.ops._triton import as_rows, backward_tile, direct_launch, row_launch, row_stride
+from kernel_pytorch.ops import _triton
+from kernel_pytorch.ops._triton import as_rows, backward_programs, direct_launch, row_launch, row_stride
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward, rms_norm_rstd
 
@@ -88,7 +88,6 @@ def _rms_norm_bwd_kernel(
     DY, X, W, RSTD, DRES, DX, DW_PART,
     stride_dy, stride_x, stride_dres, stride_dx, n_rows, n_cols, offset,
     BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_DRES: tl.constexpr, PREFETCH: tl.constexpr,
-    ROWS: tl.constexpr,
 ):
     # HAS_DRES: dx += dres, the gradient reaching the residual stream directly (fused add+norm)
     pid = tl.program_id(0)
@@ -99,39 +98,34 @@ def _rms_norm_bwd_kernel(
         mask = cols < n_cols
         w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
         dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
-        # ROWS rows per iteration and, with PREFETCH, the next tile's loads issued before this tile's
-        # math: one program per SM then keeps enough traffic in flight, with one partial row per SM
-        sub = tl.arange(0, ROWS)
-        step = n_progs * ROWS
-        # rows past the end are clamped to the last row (valid addresses) and masked out of the math
-        nxt = tl.minimum(pid * ROWS + sub, n_rows - 1).to(tl.int64)
-        dy_next = tl.load(DY + nxt[:, None] * stride_dy + cols[None, :], mask=mask[None, :], other=0.0)
-        x_next = tl.load(X + nxt[:, None] * stride_x + cols[None, :], mask=mask[None, :], other=0.0)
-        for row0 in range(pid * ROWS, n_rows, step):
-            rows = row0 + sub
-            tile = (rows < n_rows)[:, None] & mask[None, :]
-            r64 = tl.minimum(rows, n_rows - 1).to(tl.int64)
+        # software pipelining by hand (PREFETCH): the next row's loads are issued before this row's
+        # math, so each program keeps two rows of traffic in flight
+        first = pid.to(tl.int64)
+        dy_next = tl.load(DY + first * stride_dy + cols, mask=mask, other=0.0)
+        x_next = tl.load(X + first * stride_x + cols, mask=mask, other=0.0)
+        for row in range(pid, n_rows, n_progs):
+            r64 = tl.cast(row, tl.int64)
             if PREFETCH:
                 dy = dy_next.to(tl.float32)
                 x = x_next.to(tl.float32)
-                nxt = tl.minimum(rows + step, n_rows - 1).to(tl.int64)
-                dy_next = tl.load(DY + nxt[:, None] * stride_dy + cols[None, :], mask=mask[None, :], other=0.0)
-                x_next = tl.load(X + nxt[:, None] * stride_x + cols[None, :], mask=mask[None, :], other=0.0)
+                # clamped: the last iteration re-reads its own row instead of running past the end
+                nxt = tl.minimum(r64 + n_progs, n_rows - 1)
+                dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+                x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
             else:
-                dy = tl.load(DY + r64[:, None] * stride_dy + cols[None, :], mask=tile, other=0.0).to(tl.float32)
-                x = tl.load(X + r64[:, None] * stride_x + cols[None, :], mask=tile, other=0.0).to(tl.float32)
-            dy = tl.where(tile, dy, 0.0)
+                dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
             rstd = tl.load(RSTD + r64)
-            if HAS_DRES:  # issued before the reductions so its latency overlaps the math
-                dres = tl.load(DRES + r64[:, None] * stride_dres + cols[None, :], mask=tile, other=0.0)
-            x_hat = x * rstd[:, None]
-            dw_acc += tl.sum(dy * x_hat.to(X.dtype.element_ty).to(tl.float32), axis=0)
-            g = dy * w[None, :]
-            c = tl.sum(g * x_hat, axis=1) / n_cols
-            dx = (g - x_hat * c[:, None]) * rstd[:, None]
+            if HAS_DRES:  # issued before the reduction so its latency overlaps the math
+                dres = tl.load(DRES + r64 * stride_dres + cols, mask=mask, other=0.0).to(tl.float32)
+            x_hat = x * rstd
+            dw_acc += dy * x_hat.to(X.dtype.element_ty).to(tl.float32)
+            g = dy * w
+            c = tl.sum(g * x_hat, axis=0) / n_cols
+            dx = (g - x_hat * c) * rstd
             if HAS_DRES:
-                dx += dres.to(tl.float32)
-            tl.store(DX + r64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=tile)
+                dx += dres
+            tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
         tl.store(part_row + cols, dw_acc, mask=mask)
     else:
         for row in range(pid, n_rows, n_progs):
@@ -217,13 +211,13 @@ def rms_norm_bwd(
         return dx, torch.zeros_like(weight)
     weight, rstd = weight.contiguous(), rstd.contiguous()
     launch = row_launch(n_cols, x.element_size(), _BWD_ELEMENTS_PER_THREAD)
-    tile = backward_tile(n_rows, x.device, launch)
-    dw_part = torch.empty((tile.programs, n_cols), dtype=torch.float32, device=x.device)
-    wrap_triton(_rms_norm_bwd_kernel)[(tile.programs,)](
+    n_progs = backward_programs(n_rows, x.device, launch)
+    dw_part = torch.empty((n_progs, n_cols), dtype=torch.float32, device=x.device)
+    wrap_triton(_rms_norm_bwd_kernel)[(n_progs,)](
         dy2, x2, weight, rstd, dres2, dx, dw_part,
         row_stride(dy2), row_stride(x2), row_stride(dres2), n_cols, n_rows, n_cols, offset,
         BLOCK=launch.block, SINGLE_PASS=launch.single_pass, HAS_DRES=dres is not None,
-        PREFETCH=tile.prefetch, ROWS=tile.rows, num_warps=tile.num_warps,
+        PREFETCH=launch.block <= _triton.PREFETCH_MAX_BLOCK, num_warps=launch.num_warps,
     )
     # second reduction over a fixed number of partials in a fixed order: deterministic
     return dx, dw_part.sum(0).to(weight.dtype)
