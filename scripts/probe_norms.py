@@ -10,6 +10,8 @@ import torch
 from triton.testing import do_bench
 
 from kernel_pytorch import functional as F
+from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
+from kernel_pytorch.benchmark.suites.norms import hf_rms_norm
 
 try:
     from liger_kernel.transformers.rms_norm import LigerRMSNorm
@@ -18,17 +20,12 @@ except ImportError:
 
 
 def hf_rms(x, w, eps=1e-6):
-    dt = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return w * h.to(dt)
+    return hf_rms_norm(x, w, eps)
 
 
 def copy_bw() -> float:
-    a = torch.empty(2**30 // 2, dtype=torch.bfloat16, device="cuda")
-    b = torch.empty_like(a)
-    ms = do_bench(lambda: b.copy_(a), return_mode="median")
-    return 2 * a.numel() * 2 / ms / 1e6  # GB/s
+    """The copy ceiling in GB/s (1 GiB device-to-device, bytes read + written), measured now."""
+    return measure_copy_gbps("cuda")
 
 
 def main() -> None:

@@ -57,19 +57,28 @@ def _check_rows(x: Tensor, name: str = "x") -> None:
         raise ValueError(f"{name} must have a non-empty last dimension to normalise (got shape {tuple(x.shape)})")
 
 
-def _resolve(backend: str, op: str, x: Tensor) -> bool:
-    """True to call the registered op, False for the pure-torch reference. Raises for a bad request."""
+Path = Literal["eager", "op", "reference"]
+
+
+def _resolve(backend: str, op: str, x: Tensor, compiling: bool) -> Path:
+    """Which implementation runs. Raises for a bad request.
+
+    Returns:
+        "eager": the Triton launchers through the thin autograd.Function (CUDA, not compiling);
+        "op": the registered torch op (under compile/export, and on CPU, where its kernel is the
+        reference); "reference": the pure-torch reference.
+    """
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS} (got {backend!r})")
     if backend == "reference":
-        return False
+        return "reference"
     kernel_dtype = x.dtype in KERNEL_DTYPES
-    if torch.compiler.is_compiling():
+    if compiling:
         # decide from what Dynamo guards on (device type, dtype); availability was checked in eager,
         # and Inductor itself needs Triton on CUDA
         if backend == "triton" and x.device.type != "cuda":
             raise ValueError(f"backend='triton' cannot run {op} on {x.device.type} tensors")
-        return kernel_dtype and x.device.type in ("cuda", "cpu")
+        return "op" if kernel_dtype and x.device.type in ("cuda", "cpu") else "reference"
     active, why = triton_status(x.device)
     if backend == "triton":
         if not active:
@@ -79,16 +88,16 @@ def _resolve(backend: str, op: str, x: Tensor) -> bool:
                 f"backend='triton' cannot run {op} on x of dtype {x.dtype}; the kernels take "
                 f"{', '.join(str(d) for d in KERNEL_DTYPES)}"
             )
-        return True
+        return "eager"
     if active and kernel_dtype:
-        return True
+        return "eager"
     if not kernel_dtype:
         log_once(f"kernel_pytorch.{op}: x is {x.dtype}, which the kernels do not take; using the reference")
-        return False
+        return "reference"
     log_once(f"kernel_pytorch.{op}: Triton path inactive ({why}); using the reference")
     # CPU tensors still go through the registered op (its CPU kernel is the reference), so eager,
     # compile and export see the same graph on every device that has a registered kernel
-    return x.device.type == "cpu"
+    return "op" if x.device.type == "cpu" else "reference"
 
 
 def rms_norm(
@@ -105,13 +114,15 @@ def rms_norm(
     Returns:
         (..., D) tensor of x's dtype.
     """
-    if not torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
         _check_rows(x)
         _check_param("weight", weight, x)
         _check_same_device("x", x, weight=weight)
-    if _resolve(backend, "rms_norm", x):
-        if x.is_cuda and not torch.compiler.is_compiling():
-            return rms_norm_eager(x, weight, float(eps), float(offset))
+    path = _resolve(backend, "rms_norm", x, compiling)
+    if path == "eager":
+        return rms_norm_eager(x, weight, float(eps), float(offset))
+    if path == "op":
         return torch.ops.kernel_pytorch.rms_norm_fwd(x, weight, float(eps), float(offset))[0]
     return reference.rms_norm(x, weight, eps, offset)
 
@@ -135,7 +146,8 @@ def add_rms_norm(
     Returns:
         (y, h): both of x's shape and dtype; h is the updated residual stream.
     """
-    if not torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
         _check_rows(x)
         _check_float("residual", residual)
         if residual.shape != x.shape:
@@ -144,9 +156,10 @@ def add_rms_norm(
             raise TypeError(f"residual must have x's dtype {x.dtype} (got {residual.dtype})")
         _check_param("weight", weight, x)
         _check_same_device("x", x, residual=residual, weight=weight)
-    if _resolve(backend, "add_rms_norm", x):
-        if x.is_cuda and not torch.compiler.is_compiling():
-            return add_rms_norm_eager(x, residual, weight, float(eps), float(offset))
+    path = _resolve(backend, "add_rms_norm", x, compiling)
+    if path == "eager":
+        return add_rms_norm_eager(x, residual, weight, float(eps), float(offset))
+    if path == "op":
         y, h, _rstd = torch.ops.kernel_pytorch.add_rms_norm_fwd(x, residual, weight, float(eps), float(offset))
         return y, h
     return reference.add_rms_norm(x, residual, weight, eps, offset)
@@ -171,14 +184,16 @@ def layer_norm(
     Returns:
         (..., D) tensor of x's dtype.
     """
-    if not torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
         _check_rows(x)
         _check_param("weight", weight, x)
         _check_param("bias", bias, x)
         _check_same_device("x", x, weight=weight, bias=bias)
-    if _resolve(backend, "layer_norm", x):
-        if x.is_cuda and not torch.compiler.is_compiling():
-            return layer_norm_eager(x, weight, bias, float(eps))
+    path = _resolve(backend, "layer_norm", x, compiling)
+    if path == "eager":
+        return layer_norm_eager(x, weight, bias, float(eps))
+    if path == "op":
         return torch.ops.kernel_pytorch.layer_norm_fwd(x, weight, bias, float(eps))[0]
     return reference.layer_norm(x, weight, bias, eps)
 
