@@ -11,7 +11,7 @@ from triton.testing import do_bench
 
 from kernel_pytorch import functional as F
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
-from kernel_pytorch.benchmark.suites.norms import hf_rms_norm
+from kernel_pytorch.benchmark.suites.norms import hf_add_rms_norm, hf_rms_norm
 
 try:
     from liger_kernel.transformers.rms_norm import LigerRMSNorm
@@ -99,10 +99,10 @@ def sweep() -> None:
     # each variant sets attributes on (module, name); {} is the committed configuration
     variants = [
         {},
-        {(_triton, "PROGRAMS_PER_SM"): 1},
-        {(_triton, "PREFETCH_MAX_BLOCK"): 4096},
-        {(rms_mod, "_BWD_ELEMENTS_PER_THREAD"): 16, (ln_mod, "_BWD_ELEMENTS_PER_THREAD"): 8},
-        {(ln_mod, "_FWD_MAX_FUSED_COLS"): 8192},
+        {(_triton, "PREFETCH_DEPTH"): 2},
+        {(_triton, "PROGRAMS_PER_SM"): 1, (_triton, "PREFETCH_DEPTH"): 2},
+        {(_triton, "PROGRAMS_PER_SM"): 1, (rms_mod, "_BWD_ELEMENTS_PER_THREAD"): 4,
+         (ln_mod, "_BWD_ELEMENTS_PER_THREAD"): 8},
     ]
     defaults = {key: getattr(*key) for v in variants for key in v}
     ceil = copy_bw()
@@ -129,23 +129,34 @@ def sweep() -> None:
                   f"ln fwd {pct(2, lf):5.1f}% bwd {pct(3, lb):5.1f}% f+b {pct(5, lf + lb):5.1f}%")
         for (mod, k), val in defaults.items():
             setattr(mod, k, val)
-    # host overhead per call, tiny shape: how fast can each layer issue launches
+    # host time per call at a tiny shape (the GPU work is negligible): how fast each path issues work
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(256, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
     r = torch.empty(8, device="cuda")
-    xr = x.detach().requires_grad_()
+    xr, wr, br, rr = (t.detach().clone().requires_grad_() for t in (x, w, b, x))
+    dy = torch.randn_like(x)
+    launcher = rms_mod._fwd_kernel
+    raw_args = (x, x, y, w, y, r, 256, 256, 256, 256, 1e-6, 0.0)
+    raw_meta = dict(BLOCK=256, SINGLE_PASS=True, HAS_RESIDUAL=False, num_warps=1)
+    hf_ln = torch.nn.functional.layer_norm
 
     calls = {
-        "functional": lambda: F.rms_norm(x, w, backend="triton"),
-        "functional+grad": lambda: F.rms_norm(xr, w, backend="triton"),
-        "torch.ops": lambda: fwd_op(x, w, 1e-6, 0.0),
-        "raw kernel": lambda: _rms_norm_fwd_kernel[(8,)](
-            x, x, y, w, y, r, 256, 256, 256, 256, 1e-6, 0.0,
-            BLOCK=256, SINGLE_PASS=True, HAS_RESIDUAL=False, num_warps=1),
-        "2x empty": lambda: (torch.empty_like(x), torch.empty(8, device="cuda")),
-        "hf eager": lambda: hf_rms(x, w),
-        "torch F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (256,), w, 1e-6),
+        "rms fwd functional": lambda: F.rms_norm(x, w),
+        "rms fwd torch.ops": lambda: fwd_op(x, w, 1e-6, 0.0),
+        "rms fwd hf eager": lambda: hf_rms(x, w),
+        "rms fwd+bwd functional": lambda: torch.autograd.grad(F.rms_norm(xr, wr), (xr, wr), dy),
+        "rms fwd+bwd hf eager": lambda: torch.autograd.grad(hf_rms(xr, wr), (xr, wr), dy),
+        "ln fwd+bwd functional": lambda: torch.autograd.grad(F.layer_norm(xr, wr, br), (xr, wr, br), dy),
+        "ln fwd+bwd aten": lambda: torch.autograd.grad(hf_ln(xr, (256,), wr, br), (xr, wr, br), dy),
+        "add fwd+bwd functional": lambda: torch.autograd.grad(F.add_rms_norm(xr, rr, wr), (xr, rr, wr), (dy, dy)),
+        "add fwd+bwd hf eager": lambda: torch.autograd.grad(
+            hf_add_rms_norm(xr, rr, wr, 1e-6), (xr, rr, wr), (dy, dy)),
+        "JITFunction launch": lambda: _rms_norm_fwd_kernel[(8,)](*raw_args, **raw_meta),
+        "Launcher eager launch": lambda: launcher((8,), *raw_args, eager=True, **raw_meta),
+        "torch.empty": lambda: torch.empty(8, 256, device="cuda", dtype=torch.bfloat16),
+        "aten add": lambda: torch.add(x, x),
     }
     for name, fn in calls.items():
         for _ in range(50):
@@ -155,7 +166,19 @@ def sweep() -> None:
         for _ in range(2000):
             fn()
         torch.cuda.synchronize()
-        print(f"host overhead {name:16s} {(time.perf_counter() - t) / 2000 * 1e6:6.1f} us/call")
+        print(f"host {name:24s} {(time.perf_counter() - t) / 2000 * 1e6:6.1f} us/call")
+    # where ATen's fused layer_norm (one C++ autograd node) stops beating our Python-level path in
+    # do_bench's fwd+bwd: the host-bound range
+    for n, d in [(2048, 1024), (4096, 1024), (8192, 1024), (4096, 2048), (8192, 2048), (16384, 2048)]:
+        xg = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        wg = torch.randn(d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        bg = torch.randn(d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dyg = torch.randn_like(xg)
+        ours = do_bench(lambda: torch.autograd.grad(F.layer_norm(xg, wg, bg), (xg, wg, bg), dyg),
+                        return_mode="median")
+        aten = do_bench(lambda: torch.autograd.grad(hf_ln(xg, (d,), wg, bg), (xg, wg, bg), dyg),
+                        return_mode="median")
+        print(f"ln fwd+bwd {n}x{d}: ours {ours * 1e3:6.1f} us, aten {aten * 1e3:6.1f} us")
 
 
 if __name__ == "__main__" and __import__("sys").argv[1:] == ["--sweep"]:

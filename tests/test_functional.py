@@ -95,3 +95,67 @@ def test_triton_backend_on_cuda_matches_reference() -> None:
     assert_close(y, R.rms_norm(x, w), "y")
     with pytest.raises(ValueError, match="float64"):
         F.rms_norm(x.double(), w.double(), backend="triton")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
+def test_eager_cached_launches_match_reference(misaligned: bool) -> None:
+    """The eager path keeps each specialisation's binary and launches it directly: repeated calls,
+    a differently aligned input (another specialisation) and a side stream all stay correct."""
+    rows, cols = 48, 1000
+    flat = randn(rows * cols + 1, dtype=torch.bfloat16, device="cuda")
+    x = (flat[1:] if misaligned else flat[:-1]).view(rows, cols).requires_grad_()
+    res = randn(rows, cols, dtype=torch.bfloat16, device="cuda").requires_grad_()
+    w = randn(cols, dtype=torch.bfloat16, device="cuda", offset=1.0).requires_grad_()
+    b = randn(cols, dtype=torch.bfloat16, device="cuda").requires_grad_()
+    dy = randn(rows, cols, dtype=torch.bfloat16, device="cuda")
+    cases = {
+        "rms_norm": (lambda: (F.rms_norm(x, w),), lambda: (R.rms_norm(x, w),), (x, w)),
+        "layer_norm": (lambda: (F.layer_norm(x, w, b),), lambda: (R.layer_norm(x, w, b, 1e-5),), (x, w, b)),
+        "add_rms_norm": (lambda: F.add_rms_norm(x, res, w), lambda: R.add_rms_norm(x, res, w), (x, res, w)),
+    }
+    side = torch.cuda.Stream()
+    for name, (ours, ref, wrt) in cases.items():
+        want_out = ref()
+        want = torch.autograd.grad(want_out, wrt, [dy] * len(want_out))
+        for stream in (None, None, side):
+            with torch.cuda.stream(stream or torch.cuda.current_stream()):
+                side.wait_stream(torch.cuda.default_stream())
+                out = ours()
+                got = torch.autograd.grad(out, wrt, [dy] * len(out))
+            torch.cuda.synchronize()
+            for o, e in zip(out, want_out):
+                assert_close(o, e, f"{name} y")
+            for g, e, what in zip(got, want, ("dx", "d1", "d2")):
+                assert_close(g, e, f"{name} {what}")
+
+
+def test_host_bound_layer_norm_rule() -> None:
+    """Which eager LayerNorm calls backend='auto' hands to ATen: gradient-recording, small, same dtypes."""
+    from kernel_pytorch.functional import _host_bound_layer_norm
+
+    x, w, b = randn(4, 8), randn(8), randn(8)
+    assert not _host_bound_layer_norm(x, w, b)  # nothing records a gradient
+    assert _host_bound_layer_norm(x.requires_grad_(), w, b)
+    assert _host_bound_layer_norm(randn(4, 8), w.requires_grad_(), None)
+    with torch.no_grad():
+        assert not _host_bound_layer_norm(x, w, b)
+    assert not _host_bound_layer_norm(x, w.double(), b)
+    big = torch.empty(F.ATEN_LAYER_NORM_MAX_NUMEL + 1, device="meta", requires_grad=True)
+    assert not _host_bound_layer_norm(big, None, None)
+
+
+@pytest.mark.cuda
+def test_auto_layer_norm_small_training_call_runs_aten(caplog: pytest.LogCaptureFixture) -> None:
+    from kernel_pytorch._env import log_once
+
+    log_once.cache_clear()
+    x = randn(64, 1024, dtype=torch.bfloat16, device="cuda").requires_grad_()
+    w = randn(1024, dtype=torch.bfloat16, device="cuda", offset=1.0).requires_grad_()
+    b = randn(1024, dtype=torch.bfloat16, device="cuda").requires_grad_()
+    with caplog.at_level(logging.INFO, logger="kernel_pytorch"):
+        y = F.layer_norm(x, w, b)
+    assert "ATen's fused layer_norm" in caplog.text
+    assert torch.equal(y, torch.nn.functional.layer_norm(x, (1024,), w, b, 1e-5))
+    forced = F.layer_norm(x, w, b, backend="triton")
+    assert_close(forced, R.layer_norm(x, w, b, 1e-5), "triton")

@@ -3,6 +3,11 @@
 backend:
     "auto"      Triton kernels on CUDA; on CPU the registered op's reference kernel; the pure-torch
                 reference anywhere else. Why the Triton path is not taken is logged once.
+                One exception, also logged once: a LayerNorm call that records gradients in eager
+                mode on at most ATEN_LAYER_NORM_MAX_NUMEL elements runs ATen's fused layer_norm.
+                There the call is host-bound: ATen's single C++ autograd node costs ~100 us of host
+                time per fwd+bwd on our GPU host, our Python autograd.Function and three launches
+                ~230 us, against tens of microseconds of GPU work (benchmarks/NOTES.md).
 
 In eager mode on CUDA the kernels are launched through a thin autograd.Function (same launchers, less
 host time than the op dispatcher); under torch.compile / torch.export the registered ops
@@ -26,6 +31,9 @@ from kernel_pytorch.ops.layer_norm import layer_norm_eager
 from kernel_pytorch.ops.rms_norm import rms_norm_eager
 
 Backend = Literal["auto", "triton", "reference"]
+# Elements up to which backend="auto" hands an eager, gradient-recording LayerNorm to ATen (measured
+# crossover on the H100 host: ATen faster at 8192x2048, ours at 16384x2048; benchmarks/NOTES.md).
+ATEN_LAYER_NORM_MAX_NUMEL = 1 << 24
 _BACKENDS = ("auto", "triton", "reference")
 
 
@@ -98,6 +106,17 @@ def _resolve(backend: str, op: str, x: Tensor, compiling: bool) -> Path:
     # CPU tensors still go through the registered op (its CPU kernel is the reference), so eager,
     # compile and export see the same graph on every device that has a registered kernel
     return "op" if x.device.type == "cpu" else "reference"
+
+
+def _host_bound_layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> bool:
+    """Whether an eager CUDA LayerNorm call is small enough, and records gradients, so that host time
+    decides its speed (ATen's fused op then wins); parameters of another dtype keep our kernels."""
+    if x.numel() > ATEN_LAYER_NORM_MAX_NUMEL or not torch.is_grad_enabled():
+        return False
+    params = [t for t in (weight, bias) if t is not None]
+    if any(t.dtype != x.dtype for t in params):
+        return False
+    return x.requires_grad or any(t.requires_grad for t in params)
 
 
 def rms_norm(
@@ -192,10 +211,17 @@ def layer_norm(
         _check_same_device("x", x, weight=weight, bias=bias)
     path = _resolve(backend, "layer_norm", x, compiling)
     if path == "eager":
+        if backend == "auto" and _host_bound_layer_norm(x, weight, bias):
+            log_once(
+                "kernel_pytorch.layer_norm: backend='auto' runs ATen's fused layer_norm for eager calls that "
+                f"record gradients on at most {ATEN_LAYER_NORM_MAX_NUMEL} elements (host-bound there); "
+                "backend='triton' forces the kernels"
+            )
+            return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
         return layer_norm_eager(x, weight, bias, float(eps))
     if path == "op":
         return torch.ops.kernel_pytorch.layer_norm_fwd(x, weight, bias, float(eps))[0]
     return reference.layer_norm(x, weight, bias, eps)
 
 
-__all__ = ["Backend", "add_rms_norm", "layer_norm", "rms_norm"]
+__all__ = ["ATEN_LAYER_NORM_MAX_NUMEL", "Backend", "add_rms_norm", "layer_norm", "rms_norm"]

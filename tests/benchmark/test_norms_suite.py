@@ -68,7 +68,8 @@ def test_the_gate_rejects_a_wrong_provider() -> None:
 
 def test_quick_cpu_run() -> None:
     seen: list[tuple[int, int, str]] = []
-    r = N.run(device="cpu", providers=("ours", "eager", "liger"), ops=("rms_norm", "add_rms_norm"), quick=True,
+    r = N.run(device="cpu", providers=("ours", "ours-auto", "eager", "liger"), ops=("rms_norm", "add_rms_norm"),
+              quick=True,
               ceilings=_fake_ceilings(), progress=lambda d, t, w: seen.append((d, t, w)))
     assert seen[-1][0] == seen[-1][1] and seen[-1][2] == "done"
     assert {row.status for row in r.rows} <= STATUSES
@@ -84,6 +85,7 @@ def test_quick_cpu_run() -> None:
             assert row.peak_mem_bytes is not None and "cpu" in row.peak_mem_method
     ours = r.find(op="rms_norm", provider="ours", pass_name="fwd")[0]
     assert ours.ok, ours.note
+    assert not r.find(provider="ours-auto")  # on CPU it runs exactly what "ours" runs: no rows
     liger = r.find(provider="liger")
     assert liger and all(x.status in ("not installed", "not available") for x in liger)
     assert "CPU run" in " ".join(r.notes)

@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 from torch.library import triton_op
 
-from kernel_pytorch.ops._triton import direct_launch
 from kernel_pytorch.ops.rms_norm import rms_norm_bwd, rms_norm_fwd
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.add_rms_norm import add_rms_norm, add_rms_norm_backward
@@ -23,19 +22,19 @@ from kernel_pytorch.reference.rms_norm import rms_norm_rstd
 
 
 def add_rms_norm_fwd(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, *, eager: bool = False
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the fused forward. Returns y, h (both x's shape and dtype, contiguous), rstd (fp32)."""
-    y, rstd, h = rms_norm_fwd(x, weight, eps, offset, residual=residual)
+    y, rstd, h = rms_norm_fwd(x, weight, eps, offset, residual=residual, eager=eager)
     assert h is not None
     return y, h, rstd
 
 
 def add_rms_norm_bwd(
-    dy: Tensor, dh: Tensor, h: Tensor, weight: Tensor, rstd: Tensor, offset: float
+    dy: Tensor, dh: Tensor, h: Tensor, weight: Tensor, rstd: Tensor, offset: float, *, eager: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Launch the fused backward. Returns d_sum (h's shape and dtype) and dweight."""
-    return rms_norm_bwd(dy, h, weight, rstd, offset, dres=dh)
+    return rms_norm_bwd(dy, h, weight, rstd, offset, dres=dh, eager=eager)
 
 
 def _fwd_reference(
@@ -113,8 +112,7 @@ class _AddRMSNormEager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float):
-        with direct_launch():
-            y, h, rstd = add_rms_norm_fwd(x, residual, weight, eps, offset)
+        y, h, rstd = add_rms_norm_fwd(x, residual, weight, eps, offset, eager=True)
         ctx.save_for_backward(h, weight, rstd)
         ctx.offset = offset
         return y, h
@@ -122,8 +120,7 @@ class _AddRMSNormEager(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: Tensor, dh: Tensor):
         h, weight, rstd = ctx.saved_tensors
-        with direct_launch():
-            d_sum, dw = add_rms_norm_bwd(dy, dh, h, weight, rstd, ctx.offset)
+        d_sum, dw = add_rms_norm_bwd(dy, dh, h, weight, rstd, ctx.offset, eager=True)
         return d_sum, d_sum, dw, None, None
 
 

@@ -8,8 +8,8 @@ Math (see reference/layer_norm.py), for x (rows, D), optional weight and bias (D
 
 Forward: one program per row; the variance is taken around the mean (two passes over the row, in
 registers when it fits) so large offsets do not cancel. mean and rstd (fp32) are saved.
-Backward: a persistent grid of one program per SM, as in ops/rms_norm.py; dweight and dbias partials
-per program are summed in a fixed order afterwards: no atomics, bitwise-reproducible.
+Backward: a persistent grid of programs, as in ops/rms_norm.py; dweight and dbias partials per program
+are summed in a fixed order afterwards (ops/_partials.py): no atomics, bitwise-reproducible.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from kernel_pytorch.ops import _triton
-from kernel_pytorch.ops._triton import as_rows, backward_programs, direct_launch, row_launch, row_stride
+from kernel_pytorch.ops._partials import sum_partials
+from kernel_pytorch.ops._triton import Launcher, as_rows, backward_schedule, row_launch, row_stride
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.layer_norm import layer_norm, layer_norm_backward, layer_norm_stats
 
@@ -94,15 +94,25 @@ def _layer_norm_fwd_kernel(
 
 
 @triton.jit
+def _add_pair(a1, b1, a2, b2):
+    return a1 + a2, b1 + b2
+
+
+@triton.jit
 def _layer_norm_bwd_kernel(
-    DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART,
+    DY, X, W, MEAN, RSTD, DX, PART,
     stride_dy, stride_x, stride_dx, n_rows, n_cols,
     BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
-    part_off = pid.to(tl.int64) * n_cols
+    # PART is (HAS_W + HAS_B, programs, n_cols): the weight's partial rows first, then the bias's
+    DW_PART = PART + pid.to(tl.int64) * n_cols
+    if HAS_W:
+        DB_PART = DW_PART + n_progs.to(tl.int64) * n_cols
+    else:
+        DB_PART = DW_PART
     if SINGLE_PASS:
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -110,18 +120,31 @@ def _layer_norm_bwd_kernel(
             w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
         dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
         db_acc = tl.zeros([BLOCK], dtype=tl.float32)
-        # software pipelining by hand (PREFETCH), as in ops/rms_norm.py
-        first = pid.to(tl.int64)
-        dy_next = tl.load(DY + first * stride_dy + cols, mask=mask, other=0.0)
-        x_next = tl.load(X + first * stride_x + cols, mask=mask, other=0.0)
+        # software pipelining by hand (PREFETCH rows ahead), as in ops/rms_norm.py
+        last = n_rows - 1
+        if PREFETCH >= 1:
+            nxt = pid.to(tl.int64)
+            dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+            x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
+        if PREFETCH == 2:
+            nxt = tl.minimum(pid.to(tl.int64) + n_progs, last)
+            dy_next2 = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+            x_next2 = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
         for row in range(pid, n_rows, n_progs):
             r64 = tl.cast(row, tl.int64)
-            if PREFETCH:
+            if PREFETCH >= 1:
                 dy = dy_next.to(tl.float32)
                 x = x_next.to(tl.float32)
-                nxt = tl.minimum(r64 + n_progs, n_rows - 1)
-                dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-                x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
+                if PREFETCH == 2:
+                    dy_next = dy_next2
+                    x_next = x_next2
+                    nxt = tl.minimum(r64 + 2 * n_progs, last)
+                    dy_next2 = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+                    x_next2 = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
+                else:
+                    nxt = tl.minimum(r64 + n_progs, last)
+                    dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+                    x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
             else:
                 dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
                 x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
@@ -135,14 +158,14 @@ def _layer_norm_bwd_kernel(
                 g = dy
             if HAS_B:
                 db_acc += dy
-            c1 = tl.sum(g * x_hat, axis=0) / n_cols
-            c2 = tl.sum(g, axis=0) / n_cols
-            dx = (g - c2 - x_hat * c1) * rstd
+            # both row sums in one reduction: one shared-memory exchange and barrier instead of two
+            s1, s2 = tl.reduce((g * x_hat, g), 0, _add_pair)
+            dx = (g - s2 / n_cols - x_hat * (s1 / n_cols)) * rstd
             tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
         if HAS_W:
-            tl.store(DW_PART + part_off + cols, dw_acc, mask=mask)
+            tl.store(DW_PART + cols, dw_acc, mask=mask)
         if HAS_B:
-            tl.store(DB_PART + part_off + cols, db_acc, mask=mask)
+            tl.store(DB_PART + cols, db_acc, mask=mask)
     else:
         for row in range(pid, n_rows, n_progs):
             r64 = tl.cast(row, tl.int64)
@@ -176,25 +199,30 @@ def _layer_norm_bwd_kernel(
                 if HAS_W:
                     g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
                     # this program's own partial row: read-modify-write, nobody else touches it
-                    prev = tl.where(not_first, tl.load(DW_PART + part_off + cols, mask=mask, other=0.0), 0.0)
-                    tl.store(DW_PART + part_off + cols, prev + dy * x_hat, mask=mask)
+                    prev = tl.where(not_first, tl.load(DW_PART + cols, mask=mask, other=0.0), 0.0)
+                    tl.store(DW_PART + cols, prev + dy * x_hat, mask=mask)
                 else:
                     g = dy
                 if HAS_B:
-                    prev = tl.where(not_first, tl.load(DB_PART + part_off + cols, mask=mask, other=0.0), 0.0)
-                    tl.store(DB_PART + part_off + cols, prev + dy, mask=mask)
+                    prev = tl.where(not_first, tl.load(DB_PART + cols, mask=mask, other=0.0), 0.0)
+                    tl.store(DB_PART + cols, prev + dy, mask=mask)
                 dx = (g - c2 - x_hat * c1) * rstd
                 tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
 
 
+_fwd_kernel = Launcher(_layer_norm_fwd_kernel)
+_bwd_kernel = Launcher(_layer_norm_bwd_kernel)
+
+
 def layer_norm_fwd(
-    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, *, eager: bool = False
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the forward kernel.
 
     Args:
         x: (..., D) CUDA tensor (or CPU under TRITON_INTERPRET=1), fp32/bf16/fp16, any strides.
         weight, bias: (D,) tensors on x's device, or None.
+        eager: launch directly (the eager autograd.Function) rather than through wrap_triton.
     Returns:
         y of x's shape and dtype (contiguous), mean and rstd fp32 of shape x.shape[:-1].
     """
@@ -208,23 +236,24 @@ def layer_norm_fwd(
     w = weight.contiguous() if weight is not None else x2  # placeholder pointer, never read
     b = bias.contiguous() if bias is not None else x2
     launch = row_launch(n_cols, x.element_size(), _FWD_ELEMENTS_PER_THREAD, _FWD_MAX_FUSED_COLS)
-    wrap_triton(_layer_norm_fwd_kernel)[(n_rows,)](
-        x2, w, b, y, mean, rstd,
+    _fwd_kernel(
+        (n_rows,), x2, w, b, y, mean, rstd,
         row_stride(x2), n_cols, n_cols, eps,
         BLOCK=launch.block, SINGLE_PASS=launch.single_pass,
-        HAS_W=weight is not None, HAS_B=bias is not None, num_warps=launch.num_warps,
+        HAS_W=weight is not None, HAS_B=bias is not None, num_warps=launch.num_warps, eager=eager,
     )
     return y, mean, rstd
 
 
 def layer_norm_bwd(
-    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, has_bias: bool
+    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, has_bias: bool,
+    *, eager: bool = False,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Launch the backward kernel and reduce the per-program partials.
 
     Args:
         dy, x: (..., D); weight: (D,) or None; mean, rstd: fp32 x.shape[:-1]; has_bias: whether to
-        return a bias gradient.
+        return a bias gradient; eager: launch directly rather than through wrap_triton.
     Returns:
         dx (x's shape and dtype), dweight (weight's dtype) or None, dbias or None (weight's dtype when
         there is a weight, else x's).
@@ -239,23 +268,23 @@ def layer_norm_bwd(
         db = torch.zeros(n_cols, dtype=param_dtype, device=x.device) if has_bias else None
         return dx, dw, db
     launch = row_launch(n_cols, x.element_size(), _BWD_ELEMENTS_PER_THREAD, _BWD_MAX_FUSED_COLS)
-    n_progs = backward_programs(n_rows, x.device, launch)
-    part = dict(size=(n_progs, n_cols), dtype=torch.float32, device=x.device)
-    dw_part = torch.empty(**part) if weight is not None else None
-    db_part = torch.empty(**part) if has_bias else None
-    placeholder = rstd  # pointer for absent tensors, never read or written
-    wrap_triton(_layer_norm_bwd_kernel)[(n_progs,)](
-        dy2, x2, weight.contiguous() if weight is not None else placeholder,
-        mean.contiguous(), rstd.contiguous(), dx,
-        dw_part if dw_part is not None else placeholder, db_part if db_part is not None else placeholder,
+    n_progs, prefetch = backward_schedule(n_rows, x.device, launch)
+    # the weight's and the bias's partial rows in one buffer, reduced by one launch
+    n_bufs = (weight is not None) + has_bias
+    parts = torch.empty((n_bufs, n_progs, n_cols), dtype=torch.float32, device=x.device) if n_bufs else rstd
+    _bwd_kernel(
+        (n_progs,), dy2, x2, weight.contiguous() if weight is not None else rstd,  # rstd: never-read stand-in
+        mean.contiguous(), rstd.contiguous(), dx, parts,
         row_stride(dy2), row_stride(x2), n_cols, n_rows, n_cols,
         BLOCK=launch.block, SINGLE_PASS=launch.single_pass,
-        HAS_W=weight is not None, HAS_B=has_bias, PREFETCH=launch.block <= _triton.PREFETCH_MAX_BLOCK,
-        num_warps=launch.num_warps,
+        HAS_W=weight is not None, HAS_B=has_bias, PREFETCH=prefetch, num_warps=launch.num_warps, eager=eager,
     )
+    if n_bufs == 0:
+        return dx, None, None
     # second reduction over a fixed number of partials in a fixed order: deterministic
-    dw = dw_part.sum(0).to(param_dtype) if dw_part is not None else None
-    db = db_part.sum(0).to(param_dtype) if db_part is not None else None
+    sums = sum_partials(parts, (param_dtype,) * n_bufs, eager=eager)
+    dw = sums[0] if weight is not None else None
+    db = sums[-1] if has_bias else None
     return dx, dw, db
 
 
@@ -349,8 +378,7 @@ class _LayerNormEager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
-        with direct_launch():
-            y, mean, rstd = layer_norm_fwd(x, weight, bias, eps)
+        y, mean, rstd = layer_norm_fwd(x, weight, bias, eps, eager=True)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.has_bias = bias is not None
         return y
@@ -358,8 +386,7 @@ class _LayerNormEager(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: Tensor):
         x, weight, mean, rstd = ctx.saved_tensors
-        with direct_launch():
-            dx, dw, db = layer_norm_bwd(dy, x, weight, mean, rstd, ctx.has_bias)
+        dx, dw, db = layer_norm_bwd(dy, x, weight, mean, rstd, ctx.has_bias, eager=True)
         return dx, dw, db, None
 
 

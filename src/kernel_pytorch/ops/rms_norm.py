@@ -17,10 +17,10 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from kernel_pytorch.ops import _triton
-from kernel_pytorch.ops._triton import as_rows, backward_programs, direct_launch, row_launch, row_stride
+from kernel_pytorch.ops._partials import sum_partials
+from kernel_pytorch.ops._triton import Launcher, as_rows, backward_schedule, row_launch, row_stride
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward, rms_norm_rstd
 
@@ -98,20 +98,33 @@ def _rms_norm_bwd_kernel(
         mask = cols < n_cols
         w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
         dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
-        # software pipelining by hand (PREFETCH): the next row's loads are issued before this row's
-        # math, so each program keeps two rows of traffic in flight
-        first = pid.to(tl.int64)
-        dy_next = tl.load(DY + first * stride_dy + cols, mask=mask, other=0.0)
-        x_next = tl.load(X + first * stride_x + cols, mask=mask, other=0.0)
+        # software pipelining by hand: the next PREFETCH rows' loads are issued before this row's
+        # math, so each program keeps PREFETCH + 1 rows of traffic in flight; indices past the end
+        # are clamped (the last iterations re-read a row instead of running off the tensor)
+        last = n_rows - 1
+        if PREFETCH >= 1:
+            nxt = pid.to(tl.int64)
+            dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+            x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
+        if PREFETCH == 2:
+            nxt = tl.minimum(pid.to(tl.int64) + n_progs, last)
+            dy_next2 = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+            x_next2 = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
         for row in range(pid, n_rows, n_progs):
             r64 = tl.cast(row, tl.int64)
-            if PREFETCH:
+            if PREFETCH >= 1:
                 dy = dy_next.to(tl.float32)
                 x = x_next.to(tl.float32)
-                # clamped: the last iteration re-reads its own row instead of running past the end
-                nxt = tl.minimum(r64 + n_progs, n_rows - 1)
-                dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-                x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
+                if PREFETCH == 2:
+                    dy_next = dy_next2
+                    x_next = x_next2
+                    nxt = tl.minimum(r64 + 2 * n_progs, last)
+                    dy_next2 = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+                    x_next2 = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
+                else:
+                    nxt = tl.minimum(r64 + n_progs, last)
+                    dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+                    x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
             else:
                 dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
                 x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
@@ -159,8 +172,13 @@ def _rms_norm_bwd_kernel(
                 tl.store(part_row + cols, prev + dy * x_hat.to(X.dtype.element_ty).to(tl.float32), mask=mask)
 
 
+_fwd_kernel = Launcher(_rms_norm_fwd_kernel)
+_bwd_kernel = Launcher(_rms_norm_bwd_kernel)
+
+
 def rms_norm_fwd(
-    x: Tensor, weight: Tensor, eps: float, offset: float, residual: Tensor | None = None
+    x: Tensor, weight: Tensor, eps: float, offset: float, residual: Tensor | None = None,
+    *, eager: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the forward kernel.
 
@@ -168,6 +186,7 @@ def rms_norm_fwd(
         x: (..., D) CUDA tensor (or CPU under TRITON_INTERPRET=1), fp32/bf16/fp16, any strides.
         weight: (D,) tensor on x's device.
         residual: optional (..., D) tensor added to x first (fused add + norm).
+        eager: launch directly (the eager autograd.Function) rather than through wrap_triton.
     Returns:
         y of x's shape and dtype (contiguous), rstd fp32 of shape x.shape[:-1], and h = x + residual
         (contiguous) when a residual is given, else None.
@@ -182,23 +201,25 @@ def rms_norm_fwd(
     r2 = as_rows(residual) if residual is not None else x2
     weight = weight.contiguous()
     launch = row_launch(n_cols, x.element_size(), _FWD_ELEMENTS_PER_THREAD)
-    wrap_triton(_rms_norm_fwd_kernel)[(n_rows,)](
-        x2, r2, h if h is not None else y, weight, y, rstd,
+    _fwd_kernel(
+        (n_rows,), x2, r2, h if h is not None else y, weight, y, rstd,
         row_stride(x2), row_stride(r2), n_cols, n_cols, eps, offset,
         BLOCK=launch.block, SINGLE_PASS=launch.single_pass, HAS_RESIDUAL=residual is not None,
-        num_warps=launch.num_warps,
+        num_warps=launch.num_warps, eager=eager,
     )
     return y, rstd, h
 
 
 def rms_norm_bwd(
-    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, dres: Tensor | None = None
+    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, dres: Tensor | None = None,
+    *, eager: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Launch the backward kernel and reduce the per-program weight-gradient partials.
 
     Args:
         dy: (..., D) upstream gradient; x: (..., D) the normalised input; weight: (D,);
         rstd: x.shape[:-1]; dres: optional (..., D) gradient added to dx (the residual stream's).
+        eager: launch directly rather than through wrap_triton.
     Returns:
         dx of x's shape and dtype, dweight of weight's shape and dtype.
     """
@@ -211,16 +232,16 @@ def rms_norm_bwd(
         return dx, torch.zeros_like(weight)
     weight, rstd = weight.contiguous(), rstd.contiguous()
     launch = row_launch(n_cols, x.element_size(), _BWD_ELEMENTS_PER_THREAD)
-    n_progs = backward_programs(n_rows, x.device, launch)
+    n_progs, prefetch = backward_schedule(n_rows, x.device, launch)
     dw_part = torch.empty((n_progs, n_cols), dtype=torch.float32, device=x.device)
-    wrap_triton(_rms_norm_bwd_kernel)[(n_progs,)](
-        dy2, x2, weight, rstd, dres2, dx, dw_part,
+    _bwd_kernel(
+        (n_progs,), dy2, x2, weight, rstd, dres2, dx, dw_part,
         row_stride(dy2), row_stride(x2), row_stride(dres2), n_cols, n_rows, n_cols, offset,
         BLOCK=launch.block, SINGLE_PASS=launch.single_pass, HAS_DRES=dres is not None,
-        PREFETCH=launch.block <= _triton.PREFETCH_MAX_BLOCK, num_warps=launch.num_warps,
+        PREFETCH=prefetch, num_warps=launch.num_warps, eager=eager,
     )
     # second reduction over a fixed number of partials in a fixed order: deterministic
-    return dx, dw_part.sum(0).to(weight.dtype)
+    return dx, sum_partials(dw_part, (weight.dtype,), eager=eager)[0]
 
 
 def _fwd_reference(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
@@ -291,8 +312,7 @@ class _RMSNormEager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
-        with direct_launch():
-            y, rstd, _ = rms_norm_fwd(x, weight, eps, offset)
+        y, rstd, _ = rms_norm_fwd(x, weight, eps, offset, eager=True)
         ctx.save_for_backward(x, weight, rstd)
         ctx.offset = offset
         return y
@@ -300,8 +320,7 @@ class _RMSNormEager(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: Tensor):
         x, weight, rstd = ctx.saved_tensors
-        with direct_launch():
-            dx, dw = rms_norm_bwd(dy, x, weight, rstd, ctx.offset)
+        dx, dw = rms_norm_bwd(dy, x, weight, rstd, ctx.offset, eager=True)
         return dx, dw, None, None
 
 

@@ -3,6 +3,8 @@
 Providers:
     ours     kernel_pytorch.functional.{rms_norm, layer_norm, add_rms_norm}; backend="triton" on CUDA
              (on CPU the registered ops' CPU kernels, which are the reference).
+    ours-auto  the same with backend="auto", what a default call gets; rows only where that differs
+             from "ours" (LayerNorm on CUDA: see kernel_pytorch.functional).
     eager    the code as Hugging Face transformers writes it (LlamaRMSNorm's forward;
              torch.nn.functional.layer_norm; `h = x + residual` then the same norm).
     compile  torch.compile(fullgraph=True, dynamic=False) of that eager code.
@@ -48,7 +50,7 @@ from kernel_pytorch.validation.compare import TensorCheck, check_tensor
 
 NAME = "norms"
 OPS = ("rms_norm", "layer_norm", "add_rms_norm")
-PROVIDERS = ("ours", "eager", "compile", "liger")
+PROVIDERS = ("ours", "ours-auto", "eager", "compile", "liger")
 PASSES = ("fwd", "fwd+bwd")
 RMS_EPS = 1e-5  # Llama-3's rms_norm_eps
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default
@@ -369,6 +371,13 @@ def _provider_fn(op: str, provider: str, device: torch.device) -> tuple[Any, str
         if device.type == "cuda":
             return _ours(op, "triton"), "ok", ""
         return _ours(op, "auto"), "ok", "cpu: the registered op's CPU kernel (the reference); Triton runs on CUDA"
+    if provider == "ours-auto":
+        # what a default call gets: it differs from "ours" only for LayerNorm on CUDA
+        if device.type != "cuda" or op != "layer_norm":
+            return None, "same", ""
+        return _ours(op, "auto"), "ok", (
+            "backend='auto': ATen's fused layer_norm for gradient-recording calls on at most "
+            f"{kpf.ATEN_LAYER_NORM_MAX_NUMEL} elements (so fwd+bwd at small shapes), our kernels otherwise")
     if provider == "compile":
         return torch.compile(_eager(op), fullgraph=True, dynamic=False), "ok", ""
     if provider == "liger":
@@ -492,6 +501,8 @@ def _measure(
     # overhead of eager dispatch and autograd (which dominates the launch-bound shape, and on a slow
     # host CPU even fwd+bwd at large shapes)
     graph = dev.type == "cuda"
+    if status == "same":  # the provider runs exactly another provider's code here: no rows
+        return [], None
     if status != "ok":
         return [_row(op, shape, dtype, provider, p, status=status, note=note) for p in PASSES], None
     try:
