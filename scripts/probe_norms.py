@@ -99,8 +99,7 @@ def sweep() -> None:
     # each variant sets attributes on (module, name); {} is the committed configuration
     variants = [
         {},
-        {(_triton, "PREFETCH_DEPTH"): 2},
-        {(_triton, "PROGRAMS_PER_SM"): 1, (_triton, "PREFETCH_DEPTH"): 2},
+        {(_triton, "PROGRAMS_PER_SM"): 1},
         {(_triton, "PROGRAMS_PER_SM"): 1, (rms_mod, "_BWD_ELEMENTS_PER_THREAD"): 4,
          (ln_mod, "_BWD_ELEMENTS_PER_THREAD"): 8},
     ]

@@ -7,12 +7,10 @@ import pytest
 from kernel_pytorch.ops import _triton
 
 
-@pytest.fixture(params=["fused", "fused-prefetch2", "looped"])
+@pytest.fixture(params=["fused", "looped"])
 def row_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test on every kernel path: whole row in registers (backward prefetching one or two rows
-    ahead), and the column-block loop (forced on small rows by lowering the fused limit)."""
-    if request.param == "fused-prefetch2":
-        monkeypatch.setattr(_triton, "PREFETCH_DEPTH", 2)
+    """Run a test on both kernel paths: whole row in registers, and the column-block loop (forced on
+    small rows by lowering the fused limit)."""
     if request.param == "looped":
         monkeypatch.setattr(_triton, "MAX_FUSED_COLS", 16)
         monkeypatch.setattr(_triton, "LOOP_BLOCK", 16)

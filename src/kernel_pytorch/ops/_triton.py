@@ -67,17 +67,16 @@ def row_launch(
 # Persistent programs per SM in the backward row loops: two keep enough loads in flight to hide
 # memory latency on rows up to PREFETCH_MAX_BLOCK; wider rows have the registers for one.
 PROGRAMS_PER_SM = 2
-# The backward prefetches the next PREFETCH_DEPTH rows while computing this one, up to this row width;
-# wider rows would spill the extra registers.
+# The backward prefetches the next row while computing this one, up to this row width; wider rows
+# would spill the doubled registers. Two rows ahead measured slower (benchmarks/NOTES.md, v4).
 PREFETCH_MAX_BLOCK = 8192
-PREFETCH_DEPTH = 1
 
 
-def backward_schedule(n_rows: int, device: torch.device, launch: RowLaunch) -> tuple[int, int]:
-    """(persistent programs, rows prefetched ahead) for a backward row loop launched with `launch`."""
+def backward_schedule(n_rows: int, device: torch.device, launch: RowLaunch) -> tuple[int, bool]:
+    """(persistent programs, whether to prefetch the next row) for a backward row loop."""
     if launch.block > PREFETCH_MAX_BLOCK:
-        return persistent_programs(n_rows, device, 1), 0
-    return persistent_programs(n_rows, device, PROGRAMS_PER_SM), PREFETCH_DEPTH if launch.single_pass else 0
+        return persistent_programs(n_rows, device, 1), False
+    return persistent_programs(n_rows, device, PROGRAMS_PER_SM), launch.single_pass
 
 
 @functools.cache

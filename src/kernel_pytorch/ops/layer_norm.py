@@ -120,31 +120,20 @@ def _layer_norm_bwd_kernel(
             w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
         dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
         db_acc = tl.zeros([BLOCK], dtype=tl.float32)
-        # software pipelining by hand (PREFETCH rows ahead), as in ops/rms_norm.py
+        # software pipelining by hand (PREFETCH), as in ops/rms_norm.py
         last = n_rows - 1
-        if PREFETCH >= 1:
+        if PREFETCH:
             nxt = pid.to(tl.int64)
             dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
             x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
-        if PREFETCH == 2:
-            nxt = tl.minimum(pid.to(tl.int64) + n_progs, last)
-            dy_next2 = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-            x_next2 = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
         for row in range(pid, n_rows, n_progs):
             r64 = tl.cast(row, tl.int64)
-            if PREFETCH >= 1:
+            if PREFETCH:
                 dy = dy_next.to(tl.float32)
                 x = x_next.to(tl.float32)
-                if PREFETCH == 2:
-                    dy_next = dy_next2
-                    x_next = x_next2
-                    nxt = tl.minimum(r64 + 2 * n_progs, last)
-                    dy_next2 = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-                    x_next2 = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
-                else:
-                    nxt = tl.minimum(r64 + n_progs, last)
-                    dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-                    x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
+                nxt = tl.minimum(r64 + n_progs, last)
+                dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+                x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
             else:
                 dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
                 x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)

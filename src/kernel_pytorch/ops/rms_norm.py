@@ -98,33 +98,22 @@ def _rms_norm_bwd_kernel(
         mask = cols < n_cols
         w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
         dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
-        # software pipelining by hand: the next PREFETCH rows' loads are issued before this row's
-        # math, so each program keeps PREFETCH + 1 rows of traffic in flight; indices past the end
-        # are clamped (the last iterations re-read a row instead of running off the tensor)
+        # software pipelining by hand (PREFETCH): the next row's loads are issued before this row's
+        # math, so each program keeps two rows of traffic in flight; the index past the end is
+        # clamped (the last iteration re-reads its own row instead of running off the tensor)
         last = n_rows - 1
-        if PREFETCH >= 1:
+        if PREFETCH:
             nxt = pid.to(tl.int64)
             dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
             x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
-        if PREFETCH == 2:
-            nxt = tl.minimum(pid.to(tl.int64) + n_progs, last)
-            dy_next2 = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-            x_next2 = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
         for row in range(pid, n_rows, n_progs):
             r64 = tl.cast(row, tl.int64)
-            if PREFETCH >= 1:
+            if PREFETCH:
                 dy = dy_next.to(tl.float32)
                 x = x_next.to(tl.float32)
-                if PREFETCH == 2:
-                    dy_next = dy_next2
-                    x_next = x_next2
-                    nxt = tl.minimum(r64 + 2 * n_progs, last)
-                    dy_next2 = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-                    x_next2 = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
-                else:
-                    nxt = tl.minimum(r64 + n_progs, last)
-                    dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-                    x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
+                nxt = tl.minimum(r64 + n_progs, last)
+                dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
+                x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
             else:
                 dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
                 x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
