@@ -3,17 +3,22 @@
 backend:
     "auto"      Triton kernels on CUDA; on CPU the registered op's reference kernel; the pure-torch
                 reference anywhere else. Why the Triton path is not taken is logged once.
-                One exception, also logged once: a LayerNorm call that records gradients in eager
-                mode on at most ATEN_LAYER_NORM_MAX_NUMEL elements runs ATen's fused layer_norm.
-                There the call is host-bound: ATen's single C++ autograd node costs ~100 us of host
-                time per fwd+bwd on our GPU host, our Python autograd.Function and three launches
-                ~230 us, against tens of microseconds of GPU work (benchmarks/NOTES.md).
+                One exception, also logged once: `layer_norm` runs ATen's fused layer_norm, whether or
+                not the Triton path is active, for an eager call (not compiling) that records gradients
+                (grad mode on; x, weight or bias requires grad) on a non-empty CUDA x of at most
+                ATEN_LAYER_NORM_MAX_NUMEL elements and a kernel dtype (fp32/bf16/fp16), with weight and
+                bias (where given) of x's dtype. There the call is host-bound: ATen's single C++
+                autograd node costs ~100 us of host time per fwd+bwd on our GPU host, our Python
+                autograd.Function and three launches ~230 us, against tens of microseconds of GPU
+                work (benchmarks/NOTES.md). That route runs our argument checks only when ATen
+                refuses the arguments; they then raise our error naming the argument (where they
+                pass, ATen's error stands).
+    "triton"    the Triton kernels, or a ValueError saying why they cannot run here.
+    "reference" the pure-torch specification in kernel_pytorch.reference (autograd through torch).
 
 In eager mode on CUDA the kernels are launched through a thin autograd.Function (same launchers, less
 host time than the op dispatcher); under torch.compile / torch.export the registered ops
 `torch.ops.kernel_pytorch.*` appear in the graph.
-    "triton"    the Triton kernels, or a ValueError saying why they cannot run here.
-    "reference" the pure-torch specification in kernel_pytorch.reference (autograd through torch).
 """
 
 from __future__ import annotations
@@ -34,10 +39,18 @@ Backend = Literal["auto", "triton", "reference"]
 # Elements up to which backend="auto" hands an eager, gradient-recording LayerNorm to ATen (measured
 # crossover on the H100 host: ATen faster at 8192x2048, ours at 16384x2048; benchmarks/NOTES.md).
 ATEN_LAYER_NORM_MAX_NUMEL = 1 << 24
+# A constant, so the once-only check is one dict lookup in log_once's cache.
+_ATEN_LAYER_NORM_LOG = (
+    "kernel_pytorch.layer_norm: backend='auto' runs ATen's fused layer_norm for eager CUDA calls that "
+    f"record gradients on at most {ATEN_LAYER_NORM_MAX_NUMEL} elements (host-bound there); "
+    "backend='triton' forces the kernels"
+)
 _BACKENDS = ("auto", "triton", "reference")
 
 
 def _check_float(name: str, t: Tensor) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a tensor (got {type(t).__name__})")
     if not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor (got {t.dtype})")
 
@@ -108,20 +121,39 @@ def _resolve(backend: str, op: str, x: Tensor, compiling: bool) -> Path:
     return "op" if x.device.type == "cpu" else "reference"
 
 
-def _host_bound_layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> bool:
-    """Whether an eager CUDA LayerNorm call is small enough, and records gradients, so that host time
-    decides its speed (ATen's fused op then wins); parameters of another dtype keep our kernels."""
-    if x.numel() > ATEN_LAYER_NORM_MAX_NUMEL or not torch.is_grad_enabled():
-        return False
-    params = [t for t in (weight, bias) if t is not None]
-    if any(t.dtype != x.dtype for t in params):
-        return False
-    return x.requires_grad or any(t.requires_grad for t in params)
+def _check_layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> None:
+    _check_rows(x)
+    _check_param("weight", weight, x)
+    _check_param("bias", bias, x)
+    _check_same_device("x", x, weight=weight, bias=bias)
 
 
-def rms_norm(
-    x: Tensor, weight: Tensor, eps: float = 1e-6, *, offset: float = 0.0, backend: Backend = "auto"
-) -> Tensor:
+def _aten_layer_norm_route(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, backend: str, compiling: bool
+) -> bool:
+    """Whether `layer_norm` hands a call whose x is on CUDA (the caller checks that) to ATen's fused
+    layer_norm: backend "auto", eager, non-empty and small enough that host time decides its speed,
+    recording gradients, and of dtypes our kernels take; parameters of another dtype keep our kernels.
+
+    Ordered so that the calls that do not qualify leave early; compiling first, so Dynamo never
+    guards on x.numel(). Never raises for arguments of the wrong type: those reach the checks.
+    """
+    if compiling or backend != "auto" or not torch.is_grad_enabled():
+        return False
+    # an empty x takes the checked path: ATen accepts an empty last dim, our checks reject it
+    if not 0 < x.numel() <= ATEN_LAYER_NORM_MAX_NUMEL:
+        return False
+    dtype = x.dtype
+    if dtype not in KERNEL_DTYPES:
+        return False
+    if weight is not None and getattr(weight, "dtype", None) is not dtype:
+        return False
+    if bias is not None and getattr(bias, "dtype", None) is not dtype:
+        return False
+    return x.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, *, offset: float = 0.0, backend: Backend = "auto") -> Tensor:
     """RMSNorm with HF-Llama semantics: (x * rstd).to(x.dtype) * (offset + weight).
 
     Args:
@@ -204,20 +236,24 @@ def layer_norm(
         (..., D) tensor of x's dtype.
     """
     compiling = torch.compiler.is_compiling()
+    # getattr: a non-tensor x goes on to the checks, which name it
+    if getattr(x, "is_cuda", False) and _aten_layer_norm_route(x, weight, bias, backend, compiling):
+        log_once(_ATEN_LAYER_NORM_LOG)
+        try:
+            # F.layer_norm less its Python: the binding handles __torch_function__ itself, and its
+            # trailing cudnn_enable (F.layer_norm reads torch.backends.cudnn.enabled, ~0.2 us) is
+            # ignored by ATen, so it keeps its default
+            return torch.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+        except (RuntimeError, TypeError, ValueError, IndexError) as err:  # IndexError: 0-dim x
+            aten_error = err
+        # ATen refused the arguments: our checks name the bad one (raised outside the handler, so not
+        # chained to ATen's message); if they all pass, ATen's own error stands
+        _check_layer_norm(x, weight, bias)
+        raise aten_error
     if not compiling:
-        _check_rows(x)
-        _check_param("weight", weight, x)
-        _check_param("bias", bias, x)
-        _check_same_device("x", x, weight=weight, bias=bias)
+        _check_layer_norm(x, weight, bias)
     path = _resolve(backend, "layer_norm", x, compiling)
     if path == "eager":
-        if backend == "auto" and _host_bound_layer_norm(x, weight, bias):
-            log_once(
-                "kernel_pytorch.layer_norm: backend='auto' runs ATen's fused layer_norm for eager calls that "
-                f"record gradients on at most {ATEN_LAYER_NORM_MAX_NUMEL} elements (host-bound there); "
-                "backend='triton' forces the kernels"
-            )
-            return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
         return layer_norm_eager(x, weight, bias, float(eps))
     if path == "op":
         return torch.ops.kernel_pytorch.layer_norm_fwd(x, weight, bias, float(eps))[0]
