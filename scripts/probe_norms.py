@@ -97,16 +97,22 @@ def sweep() -> None:
     from kernel_pytorch.ops import rms_norm as rms_mod
 
     # each variant sets attributes on (module, name); {} is the committed configuration
-    variants = [
+    T = _triton
+    one_row, two_rows = T.RowTiling(tile=1, programs_per_sm=2), T.RowTiling(tile=2, programs_per_sm=1)
+    row_variants = [
         {},
-        {(_triton, "PROGRAMS_PER_SM"): 1},
-        {(_triton, "PROGRAMS_PER_SM"): 1, (rms_mod, "_BWD_ELEMENTS_PER_THREAD"): 4,
-         (ln_mod, "_BWD_ELEMENTS_PER_THREAD"): 8},
+        {(rms_mod, "BWD_TILING"): one_row, (ln_mod, "BWD_TILING"): two_rows},
     ]
-    defaults = {key: getattr(*key) for v in variants for key in v}
+    split_variants = [
+        {},
+        {(T, "SPLIT_COL_BLOCK"): 2048},
+        {(T, "SPLIT_PROGRAMS_PER_SM"): 4},
+    ]
+    defaults = {key: getattr(*key) for v in row_variants + split_variants for key in v}
     ceil = copy_bw()
     print(f"copy ceiling {ceil:.0f} GB/s")
-    for n, d in [(16384, 4096), (2048, 16384), (4096, 1024)]:
+    for n, d, variants in [(16384, 4096, row_variants), (4096, 1024, row_variants),
+                           (2048, 16384, split_variants), (256, 262144, split_variants)]:
         x = torch.randn(n, d, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(d, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(d, device="cuda", dtype=torch.bfloat16)
@@ -115,19 +121,43 @@ def sweep() -> None:
         for v in variants:
             for (mod, k), val in {**defaults, **v}.items():
                 setattr(mod, k, val)
+            _triton.row_launch.cache_clear()
             _, rstd = fwd_op(x, w, 1e-6, 0.0)
             _, mean, lrstd = ln_fwd(x, w, b, 1e-5)
             f = graph_ms(lambda: fwd_op(x, w, 1e-6, 0.0))
             bw = graph_ms(lambda: bwd_op(dy, x, w, rstd, 0.0))
             lf = graph_ms(lambda: ln_fwd(x, w, b, 1e-5))
             lb = graph_ms(lambda: ln_bwd(dy, x, w, mean, lrstd, True))
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            bwd_op(dy, x, w, rstd, 0.0)
+            rms_peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+            torch.cuda.reset_peak_memory_stats()
+            ln_bwd(dy, x, w, mean, lrstd, True)
+            ln_peak = (torch.cuda.max_memory_allocated() - base) / 2**20
             pct = lambda k, ms: k * nb / ms / 1e6 / ceil * 100  # noqa: E731
-            label = ", ".join(f"{k}={val}" for (_, k), val in v.items()) or "committed"
-            print(f"{n}x{d} {label:60s} rms fwd {f*1e3:6.1f}us {pct(2, f):5.1f}% "
-                  f"bwd {bw*1e3:6.1f}us {pct(3, bw):5.1f}% f+b {pct(5, f + bw):5.1f}% | "
-                  f"ln fwd {pct(2, lf):5.1f}% bwd {pct(3, lb):5.1f}% f+b {pct(5, lf + lb):5.1f}%")
+            label = ", ".join(f"{mod.__name__.rsplit('.', 1)[-1]}.{k}={val}" for (mod, k), val in v.items())
+            label = label.replace("RowTiling", "") or "committed"
+            print(f"{n}x{d} {label:44s} rms fwd {f*1e3:6.1f}us {pct(2, f):5.1f}% "
+                  f"bwd {bw*1e3:6.1f}us {pct(3, bw):5.1f}% f+b {pct(5, f + bw):5.1f}% {rms_peak:6.1f}MiB | "
+                  f"ln fwd {pct(2, lf):5.1f}% bwd {lb*1e3:6.1f}us {pct(3, lb):5.1f}% f+b {pct(5, lf + lb):5.1f}% "
+                  f"{ln_peak:6.1f}MiB")
         for (mod, k), val in defaults.items():
             setattr(mod, k, val)
+        _triton.row_launch.cache_clear()
+    # registers and spills of every backward binary compiled above (constexprs say which variant)
+    for mod in (rms_mod, ln_mod):
+        for name in dir(mod):
+            fn = getattr(mod, name)
+            if not (name.endswith("_kernel") and hasattr(fn, "device_caches")):
+                continue
+            for cache in fn.device_caches.values():
+                for key, compiled in cache[0].items():
+                    try:
+                        print(f"regs {name} {compiled.metadata.num_warps}w n_regs={compiled.n_regs} "
+                              f"n_spills={compiled.n_spills} {str(key)[-160:]}")
+                    except AttributeError as exc:  # a Triton without these fields: say so, go on
+                        print(f"regs {name}: {exc}")
     # host time per call at a tiny shape (the GPU work is negligible): how fast each path issues work
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(256, device="cuda", dtype=torch.bfloat16)

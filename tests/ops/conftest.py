@@ -2,16 +2,58 @@
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Iterator
 
-from kernel_pytorch.ops import _triton
+import pytest
+import torch
+
+from kernel_pytorch.ops import _triton, layer_norm, rms_norm
 
 
 @pytest.fixture(params=["fused", "looped"])
-def row_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def row_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Run a test on both kernel paths: whole row in registers, and the column-block loop (forced on
     small rows by lowering the fused limit)."""
     if request.param == "looped":
         monkeypatch.setattr(_triton, "MAX_FUSED_COLS", 16)
         monkeypatch.setattr(_triton, "LOOP_BLOCK", 16)
-    return request.param
+    # row_launch memoises its answers, which depend on the limits patched here
+    _triton.row_launch.cache_clear()
+    yield request.param
+    _triton.row_launch.cache_clear()
+
+
+@pytest.fixture(params=["rows", "split"])
+def many_programs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Backward schedules with several programs, partial tiles and (split) several row groups on small
+    shapes: row mode with two-row tiles for every op, or split mode with column blocks narrower than
+    the chunks."""
+    if request.param == "split":
+        monkeypatch.setattr(_triton, "MAX_FUSED_COLS", 16)
+        monkeypatch.setattr(_triton, "LOOP_BLOCK", 16)
+        monkeypatch.setattr(_triton, "SPLIT_COL_BLOCK", 8)
+        monkeypatch.setattr(_triton, "SPLIT_TILE_ROWS", 2)
+    else:
+        for mod in (layer_norm, rms_norm):
+            monkeypatch.setattr(mod, "BWD_TILING", TWO_ROW_TILES)
+    _triton.row_launch.cache_clear()
+    yield request.param
+    _triton.row_launch.cache_clear()
+
+
+TWO_ROW_TILES = _triton.RowTiling(tile=2, programs_per_sm=1)
+
+
+def assert_schedule_covers_tails(mode: str, n_rows: int, n_cols: int, element_size: int) -> None:
+    """The schedule the backward uses for (n_rows, n_cols) on the device under test has what the
+    many_programs tests mean to exercise."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    launch = _triton.row_launch(n_cols, element_size, 8)
+    if mode == "split":
+        s = _triton.split_schedule(n_rows, n_cols, device, launch)
+        assert not launch.single_pass and s.groups > 1 and s.chunks > 1 and s.col_blocks > s.chunks
+        assert (n_rows % s.rows_per_group) % s.tile  # the last group ends in a partial tile
+    else:
+        s = _triton.row_schedule(n_rows, device, launch, TWO_ROW_TILES)
+        assert launch.single_pass and s.tile == 2 and s.prefetch and n_rows % 2
+        assert _triton.cdiv(n_rows, 2) > s.programs

@@ -18,6 +18,7 @@ from tests.grid import (
     randn,
     strided_rows,
 )
+from tests.ops.conftest import assert_schedule_covers_tails
 from tests.ops.norm_helpers import assert_budget, assert_close
 
 DEV = device_under_test()
@@ -85,6 +86,28 @@ def test_backward_is_bitwise_deterministic(row_path) -> None:
     first = layer_norm_bwd(dy, x, w, mean, rstd, True)
     second = layer_norm_bwd(dy, x, w, mean, rstd, True)
     assert all(torch.equal(a, c) for a, c in zip(first, second))
+
+
+@pytest.mark.parametrize("has_w,has_b", AFFINE)
+def test_backward_schedules_cover_tails(many_programs: str, has_w: bool, has_b: bool) -> None:
+    """Several programs per launch, tiles and row groups cut short, each affine combination."""
+    rows = 37 if DEV == "cpu" else 4 * torch.cuda.get_device_properties(0).multi_processor_count + 1
+    cols = 37
+    assert_schedule_covers_tails(many_programs, rows, cols, 2)
+    x = randn(rows, cols, dtype=torch.bfloat16, device=DEV)
+    w, b = _params(cols, torch.bfloat16, has_w, has_b)
+    dy = randn(rows, cols, dtype=torch.bfloat16, device=DEV)
+    _, mean, rstd = layer_norm_fwd(x, w, b, EPS)
+    with Poisoned():
+        dx, dw, db = layer_norm_bwd(dy, x, w, mean, rstd, has_b)
+    dx_ref, dw_ref, db_ref = R.layer_norm_backward(dy, x, w, mean, rstd, has_b)
+    assert_close(dx, dx_ref, "dx")
+    d64 = R.layer_norm_backward(
+        dy.double(), x.double(), w.double() if has_w else None, *layer_norm_stats(x.double(), EPS), has_b)
+    for name, got, ref, ref64 in (("dweight", dw, dw_ref, d64[1]), ("dbias", db, db_ref, d64[2])):
+        assert (got is None) == (ref is None), name
+        if got is not None:
+            assert_budget(got, ref, ref64, name)
 
 
 @pytest.mark.parametrize("has_w,has_b", AFFINE)

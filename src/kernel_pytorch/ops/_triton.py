@@ -64,19 +64,85 @@ def row_launch(
     return RowLaunch(block=block, single_pass=single, num_warps=num_warps)
 
 
-# Persistent programs per SM in the backward row loops: two keep enough loads in flight to hide
-# memory latency on rows up to PREFETCH_MAX_BLOCK; wider rows have the registers for one.
-PROGRAMS_PER_SM = 2
-# The backward prefetches the next row while computing this one, up to this row width; wider rows
-# would spill the doubled registers. Two rows ahead measured slower (benchmarks/NOTES.md, v4).
+# The backward's row mode (the row fits in registers): a persistent grid of programs, each walking
+# tiles of rows and keeping one fp32 partial row per parameter gradient. Each op picks its tile and
+# programs per SM (RowTiling): one two-row program per SM keeps the partials to one row per SM at the
+# same warps per SM as two one-row programs (benchmarks/NOTES.md, v5).
+# The backward prefetches the next tile while computing this one, up to this row width; wider rows
+# would spill the doubled registers and run one row per tile, one program per SM. Two tiles ahead
+# measured slower (v4).
 PREFETCH_MAX_BLOCK = 8192
 
+# The backward's split mode (rows wider than the registers hold): a statistics pass writes each row's
+# sums per column chunk, then a column pass gives each program SPLIT_COL_BLOCK columns of a group of
+# rows, so weight-gradient partials are one row per row group (not per program of a row loop) and no
+# partial row is read back and rewritten once per row.
+SPLIT_COL_BLOCK = 1024
+SPLIT_TILE_ROWS = 4
+SPLIT_PROGRAMS_PER_SM = 2
+SPLIT_WARPS = 8
 
-def backward_schedule(n_rows: int, device: torch.device, launch: RowLaunch) -> tuple[int, bool]:
-    """(persistent programs, whether to prefetch the next row) for a backward row loop."""
+
+@dataclass(frozen=True)
+class RowTiling:
+    """An op's row-mode choice: rows per tile and persistent programs per SM."""
+
+    tile: int
+    programs_per_sm: int
+
+
+@dataclass(frozen=True)
+class RowSchedule:
+    """Row mode: `programs` persistent programs over tiles of `tile` rows."""
+
+    programs: int
+    tile: int
+    prefetch: bool
+
+
+@dataclass(frozen=True)
+class SplitSchedule:
+    """Split mode. Statistics pass: grid (rows, chunks), `chunks` column blocks of the row launch's
+    block. Column pass: grid (column blocks of `col_block`, `groups`), each program walking
+    `rows_per_group` rows (the last group fewer) in tiles of `tile` rows."""
+
+    chunks: int
+    col_block: int
+    col_blocks: int
+    groups: int
+    rows_per_group: int
+    tile: int
+    num_warps: int
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def row_schedule(n_rows: int, device: torch.device, launch: RowLaunch, tiling: RowTiling) -> RowSchedule:
+    """How a backward row loop runs rows of `launch` (a single-pass launch) on `device`; the
+    program runs with `launch.num_warps` whatever its tile (each thread holds its share of every
+    tile row)."""
     if launch.block > PREFETCH_MAX_BLOCK:
-        return persistent_programs(n_rows, device, 1), False
-    return persistent_programs(n_rows, device, PROGRAMS_PER_SM), launch.single_pass
+        return RowSchedule(persistent_programs(n_rows, device, 1), 1, False)
+    programs = persistent_programs(cdiv(n_rows, tiling.tile), device, tiling.programs_per_sm)
+    return RowSchedule(programs, tiling.tile, True)
+
+
+def split_schedule(n_rows: int, n_cols: int, device: torch.device, launch: RowLaunch) -> SplitSchedule:
+    """How a split-mode backward covers (n_rows, n_cols) on `device`; `launch` is the looping launch."""
+    col_block = min(SPLIT_COL_BLOCK, launch.block)
+    col_blocks = cdiv(n_cols, col_block)
+    tile = SPLIT_TILE_ROWS
+    n_tiles = cdiv(n_rows, tile)
+    target = persistent_programs(1 << 30, device, SPLIT_PROGRAMS_PER_SM)
+    groups = max(1, min(n_tiles, cdiv(target, col_blocks)))
+    rows_per_group = cdiv(n_tiles, groups) * tile
+    warps = next_power_of_2(min(SPLIT_WARPS, max(1, tile * col_block // 256)))
+    return SplitSchedule(
+        chunks=cdiv(n_cols, launch.block), col_block=col_block, col_blocks=col_blocks,
+        groups=cdiv(n_rows, rows_per_group), rows_per_group=rows_per_group, tile=tile, num_warps=warps,
+    )
 
 
 @functools.cache
@@ -85,12 +151,13 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def persistent_programs(n_rows: int, device: torch.device, per_sm: int | None = None) -> int:
-    """Programs for a persistent row loop (each owns one fp32 row of weight-gradient partials)."""
+def persistent_programs(n_work: int, device: torch.device, per_sm: int) -> int:
+    """Programs for a persistent loop over `n_work` items: `per_sm` per SM, at most one per item
+    (on CPU, the interpreter, as if there were four SMs)."""
     if device.type != "cuda":
-        return max(1, min(n_rows, 4))
+        return max(1, min(n_work, 4 * per_sm))
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return max(1, min(n_rows, sm_count(index) * (per_sm or PROGRAMS_PER_SM)))
+    return max(1, min(n_work, sm_count(index) * per_sm))
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,9 @@ Math (see reference/layer_norm.py), for x (rows, D), optional weight and bias (D
 
 Forward: one program per row; the variance is taken around the mean (two passes over the row, in
 registers when it fits) so large offsets do not cancel. mean and rstd (fp32) are saved.
-Backward: a persistent grid of programs, as in ops/rms_norm.py; dweight and dbias partials per program
-are summed in a fixed order afterwards (ops/_partials.py): no atomics, bitwise-reproducible.
+Backward: row mode or split mode, as in ops/rms_norm.py (the split statistics pass writes both row
+sums); dweight and dbias partials are summed in a fixed order afterwards (ops/_partials.py): no
+atomics, bitwise-reproducible.
 """
 
 from __future__ import annotations
@@ -23,7 +24,17 @@ from torch import Tensor
 from torch.library import triton_op
 
 from kernel_pytorch.ops._partials import sum_partials
-from kernel_pytorch.ops._triton import Launcher, as_rows, backward_schedule, row_launch, row_stride
+from kernel_pytorch.ops._tiles import load_rows, tile_rows
+from kernel_pytorch.ops._triton import (
+    Launcher,
+    RowTiling,
+    as_rows,
+    next_power_of_2,
+    row_launch,
+    row_schedule,
+    row_stride,
+    split_schedule,
+)
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.layer_norm import layer_norm, layer_norm_backward, layer_norm_stats
 
@@ -35,6 +46,9 @@ _BWD_ELEMENTS_PER_THREAD = 16
 # accumulators for a 16K row spills registers (measured 20% of copy bandwidth, benchmarks/NOTES.md).
 _BWD_MAX_FUSED_COLS = 8192
 _FWD_MAX_FUSED_COLS = 16384
+# Row-mode backward: one-row tiles, two programs per SM. One two-row program per SM would halve the
+# partial rows (to Liger-Kernel's count) but measured 86% of copy against 90% (benchmarks/NOTES.md, v5).
+BWD_TILING = RowTiling(tile=1, programs_per_sm=2)
 
 
 @triton.jit
@@ -102,105 +116,141 @@ def _add_pair(a1, b1, a2, b2):
 def _layer_norm_bwd_kernel(
     DY, X, W, MEAN, RSTD, DX, PART,
     stride_dy, stride_x, stride_dx, n_rows, n_cols,
-    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    PREFETCH: tl.constexpr, EVEN: tl.constexpr,
 ):
+    # Row mode, as in ops/rms_norm.py: program pid walks tiles pid, pid + G, ... of ROWS rows.
+    # PART is (HAS_W + HAS_B, programs, n_cols): the weight's partial rows first, then the bias's
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
-    # PART is (HAS_W + HAS_B, programs, n_cols): the weight's partial rows first, then the bias's
-    DW_PART = PART + pid.to(tl.int64) * n_cols
+    cols = tl.arange(0, BLOCK)
+    col_ok = cols < n_cols
     if HAS_W:
-        DB_PART = DW_PART + n_progs.to(tl.int64) * n_cols
-    else:
-        DB_PART = DW_PART
-    if SINGLE_PASS:
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        if HAS_W:
-            w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-        dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
-        db_acc = tl.zeros([BLOCK], dtype=tl.float32)
-        # software pipelining by hand (PREFETCH), as in ops/rms_norm.py
-        last = n_rows - 1
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    db_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    if PREFETCH:
+        nxt, _ = tile_rows(pid * ROWS, ROWS, n_rows)
+        dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
+        x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+    for tile in range(pid, tl.cdiv(n_rows, ROWS), n_progs):
+        rows, row_ok = tile_rows(tile * ROWS, ROWS, n_rows)
         if PREFETCH:
-            nxt = pid.to(tl.int64)
-            dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-            x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
-        for row in range(pid, n_rows, n_progs):
-            r64 = tl.cast(row, tl.int64)
-            if PREFETCH:
-                dy = dy_next.to(tl.float32)
-                x = x_next.to(tl.float32)
-                nxt = tl.minimum(r64 + n_progs, last)
-                dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-                x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
-            else:
-                dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-                x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-            mean = tl.load(MEAN + r64)
-            rstd = tl.load(RSTD + r64)
-            x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
-            if HAS_W:
-                dw_acc += dy * x_hat
-                g = dy * w
-            else:
-                g = dy
-            if HAS_B:
-                db_acc += dy
-            # both row sums in one reduction: one shared-memory exchange and barrier instead of two
-            s1, s2 = tl.reduce((g * x_hat, g), 0, _add_pair)
-            dx = (g - s2 / n_cols - x_hat * (s1 / n_cols)) * rstd
-            tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+            dy = dy_next.to(tl.float32)
+            x = x_next.to(tl.float32)
+            nxt, _ = tile_rows((tile + n_progs) * ROWS, ROWS, n_rows)
+            dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
+            x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+        else:
+            dy = load_rows(DY, rows, stride_dy, cols, col_ok).to(tl.float32)
+            x = load_rows(X, rows, stride_x, cols, col_ok).to(tl.float32)
+        mean = tl.load(MEAN + rows)[:, None]
+        rstd = tl.load(RSTD + rows)[:, None]
+        # EVEN (BLOCK == n_cols): no padding columns whose x_hat would have to be zeroed
+        x_hat = (x - mean) * rstd if EVEN else tl.where(col_ok[None, :], (x - mean) * rstd, 0.0)
+        real = row_ok[:, None]
+        # a repeated tail row contributes nothing to the parameter gradients, and its dx is not stored
+        dy = tl.where(real, dy, 0.0)
         if HAS_W:
-            tl.store(DW_PART + cols, dw_acc, mask=mask)
+            dw_acc += dy * x_hat
+            g = dy * w[None, :]
+        else:
+            g = dy
         if HAS_B:
-            tl.store(DB_PART + cols, db_acc, mask=mask)
-    else:
-        for row in range(pid, n_rows, n_progs):
-            r64 = tl.cast(row, tl.int64)
-            dy_row = DY + r64 * stride_dy
-            x_row = X + r64 * stride_x
-            mean = tl.load(MEAN + r64)
-            rstd = tl.load(RSTD + r64)
-            acc1 = tl.zeros([BLOCK], dtype=tl.float32)
-            acc2 = tl.zeros([BLOCK], dtype=tl.float32)
-            for start in range(0, n_cols, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                mask = cols < n_cols
-                dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-                x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
-                if HAS_W:
-                    g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-                else:
-                    g = dy
-                acc1 += g * x_hat
-                acc2 += g
-            c1 = tl.sum(acc1, axis=0) / n_cols
-            c2 = tl.sum(acc2, axis=0) / n_cols
-            not_first = r64 != pid.to(tl.int64)
-            for start in range(0, n_cols, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                mask = cols < n_cols
-                dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-                x_hat = (x - mean) * rstd
-                if HAS_W:
-                    g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-                    # this program's own partial row: read-modify-write, nobody else touches it
-                    prev = tl.where(not_first, tl.load(DW_PART + cols, mask=mask, other=0.0), 0.0)
-                    tl.store(DW_PART + cols, prev + dy * x_hat, mask=mask)
-                else:
-                    g = dy
-                if HAS_B:
-                    prev = tl.where(not_first, tl.load(DB_PART + cols, mask=mask, other=0.0), 0.0)
-                    tl.store(DB_PART + cols, prev + dy, mask=mask)
-                dx = (g - c2 - x_hat * c1) * rstd
-                tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+            db_acc += dy
+        # both row sums in one reduction: one shared-memory exchange and barrier instead of two
+        s1, s2 = tl.reduce((g * x_hat, g), 1, _add_pair)
+        dx = (g - s2[:, None] / n_cols - x_hat * (s1[:, None] / n_cols)) * rstd
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=real & col_ok[None, :])
+    part = PART + pid.to(tl.int64) * n_cols + cols
+    if HAS_W:
+        tl.store(part, tl.sum(dw_acc, axis=0), mask=col_ok)
+        part += n_progs.to(tl.int64) * n_cols
+    if HAS_B:
+        tl.store(part, tl.sum(db_acc, axis=0), mask=col_ok)
+
+
+@triton.jit
+def _layer_norm_bwd_stats_kernel(
+    DY, X, W, MEAN, RSTD, STATS, stride_dy, stride_x, n_rows, n_cols, n_chunks,
+    BLOCK: tl.constexpr, HAS_W: tl.constexpr,
+):
+    # Split mode, first pass: STATS[0, row, chunk] = sum of g * x_hat, STATS[1, row, chunk] = sum of g
+    # over the chunk's columns
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    g = tl.load(DY + row * stride_dy + cols, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_W:
+        g = g * tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+    x_hat = tl.where(ok, (x - tl.load(MEAN + row)) * tl.load(RSTD + row), 0.0)
+    s1, s2 = tl.reduce((g * x_hat, g), 0, _add_pair)
+    out = STATS + row * n_chunks + chunk
+    tl.store(out, s1)
+    tl.store(out + n_rows * n_chunks, s2)
+
+
+@triton.jit
+def _layer_norm_bwd_cols_kernel(
+    DY, X, W, MEAN, RSTD, STATS, DX, PART,
+    stride_dy, stride_x, stride_dx, n_rows, n_cols, n_chunks, rows_per_group,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, CHUNKS: tl.constexpr, HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+):
+    # Split mode, second pass, as in ops/rms_norm.py; PART is (HAS_W + HAS_B, groups, n_cols)
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < n_cols
+    group = tl.program_id(1)
+    start = group * rows_per_group
+    end = tl.minimum(start + rows_per_group, n_rows)
+    chunk = tl.arange(0, CHUNKS)
+    chunk_ok = chunk < n_chunks
+    if HAS_W:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    db_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    nxt, _ = tile_rows(start, ROWS, end)
+    dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
+    x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+    for first in range(start, end, ROWS):
+        rows, row_ok = tile_rows(first, ROWS, end)
+        dy = dy_next.to(tl.float32)
+        x = x_next.to(tl.float32)
+        nxt, _ = tile_rows(first + ROWS, ROWS, end)
+        dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
+        x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+        mean = tl.load(MEAN + rows)[:, None]
+        rstd = tl.load(RSTD + rows)[:, None]
+        # each row's two sums from its chunks, added in a fixed order
+        c1 = tl.sum(load_rows(STATS, rows, n_chunks, chunk, chunk_ok), axis=1)[:, None] / n_cols
+        c2 = tl.sum(load_rows(STATS + n_rows * n_chunks, rows, n_chunks, chunk, chunk_ok), axis=1)[:, None]
+        x_hat = (x - mean) * rstd
+        real = row_ok[:, None]
+        if HAS_W:
+            dw_acc += tl.where(real, dy * x_hat, 0.0)
+            g = dy * w[None, :]
+        else:
+            g = dy
+        if HAS_B:
+            db_acc += tl.where(real, dy, 0.0)
+        dx = (g - c2 / n_cols - x_hat * c1) * rstd
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=real & col_ok[None, :])
+    part = PART + group.to(tl.int64) * n_cols + cols
+    if HAS_W:
+        tl.store(part, tl.sum(dw_acc, axis=0), mask=col_ok)
+        part += tl.num_programs(1).to(tl.int64) * n_cols
+    if HAS_B:
+        tl.store(part, tl.sum(db_acc, axis=0), mask=col_ok)
 
 
 _fwd_kernel = Launcher(_layer_norm_fwd_kernel)
 _bwd_kernel = Launcher(_layer_norm_bwd_kernel)
+_bwd_stats_kernel = Launcher(_layer_norm_bwd_stats_kernel)
+_bwd_cols_kernel = Launcher(_layer_norm_bwd_cols_kernel)
 
 
 def layer_norm_fwd(
@@ -234,6 +284,14 @@ def layer_norm_fwd(
     return y, mean, rstd
 
 
+def _parts(n_bufs: int, n_rows: int, n_cols: int, like: Tensor) -> Tensor:
+    """The (n_bufs, n_rows, n_cols) fp32 partial buffer; with no parameters, `like` stands in (never
+    written: a zero-size tensor's null pointer is not a valid kernel argument)."""
+    if n_bufs == 0:
+        return like
+    return torch.empty((n_bufs, n_rows, n_cols), dtype=torch.float32, device=like.device)
+
+
 def layer_norm_bwd(
     dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, has_bias: bool,
     *, eager: bool = False,
@@ -257,17 +315,35 @@ def layer_norm_bwd(
         db = torch.zeros(n_cols, dtype=param_dtype, device=x.device) if has_bias else None
         return dx, dw, db
     launch = row_launch(n_cols, x.element_size(), _BWD_ELEMENTS_PER_THREAD, _BWD_MAX_FUSED_COLS)
-    n_progs, prefetch = backward_schedule(n_rows, x.device, launch)
+    w = weight.contiguous() if weight is not None else rstd  # rstd: never-read stand-in
+    mean, rstd = mean.contiguous(), rstd.contiguous()
+    strides = (row_stride(dy2), row_stride(x2), n_cols)
+    flags = dict(HAS_W=weight is not None, HAS_B=has_bias)
     # the weight's and the bias's partial rows in one buffer, reduced by one launch
     n_bufs = (weight is not None) + has_bias
-    parts = torch.empty((n_bufs, n_progs, n_cols), dtype=torch.float32, device=x.device) if n_bufs else rstd
-    _bwd_kernel(
-        (n_progs,), dy2, x2, weight.contiguous() if weight is not None else rstd,  # rstd: never-read stand-in
-        mean.contiguous(), rstd.contiguous(), dx, parts,
-        row_stride(dy2), row_stride(x2), n_cols, n_rows, n_cols,
-        BLOCK=launch.block, SINGLE_PASS=launch.single_pass,
-        HAS_W=weight is not None, HAS_B=has_bias, PREFETCH=prefetch, num_warps=launch.num_warps, eager=eager,
-    )
+    if launch.single_pass:
+        plan = row_schedule(n_rows, x.device, launch, BWD_TILING)
+        parts = _parts(n_bufs, plan.programs, n_cols, rstd)
+        _bwd_kernel(
+            (plan.programs,), dy2, x2, w, mean, rstd, dx, parts, *strides, n_rows, n_cols,
+            BLOCK=launch.block, ROWS=plan.tile, PREFETCH=plan.prefetch,
+            EVEN=launch.block == n_cols, num_warps=launch.num_warps, eager=eager, **flags,
+        )
+    else:
+        split = split_schedule(n_rows, n_cols, x.device, launch)
+        stats = torch.empty((2, n_rows, split.chunks), dtype=torch.float32, device=x.device)
+        _bwd_stats_kernel(
+            (n_rows, split.chunks), dy2, x2, w, mean, rstd, stats, strides[0], strides[1], n_rows, n_cols,
+            split.chunks, BLOCK=launch.block, HAS_W=weight is not None, num_warps=launch.num_warps,
+            eager=eager,
+        )
+        parts = _parts(n_bufs, split.groups, n_cols, rstd)
+        _bwd_cols_kernel(
+            (split.col_blocks, split.groups), dy2, x2, w, mean, rstd, stats, dx, parts, *strides,
+            n_rows, n_cols, split.chunks, split.rows_per_group,
+            BLOCK=split.col_block, ROWS=split.tile, CHUNKS=next_power_of_2(split.chunks),
+            num_warps=split.num_warps, eager=eager, **flags,
+        )
     if n_bufs == 0:
         return dx, None, None
     # second reduction over a fixed number of partials in a fixed order: deterministic

@@ -6,9 +6,12 @@ Math (see reference/rms_norm.py, the specification), for x (rows, D) and weight 
     dweight = sum_rows dy * x_hat
 
 Forward: one program per row; rstd (fp32, one per row) is saved for the backward.
-Backward: a persistent grid of one program per SM walks rows pid, pid + G, ...; each program keeps
-its dweight partial in fp32 (registers when the row fits, else its own row of the partial buffer) and
-the partials are summed in a second, fixed-order reduction: no atomics, bitwise-reproducible.
+Backward, row mode (the row fits in registers): a persistent grid of one program per SM walks
+tiles of rows; each program keeps its dweight partial in fp32 registers and writes it once.
+Backward, split mode (wider rows): a statistics pass writes each row's sum of g * x_hat per column
+chunk, then a column pass gives each program a column block of a group of rows, so the partials are
+one row per group. Either way the partials are summed in a second, fixed-order reduction
+(ops/_partials.py): no atomics, bitwise-reproducible.
 """
 
 from __future__ import annotations
@@ -20,7 +23,17 @@ from torch import Tensor
 from torch.library import triton_op
 
 from kernel_pytorch.ops._partials import sum_partials
-from kernel_pytorch.ops._triton import Launcher, as_rows, backward_schedule, row_launch, row_stride
+from kernel_pytorch.ops._tiles import load_rows, tile_rows
+from kernel_pytorch.ops._triton import (
+    Launcher,
+    RowTiling,
+    as_rows,
+    next_power_of_2,
+    row_launch,
+    row_schedule,
+    row_stride,
+    split_schedule,
+)
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward, rms_norm_rstd
 
@@ -28,6 +41,9 @@ from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward, rms_n
 # dy, x, weight and accumulators.
 _FWD_ELEMENTS_PER_THREAD = 16
 _BWD_ELEMENTS_PER_THREAD = 8
+# Row-mode backward: two-row tiles, one program per SM, so one fp32 partial row per SM (as many as
+# Liger-Kernel keeps) at 91% of copy, as fast as two one-row programs per SM (benchmarks/NOTES.md, v5).
+BWD_TILING = RowTiling(tile=2, programs_per_sm=1)
 
 
 @triton.jit
@@ -87,82 +103,108 @@ def _rms_norm_fwd_kernel(
 def _rms_norm_bwd_kernel(
     DY, X, W, RSTD, DRES, DX, DW_PART,
     stride_dy, stride_x, stride_dres, stride_dx, n_rows, n_cols, offset,
-    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_DRES: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_DRES: tl.constexpr, PREFETCH: tl.constexpr,
 ):
+    # Row mode: the whole row fits in BLOCK. Program pid walks tiles pid, pid + G, ... of ROWS rows.
     # HAS_DRES: dx += dres, the gradient reaching the residual stream directly (fused add+norm)
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
-    part_row = DW_PART + pid.to(tl.int64) * n_cols
-    if SINGLE_PASS:
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
-        dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
-        # software pipelining by hand (PREFETCH): the next row's loads are issued before this row's
-        # math, so each program keeps two rows of traffic in flight; the index past the end is
-        # clamped (the last iteration re-reads its own row instead of running off the tensor)
-        last = n_rows - 1
+    cols = tl.arange(0, BLOCK)
+    col_ok = cols < n_cols
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
+    dw_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    # software pipelining by hand (PREFETCH): the next tile's loads are issued before this tile's
+    # math, so two tiles of traffic are in flight; past the end the loads re-read the last row
+    if PREFETCH:
+        nxt, _ = tile_rows(pid * ROWS, ROWS, n_rows)
+        dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
+        x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+    for tile in range(pid, tl.cdiv(n_rows, ROWS), n_progs):
+        rows, row_ok = tile_rows(tile * ROWS, ROWS, n_rows)
         if PREFETCH:
-            nxt = pid.to(tl.int64)
-            dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-            x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
-        for row in range(pid, n_rows, n_progs):
-            r64 = tl.cast(row, tl.int64)
-            if PREFETCH:
-                dy = dy_next.to(tl.float32)
-                x = x_next.to(tl.float32)
-                nxt = tl.minimum(r64 + n_progs, last)
-                dy_next = tl.load(DY + nxt * stride_dy + cols, mask=mask, other=0.0)
-                x_next = tl.load(X + nxt * stride_x + cols, mask=mask, other=0.0)
-            else:
-                dy = tl.load(DY + r64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-                x = tl.load(X + r64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-            rstd = tl.load(RSTD + r64)
-            if HAS_DRES:  # issued before the reduction so its latency overlaps the math
-                dres = tl.load(DRES + r64 * stride_dres + cols, mask=mask, other=0.0).to(tl.float32)
-            x_hat = x * rstd
-            dw_acc += dy * x_hat.to(X.dtype.element_ty).to(tl.float32)
-            g = dy * w
-            c = tl.sum(g * x_hat, axis=0) / n_cols
-            dx = (g - x_hat * c) * rstd
-            if HAS_DRES:
-                dx += dres
-            tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
-        tl.store(part_row + cols, dw_acc, mask=mask)
-    else:
-        for row in range(pid, n_rows, n_progs):
-            r64 = tl.cast(row, tl.int64)
-            dy_row = DY + r64 * stride_dy
-            x_row = X + r64 * stride_x
-            rstd = tl.load(RSTD + r64)
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
-            for start in range(0, n_cols, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                mask = cols < n_cols
-                dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
-                acc += dy * w * x
-            c = tl.sum(acc, axis=0) * rstd / n_cols
-            not_first = r64 != pid.to(tl.int64)
-            for start in range(0, n_cols, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                mask = cols < n_cols
-                dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
-                x_hat = x * rstd
-                dx = (dy * w - x_hat * c) * rstd
-                if HAS_DRES:
-                    dx += tl.load(DRES + r64 * stride_dres + cols, mask=mask, other=0.0).to(tl.float32)
-                tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
-                # this program's own partial row: read-modify-write, nobody else touches it
-                prev = tl.where(not_first, tl.load(part_row + cols, mask=mask, other=0.0), 0.0)
-                tl.store(part_row + cols, prev + dy * x_hat.to(X.dtype.element_ty).to(tl.float32), mask=mask)
+            dy = dy_next.to(tl.float32)
+            x = x_next.to(tl.float32)
+            nxt, _ = tile_rows((tile + n_progs) * ROWS, ROWS, n_rows)
+            dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
+            x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+        else:
+            dy = load_rows(DY, rows, stride_dy, cols, col_ok).to(tl.float32)
+            x = load_rows(X, rows, stride_x, cols, col_ok).to(tl.float32)
+        rstd = tl.load(RSTD + rows)[:, None]
+        if HAS_DRES:  # issued before the reduction so its latency overlaps the math
+            dres = load_rows(DRES, rows, stride_dres, cols, col_ok).to(tl.float32)
+        x_hat = x * rstd
+        dw_acc += tl.where(row_ok[:, None], dy * x_hat.to(X.dtype.element_ty).to(tl.float32), 0.0)
+        g = dy * w[None, :]
+        c = tl.sum(g * x_hat, axis=1)[:, None] / n_cols
+        dx = (g - x_hat * c) * rstd
+        if HAS_DRES:
+            dx += dres
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(DW_PART + pid.to(tl.int64) * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+
+
+@triton.jit
+def _rms_norm_bwd_stats_kernel(
+    DY, X, W, RSTD, STATS, stride_dy, stride_x, n_cols, n_chunks, offset, BLOCK: tl.constexpr,
+):
+    # Split mode, first pass: STATS[row, chunk] = sum over the chunk's columns of g * x_hat
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    dy = tl.load(DY + row * stride_dy + cols, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32) + offset
+    tl.store(STATS + row * n_chunks + chunk, tl.sum(dy * w * x, axis=0) * tl.load(RSTD + row))
+
+
+@triton.jit
+def _rms_norm_bwd_cols_kernel(
+    DY, X, W, RSTD, STATS, DRES, DX, DW_PART,
+    stride_dy, stride_x, stride_dres, stride_dx, n_rows, n_cols, n_chunks, rows_per_group, offset,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, CHUNKS: tl.constexpr, HAS_DRES: tl.constexpr,
+):
+    # Split mode, second pass: program (i, k) owns columns i*BLOCK.. of rows k*rows_per_group..,
+    # walks them in tiles of ROWS rows (prefetching the next tile) and writes its weight-gradient
+    # partial row k once at the end
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < n_cols
+    group = tl.program_id(1)
+    start = group * rows_per_group
+    end = tl.minimum(start + rows_per_group, n_rows)
+    chunk = tl.arange(0, CHUNKS)
+    chunk_ok = chunk < n_chunks
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
+    dw_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    nxt, _ = tile_rows(start, ROWS, end)
+    dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
+    x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+    for first in range(start, end, ROWS):
+        rows, row_ok = tile_rows(first, ROWS, end)
+        dy = dy_next.to(tl.float32)
+        x = x_next.to(tl.float32)
+        nxt, _ = tile_rows(first + ROWS, ROWS, end)
+        dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
+        x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+        rstd = tl.load(RSTD + rows)[:, None]
+        # the row's sum from its chunks, added in a fixed order
+        c = tl.sum(load_rows(STATS, rows, n_chunks, chunk, chunk_ok), axis=1)[:, None] / n_cols
+        x_hat = x * rstd
+        dw_acc += tl.where(row_ok[:, None], dy * x_hat.to(X.dtype.element_ty).to(tl.float32), 0.0)
+        dx = (dy * w[None, :] - x_hat * c) * rstd
+        if HAS_DRES:
+            dx += load_rows(DRES, rows, stride_dres, cols, col_ok).to(tl.float32)
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(DW_PART + group.to(tl.int64) * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
 
 
 _fwd_kernel = Launcher(_rms_norm_fwd_kernel)
 _bwd_kernel = Launcher(_rms_norm_bwd_kernel)
+_bwd_stats_kernel = Launcher(_rms_norm_bwd_stats_kernel)
+_bwd_cols_kernel = Launcher(_rms_norm_bwd_cols_kernel)
 
 
 def rms_norm_fwd(
@@ -221,14 +263,29 @@ def rms_norm_bwd(
         return dx, torch.zeros_like(weight)
     weight, rstd = weight.contiguous(), rstd.contiguous()
     launch = row_launch(n_cols, x.element_size(), _BWD_ELEMENTS_PER_THREAD)
-    n_progs, prefetch = backward_schedule(n_rows, x.device, launch)
-    dw_part = torch.empty((n_progs, n_cols), dtype=torch.float32, device=x.device)
-    _bwd_kernel(
-        (n_progs,), dy2, x2, weight, rstd, dres2, dx, dw_part,
-        row_stride(dy2), row_stride(x2), row_stride(dres2), n_cols, n_rows, n_cols, offset,
-        BLOCK=launch.block, SINGLE_PASS=launch.single_pass, HAS_DRES=dres is not None,
-        PREFETCH=prefetch, num_warps=launch.num_warps, eager=eager,
-    )
+    strides = (row_stride(dy2), row_stride(x2), row_stride(dres2), n_cols)
+    if launch.single_pass:
+        plan = row_schedule(n_rows, x.device, launch, BWD_TILING)
+        dw_part = torch.empty((plan.programs, n_cols), dtype=torch.float32, device=x.device)
+        _bwd_kernel(
+            (plan.programs,), dy2, x2, weight, rstd, dres2, dx, dw_part, *strides, n_rows, n_cols, offset,
+            BLOCK=launch.block, ROWS=plan.tile, HAS_DRES=dres is not None, PREFETCH=plan.prefetch,
+            num_warps=launch.num_warps, eager=eager,
+        )
+    else:
+        split = split_schedule(n_rows, n_cols, x.device, launch)
+        stats = torch.empty((n_rows, split.chunks), dtype=torch.float32, device=x.device)
+        _bwd_stats_kernel(
+            (n_rows, split.chunks), dy2, x2, weight, rstd, stats, strides[0], strides[1], n_cols,
+            split.chunks, offset, BLOCK=launch.block, num_warps=launch.num_warps, eager=eager,
+        )
+        dw_part = torch.empty((split.groups, n_cols), dtype=torch.float32, device=x.device)
+        _bwd_cols_kernel(
+            (split.col_blocks, split.groups), dy2, x2, weight, rstd, stats, dres2, dx, dw_part, *strides,
+            n_rows, n_cols, split.chunks, split.rows_per_group, offset,
+            BLOCK=split.col_block, ROWS=split.tile, CHUNKS=next_power_of_2(split.chunks),
+            HAS_DRES=dres is not None, num_warps=split.num_warps, eager=eager,
+        )
     # second reduction over a fixed number of partials in a fixed order: deterministic
     return dx, sum_partials(dw_part, (weight.dtype,), eager=eager)[0]
 
