@@ -18,7 +18,7 @@ from tests.grid import (
     randn,
     strided_rows,
 )
-from tests.ops.conftest import assert_schedule_covers_tails
+from tests.ops.conftest import assert_schedule_covers_tails, many_rows
 from tests.ops.norm_helpers import assert_budget, assert_close
 
 DEV = device_under_test()
@@ -91,8 +91,7 @@ def test_backward_is_bitwise_deterministic(row_path) -> None:
 @pytest.mark.parametrize("has_w,has_b", AFFINE)
 def test_backward_schedules_cover_tails(many_programs: str, has_w: bool, has_b: bool) -> None:
     """Several programs per launch, tiles and row groups cut short, each affine combination."""
-    rows = 37 if DEV == "cpu" else 4 * torch.cuda.get_device_properties(0).multi_processor_count + 1
-    cols = 37
+    rows, cols = many_rows(), 37
     assert_schedule_covers_tails(many_programs, rows, cols, 2)
     x = randn(rows, cols, dtype=torch.bfloat16, device=DEV)
     w, b = _params(cols, torch.bfloat16, has_w, has_b)

@@ -20,7 +20,7 @@ from tests.grid import (
     randn,
     strided_rows,
 )
-from tests.ops.conftest import assert_schedule_covers_tails
+from tests.ops.conftest import assert_schedule_covers_tails, many_rows
 from tests.ops.norm_helpers import assert_budget, assert_close
 
 DEV = device_under_test()
@@ -87,7 +87,7 @@ def test_backward_is_bitwise_deterministic(row_path) -> None:
 
 def test_backward_schedules_cover_tails(many_programs: str) -> None:
     """Several programs per launch, tiles and row groups cut short, with the residual gradient."""
-    rows, cols = _many_rows(), 37
+    rows, cols = many_rows(), 37
     assert_schedule_covers_tails(many_programs, rows, cols, 2)
     x = randn(rows, cols, dtype=torch.bfloat16, device=DEV)
     w = randn(cols, dtype=torch.bfloat16, device=DEV, offset=1.0)
@@ -100,13 +100,6 @@ def test_backward_schedules_cover_tails(many_programs: str) -> None:
     assert_close(dx, (dx_ref.float() + dres.float()).to(dx.dtype), "dx")
     dw64 = R.rms_norm_backward(dy.double(), x.double(), w.double(), rms_norm_rstd(x.double(), EPS), 0.0)[1]
     assert_budget(dw, dw_ref, dw64, "dweight")
-
-
-def _many_rows() -> int:
-    """More two-row tiles than a row-mode launch has programs, odd (the last tile is cut short)."""
-    if DEV == "cpu":
-        return 37
-    return 4 * torch.cuda.get_device_properties(0).multi_processor_count + 1
 
 
 def test_empty_rows() -> None:

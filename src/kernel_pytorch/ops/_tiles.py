@@ -19,3 +19,9 @@ def load_rows(BASE, rows, stride, cols, col_ok):
     """The [ROWS, C] tile BASE[rows, cols] (rows int64 [ROWS], in bounds); masked columns read 0."""
     return tl.load(BASE + rows[:, None] * stride + cols[None, :], mask=col_ok[None, :], other=0.0)
 
+
+
+@triton.jit
+def load_dy_x(DY, X, rows, stride_dy, stride_x, cols, col_ok):
+    """The upstream-gradient and input tiles of the same rows, as stored: every backward reads both."""
+    return load_rows(DY, rows, stride_dy, cols, col_ok), load_rows(X, rows, stride_x, cols, col_ok)

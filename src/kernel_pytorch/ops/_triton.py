@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import triton
 from torch.library import wrap_triton
 
 try:  # triton >= 3.4: launch hooks live in knobs; the eager fast path needs them to stay faithful
@@ -115,33 +116,28 @@ class SplitSchedule:
     num_warps: int
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def row_schedule(n_rows: int, device: torch.device, launch: RowLaunch, tiling: RowTiling) -> RowSchedule:
     """How a backward row loop runs rows of `launch` (a single-pass launch) on `device`; the
     program runs with `launch.num_warps` whatever its tile (each thread holds its share of every
     tile row)."""
     if launch.block > PREFETCH_MAX_BLOCK:
         return RowSchedule(persistent_programs(n_rows, device, 1), 1, False)
-    programs = persistent_programs(cdiv(n_rows, tiling.tile), device, tiling.programs_per_sm)
+    programs = persistent_programs(triton.cdiv(n_rows, tiling.tile), device, tiling.programs_per_sm)
     return RowSchedule(programs, tiling.tile, True)
 
 
 def split_schedule(n_rows: int, n_cols: int, device: torch.device, launch: RowLaunch) -> SplitSchedule:
     """How a split-mode backward covers (n_rows, n_cols) on `device`; `launch` is the looping launch."""
     col_block = min(SPLIT_COL_BLOCK, launch.block)
-    col_blocks = cdiv(n_cols, col_block)
+    col_blocks = triton.cdiv(n_cols, col_block)
     tile = SPLIT_TILE_ROWS
-    n_tiles = cdiv(n_rows, tile)
-    target = persistent_programs(1 << 30, device, SPLIT_PROGRAMS_PER_SM)
-    groups = max(1, min(n_tiles, cdiv(target, col_blocks)))
-    rows_per_group = cdiv(n_tiles, groups) * tile
+    n_tiles = triton.cdiv(n_rows, tile)
+    groups = max(1, min(n_tiles, triton.cdiv(device_programs(device, SPLIT_PROGRAMS_PER_SM), col_blocks)))
+    rows_per_group = triton.cdiv(n_tiles, groups) * tile
     warps = next_power_of_2(min(SPLIT_WARPS, max(1, tile * col_block // 256)))
     return SplitSchedule(
-        chunks=cdiv(n_cols, launch.block), col_block=col_block, col_blocks=col_blocks,
-        groups=cdiv(n_rows, rows_per_group), rows_per_group=rows_per_group, tile=tile, num_warps=warps,
+        chunks=triton.cdiv(n_cols, launch.block), col_block=col_block, col_blocks=col_blocks,
+        groups=triton.cdiv(n_rows, rows_per_group), rows_per_group=rows_per_group, tile=tile, num_warps=warps,
     )
 
 
@@ -151,13 +147,17 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def persistent_programs(n_work: int, device: torch.device, per_sm: int) -> int:
-    """Programs for a persistent loop over `n_work` items: `per_sm` per SM, at most one per item
-    (on CPU, the interpreter, as if there were four SMs)."""
+def device_programs(device: torch.device, per_sm: int) -> int:
+    """`per_sm` programs for each SM of `device` (on CPU, the interpreter, as if there were four SMs)."""
     if device.type != "cuda":
-        return max(1, min(n_work, 4 * per_sm))
+        return 4 * per_sm
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return max(1, min(n_work, sm_count(index) * per_sm))
+    return sm_count(index) * per_sm
+
+
+def persistent_programs(n_work: int, device: torch.device, per_sm: int) -> int:
+    """Programs for a persistent loop over `n_work` items: `per_sm` per SM, at most one per item."""
+    return max(1, min(n_work, device_programs(device, per_sm)))
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:

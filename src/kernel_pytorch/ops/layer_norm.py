@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from kernel_pytorch.ops._partials import sum_partials
-from kernel_pytorch.ops._tiles import load_rows, tile_rows
+from kernel_pytorch.ops._tiles import load_dy_x, load_rows, tile_rows
 from kernel_pytorch.ops._triton import (
     Launcher,
     RowTiling,
@@ -131,19 +131,16 @@ def _layer_norm_bwd_kernel(
     db_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     if PREFETCH:
         nxt, _ = tile_rows(pid * ROWS, ROWS, n_rows)
-        dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
-        x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+        dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
     for tile in range(pid, tl.cdiv(n_rows, ROWS), n_progs):
         rows, row_ok = tile_rows(tile * ROWS, ROWS, n_rows)
         if PREFETCH:
-            dy = dy_next.to(tl.float32)
-            x = x_next.to(tl.float32)
+            dy, x = dy_next, x_next
             nxt, _ = tile_rows((tile + n_progs) * ROWS, ROWS, n_rows)
-            dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
-            x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+            dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
         else:
-            dy = load_rows(DY, rows, stride_dy, cols, col_ok).to(tl.float32)
-            x = load_rows(X, rows, stride_x, cols, col_ok).to(tl.float32)
+            dy, x = load_dy_x(DY, X, rows, stride_dy, stride_x, cols, col_ok)
+        dy, x = dy.to(tl.float32), x.to(tl.float32)
         mean = tl.load(MEAN + rows)[:, None]
         rstd = tl.load(RSTD + rows)[:, None]
         # EVEN (BLOCK == n_cols): no padding columns whose x_hat would have to be zeroed
@@ -213,15 +210,12 @@ def _layer_norm_bwd_cols_kernel(
     dw_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     db_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     nxt, _ = tile_rows(start, ROWS, end)
-    dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
-    x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+    dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
     for first in range(start, end, ROWS):
         rows, row_ok = tile_rows(first, ROWS, end)
-        dy = dy_next.to(tl.float32)
-        x = x_next.to(tl.float32)
+        dy, x = dy_next.to(tl.float32), x_next.to(tl.float32)
         nxt, _ = tile_rows(first + ROWS, ROWS, end)
-        dy_next = load_rows(DY, nxt, stride_dy, cols, col_ok)
-        x_next = load_rows(X, nxt, stride_x, cols, col_ok)
+        dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
         mean = tl.load(MEAN + rows)[:, None]
         rstd = tl.load(RSTD + rows)[:, None]
         # each row's two sums from its chunks, added in a fixed order
