@@ -99,8 +99,12 @@ def sweep() -> None:
     # each variant sets attributes on (module, name); {} is the committed configuration
     T = _triton
     one_row, two_rows = T.RowTiling(tile=1, programs_per_sm=2), T.RowTiling(tile=2, programs_per_sm=1)
+    def unpaired(programs, device):  # every program its own partial rows (before pairing)
+        return programs, False
+
     row_variants = [
         {},
+        {(ln_mod, "partial_slots"): unpaired},
         {(rms_mod, "BWD_TILING"): one_row, (ln_mod, "BWD_TILING"): two_rows},
     ]
     split_variants = [
@@ -136,8 +140,14 @@ def sweep() -> None:
             ln_bwd(dy, x, w, mean, lrstd, True)
             ln_peak = (torch.cuda.max_memory_allocated() - base) / 2**20
             pct = lambda k, ms: k * nb / ms / 1e6 / ceil * 100  # noqa: E731
-            label = ", ".join(f"{mod.__name__.rsplit('.', 1)[-1]}.{k}={val}" for (mod, k), val in v.items())
+            label = ", ".join(f"{mod.__name__.rsplit('.', 1)[-1]}.{k}={getattr(val, '__name__', val)}"
+                              for (mod, k), val in v.items())
             label = label.replace("RowTiling", "") or "committed"
+            if variants is row_variants:  # with host time, as the benchmark's do_bench rows
+                xg, wg, bg = (t.detach().clone().requires_grad_() for t in (x, w, b))
+                ln_db = do_bench(lambda: torch.autograd.grad(
+                    F.layer_norm(xg, wg, bg, backend="triton"), (xg, wg, bg), dy), return_mode="median")
+                print(f"{n}x{d} {label:44s} ln fwd+bwd do_bench {ln_db*1e3:6.1f}us {pct(5, ln_db):5.1f}%")
             print(f"{n}x{d} {label:44s} rms fwd {f*1e3:6.1f}us {pct(2, f):5.1f}% "
                   f"bwd {bw*1e3:6.1f}us {pct(3, bw):5.1f}% f+b {pct(5, f + bw):5.1f}% {rms_peak:6.1f}MiB | "
                   f"ln fwd {pct(2, lf):5.1f}% bwd {lb*1e3:6.1f}us {pct(3, lb):5.1f}% f+b {pct(5, lf + lb):5.1f}% "
@@ -203,11 +213,16 @@ def sweep() -> None:
         wg = torch.randn(d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         bg = torch.randn(d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         dyg = torch.randn_like(xg)
-        ours = do_bench(lambda: torch.autograd.grad(F.layer_norm(xg, wg, bg), (xg, wg, bg), dyg),
-                        return_mode="median")
-        aten = do_bench(lambda: torch.autograd.grad(hf_ln(xg, (d,), wg, bg), (xg, wg, bg), dyg),
-                        return_mode="median")
-        print(f"ln fwd+bwd {n}x{d}: ours {ours * 1e3:6.1f} us, aten {aten * 1e3:6.1f} us")
+        times = {}
+        for _ in range(3):  # alternating, so a drift in the host's speed hits every path alike
+            for name, fn in {
+                "triton": lambda: F.layer_norm(xg, wg, bg, backend="triton"),
+                "auto": lambda: F.layer_norm(xg, wg, bg),
+                "aten": lambda: hf_ln(xg, (d,), wg, bg),
+            }.items():
+                ms = do_bench(lambda fn=fn: torch.autograd.grad(fn(), (xg, wg, bg), dyg), return_mode="median")
+                times.setdefault(name, []).append(f"{ms * 1e3:6.1f}")
+        print(f"ln fwd+bwd {n}x{d} us: " + "; ".join(f"{k} {' '.join(v)}" for k, v in times.items()))
 
 
 if __name__ == "__main__" and __import__("sys").argv[1:] == ["--sweep"]:

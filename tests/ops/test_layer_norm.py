@@ -7,6 +7,9 @@ import pytest
 import torch
 
 from kernel_pytorch import reference as R
+from kernel_pytorch.ops import layer_norm as ln_ops
+from kernel_pytorch.ops._partials import partial_slots
+from kernel_pytorch.ops._triton import device_programs
 from kernel_pytorch.ops.layer_norm import layer_norm_bwd, layer_norm_fwd
 from kernel_pytorch.reference.layer_norm import layer_norm_stats
 from tests.grid import (
@@ -109,6 +112,56 @@ def test_backward_schedules_cover_tails(many_programs: str, has_w: bool, has_b: 
             assert_budget(got, ref, ref64, name)
 
 
+def _paired_cases() -> list[tuple[str, int]]:
+    """Row counts for the row-mode backward's partial slots on the device under test: at most one
+    program per SM (unpaired), an odd count above that (the last program has no partner), and the
+    full two programs per SM."""
+    sms = device_programs(torch.device(DEV), 1)
+    odd = sms + 1 if sms % 2 == 0 else sms + 2
+    return [("unpaired", sms - 1), ("odd", odd), ("full", 6 * sms)]
+
+
+@pytest.mark.parametrize("has_w,has_b", AFFINE)
+@pytest.mark.parametrize(("case", "rows"), _paired_cases(), ids=lambda v: str(v))
+def test_paired_partials(case: str, rows: int, has_w: bool, has_b: bool, monkeypatch) -> None:
+    """Programs beyond one per SM share partial rows in pairs: one slot per pair (the odd one out
+    alone), gradients within the budget and bitwise-equal over repeated runs (a pair whose second
+    program read the slot before the first had written it would differ, or be NaN under Poisoned)."""
+    cols = 48
+    assert ln_ops.BWD_TILING.programs_per_sm == 2 and ln_ops.BWD_TILING.tile == 1
+    slots_seen: list[int] = []
+    real_parts = ln_ops._parts
+
+    def spy(n_bufs, n_rows, n_cols, like):
+        slots_seen.append(n_rows)
+        return real_parts(n_bufs, n_rows, n_cols, like)
+
+    monkeypatch.setattr(ln_ops, "_parts", spy)
+    x = randn(rows, cols, dtype=torch.bfloat16, device=DEV, offset=1.0)
+    w, b = _params(cols, torch.bfloat16, has_w, has_b)
+    dy = randn(rows, cols, dtype=torch.bfloat16, device=DEV)
+    _, mean, rstd = layer_norm_fwd(x, w, b, EPS)
+    runs = 50 if DEV == "cuda" else 2
+    with Poisoned():
+        results = [layer_norm_bwd(dy, x, w, mean, rstd, has_b) for _ in range(runs)]
+    sms = device_programs(torch.device(DEV), 1)
+    programs = min(rows, 2 * sms)
+    expected = {"unpaired": programs, "odd": (programs + 1) // 2, "full": sms}[case]
+    assert partial_slots(programs, torch.device(DEV)) == (expected, case != "unpaired")
+    if has_w or has_b:
+        assert slots_seen == [expected] * runs
+    dx, dw, db = results[0]
+    assert_close(dx, R.layer_norm_backward(dy, x, w, mean, rstd, has_b)[0], "dx")
+    _, dw_ref, db_ref = R.layer_norm_backward(dy, x, w, mean, rstd, has_b)
+    d64 = R.layer_norm_backward(
+        dy.double(), x.double(), w.double() if has_w else None, *layer_norm_stats(x.double(), EPS), has_b)
+    for name, got, ref, ref64 in (("dweight", dw, dw_ref, d64[1]), ("dbias", db, db_ref, d64[2])):
+        assert (got is None) == (ref is None), name
+        if got is not None:
+            assert_budget(got, ref, ref64, name)
+            assert all(torch.equal(got, again[1 if name == "dweight" else 2]) for again in results[1:]), name
+
+
 @pytest.mark.parametrize("has_w,has_b", AFFINE)
 def test_opcheck(has_w: bool, has_b: bool) -> None:
     x = randn(3, 4, 32, device=DEV).requires_grad_()
@@ -159,12 +212,14 @@ def test_cuda_wide_rows(cols: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.cuda
-def test_cuda_compile_forward_and_backward() -> None:
+@pytest.mark.parametrize("rows", [64, 1024], ids=["unpaired", "paired"])
+def test_cuda_compile_forward_and_backward(rows: int) -> None:
     """Under torch.compile the backward's two launches (row loop, partial sums) are traced as
-    wrap_triton calls; gradients match eager."""
-    x = randn(64, 4096, dtype=torch.bfloat16, device="cuda").requires_grad_()
+    wrap_triton calls, with and without paired partial rows (more programs than SMs at 1024 rows);
+    gradients match eager."""
+    x = randn(rows, 4096, dtype=torch.bfloat16, device="cuda").requires_grad_()
     w, b = (t.requires_grad_() for t in _params(4096, torch.bfloat16, True, True, "cuda"))
-    dy = randn(64, 4096, dtype=torch.bfloat16, device="cuda")
+    dy = randn(rows, 4096, dtype=torch.bfloat16, device="cuda")
 
     def f(x, w, b):
         return torch.ops.kernel_pytorch.layer_norm_fwd(x, w, b, EPS)[0].relu()

@@ -9,8 +9,9 @@ Math (see reference/layer_norm.py), for x (rows, D), optional weight and bias (D
 Forward: one program per row; the variance is taken around the mean (two passes over the row, in
 registers when it fits) so large offsets do not cancel. mean and rstd (fp32) are saved.
 Backward: row mode or split mode, as in ops/rms_norm.py (the split statistics pass writes both row
-sums); dweight and dbias partials are summed in a fixed order afterwards (ops/_partials.py): no
-atomics, bitwise-reproducible.
+sums); dweight and dbias partials are summed in a fixed order afterwards (ops/_partials.py): no float
+atomics, bitwise-reproducible. Row mode runs two programs per SM, which share partial rows in pairs
+(ops/_partials.store_partials), so the partials stay at one fp32 row per SM per parameter.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op
 
-from kernel_pytorch.ops._partials import sum_partials
+from kernel_pytorch.ops._partials import partial_slots, store_partials, sum_partials
 from kernel_pytorch.ops._tiles import load_dy_x, load_rows, tile_rows
 from kernel_pytorch.ops._triton import (
     Launcher,
@@ -46,8 +47,8 @@ _BWD_ELEMENTS_PER_THREAD = 16
 # accumulators for a 16K row spills registers (measured 20% of copy bandwidth, benchmarks/NOTES.md).
 _BWD_MAX_FUSED_COLS = 8192
 _FWD_MAX_FUSED_COLS = 16384
-# Row-mode backward: one-row tiles, two programs per SM. One two-row program per SM would halve the
-# partial rows (to Liger-Kernel's count) but measured 86% of copy against 90% (benchmarks/NOTES.md, v5).
+# Row-mode backward: one-row tiles, two programs per SM, sharing partial rows in pairs. One two-row
+# program per SM (one partial row each, no pairing) measured 86% of copy against 90% (benchmarks/NOTES.md, v5).
 BWD_TILING = RowTiling(tile=1, programs_per_sm=2)
 
 
@@ -114,13 +115,14 @@ def _add_pair(a1, b1, a2, b2):
 
 @triton.jit
 def _layer_norm_bwd_kernel(
-    DY, X, W, MEAN, RSTD, DX, PART,
+    DY, X, W, MEAN, RSTD, DX, PART, TICKETS,
     stride_dy, stride_x, stride_dx, n_rows, n_cols,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    PREFETCH: tl.constexpr, EVEN: tl.constexpr,
+    PREFETCH: tl.constexpr, EVEN: tl.constexpr, PAIRED: tl.constexpr,
 ):
     # Row mode, as in ops/rms_norm.py: program pid walks tiles pid, pid + G, ... of ROWS rows.
-    # PART is (HAS_W + HAS_B, programs, n_cols): the weight's partial rows first, then the bias's
+    # PART is (HAS_W + HAS_B, slots, n_cols): the weight's partial rows first, then the bias's; with
+    # PAIRED, two programs share a slot (ops/_partials.store_partials)
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
@@ -160,12 +162,10 @@ def _layer_norm_bwd_kernel(
         dx = (g - s2[:, None] / n_cols - x_hat * (s1[:, None] / n_cols)) * rstd
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
                  mask=real & col_ok[None, :])
-    part = PART + pid.to(tl.int64) * n_cols + cols
-    if HAS_W:
-        tl.store(part, tl.sum(dw_acc, axis=0), mask=col_ok)
-        part += n_progs.to(tl.int64) * n_cols
-    if HAS_B:
-        tl.store(part, tl.sum(db_acc, axis=0), mask=col_ok)
+    store_partials(
+        PART, TICKETS, n_cols, cols, col_ok, tl.sum(dw_acc, axis=0), tl.sum(db_acc, axis=0),
+        HAS_W, HAS_B, PAIRED,
+    )
 
 
 @triton.jit
@@ -317,11 +317,14 @@ def layer_norm_bwd(
     n_bufs = (weight is not None) + has_bias
     if launch.single_pass:
         plan = row_schedule(n_rows, x.device, launch, BWD_TILING)
-        parts = _parts(n_bufs, plan.programs, n_cols, rstd)
+        slots, paired = partial_slots(plan.programs, x.device) if n_bufs else (plan.programs, False)
+        parts = _parts(n_bufs, slots, n_cols, rstd)
+        # the pairs' tickets (ops/_partials.store_partials); unpaired, rstd stands in, never read
+        tickets = torch.zeros(slots, dtype=torch.int32, device=x.device) if paired else rstd
         _bwd_kernel(
-            (plan.programs,), dy2, x2, w, mean, rstd, dx, parts, *strides, n_rows, n_cols,
-            BLOCK=launch.block, ROWS=plan.tile, PREFETCH=plan.prefetch,
-            EVEN=launch.block == n_cols, num_warps=launch.num_warps, eager=eager, **flags,
+            (plan.programs,), dy2, x2, w, mean, rstd, dx, parts, tickets, *strides, n_rows, n_cols,
+            BLOCK=launch.block, ROWS=plan.tile, PREFETCH=plan.prefetch, EVEN=launch.block == n_cols,
+            PAIRED=paired, num_warps=launch.num_warps, eager=eager, **flags,
         )
     else:
         split = split_schedule(n_rows, n_cols, x.device, launch)
