@@ -68,7 +68,7 @@ def main() -> None:
             )
 
 
-if __name__ == "__main__" and __import__("sys").argv[1:] != ["--sweep"]:
+if __name__ == "__main__" and __import__("sys").argv[1:] not in (["--sweep"], ["--host"]):
     main()
 
 
@@ -227,3 +227,121 @@ def sweep() -> None:
 
 if __name__ == "__main__" and __import__("sys").argv[1:] == ["--sweep"]:
     sweep()
+
+
+def host() -> None:
+    """Where the host time of an eager LayerNorm fwd+bwd goes, ours against ATen's, at a tiny shape
+    (the GPU work is negligible, so per-call wall time is host time)."""
+    import time
+
+    from kernel_pytorch import functional as kpf
+    from kernel_pytorch.ops import layer_norm as ln_mod
+    from kernel_pytorch.ops._partials import sum_partials
+
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    _, mean, rstd = ln_mod.layer_norm_fwd(x, w, b, 1e-5, eager=True)
+    parts = torch.randn(2, 4, 256, device="cuda")
+
+    class Null(torch.autograd.Function):
+        """No kernels: what an autograd.Function itself costs (one allocation each way)."""
+
+        @staticmethod
+        def forward(ctx, x, w, b, eps):
+            ctx.save_for_backward(x, w)
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            return torch.empty_like(g), None, None, None
+
+    def grad(fn):
+        return lambda: torch.autograd.grad(fn(), (xr, wr, br), dy, allow_unused=True)
+
+    aten = lambda: torch.layer_norm(xr, (256,), wr, br, 1e-5)  # noqa: E731
+    ours = lambda: kpf.layer_norm(xr, wr, br, backend="triton")  # noqa: E731
+    func = lambda: ln_mod._LayerNormEager.apply(xr, wr, br, 1e-5)  # noqa: E731
+    null = lambda: Null.apply(xr, wr, br, 1e-5)  # noqa: E731
+    calls = {
+        "aten fwd (records grad)": aten,
+        "aten fwd+bwd": grad(aten),
+        "ours fwd (records grad)": ours,
+        "ours fwd+bwd": grad(ours),
+        "Function fwd": func,
+        "Function fwd+bwd": grad(func),
+        "null Function fwd": null,
+        "null Function fwd+bwd": grad(null),
+        "layer_norm_fwd direct": lambda: ln_mod.layer_norm_fwd(x, w, b, 1e-5, eager=True),
+        "layer_norm_bwd direct": lambda: ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, eager=True),
+        "sum_partials direct": lambda: sum_partials(parts, (torch.bfloat16, torch.bfloat16), eager=True),
+        "checks + resolve": lambda: (kpf._check_layer_norm(x, w, b), kpf._resolve("triton", "ln", x, False)),
+        "torch.zeros int32 [132]": lambda: torch.zeros(132, dtype=torch.int32, device="cuda"),
+        "torch.empty [8, 256]": lambda: torch.empty(8, 256, device="cuda", dtype=torch.bfloat16),
+    }
+    for rep in range(2):
+        for name, fn in calls.items():
+            for _ in range(100):
+                fn()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(2000):
+                fn()
+            torch.cuda.synchronize()
+            print(f"host[{rep}] {name:28s} {(time.perf_counter() - t) / 2000 * 1e6:6.1f} us/call")
+    # the same host work timed on the main thread and inside a backward (the autograd engine's device
+    # thread): does Python run slower there?
+    inside: dict[str, list[float]] = {}
+
+    def busy() -> int:  # a fixed pure-Python workload
+        return sum(i * i for i in range(200))
+
+    def bwd_direct():
+        return ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, eager=True)
+
+    work = {"python loop": busy, "layer_norm_bwd": bwd_direct,
+            "torch.empty": lambda: torch.empty(8, 256, device="cuda", dtype=torch.bfloat16)}
+
+    class Timed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b, name):
+            ctx.name = name
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            fn = work[ctx.name]
+            t = time.perf_counter()
+            fn()
+            inside.setdefault(ctx.name, []).append(time.perf_counter() - t)
+            return torch.empty_like(g), None, None, None
+
+    for name, fn in work.items():
+        for _ in range(100):
+            fn()
+        t = time.perf_counter()
+        for _ in range(2000):
+            fn()
+        main_us = (time.perf_counter() - t) / 2000 * 1e6
+        inside.pop(name, None)
+        for _ in range(2100):
+            torch.autograd.grad(Timed.apply(xr, wr, br, name), (xr,), dy)
+        torch.cuda.synchronize()
+        samples = sorted(inside[name][100:])
+        print(f"thread {name:16s} main {main_us:6.1f} us; in backward median "
+              f"{samples[len(samples) // 2] * 1e6:6.1f} us, mean {sum(samples) / len(samples) * 1e6:6.1f} us")
+    # the profiler's view of the same fwd+bwd: which recorded host events take the time
+    for name in ("ours fwd+bwd", "aten fwd+bwd"):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(200):
+                calls[name]()
+            torch.cuda.synchronize()
+        print(f"profile {name} (200 calls)")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60))
+
+
+if __name__ == "__main__" and __import__("sys").argv[1:] == ["--host"]:
+    host()

@@ -8,9 +8,9 @@ backend:
                 (grad mode on; x, weight or bias requires grad) on a non-empty CUDA x of at most
                 ATEN_LAYER_NORM_MAX_NUMEL elements and a kernel dtype (fp32/bf16/fp16), with weight and
                 bias (where given) of x's dtype. There the call is host-bound: ATen's single C++
-                autograd node costs ~100 us of host time per fwd+bwd on our GPU host, our Python
-                autograd.Function and three launches ~230 us, against tens of microseconds of GPU
-                work (benchmarks/NOTES.md). That route runs our argument checks only when ATen
+                autograd node costs ~90 us of host time per fwd+bwd on our GPU host, our Python
+                autograd.Function and its launches ~210 us, against tens of microseconds of GPU
+                work (benchmarks/NOTES.md, v6). That route runs our argument checks only when ATen
                 refuses the arguments; they then raise our error naming the argument (where they
                 pass, ATen's error stands).
     "triton"    the Triton kernels, or a ValueError saying why they cannot run here.
