@@ -9,6 +9,10 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
 python3 -m pytest -m cuda -q -p no:cacheprovider tests 2>&1 | tee "$out/pytest_cuda.log" | tail -5 || status=1
+# unmarked grid tests that also run on the GPU when one is present: the backward schedules' tails, the
+# paired partial rows (repeated, to catch a race) and bitwise determinism
+python3 -m pytest -q -p no:cacheprovider tests/ops -k "paired or tails or deterministic" 2>&1 \
+    | tee -a "$out/pytest_cuda.log" | tail -3 || status=1
 python3 scripts/probe_norms.py --sweep 2>&1 | grep -v Warning | tee "$out/sweep.log" || status=1
 python3 benchmarks/bench_norms.py --out "$out" 2>&1 | tee "$out/bench_norms.log" | tail -40 || status=1
 exit $status
