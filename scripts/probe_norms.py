@@ -6,6 +6,8 @@ Usage: python scripts/probe_norms.py   (prints a table; the full suite is benchm
 
 from __future__ import annotations
 
+import time
+
 import torch
 from triton.testing import do_bench
 
@@ -72,6 +74,19 @@ if __name__ == "__main__" and __import__("sys").argv[1:] not in (["--sweep"], ["
     main()
 
 
+def host_us(fn, warmup: int = 50, calls: int = 2000) -> float:
+    """Wall time per call of `fn` in us with the GPU drained before and after: its host time, where the
+    GPU work per call is negligible."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / calls * 1e6
+
+
 def graph_ms(fn) -> float:
     """Median GPU time of `fn` replayed from a CUDA graph: kernel time without host overhead."""
     fn()
@@ -84,8 +99,6 @@ def graph_ms(fn) -> float:
 
 def sweep() -> None:
     """Launch-parameter sweep of the norm kernels, timed as CUDA-graph replays (no host overhead)."""
-    import time
-
     from kernel_pytorch.ops import _triton
     from kernel_pytorch.ops.rms_norm import _rms_norm_fwd_kernel
 
@@ -198,14 +211,7 @@ def sweep() -> None:
         "aten add": lambda: torch.add(x, x),
     }
     for name, fn in calls.items():
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(2000):
-            fn()
-        torch.cuda.synchronize()
-        print(f"host {name:24s} {(time.perf_counter() - t) / 2000 * 1e6:6.1f} us/call")
+        print(f"host {name:24s} {host_us(fn):6.1f} us/call")
     # where ATen's fused layer_norm (one C++ autograd node) stops beating our Python-level path in
     # do_bench's fwd+bwd: the host-bound range
     for n, d in [(2048, 1024), (4096, 1024), (8192, 1024), (4096, 2048), (8192, 2048), (16384, 2048)]:
@@ -232,8 +238,6 @@ if __name__ == "__main__" and __import__("sys").argv[1:] == ["--sweep"]:
 def host() -> None:
     """Where the host time of an eager LayerNorm fwd+bwd goes, ours against ATen's, at a tiny shape
     (the GPU work is negligible, so per-call wall time is host time)."""
-    import time
-
     from kernel_pytorch import functional as kpf
     from kernel_pytorch.ops import layer_norm as ln_mod
     from kernel_pytorch.ops._partials import sum_partials
@@ -284,14 +288,7 @@ def host() -> None:
     }
     for rep in range(2):
         for name, fn in calls.items():
-            for _ in range(100):
-                fn()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(2000):
-                fn()
-            torch.cuda.synchronize()
-            print(f"host[{rep}] {name:28s} {(time.perf_counter() - t) / 2000 * 1e6:6.1f} us/call")
+            print(f"host[{rep}] {name:28s} {host_us(fn, warmup=100):6.1f} us/call")
     # the same host work timed on the main thread and inside a backward (the autograd engine's device
     # thread): does Python run slower there?
     inside: dict[str, list[float]] = {}
@@ -320,12 +317,7 @@ def host() -> None:
             return torch.empty_like(g), None, None, None
 
     for name, fn in work.items():
-        for _ in range(100):
-            fn()
-        t = time.perf_counter()
-        for _ in range(2000):
-            fn()
-        main_us = (time.perf_counter() - t) / 2000 * 1e6
+        main_us = host_us(fn, warmup=100)
         inside.pop(name, None)
         for _ in range(2100):
             torch.autograd.grad(Timed.apply(xr, wr, br, name), (xr,), dy)
