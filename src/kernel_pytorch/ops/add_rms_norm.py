@@ -17,8 +17,8 @@ from torch.library import triton_op
 
 from kernel_pytorch.ops.rms_norm import rms_norm_bwd, rms_norm_fwd
 from kernel_pytorch.reference._math import acc_dtype
-from kernel_pytorch.reference.add_rms_norm import add_rms_norm, add_rms_norm_backward
-from kernel_pytorch.reference.rms_norm import rms_norm_rstd
+from kernel_pytorch.reference.add_rms_norm import add_residual, add_rms_norm_backward
+from kernel_pytorch.reference.rms_norm import rms_norm_from_rstd, rms_norm_rstd
 
 
 def add_rms_norm_fwd(
@@ -40,8 +40,9 @@ def add_rms_norm_bwd(
 def _fwd_reference(
     x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    y, h = add_rms_norm(x, residual, weight, eps, offset)
-    return y.contiguous(), h.contiguous(), rms_norm_rstd(h, eps)
+    h = add_residual(x, residual)
+    rstd = rms_norm_rstd(h, eps)
+    return rms_norm_from_rstd(h, weight, rstd, offset).contiguous(), h.contiguous(), rstd
 
 
 def _bwd_reference(

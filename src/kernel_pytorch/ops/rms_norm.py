@@ -35,7 +35,7 @@ from kernel_pytorch.ops._triton import (
     split_schedule,
 )
 from kernel_pytorch.reference._math import acc_dtype
-from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward, rms_norm_rstd
+from kernel_pytorch.reference.rms_norm import rms_norm_backward, rms_norm_from_rstd, rms_norm_rstd
 
 # Elements per thread, measured on H200 (benchmarks/NOTES.md): the forward holds one row, the backward
 # dy, x, weight and accumulators.
@@ -285,7 +285,8 @@ def rms_norm_bwd(
 
 
 def _fwd_reference(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
-    return rms_norm(x, weight, eps, offset).contiguous(), rms_norm_rstd(x, eps)
+    rstd = rms_norm_rstd(x, eps)
+    return rms_norm_from_rstd(x, weight, rstd, offset).contiguous(), rstd
 
 
 def _bwd_reference(

@@ -32,8 +32,13 @@ def add_rms_norm(
         eps: added to the mean square.
         offset: added to the weight (1.0 for Gemma-style norms).
     """
-    h = (acc(x) + acc(residual)).to(x.dtype)
+    h = add_residual(x, residual)
     return rms_norm(h, weight, eps, offset), h
+
+
+def add_residual(x: Tensor, residual: Tensor) -> Tensor:
+    """h = x + residual in fp32, rounded once to x's dtype."""
+    return (acc(x) + acc(residual)).to(x.dtype)
 
 
 def add_rms_norm_backward(

@@ -43,7 +43,14 @@ def layer_norm(
     Returns:
         (..., D) tensor of x.dtype.
     """
-    mean, rstd = layer_norm_stats(x, eps)
+    return layer_norm_from_stats(x, weight, bias, *layer_norm_stats(x, eps))
+
+
+def layer_norm_from_stats(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor
+) -> Tensor:
+    """`layer_norm` given its statistics (from `layer_norm_stats`): callers that also keep mean and
+    rstd compute them once."""
     y = (acc(x) - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
     if weight is not None:
         y = y * acc(weight)

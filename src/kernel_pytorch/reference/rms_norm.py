@@ -39,8 +39,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
     Returns:
         (..., D) tensor of x.dtype.
     """
-    rstd = rms_norm_rstd(x, eps).unsqueeze(-1)
-    x_hat = (acc(x) * rstd).to(x.dtype)
+    return rms_norm_from_rstd(x, weight, rms_norm_rstd(x, eps), offset)
+
+
+def rms_norm_from_rstd(x: Tensor, weight: Tensor, rstd: Tensor, offset: float = 0.0) -> Tensor:
+    """`rms_norm` given its statistic `rstd` (x.shape[:-1], from `rms_norm_rstd`): callers that also
+    keep rstd compute it once."""
+    x_hat = (acc(x) * rstd.unsqueeze(-1)).to(x.dtype)
     return (acc(x_hat) * (acc(weight) + offset)).to(x.dtype)
 
 
@@ -55,8 +60,9 @@ def rms_norm_backward(
     x32 = acc(x)
     r = rstd.unsqueeze(-1)
     x_hat = x32 * r
-    g = acc(dy) * (acc(weight) + offset)
+    dy32 = acc(dy)
+    g = dy32 * (acc(weight) + offset)
     dx = r * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
     x_hat_rounded = acc(x_hat.to(x.dtype))
-    dw = (acc(dy) * x_hat_rounded).reshape(-1, x.shape[-1]).sum(0)
+    dw = (dy32 * x_hat_rounded).reshape(-1, x.shape[-1]).sum(0)
     return dx.to(x.dtype), dw.to(weight.dtype)
