@@ -15,6 +15,16 @@ DEV = device_under_test()
 EPS = 1e-6
 
 
+def _assert_outputs(x, r, w, dy, dh, y, h, d_sum):
+    """y, h and the gradient of x + residual against the reference; returns (h_ref, dweight_ref)."""
+    y_ref, h_ref = R.add_rms_norm(x, r, w, EPS)
+    assert_close(h, h_ref, "h")
+    assert_close(y, y_ref, "y")
+    d_ref, dw_ref = R.add_rms_norm_backward(dy, dh, h_ref, w, rms_norm_rstd(h_ref, EPS))
+    assert_close(d_sum, d_ref, "d(x + residual)")
+    return h_ref, dw_ref
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lead,cols", ROW_SHAPES)
 def test_kernels_match_reference(lead, cols, dtype, row_path) -> None:
@@ -26,11 +36,7 @@ def test_kernels_match_reference(lead, cols, dtype, row_path) -> None:
     with Poisoned():
         y, h, rstd = add_rms_norm_fwd(x, r, w, EPS, 0.0)
         d_sum, dw = add_rms_norm_bwd(dy, dh, h, w, rstd, 0.0)
-    y_ref, h_ref = R.add_rms_norm(x, r, w, EPS)
-    assert_close(h, h_ref, "h")
-    assert_close(y, y_ref, "y")
-    d_ref, dw_ref = R.add_rms_norm_backward(dy, dh, h_ref, w, rms_norm_rstd(h_ref, EPS))
-    assert_close(d_sum, d_ref, "d(x + residual)")
+    h_ref, dw_ref = _assert_outputs(x, r, w, dy, dh, y, h, d_sum)
     h64 = h_ref.double()
     _, dw64 = R.add_rms_norm_backward(dy.double(), dh.double(), h64, w.double(), rms_norm_rstd(h64, EPS))
     assert_budget(dw, dw_ref, dw64, "dweight")
@@ -78,8 +84,4 @@ def test_cuda_bf16(cols: int) -> None:
     with Poisoned():
         y, h, rstd = add_rms_norm_fwd(x, r, w, EPS, 0.0)
         d_sum, dw = add_rms_norm_bwd(dy, dh, h, w, rstd, 0.0)
-    y_ref, h_ref = R.add_rms_norm(x, r, w, EPS)
-    assert_close(y, y_ref, "y")
-    assert_close(h, h_ref, "h")
-    d_ref, _ = R.add_rms_norm_backward(dy, dh, h_ref, w, rms_norm_rstd(h_ref, EPS))
-    assert_close(d_sum, d_ref, "d(x + residual)")
+    _assert_outputs(x, r, w, dy, dh, y, h, d_sum)

@@ -35,6 +35,20 @@ def _params(cols, dtype, has_w, has_b, device=DEV):
     return w, b
 
 
+def _assert_backward(grads, dy, x, w, mean, rstd, has_b: bool) -> None:
+    """(dx, dweight, dbias) from our backward against the reference's: dx by the tolerance table, the
+    parameter gradients (None where absent) by the fp64-derived budget."""
+    dx, dw, db = grads
+    dx_ref, dw_ref, db_ref = R.layer_norm_backward(dy, x, w, mean, rstd, has_b)
+    assert_close(dx, dx_ref, "dx")
+    d64 = R.layer_norm_backward(
+        dy.double(), x.double(), w.double() if w is not None else None, *layer_norm_stats(x.double(), EPS), has_b)
+    for name, got, ref, ref64 in (("dweight", dw, dw_ref, d64[1]), ("dbias", db, db_ref, d64[2])):
+        assert (got is None) == (ref is None), name
+        if got is not None:
+            assert_budget(got, ref, ref64, name)
+
+
 @pytest.mark.parametrize("has_w,has_b", AFFINE)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lead,cols", ROW_SHAPES)
@@ -50,16 +64,8 @@ def test_kernels_match_reference(lead, cols, dtype, has_w, has_b, row_path) -> N
     ref_mean, ref_rstd = layer_norm_stats(x, EPS)
     assert_close(mean, ref_mean, "mean")
     assert_close(rstd, ref_rstd, "rstd")
-    dx_ref, dw_ref, db_ref = R.layer_norm_backward(dy, x, w, ref_mean, ref_rstd, has_b)
-    assert_close(dx, dx_ref, "dx")
-    m64, r64 = layer_norm_stats(x.double(), EPS)
-    w64 = w.double() if w is not None else None
-    _, dw64, db64 = R.layer_norm_backward(dy.double(), x.double(), w64, m64, r64, has_b)
     assert (dw is None) == (not has_w) and (db is None) == (not has_b)
-    if has_w:
-        assert_budget(dw, dw_ref, dw64, "dweight")
-    if has_b:
-        assert_budget(db, db_ref, db64, "dbias")
+    _assert_backward((dx, dw, db), dy, x, w, ref_mean, ref_rstd, has_b)
 
 
 def test_reference_backward_is_the_gradient_of_the_reference() -> None:
@@ -103,20 +109,6 @@ def test_backward_schedules_cover_tails(many_programs: str, has_w: bool, has_b: 
     with Poisoned():
         grads = layer_norm_bwd(dy, x, w, mean, rstd, has_b)
     _assert_backward(grads, dy, x, w, mean, rstd, has_b)
-
-
-def _assert_backward(grads, dy, x, w, mean, rstd, has_b: bool) -> None:
-    """(dx, dweight, dbias) from our backward against the reference's: dx by the tolerance table, the
-    parameter gradients (None where absent) by the fp64-derived budget."""
-    dx, dw, db = grads
-    dx_ref, dw_ref, db_ref = R.layer_norm_backward(dy, x, w, mean, rstd, has_b)
-    assert_close(dx, dx_ref, "dx")
-    d64 = R.layer_norm_backward(
-        dy.double(), x.double(), w.double() if w is not None else None, *layer_norm_stats(x.double(), EPS), has_b)
-    for name, got, ref, ref64 in (("dweight", dw, dw_ref, d64[1]), ("dbias", db, db_ref, d64[2])):
-        assert (got is None) == (ref is None), name
-        if got is not None:
-            assert_budget(got, ref, ref64, name)
 
 
 def _paired_cases() -> list[tuple[str, int]]:
@@ -204,11 +196,7 @@ def test_cuda_wide_rows(cols: int, dtype: torch.dtype) -> None:
         y, mean, rstd = layer_norm_fwd(x, w, b, EPS)
         dx, dw, db = layer_norm_bwd(dy, x, w, mean, rstd, True)
     assert_close(y, R.layer_norm(x, w, b, EPS), "y")
-    dx_ref, dw_ref, db_ref = R.layer_norm_backward(dy, x, w, *layer_norm_stats(x, EPS), True)
-    assert_close(dx, dx_ref, "dx")
-    _, dw64, db64 = R.layer_norm_backward(dy.double(), x.double(), w.double(), *layer_norm_stats(x.double(), EPS), True)
-    assert_budget(dw, dw_ref, dw64, "dweight")
-    assert_budget(db, db_ref, db64, "dbias")
+    _assert_backward((dx, dw, db), dy, x, w, *layer_norm_stats(x, EPS), True)
 
 
 @pytest.mark.cuda

@@ -27,6 +27,17 @@ DEV = device_under_test()
 EPS = 1e-6
 
 
+def _assert_backward(dx, dw, dy, x, w, rstd, offset: float = 0.0, dres=None) -> None:
+    """dx (plus the residual gradient `dres` where given) against the reference by the tolerance
+    table; dweight, a sum over rows, against fp64 with PyTorch's own low-precision sum as yardstick."""
+    dx_ref, dw_ref = R.rms_norm_backward(dy, x, w, rstd, offset)
+    if dres is not None:
+        dx_ref = (dx_ref.float() + dres.float()).to(dx.dtype)
+    assert_close(dx, dx_ref, "dx")
+    dw64 = R.rms_norm_backward(dy.double(), x.double(), w.double(), rms_norm_rstd(x.double(), EPS), offset)[1]
+    assert_budget(dw, dw_ref, dw64, "dweight")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lead,cols", ROW_SHAPES)
 @pytest.mark.parametrize("offset", [0.0, 1.0])
@@ -40,11 +51,7 @@ def test_kernels_match_reference(lead, cols, dtype, offset, row_path) -> None:
     assert h is None
     assert_close(y, R.rms_norm(x, w, EPS, offset), "y")
     assert_close(rstd, rms_norm_rstd(x, EPS), "rstd")
-    dx_ref, dw_ref = R.rms_norm_backward(dy, x, w, rms_norm_rstd(x, EPS), offset)
-    assert_close(dx, dx_ref, "dx")
-    # dweight sums over rows: judge it against fp64 with PyTorch's own low-precision sum as yardstick
-    dw64 = R.rms_norm_backward(dy.double(), x.double(), w.double(), rms_norm_rstd(x.double(), EPS), offset)[1]
-    assert_budget(dw, dw_ref, dw64, "dweight")
+    _assert_backward(dx, dw, dy, x, w, rms_norm_rstd(x, EPS), offset)
 
 
 def test_reference_backward_is_the_gradient_of_the_reference() -> None:
@@ -96,10 +103,7 @@ def test_backward_schedules_cover_tails(many_programs: str) -> None:
     _, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0)
     with Poisoned():
         dx, dw = rms_norm_bwd(dy, x, w, rstd, 0.0, dres=dres)
-    dx_ref, dw_ref = R.rms_norm_backward(dy, x, w, rstd, 0.0)
-    assert_close(dx, (dx_ref.float() + dres.float()).to(dx.dtype), "dx")
-    dw64 = R.rms_norm_backward(dy.double(), x.double(), w.double(), rms_norm_rstd(x.double(), EPS), 0.0)[1]
-    assert_budget(dw, dw_ref, dw64, "dweight")
+    _assert_backward(dx, dw, dy, x, w, rstd, dres=dres)
 
 
 def test_empty_rows() -> None:
@@ -193,10 +197,7 @@ def test_cuda_wide_rows(cols: int, dtype: torch.dtype) -> None:
         y, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0)
         dx, dw = rms_norm_bwd(dy, x, w, rstd, 0.0)
     assert_close(y, R.rms_norm(x, w, EPS), "y")
-    dx_ref, dw_ref = R.rms_norm_backward(dy, x, w, rms_norm_rstd(x, EPS))
-    assert_close(dx, dx_ref, "dx")
-    dw64 = R.rms_norm_backward(dy.double(), x.double(), w.double(), rms_norm_rstd(x.double(), EPS))[1]
-    assert_budget(dw, dw_ref, dw64, "dweight")
+    _assert_backward(dx, dw, dy, x, w, rms_norm_rstd(x, EPS))
     again = rms_norm_bwd(dy, x, w, rstd, 0.0)
     assert torch.equal(again[0], dx) and torch.equal(again[1], dw)
 
