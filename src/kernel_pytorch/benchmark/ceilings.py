@@ -96,6 +96,11 @@ class Ceilings:
     source: str = "measured"  # "measured" in this process, or "cache" when read back
     datasheet: DatasheetPeak | None = None
 
+    @property
+    def ridge(self) -> float:
+        """Arithmetic intensity (FLOPs per byte) where the copy and matmul roofs meet."""
+        return self.matmul_tflops * 1e12 / (self.copy_gbps * 1e9)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["matmul_shape"] = list(self.matmul_shape)
@@ -131,6 +136,11 @@ class Ceilings:
                 f"{self.datasheet.bf16_tflops:.0f} bf16 TFLOP/s"
             )
         return text
+
+
+def _now() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def device_name(device: torch.device | str | None = None) -> str:
@@ -192,7 +202,7 @@ def measure_copy_gbps(device: torch.device | str | None = None, nbytes: int | No
     dst = torch.empty_like(src)
     # a 1 GiB copy dwarfs any cache, so no flush is needed (and one would only add noise)
     t = time_fn(lambda: dst.copy_(src), device=dev, flush_l2=False, rep_ms=200.0, cpu_min_run_time=0.1)
-    return 2 * n / (t.median_ms * 1e-3) / 1e9
+    return gbps(2 * n, t.median_ms)
 
 
 def measure_matmul_tflops(
@@ -213,7 +223,7 @@ def measure_matmul_tflops(
     a = torch.randn(n, n, device=dev).to(dtype)
     b = torch.randn(n, n, device=dev).to(dtype)
     t = time_fn(lambda: a @ b, device=dev, flush_l2=False, rep_ms=200.0, cpu_min_run_time=0.1)
-    return 2 * n**3 / (t.median_ms * 1e-3) / 1e12, n, dtype
+    return tflops(2 * n**3, t.median_ms), n, dtype
 
 
 def measure_ceilings(device: torch.device | str | None = None, *, force: bool = False) -> Ceilings:
@@ -245,7 +255,7 @@ def measure_ceilings(device: torch.device | str | None = None, *, force: bool = 
         matmul_shape=(n, n, n),
         matmul_dtype=str(dtype).removeprefix("torch."),
         torch_version=torch.__version__,
-        measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        measured_at=_now(),
         source="measured",
         datasheet=datasheet_for(name) if dev.type == "cuda" else None,
     )
@@ -306,8 +316,7 @@ def roofline(
     intensity = flops / nbytes if flops and nbytes else None
     bound = "unknown"
     if intensity is not None and ceilings is not None:
-        ridge = ceilings.matmul_tflops * 1e12 / (ceilings.copy_gbps * 1e9)  # FLOPs/byte where roofs meet
-        bound = "memory" if intensity < ridge else "compute"
+        bound = "memory" if intensity < ceilings.ridge else "compute"
     return RooflinePoint(bw, rate, pct_copy, pct_mm, intensity, bound)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kernel_pytorch._tree import clone_detached, map_tensors, nbytes, tensors
+from kernel_pytorch._tree import clone_detached, devices, map_tensors, nbytes, tensors
 from kernel_pytorch.benchmark.ceilings import Ceilings, RooflinePoint, device_name, roofline
 from kernel_pytorch.benchmark.memory import MemoryMeasurement, peak_memory
 from kernel_pytorch.benchmark.timer import Timing, resolve_device, rotation_copies, time_cuda_graph, time_fn
@@ -40,7 +40,7 @@ def as_inputs(inputs: Any) -> tuple | dict:
 
 def infer_device(module: nn.Module | None, inputs: Any) -> torch.device:
     """The CUDA device among the inputs' and parameters' devices, else CPU."""
-    devs = {t.device for t in tensors(inputs)}
+    devs = devices(inputs)
     if module is not None:
         devs |= {p.device for p in module.parameters()} | {b.device for b in module.buffers()}
     cuda = sorted((d for d in devs if d.type == "cuda"), key=str)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from kernel_pytorch.benchmark.ceilings import gbps, tflops
 from kernel_pytorch.benchmark.results import BenchmarkResults, Row
 from kernel_pytorch.benchmark.timer import Timing
 
@@ -70,8 +71,8 @@ def plot_bars(results: BenchmarkResults, path: str | Path, *, op: str) -> Path:
                 if use_gbps and r.bytes:
                     y = r.gbps or 0.0
                     # slower times (q80) mean lower bandwidth: the band flips
-                    y_lo = r.bytes / (r.q80_ms * 1e-3) / 1e9 if r.q80_ms else y
-                    y_hi = r.bytes / (r.q20_ms * 1e-3) / 1e9 if r.q20_ms else y
+                    y_lo = gbps(r.bytes, r.q80_ms) if r.q80_ms else y
+                    y_hi = gbps(r.bytes, r.q20_ms) if r.q20_ms else y
                 else:
                     y = r.median_ms or 0.0
                     y_lo, y_hi = r.q20_ms or y, r.q80_ms or y
@@ -105,9 +106,8 @@ def plot_roofline(results: BenchmarkResults, path: str | Path) -> Path:
     pts = [r for r in results.rows if r.ok and r.bytes and r.flops and r.median_ms]
     c = results.ceilings
     if c is not None:
-        ridge = c.matmul_tflops * 1e12 / (c.copy_gbps * 1e9)
-        lo = min([ridge / 1000] + [r.flops / r.bytes for r in pts])
-        hi = max([ridge * 100] + [r.flops / r.bytes for r in pts])
+        lo = min([c.ridge / 1000] + [r.flops / r.bytes for r in pts])
+        hi = max([c.ridge * 100] + [r.flops / r.bytes for r in pts])
         xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
         ys = [min(c.copy_gbps * 1e9 * x / 1e12, c.matmul_tflops) for x in xs]
         ax.plot(xs, ys, color="black", linewidth=1.5, label="measured roofs (copy, matmul)")
@@ -116,7 +116,7 @@ def plot_roofline(results: BenchmarkResults, path: str | Path) -> Path:
     for j, prov in enumerate(providers):
         mine = [r for r in pts if r.provider == prov]
         ax.scatter([r.flops / r.bytes for r in mine],
-                   [r.flops / (r.median_ms * 1e-3) / 1e12 for r in mine],
+                   [tflops(r.flops, r.median_ms) for r in mine],
                    marker=markers[j % len(markers)], label=prov)
     ax.set_xscale("log")
     ax.set_yscale("log")

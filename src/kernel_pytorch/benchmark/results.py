@@ -16,7 +16,6 @@ correctness", "not installed", "not available", "error") carries no numbers, onl
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import platform
 from dataclasses import asdict, dataclass, field, fields
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 
 from kernel_pytorch._env import triton_version
-from kernel_pytorch.benchmark.ceilings import Ceilings
+from kernel_pytorch.benchmark.ceilings import Ceilings, RooflinePoint, _now
 from kernel_pytorch.benchmark.timer import Timing
 
 SCHEMA_VERSION = 1
@@ -67,6 +66,10 @@ class Row:
         self.median_ms, self.q20_ms, self.q80_ms = t.median_ms, t.q20_ms, t.q80_ms
         self.reps, self.timing_method = t.reps, t.method
 
+    def set_roofline(self, p: RooflinePoint) -> None:
+        """Achieved GB/s, TFLOP/s and % of the copy ceiling (rows leave pct_of_matmul unset)."""
+        self.gbps, self.tflops, self.pct_of_copy = p.gbps, p.tflops, p.pct_of_copy
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["pass"] = d.pop("pass_name")
@@ -78,10 +81,6 @@ class Row:
         d["pass_name"] = d.pop("pass")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass

@@ -40,7 +40,7 @@ from kernel_pytorch.benchmark.module import (
     with_input_grads,
 )
 from kernel_pytorch.benchmark.timer import Timing, speedup
-from kernel_pytorch.validation.compare import TensorCheck, compare_named
+from kernel_pytorch.validation.compare import TensorCheck, compare_named, failures
 from kernel_pytorch.validation.tolerances import BUDGET_FACTOR, TOLERANCES
 
 Reference = Literal["auto", "fp64", "none"]
@@ -375,6 +375,18 @@ def _bitwise_equal(a: Tensor, b: Tensor) -> bool:
 # ---- the parts -----------------------------------------------------------------------------------
 
 
+@dataclass
+class _Correctness:
+    """The correctness report, and what the later parts reuse: they rerun the first seed's inputs."""
+
+    report: CorrectnessReport
+    shared: list[str]  # parameters whose gradients are compared (matched by name and shape)
+    inputs: tuple | dict  # the first seed's inputs
+    cand: _Run | None  # the optimized module's run on them; None when the first seed failed
+    hi: _Run | None  # the fp64 reference's run on them, if there was one
+    grad_outs: list[tuple[str, torch.dtype]]  # the outputs differentiated on the last seed the original ran
+
+
 def _correctness(
     original: nn.Module,
     optimized: nn.Module,
@@ -382,7 +394,7 @@ def _correctness(
     seeds: Sequence[int],
     check_gradients: bool,
     reference: Reference,
-) -> tuple[CorrectnessReport, _Run | None, _Run | None, _Run | None, tuple | dict | None, list]:
+) -> _Correctness:
     checks: dict[int, list[TensorCheck]] = {}
     errors: list[str] = []
     shared, notes = _matched_params(original, optimized) if check_gradients else ([], [])
@@ -392,7 +404,8 @@ def _correctness(
         errors.append(f"reference='fp64' requested but unavailable: {ref_label}")
     grad_label = "disabled" if not check_gradients else (
         f"inputs and {len(shared)} parameters" if shared else "inputs only")
-    keep = (None, None, None, None)
+    first_cand: _Run | None = None
+    first_hi: _Run | None = None
     grad_outs: list[tuple[str, torch.dtype]] | None = None
     for seed in seeds:
         args = first_inputs if seed == seeds[0] else _inputs_for(inputs, seed, seeds[0])
@@ -420,10 +433,10 @@ def _correctness(
         seed_checks = _compare_runs(cand, base, hi)
         checks[seed] = seed_checks
         if seed == seeds[0]:
-            keep = (base, cand, hi, args)
+            first_cand, first_hi = cand, hi
     passed = not errors and bool(checks) and all(c.passed for cs in checks.values() for c in cs)
     report = CorrectnessReport(passed, list(seeds), checks, ref_label, grad_label, errors, notes)
-    return report, keep[0], keep[1], keep[2], keep[3], grad_outs or []
+    return _Correctness(report, shared, first_inputs, first_cand, first_hi, grad_outs or [])
 
 
 def _compare_runs(cand: _Run, base: _Run, hi: _Run | None) -> list[TensorCheck]:
@@ -477,22 +490,22 @@ def _graph_break_reasons() -> dict[str, int]:
     return merged
 
 
+# the first seed's run of the optimized module, repeated with the given model (compiled, or itself)
+_Rerun = Callable[[Callable[..., Any]], _Run]
+
+
 def _compilation(
     optimized: nn.Module,
-    shared: list[str],
     inputs: tuple | dict,
     backend: str,
-    with_grads: bool,
-    grad_outs: list[tuple[str, torch.dtype]],
-    seed: int,
+    rerun: _Rerun,
     eager: _Run | None,
     hi: _Run | None,
 ) -> CompilationReport:
     try:
         compiled = torch.compile(optimized, fullgraph=True, backend=backend)
         start = time.perf_counter()
-        run = _run(compiled, _named(optimized, shared), inputs, with_grads=with_grads, seed=seed,
-                   grad_outputs=grad_outs if with_grads else None)
+        run = rerun(compiled)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
@@ -500,8 +513,7 @@ def _compilation(
         return _compile_failure(optimized, inputs, backend, _err(exc))
     matches, mismatch = None, None
     if eager is not None:
-        checks = _compare_runs(run, eager, hi)
-        bad = [c for c in checks if not c.passed]
+        bad = failures(_compare_runs(run, eager, hi))
         matches = not bad
         mismatch = bad[0].message() if bad else None
     # fullgraph=True succeeded, so Dynamo produced exactly one graph for the forward
@@ -532,12 +544,7 @@ def _compile_failure(optimized: nn.Module, inputs: tuple | dict, backend: str, e
     return CompilationReport(False, backend, count, breaks, reasons, None, error, None)
 
 
-def _determinism(
-    optimized: nn.Module, shared: list[str], inputs: tuple | dict, with_grads: bool,
-    grad_outs: list[tuple[str, torch.dtype]], seed: int, first: _Run,
-) -> DeterminismReport:
-    second = _run(optimized, _named(optimized, shared), inputs, with_grads=with_grads, seed=seed,
-                  grad_outputs=grad_outs if with_grads else None)
+def _determinism(first: _Run, second: _Run) -> DeterminismReport:
     a = dict(flatten(first.outputs, "output")) | first.grads
     b = dict(flatten(second.outputs, "output")) | second.grads
     differing, n = [], 0
@@ -602,29 +609,30 @@ def validate_optimization(
     original.train(train)
     optimized.train(train)
     try:
-        report, _base, cand, hi, first_inputs, grad_outs = _correctness(
-            original, optimized, inputs, seeds, check_gradients, reference)
-        shared, _ = _matched_params(original, optimized) if check_gradients else ([], [])
-        with_grads = check_gradients and bool(grad_outs)
-        if first_inputs is None:
-            first_inputs = _inputs_for(inputs, seeds[0], seeds[0])
-        dev = infer_device(original, first_inputs)
+        corr = _correctness(original, optimized, inputs, seeds, check_gradients, reference)
+        with_grads = check_gradients and bool(corr.grad_outs)
+        dev = infer_device(original, corr.inputs)
+
+        def rerun(model: Callable[..., Any]) -> _Run:
+            # parameters are looked up on `optimized`: a compiled wrapper prefixes their names
+            return _run(model, _named(optimized, corr.shared), corr.inputs, with_grads=with_grads, seed=seeds[0],
+                        grad_outputs=corr.grad_outs)
+
         perf = mem = None
         if check_performance:
             passes = ("fwd", "fwd+bwd") if with_grads else ("fwd",)
-            perf, mem = _performance(original, optimized, first_inputs, passes, dict(
+            perf, mem = _performance(original, optimized, corr.inputs, passes, dict(
                 device=dev, warmup_ms=warmup_ms, rep_ms=rep_ms, cpu_min_run_time=cpu_min_run_time))
         comp = None
         if check_compile:
-            comp = _compilation(optimized, shared, first_inputs, compile_backend, with_grads, grad_outs,
-                                seeds[0], cand, hi)
+            comp = _compilation(optimized, corr.inputs, compile_backend, rerun, corr.cand, corr.hi)
         det = None
-        if check_determinism and cand is not None:
+        if check_determinism and corr.cand is not None:
             try:
-                det = _determinism(optimized, shared, first_inputs, with_grads, grad_outs, seeds[0], cand)
+                det = _determinism(corr.cand, rerun(optimized))
             except Exception as exc:
                 det = DeterminismReport(False, 0, [f"second run failed: {_err(exc, 2)}"])
-        return ValidationResult(report, perf, mem, comp, det, device_name(dev))
+        return ValidationResult(corr.report, perf, mem, comp, det, device_name(dev))
     finally:
         for m, was_training in modes:
             m.training = was_training

@@ -46,7 +46,7 @@ from kernel_pytorch.benchmark.memory import peak_memory
 from kernel_pytorch.benchmark.module import upstream_gradients
 from kernel_pytorch.benchmark.results import BenchmarkResults, Row
 from kernel_pytorch.benchmark.timer import resolve_device, rotation_copies, time_cuda_graph, time_fn
-from kernel_pytorch.validation.compare import TensorCheck, check_tensor
+from kernel_pytorch.validation.compare import TensorCheck, check_tensor, failures
 
 NAME = "norms"
 OPS = ("rms_norm", "layer_norm", "add_rms_norm")
@@ -509,7 +509,7 @@ def _measure(
         checks, result = gate(op, provider, fn, (shape.rows, shape.cols), dtype, dev, eager_result)
     except Exception as exc:
         return [_row(op, shape, dtype, provider, p, status="error", note=_why(exc)) for p in PASSES], None
-    bad = [c for c in checks if not c.passed]
+    bad = failures(checks)
     if bad:
         msg = "; ".join(c.message() for c in bad[:2])
         rows = [_row(op, shape, dtype, provider, p, status="failed", note=f"correctness: {msg}") for p in PASSES]
@@ -531,8 +531,7 @@ def _measure(
                 fns.append(_pass_fn(_bind(op, provider, fn, t, grad=pass_name != "fwd"), pass_name, seed=99))
             t_main = time_fn(fns[0], device=dev, **timing)
             row.set_timing(t_main)
-            point = roofline(t_main.median_ms, nbytes=row.bytes, flops=row.flops, ceilings=ceil)
-            row.gbps, row.tflops, row.pct_of_copy = point.gbps, point.tflops, point.pct_of_copy
+            row.set_roofline(roofline(t_main.median_ms, nbytes=row.bytes, flops=row.flops, ceilings=ceil))
             mem = peak_memory(fns[0], dev)
             row.peak_mem_bytes, row.peak_mem_method = mem.peak_bytes, mem.method
             out.append(row)
@@ -557,8 +556,7 @@ def _graph_row(op, shape, dtype, provider, pass_name, fns, dev, base: Row, ceil:
         row.status, row.note = "error", _why(exc)
         return row
     row.set_timing(t)
-    point = roofline(t.median_ms, nbytes=row.bytes, flops=row.flops, ceilings=ceil)
-    row.gbps, row.tflops, row.pct_of_copy = point.gbps, point.tflops, point.pct_of_copy
+    row.set_roofline(roofline(t.median_ms, nbytes=row.bytes, flops=row.flops, ceilings=ceil))
     row.note = "launch overhead removed; inputs rotated so each call reads cold data"
     return row
 
