@@ -17,10 +17,6 @@ ROW_SHAPES = (
     ((2, 1, 3), 64),
 )
 
-# Widths above the fused limit on the GPU (the looping path there).
-WIDE_COLS_CUDA = (16385, 65536, 262144)
-
-
 def randn(*shape: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
           scale: float = 1.0, offset: float = 0.0) -> torch.Tensor:
     """Random normal inputs (never zeros), drawn in fp32 and rounded once to `dtype`."""
@@ -31,11 +27,6 @@ def strided_rows(lead: tuple[int, ...], cols: int, dtype: torch.dtype, device: s
     """A (..., cols) view whose rows are strided: the first `cols` columns of a wider tensor."""
     wide = randn(*lead, cols + 5, dtype=dtype, device=device)
     return wide[..., :cols]
-
-
-def poisoned_like(t: torch.Tensor) -> torch.Tensor:
-    """A tensor like `t` filled with NaN, to catch outputs a kernel forgets to write."""
-    return torch.full_like(t, float("nan"))
 
 
 def device_under_test() -> str:

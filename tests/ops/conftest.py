@@ -9,6 +9,7 @@ import torch
 import triton
 
 from kernel_pytorch.ops import _triton, layer_norm, rms_norm
+from tests.grid import device_under_test
 
 
 @pytest.fixture(params=["fused", "looped"])
@@ -56,7 +57,7 @@ def many_rows() -> int:
 def assert_schedule_covers_tails(mode: str, n_rows: int, n_cols: int, element_size: int) -> None:
     """The schedule the backward uses for (n_rows, n_cols) on the device under test has what the
     many_programs tests mean to exercise."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device_under_test())
     launch = _triton.row_launch(n_cols, element_size, 8)
     if mode == "split":
         s = _triton.split_schedule(n_rows, n_cols, device, launch)

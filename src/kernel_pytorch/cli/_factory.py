@@ -174,16 +174,10 @@ def load_factory(spec: str) -> Callable[[], tuple[nn.Module, tuple | dict]]:
     return factory
 
 
-def call_inputs(model: Callable[..., Any], inputs: Inputs) -> Any:
-    """model(*inputs) or model(**inputs)."""
-    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
-
-
 __all__ = [
     "Factory",
     "FactoryError",
     "Inputs",
-    "call_inputs",
     "check_pair",
     "load_callable",
     "load_factory",

@@ -80,8 +80,12 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_target(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, str, dict | None]:
-    """(model, example inputs, report name, input dims or None) for the CLI arguments."""
+def load_target(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, str, dict | None, str | None]:
+    """(model, example inputs, report name, input dims or None, device to analyse on) for the CLI arguments.
+
+    The device is --device when given; else, for a built-in model, the one it was built on (cuda if
+    present, else cpu), and for a user factory None (the model stays where the factory put it).
+    """
     if args.target and args.model:
         raise UsageError("give either FILE.py[:FACTORY] or --model NAME, not both")
     if args.target:
@@ -91,7 +95,7 @@ def load_target(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, str, di
             model, inputs = load_factory(args.target)()
         except FactoryError as exc:
             raise UsageError(str(exc)) from exc
-        return model, inputs, args.target, None
+        return model, inputs, args.target, None, args.device or None
     from kernel_pytorch.models import DEFAULT_DEMO, build_model, input_spec, list_models
 
     name = args.model or DEFAULT_DEMO
@@ -100,7 +104,7 @@ def load_target(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, str, di
     device = args.device or _default_device()
     dtype = _DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     model, inputs = build_model(name, device=device, dtype=dtype)
-    return model, inputs, name, dict(enumerate(input_spec(name)))
+    return model, inputs, name, dict(enumerate(input_spec(name))), device
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,14 +118,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         shapes = parse_shapes(args.shapes) if args.shapes else None
         dims = parse_dims(args.dims) if args.dims else None
-        model, inputs, name, builtin_dims = load_target(args)
+        model, inputs, name, builtin_dims, device = load_target(args)
     except UsageError as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2
     except Exception as exc:  # building the model failed (no such device, out of memory, ...)
         err.print(f"[red]error:[/red] cannot build the model: {type(exc).__name__}: {exc}")
         return 2
-    device = args.device or (None if args.target else _default_device())
     dynamic = {"auto": None, "true": True, "false": False}[args.dynamic]
 
     start = time.perf_counter()

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from kernel_pytorch._tree import map_tensors
-from kernel_pytorch.cli._factory import FactoryError, check_pair, load_callable, normalize_inputs, trio_pair
+from kernel_pytorch.cli._factory import FactoryError, load_callable, load_factory, normalize_inputs, trio_pair
 from kernel_pytorch.validation import validate_optimization
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
@@ -57,9 +57,9 @@ def load_pair(specs: list[str], seed: int = 0) -> tuple[nn.Module, nn.Module, tu
             inputs = normalize_inputs(inputs)
     elif len(specs) == 2:
         torch.manual_seed(seed)
-        original, inputs = check_pair(load_callable(specs[0])(), specs[0])
+        original, inputs = load_factory(specs[0])()
         torch.manual_seed(seed)
-        optimized, _ = check_pair(load_callable(specs[1])(), specs[1])
+        optimized, _ = load_factory(specs[1])()
     else:
         raise FactoryError("give one factory returning (original, optimized, inputs) or two factories")
     if optimized is not original:

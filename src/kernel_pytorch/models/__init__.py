@@ -30,6 +30,11 @@ DimKind = Literal["batch", "seq", "spatial"]
 Task = Literal["causal-lm", "image-classification"]
 
 
+def _task(config: ModelConfig) -> Task:
+    """ "causal-lm" for the decoder configs (input: token ids), else "image-classification" (images)."""
+    return "causal-lm" if isinstance(config, (LlamaConfig, GPT2Config)) else "image-classification"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One registry entry.
@@ -52,37 +57,31 @@ class ModelSpec:
     @property
     def task(self) -> Task:
         """ "causal-lm" (input: token ids (B, T)) or "image-classification" (input: images (B, C, H, W))."""
-        return "causal-lm" if isinstance(self.config, (LlamaConfig, GPT2Config)) else "image-classification"
-
-
-def _spec(
-    name: str, config: ModelConfig, batch_size: int, seq_len: int | None, description: str
-) -> ModelSpec:
-    return ModelSpec(name, config, batch_size, seq_len, description)
+        return _task(self.config)
 
 
 MODELS: Mapping[str, ModelSpec] = MappingProxyType(
     {
         s.name: s
         for s in (
-            _spec(
+            ModelSpec(
                 "llama-tiny", LlamaConfig.tiny(), 2, 32, "Llama-style decoder, 2 layers, dim 64 (CPU demo)"
             ),
-            _spec(
+            ModelSpec(
                 "llama-8l-2048",
                 LlamaConfig.llama_8layer_2048(),
                 4,
                 2048,
                 "Llama-3-style decoder, 8 layers, dim 2048, vocab 128256 (~1.03B params, GPU)",
             ),
-            _spec("llama3-8b", LlamaConfig.llama3_8b(), 1, 2048, "Llama-3-8B sizes (~8.03B params, GPU)"),
-            _spec("gpt2-tiny", GPT2Config.tiny(), 2, 32, "GPT-2-style decoder, 2 layers, dim 64 (CPU demo)"),
-            _spec("gpt2-small", GPT2Config.gpt2_small(), 8, 1024, "GPT-2 small (124M params)"),
-            _spec("vit-tiny", ViTConfig.tiny(), 2, None, "ViT, 2 layers, dim 64, 32x32 images (CPU demo)"),
-            _spec("vit-b16", ViTConfig.vit_b16(), 32, None, "ViT-B/16, 224x224 images (86.6M params)"),
-            _spec("resnet-tiny", ResNetConfig.tiny(), 2, None, "ResNet, 4 basic blocks, width 8 (CPU demo)"),
-            _spec("resnet18", ResNetConfig.resnet18(), 32, None, "ResNet-18, 224x224 images (11.7M params)"),
-            _spec("resnet50", ResNetConfig.resnet50(), 32, None, "ResNet-50, 224x224 images (25.6M params)"),
+            ModelSpec("llama3-8b", LlamaConfig.llama3_8b(), 1, 2048, "Llama-3-8B sizes (~8.03B params, GPU)"),
+            ModelSpec("gpt2-tiny", GPT2Config.tiny(), 2, 32, "GPT-2-style decoder, 2 layers, dim 64 (CPU demo)"),
+            ModelSpec("gpt2-small", GPT2Config.gpt2_small(), 8, 1024, "GPT-2 small (124M params)"),
+            ModelSpec("vit-tiny", ViTConfig.tiny(), 2, None, "ViT, 2 layers, dim 64, 32x32 images (CPU demo)"),
+            ModelSpec("vit-b16", ViTConfig.vit_b16(), 32, None, "ViT-B/16, 224x224 images (86.6M params)"),
+            ModelSpec("resnet-tiny", ResNetConfig.tiny(), 2, None, "ResNet, 4 basic blocks, width 8 (CPU demo)"),
+            ModelSpec("resnet18", ResNetConfig.resnet18(), 32, None, "ResNet-18, 224x224 images (11.7M params)"),
+            ModelSpec("resnet50", ResNetConfig.resnet50(), 32, None, "ResNet-50, 224x224 images (25.6M params)"),
         )
     }
 )
@@ -122,10 +121,10 @@ def input_spec(name: str) -> tuple[dict[int, DimKind], ...]:
     by the config (ViT's image side is fixed by its learned position embeddings; channels always are).
     Example: llama-tiny -> ({0: "batch", 1: "seq"},).
     """
-    config = get_spec(name).config
-    if isinstance(config, (LlamaConfig, GPT2Config)):
+    spec = get_spec(name)
+    if spec.task == "causal-lm":
         return ({0: "batch", 1: "seq"},)
-    if isinstance(config, ViTConfig):
+    if isinstance(spec.config, ViTConfig):
         return ({0: "batch"},)
     return ({0: "batch", 2: "spatial", 3: "spatial"},)
 
@@ -160,27 +159,27 @@ def example_inputs(
     config = spec.config if config is None else config
     b = spec.batch_size if batch_size is None else batch_size
     generator = torch.Generator().manual_seed(seed)
-    if isinstance(config, (LlamaConfig, GPT2Config)):
+    shape: tuple[int, ...]
+    if _task(config) == "causal-lm":
         if image_size is not None:
             raise ValueError(f"{name} takes token ids; image_size does not apply")
         t = spec.seq_len if seq_len is None else seq_len
         assert t is not None  # every language-model spec has a default seq_len
         if isinstance(config, GPT2Config) and t > config.max_seq_len:
             raise ValueError(f"seq_len {t} > max_seq_len {config.max_seq_len} of {name}'s position table")
-        if torch.device(device).type == "meta":
-            return (torch.empty(b, t, dtype=torch.long, device="meta"),)
-        ids = torch.randint(0, config.vocab_size, (b, t), generator=generator)
-        return (ids.to(device),)
-    if seq_len is not None:
-        raise ValueError(f"{name} takes images; pass image_size instead of seq_len")
-    side = config.image_size if image_size is None else image_size
-    if isinstance(config, ViTConfig) and side != config.image_size:
-        raise ValueError(f"{name} has position embeddings for {config.image_size}x{config.image_size} only")
-    shape = (b, config.in_channels, side, side)
-    if torch.device(device).type == "meta":
-        return (torch.empty(shape, dtype=dtype, device="meta"),)
-    images = torch.randn(shape, generator=generator)
-    return (images.to(device=device, dtype=dtype),)
+        shape, out_dtype = (b, t), torch.long
+        draw = lambda: torch.randint(0, config.vocab_size, shape, generator=generator)
+    else:
+        if seq_len is not None:
+            raise ValueError(f"{name} takes images; pass image_size instead of seq_len")
+        side = config.image_size if image_size is None else image_size
+        if isinstance(config, ViTConfig) and side != config.image_size:
+            raise ValueError(f"{name} has position embeddings for {config.image_size}x{config.image_size} only")
+        shape, out_dtype = (b, config.in_channels, side, side), dtype
+        draw = lambda: torch.randn(shape, generator=generator)
+    if torch.device(device).type == "meta":  # shapes only: nothing drawn, nothing allocated
+        return (torch.empty(shape, dtype=out_dtype, device="meta"),)
+    return (draw().to(device=device, dtype=out_dtype),)
 
 
 def build_model(
