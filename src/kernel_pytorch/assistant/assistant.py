@@ -17,7 +17,15 @@ import torch
 from torch import nn
 
 from kernel_pytorch.assistant.compile_time import analyze_compile_time
-from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions, InputDims, prepare, split_inputs
+from kernel_pytorch.assistant.context import (
+    AnalysisContext,
+    AnalysisOptions,
+    InputDims,
+    backend_name,
+    prepare,
+    prepare_inputs,
+    split_inputs,
+)
 from kernel_pytorch.assistant.findings import Finding, Report, Severity, sort_findings
 from kernel_pytorch.assistant.readiness import analyze_readiness
 from kernel_pytorch.assistant.recompiles import analyze_recompilations
@@ -107,15 +115,14 @@ class CompilerOptimizationAssistant:
         module, args, kwargs = prepare(module, args, kwargs, self.device, self.dtype)
         extra = []
         for inputs in extra_inputs:
-            a, k = split_inputs(inputs)
-            _, a, k = prepare(module, a, k, self.device, self.dtype)
+            a, k = prepare_inputs(*split_inputs(inputs), self.device, self.dtype)
             extra.append(k if k else a)
         return AnalysisContext(
             module,
             args,
             kwargs,
             options=self.options,
-            name=name or type(module).__name__,
+            name=name,
             progress=self.progress,
             extra_inputs=extra,
         )
@@ -160,10 +167,10 @@ class CompilerOptimizationAssistant:
             "device": str(ctx.device),
             "dtype": str(_param_dtype(ctx.module)).replace("torch.", ""),
             "torch": torch.__version__,
-            "backend": getattr(self.options.backend, "__name__", str(self.options.backend)),
+            "backend": backend_name(self.options.backend),
             "mode": self.options.mode,
             "dynamic": self.options.dynamic,
-            "trace_backend": getattr(self.options.trace_backend, "__name__", str(self.options.trace_backend)),
+            "trace_backend": backend_name(self.options.trace_backend),
             "inputs": _describe_inputs(ctx),
             "sweep": {k: list(v) for k, v in ctx.sweep_sizes.items()},
             "seconds": {**seconds, "total": round(time.perf_counter() - start, 3)},

@@ -26,7 +26,13 @@ import torch
 import torch._inductor.config
 from torch import nn
 
-from kernel_pytorch.assistant.context import AnalysisContext, CompileProfile, error_location, short_error
+from kernel_pytorch.assistant.context import (
+    AnalysisContext,
+    CompileProfile,
+    backend_name,
+    error_location,
+    short_error,
+)
 from kernel_pytorch.assistant.findings import Finding, Severity
 
 
@@ -71,7 +77,7 @@ def phases(profile: CompileProfile, device_type: str = "cpu") -> tuple[list[Phas
     autotune_in_lowering = min(autotune, clamp(lowering))
     # autotuning not inside lowering happened while generating code (Triton's own autotuner)
     autotune_in_codegen = autotune - autotune_in_lowering
-    name = getattr(profile.backend, "__name__", str(profile.backend))
+    name = backend_name(profile.backend)
     is_aot = name in ("inductor", "aot_eager", "aot_eager_decomp_partition", "aot_inductor") or inductor > 0
     # torch measures the wait for the asynchronous kernel compiles; the compiles themselves start during
     # code generation and overlap it
@@ -166,7 +172,7 @@ def analyze_compile_time(ctx: AnalysisContext) -> list[Finding]:
     if not ctx.eager.ok:
         return [_skipped("the model does not run eagerly on its example inputs")]
     profile = ctx.profile
-    backend = getattr(profile.backend, "__name__", str(profile.backend))
+    backend = backend_name(profile.backend)
     if profile.error is not None:
         return [
             Finding(

@@ -67,6 +67,11 @@ class AnalysisOptions:
     cold_cache: bool = False
 
 
+def backend_name(backend: str | Callable[..., Any]) -> str:
+    """How reports name a torch.compile backend: a callable's `__name__`, else `str(backend)`."""
+    return getattr(backend, "__name__", str(backend))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Dynamo state
 # ---------------------------------------------------------------------------------------------------
@@ -284,7 +289,18 @@ def prepare(
     dev = torch.device(device) if device is not None else None
     if dev is not None or dtype is not None:
         module = module.to(device=dev, dtype=dtype) if dtype is not None else module.to(device=dev)
-    return module, _to(args, dev, dtype), _to(kwargs, dev, dtype)
+    return (module, *prepare_inputs(args, kwargs, dev, dtype))
+
+
+def prepare_inputs(
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    device: str | torch.device | None,
+    dtype: torch.dtype | None,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Move the tensors of the inputs to `device`; cast floating ones to `dtype` (the module is left alone)."""
+    dev = torch.device(device) if device is not None else None
+    return _to(args, dev, dtype), _to(kwargs, dev, dtype)
 
 
 def clone_inputs(value: Any) -> Any:
@@ -631,6 +647,10 @@ class AnalysisContext:
             torch.cuda.synchronize(self.device)
         return out
 
+    def _call_example(self, fn: Callable[..., Any]) -> Any:
+        """`call` on fresh copies of the example inputs."""
+        return self.call(fn, clone_inputs(self.args), clone_inputs(self.kwargs))
+
     # ----- names ------------------------------------------------------------------------------------
 
     @functools.cached_property
@@ -666,6 +686,18 @@ class AnalysisContext:
     def input_value(self, key: InputKey) -> Any:
         return self.args[key] if isinstance(key, int) else self.kwargs[key]
 
+    @staticmethod
+    def _with_input(
+        args: Sequence[Any], kwargs: Mapping[str, Any], key: InputKey, value: Any
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """New (args, kwargs) with input `key` (a position or a keyword) set to `value`."""
+        args, kwargs = list(args), dict(kwargs)
+        if isinstance(key, int):
+            args[key] = value
+        else:
+            kwargs[key] = value
+        return tuple(args), kwargs
+
     # ----- shared runs ------------------------------------------------------------------------------
 
     @functools.cached_property
@@ -675,7 +707,7 @@ class AnalysisContext:
         start = time.perf_counter()
         try:
             with torch.no_grad():
-                self.call(self.module, clone_inputs(self.args), clone_inputs(self.kwargs))
+                self._call_example(self.module)
         except Exception as exc:
             return EagerResult(False, exc, time.perf_counter() - start)
         return EagerResult(True, None, time.perf_counter() - start)
@@ -691,7 +723,7 @@ class AnalysisContext:
         with fresh_dynamo():
             compiled = torch.compile(self.module, backend=recorder, dynamic=self.options.dynamic)
             try:
-                self.call(compiled, clone_inputs(self.args), clone_inputs(self.kwargs))
+                self._call_example(compiled)
             except Exception as exc:
                 error = exc
             # every break, including those before the first op (explain() misses those: no graph)
@@ -730,7 +762,7 @@ class AnalysisContext:
                 self.module, backend=self.options.trace_backend, fullgraph=True, dynamic=self.options.dynamic
             )
             try:
-                self.call(compiled, clone_inputs(self.args), clone_inputs(self.kwargs))
+                self._call_example(compiled)
             except Exception as exc:
                 return FullgraphResult(False, exc, time.perf_counter() - start)
         return FullgraphResult(True, None, time.perf_counter() - start)
@@ -750,7 +782,7 @@ class AnalysisContext:
             start = time.perf_counter()
             try:
                 compiled = torch.compile(self.module, **kwargs)
-                self.call(compiled, clone_inputs(self.args), clone_inputs(self.kwargs))
+                self._call_example(compiled)
             except Exception as exc:
                 error = exc
             first = time.perf_counter() - start
@@ -759,7 +791,7 @@ class AnalysisContext:
                     times = []
                     for _ in range(3):  # the best of three: the first calls may still warm up
                         start = time.perf_counter()
-                        self.call(compiled, clone_inputs(self.args), clone_inputs(self.kwargs))
+                        self._call_example(compiled)
                         times.append(time.perf_counter() - start)
                     steady = min(times)
                 except Exception as exc:  # a later call may still recompile and fail
@@ -804,7 +836,7 @@ class AnalysisContext:
         return out
 
     def _resized(self, kind: str, size: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        args, kwargs = list(self.args), dict(self.kwargs)
+        args, kwargs = self.args, dict(self.kwargs)
         for key, dims in self.input_dims.items():
             value = args[key] if isinstance(key, int) else kwargs[key]
             if not isinstance(value, torch.Tensor):
@@ -812,11 +844,8 @@ class AnalysisContext:
             for dim, k in dims.items():
                 if k == kind and dim < value.dim():
                     value = resize(value, dim, size)
-            if isinstance(key, int):
-                args[key] = value
-            else:
-                kwargs[key] = value
-        return tuple(args), kwargs
+            args, kwargs = self._with_input(args, kwargs, key, value)
+        return args, kwargs
 
     @functools.cached_property
     def variants(self) -> tuple[tuple[Variant, ...], tuple[tuple[str, str], ...]]:
@@ -841,12 +870,8 @@ class AnalysisContext:
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue
                 for new in _other_values(value):
-                    args, kwargs = list(self.args), dict(self.kwargs)
-                    if isinstance(key, int):
-                        args[key] = new
-                    else:
-                        kwargs[key] = new
-                    candidates.append(Variant(f"{name}={new}", "scalar", tuple(args), kwargs))
+                    args, kwargs = self._with_input(self.args, self.kwargs, key, new)
+                    candidates.append(Variant(f"{name}={new}", "scalar", args, kwargs))
         kept: list[Variant] = []
         rejected: list[tuple[str, str]] = []
         with torch.no_grad():
@@ -864,21 +889,15 @@ class AnalysisContext:
 
     def apply_fix(self, fix: Fix, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         """Fresh copies of the inputs with `fix` applied (scalars as tensors, dims marked dynamic)."""
-        args, kwargs = list(clone_inputs(args)), dict(clone_inputs(kwargs))
+        args, kwargs = tuple(clone_inputs(args)), dict(clone_inputs(kwargs))
 
         def get(key: InputKey) -> Any:
             return args[key] if isinstance(key, int) else kwargs.get(key)
 
-        def put(key: InputKey, value: Any) -> None:
-            if isinstance(key, int):
-                args[key] = value
-            else:
-                kwargs[key] = value
-
         for key in fix.tensorize:
             value = get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                put(key, torch.tensor(value, device=self.device))
+                args, kwargs = self._with_input(args, kwargs, key, torch.tensor(value, device=self.device))
         for key, dim in fix.mark_dynamic:
             value = get(key)
             if isinstance(value, torch.Tensor) and dim < value.dim():

@@ -159,9 +159,7 @@ def classify_break(reason: str, code: str | None) -> BreakKind:
         op = re.search(r"Operator `([^`]+)`", reason)
         return kind("dynamic-shape-op", f"`{op.group(1)}` (output shape depends on data)" if op else None)
     if name or "marked as skipped" in low or "builtin" in low:
-        return BreakKind(
-            "unsupported-builtin", f"`{name}`" if name else "unsupported builtin", _FIXES["unsupported-builtin"]
-        )
+        return kind("unsupported-builtin", f"`{name}`" if name else "unsupported builtin")
     return kind("other", _first_line(reason) or None)
 
 
@@ -279,6 +277,7 @@ def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
 
     ops = [len(g.ops) for g in trace.graphs]
     if trace.error is None:
+        data = {"graph_count": n_graphs, "ops_per_graph": ops, "break_count": len(breaks)}
         if breaks:
             findings.append(
                 Finding(
@@ -289,7 +288,7 @@ def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
                     f"{trace.seconds:.1f} s",
                     suggestion="Fix the breaks above; then `torch.compile(model, fullgraph=True)` keeps "
                     "them from coming back.",
-                    data={"graph_count": n_graphs, "ops_per_graph": ops, "break_count": len(breaks)},
+                    data=data,
                 )
             )
         elif trace.failed_frames:
@@ -300,7 +299,7 @@ def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
                     title=f"No graph breaks, but {len(trace.failed_frames)} frame(s) fell back to eager: "
                     f"{n_graphs} graph(s), {sum(ops)} ops compiled",
                     evidence=f"ops per graph: {ops}; traced in {trace.seconds:.1f} s",
-                    data={"graph_count": n_graphs, "ops_per_graph": ops, "break_count": 0},
+                    data=data,
                 )
             )
         else:
@@ -310,7 +309,7 @@ def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
                     severity=Severity.INFO,
                     title=f"No graph breaks: {n_graphs} graph(s), {sum(ops)} ops",
                     evidence=f"ops per graph: {ops}; traced in {trace.seconds:.1f} s",
-                    data={"graph_count": n_graphs, "ops_per_graph": ops, "break_count": 0},
+                    data=data,
                 )
             )
         findings.append(_fullgraph_finding(ctx, has_breaks=bool(breaks)))

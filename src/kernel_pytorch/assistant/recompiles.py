@@ -19,6 +19,7 @@ from kernel_pytorch.assistant.context import (
     Fix,
     InputKey,
     SweepResult,
+    backend_name,
     definition_location,
     location_of,
     recompile_limit,
@@ -248,7 +249,7 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
         )
 
     recompiles = baseline.recompiles
-    causes = [classify_recompile(r, ctx) for r in recompiles if not r.hit_limit]
+    causes = [classify_recompile(r, ctx) for r in recompiles]
     limit_hit = [r for r in baseline.compiles if r.hit_limit]
     n_before = len(recompiles)
 
@@ -273,13 +274,13 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
     if best is not None and len(best.result.recompiles) >= n_before:
         best = None  # tried, verified, and no better: say so rather than recommend it
 
-    compile_s = _full_compile_seconds(ctx)
     findings.append(_summary(ctx, sweep_text, baseline, n_before, best, attempts, baseline_causes=causes))
 
     groups: dict[tuple[str, str | None, int | None], list[Cause]] = {}
     for c in causes:
         groups.setdefault(_group_key(c), []).append(c)
     after_causes = [classify_recompile(r, ctx) for r in best.result.recompiles] if best else []
+    compile_s = _full_compile_seconds(ctx) if causes else None
     for (kind, name, dim), members in groups.items():
         key = ctx.resolve_input(name) if name else None
         remaining = sum(1 for c in after_causes if _group_key(c) == (kind, name, dim))
@@ -415,7 +416,7 @@ def _cause_finding(
         if kind in _SHAPE_LIKE
         else "no automatic fix applies; not re-run"
     )
-    backend = getattr(ctx.options.backend, "__name__", str(ctx.options.backend))
+    backend = backend_name(ctx.options.backend)
     cost = f"; each full compile with {backend} took {compile_s:.1f} s here" if compile_s else ""
     gain = f"{n} -> {remaining} recompiles (verified){cost}" if verified else None
     data = {"kind": kind, "input": shown, "dim": dim, "recompiles_before": n, "guard": guard}
@@ -424,19 +425,13 @@ def _cause_finding(
 
     if kind == "dynamic-dim" and key is None:
         where = " (a value live across a graph break)" if any(c.after_graph_break for c in members) else ""
-        return Finding(
-            id="recompile.dynamic-dim",
-            severity=Severity.WARNING,
-            title=f"Recompiles when dim {dim} of `{shown}`{where} changes",
-            evidence=f"{n} recompile(s); failed guard: {guard}; {after_text}",
-            location=location,
-            suggestion="`torch.compile(model, dynamic=True)` makes every size symbolic, including "
+        title = f"Recompiles when dim {dim} of `{shown}`{where} changes"
+        suggestion = (
+            "`torch.compile(model, dynamic=True)` makes every size symbolic, including "
             "values handed across graph breaks, which mark_dynamic on the inputs does not reach; "
-            "fixing the graph break removes the extra frame altogether.",
-            estimated_gain=gain,
-            data=data,
+            "fixing the graph break removes the extra frame altogether."
         )
-    if kind == "dynamic-dim":
+    elif kind == "dynamic-dim":
         what = _dim_label(ctx, key, dim)
         dynamic_first = best is not None and best.fix.dynamic is True and not best.fix.mark_dynamic
         mark = f"torch._dynamo.mark_dynamic({shown}, {dim})"
@@ -446,37 +441,27 @@ def _cause_finding(
             if dynamic_first
             else f"`{mark}` before the first compiled call (or `torch.compile(model, dynamic=True)` for every dim)"
         )
-        return Finding(
-            id="recompile.dynamic-dim",
-            severity=Severity.WARNING,
-            title=f"Recompiles when {what} of `{shown}` changes",
-            evidence=f"{n} recompile(s); failed guard: {guard}; {after_text}",
-            location=location,
-            suggestion=f"{how} compiles one graph for every size. Sizes 0 and 1 are always specialised, "
-            "so a first call with size 1 still costs one recompile.",
-            estimated_gain=gain,
-            data=data,
+        title = f"Recompiles when {what} of `{shown}` changes"
+        suggestion = (
+            f"{how} compiles one graph for every size. Sizes 0 and 1 are always specialised, "
+            "so a first call with size 1 still costs one recompile."
         )
-    if kind == "python-scalar":
-        return Finding(
-            id="recompile.python-scalar",
-            severity=Severity.WARNING,
-            title=f"Recompiles when the Python scalar `{shown}` changes value",
-            evidence=f"{n} recompile(s); failed guard: {guard}; {after_text}",
-            location=location,
-            suggestion=f"Pass `{shown}` as a tensor: `model(x, torch.tensor({shown}))` (a 0-dim tensor "
-            "is an input to the graph, not a constant baked into it); or `dynamic=True`.",
-            estimated_gain=gain,
-            data=data,
+    elif kind == "python-scalar":
+        title = f"Recompiles when the Python scalar `{shown}` changes value"
+        suggestion = (
+            f"Pass `{shown}` as a tensor: `model(x, torch.tensor({shown}))` (a 0-dim tensor "
+            "is an input to the graph, not a constant baked into it); or `dynamic=True`."
         )
-    advice = _ADVICE.get(kind, _ADVICE["other"])
+    else:
+        title = f"Recompiles on a {kind.replace('-', ' ')} change" + (f" of `{shown}`" if shown else "")
+        suggestion = _ADVICE.get(kind, _ADVICE["other"])
     return Finding(
         id=f"recompile.{kind}",
         severity=Severity.WARNING,
-        title=f"Recompiles on a {kind.replace('-', ' ')} change" + (f" of `{shown}`" if shown else ""),
+        title=title,
         evidence=f"{n} recompile(s); failed guard: {guard}; {after_text}",
         location=location,
-        suggestion=advice,
+        suggestion=suggestion,
         estimated_gain=gain,
         data=data,
     )
