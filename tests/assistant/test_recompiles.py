@@ -112,6 +112,15 @@ def test_dtype_and_parameter_changes_are_classified() -> None:
     assert "type-change" in {f.data.get("kind") for f in findings}
 
 
+def test_sweep_summary_names_extra_inputs_sizes_and_scalars() -> None:
+    x = torch.randn(4, 16)
+    findings = _analyze(zoo.ScalarArg(), (x, 0.5), extra=((torch.randn(3, 16), 0.5),), shapes={"batch": (4, 8)})
+    evidence = _one(findings, "recompile.summary").evidence
+    # each part says what the calls were: the extra input by name, then the values each swept thing took
+    assert evidence.startswith("swept extra_inputs[0]; batch in {8}; scale in {0.25, 0.75} with dynamic=None")
+    assert "in {}" not in evidence
+
+
 def test_recompile_limit_is_reported() -> None:
     sizes = tuple(range(2, 2 + recompile_limit() + 3))
     findings = _analyze(zoo.Clean(), (torch.randn(2, 16),), dynamic=False, shapes={"batch": sizes})

@@ -384,14 +384,20 @@ class Variant:
 
     Attributes:
         label: what differs from the example, e.g. "batch=4" or "scale=0.5"; "example" for the example.
-        kind: "example", a dim kind ("batch", "seq", "spatial") or "scalar".
+        kind: "example", "given" (one of the extra inputs), a dim kind ("batch", "seq", "spatial") or
+            "scalar".
         args, kwargs: the inputs (templates: the sweep clones them before each call).
+        varied: what differs from the example: the dim kind, or the scalar's parameter name; None for
+            the example and the extra inputs.
+        value: the value `varied` takes in this call (a size or a scalar value).
     """
 
     label: str
     kind: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
+    varied: str | None = None
+    value: Any = None
 
 
 @dataclass(frozen=True)
@@ -863,7 +869,7 @@ class AnalysisContext:
         for kind, sizes in self.sweep_sizes.items():
             for size in sizes[1:]:
                 args, kwargs = self._resized(kind, size)
-                candidates.append(Variant(f"{kind}={size}", kind, args, kwargs))
+                candidates.append(Variant(f"{kind}={size}", kind, args, kwargs, varied=kind, value=size))
         if self.options.vary_scalars:
             for key, name in self.input_names.items():
                 value = self.input_value(key)
@@ -871,7 +877,7 @@ class AnalysisContext:
                     continue
                 for new in _other_values(value):
                     args, kwargs = self._with_input(self.args, self.kwargs, key, new)
-                    candidates.append(Variant(f"{name}={new}", "scalar", args, kwargs))
+                    candidates.append(Variant(f"{name}={new}", "scalar", args, kwargs, varied=name, value=new))
         kept: list[Variant] = []
         rejected: list[tuple[str, str]] = []
         with torch.no_grad():

@@ -151,13 +151,16 @@ def _new_errors(attempt: SweepResult, baseline: SweepResult) -> list[tuple[str, 
 
 
 def _sweep_summary(ctx: AnalysisContext) -> str:
+    """The calls besides the example: the extra inputs by label, then the values each swept thing took."""
     variants, _ = ctx.variants
-    by_kind: dict[str, list[str]] = {}
+    given = [v.label for v in variants if v.kind == "given"]
+    by_varied: dict[str, list[str]] = {}
     for v in variants:
-        if v.kind != "example":
-            name, _, value = v.label.partition("=")
-            by_kind.setdefault(name, []).append(value)
-    return "; ".join(f"{k} in {{{', '.join(vs)}}}" for k, vs in by_kind.items()) or "the example only"
+        if v.varied is not None:
+            by_varied.setdefault(v.varied, []).append(str(v.value))
+    parts = [", ".join(given)] if given else []
+    parts += [f"{k} in {{{', '.join(vs)}}}" for k, vs in by_varied.items()]
+    return "; ".join(parts) or "the example only"
 
 
 def _group_key(c: Cause) -> tuple[str, str | None, int | None]:
