@@ -5,19 +5,15 @@ This module sits below `reference` and imports nothing of ours, so any layer may
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
-import os
+from collections.abc import Iterator
 
 import torch
 
 logger = logging.getLogger("kernel_pytorch")
-
-
-def interpret_mode() -> bool:
-    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @functools.cache
@@ -64,3 +60,21 @@ def _cuda_triton_status(index: int) -> tuple[bool, str]:
 def log_once(message: str, level: int = logging.INFO) -> None:
     """Log `message` the first time it is seen in this process (the cache is the memory)."""
     logger.log(level, message)
+
+
+def recompile_limit_name() -> str:
+    """The config name of Dynamo's per-frame compile limit: `recompile_limit`, `cache_size_limit` before."""
+    return "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+
+
+def recompile_limit() -> int:
+    """The current per-frame compile limit."""
+    return int(getattr(torch._dynamo.config, recompile_limit_name()))
+
+
+@contextlib.contextmanager
+def recompile_headroom(limit: int) -> Iterator[None]:
+    """Raise Dynamo's per-frame compile limit to at least `limit` for a while: one compiled function
+    that meets many shapes (a benchmark sweep) would otherwise fall back to eager silently."""
+    with torch._dynamo.config.patch(**{recompile_limit_name(): max(limit, recompile_limit())}):
+        yield

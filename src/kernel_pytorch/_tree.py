@@ -79,6 +79,40 @@ def map_tensors(fn: Callable[[Tensor], Any], obj: Any) -> Any:
     return obj
 
 
+Inputs = tuple | dict
+"""Example inputs as passed to a model: positional args as a tuple, or keyword args as a dict."""
+
+
+def as_inputs(inputs: Any) -> Inputs:
+    """Positional args as a tuple, keyword args (any mapping: HF `BatchEncoding` too) as a dict;
+    any other value (a lone tensor) becomes a 1-tuple."""
+    if isinstance(inputs, Mapping):
+        return dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs)
+    return (inputs,)
+
+
+def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) of example inputs in any form `as_inputs` takes."""
+    norm = as_inputs(inputs)
+    return ((), norm) if isinstance(norm, dict) else (norm, {})
+
+
+def call(fn: Callable[..., Any], inputs: Inputs) -> Any:
+    """fn(*inputs) for a tuple, fn(**inputs) for a dict."""
+    return fn(**inputs) if isinstance(inputs, Mapping) else fn(*inputs)
+
+
+def move(obj: Any, device: torch.device | str | None, dtype: torch.dtype | None = None) -> Any:
+    """`obj` with its tensors moved to `device` (None: left where they are) and its floating-point
+    tensors cast to `dtype` (None: kept); integer and bool tensors keep their dtype."""
+    dev = torch.device(device) if device is not None else None
+    if dev is None and dtype is None:
+        return obj
+    return map_tensors(lambda t: t.to(device=dev, dtype=dtype if t.is_floating_point() else None), obj)
+
+
 def nbytes(obj: Any) -> int:
     """Total bytes of the tensor leaves of `obj`."""
     return sum(t.numel() * t.element_size() for t in tensors(obj))
@@ -94,4 +128,7 @@ def devices(obj: Any) -> set[torch.device]:
     return {t.device for t in tensors(obj)}
 
 
-__all__ = ["children", "clone_detached", "devices", "flatten", "map_tensors", "nbytes", "tensors"]
+__all__ = [
+    "Inputs", "as_inputs", "call", "children", "clone_detached", "devices", "flatten", "map_tensors", "move",
+    "nbytes", "split_inputs", "tensors",
+]

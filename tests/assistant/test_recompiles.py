@@ -7,12 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernel_pytorch._env import recompile_limit, recompile_limit_name
 from kernel_pytorch.assistant.context import (
     AnalysisContext,
     AnalysisOptions,
     CompileRecord,
-    recompile_limit,
-    recompile_limit_name,
 )
 from kernel_pytorch.assistant.findings import Finding, Severity
 from kernel_pytorch.assistant.recompiles import analyze_recompilations, classify_recompile, failed_guard

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernel_pytorch._tree import split_inputs
 from kernel_pytorch.assistant.compile_time import analyze_compile_time
 from kernel_pytorch.assistant.context import (
     AnalysisContext,
@@ -24,7 +25,6 @@ from kernel_pytorch.assistant.context import (
     backend_name,
     prepare,
     prepare_inputs,
-    split_inputs,
 )
 from kernel_pytorch.assistant.findings import Finding, Report, Severity, sort_findings
 from kernel_pytorch.assistant.readiness import analyze_readiness

@@ -26,12 +26,12 @@ import torch
 import torch._inductor.config
 from torch import nn
 
+from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.context import (
     AnalysisContext,
     CompileProfile,
     backend_name,
     error_location,
-    short_error,
 )
 from kernel_pytorch.assistant.findings import Finding, Severity
 

@@ -28,6 +28,9 @@ import torch
 import torch._inductor.config
 from torch import nn
 
+from kernel_pytorch._env import recompile_limit_name
+from kernel_pytorch._errors import short_error
+from kernel_pytorch._tree import move, split_inputs
 from kernel_pytorch.assistant.findings import Location
 
 InputKey = int | str  # position of a positional argument, or name of a keyword argument
@@ -75,16 +78,6 @@ def backend_name(backend: str | Callable[..., Any]) -> str:
 # ---------------------------------------------------------------------------------------------------
 # Dynamo state
 # ---------------------------------------------------------------------------------------------------
-
-
-def recompile_limit_name() -> str:
-    """The config name of Dynamo's per-frame compile limit: `recompile_limit`, `cache_size_limit` before."""
-    return "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-
-
-def recompile_limit() -> int:
-    """The current per-frame compile limit."""
-    return int(getattr(torch._dynamo.config, recompile_limit_name()))
 
 
 def _clear_compilation_metrics() -> None:
@@ -235,13 +228,6 @@ def error_location(exc: BaseException) -> Location | None:
     return user_location(traceback.extract_tb(exc.__traceback__)) if exc.__traceback__ else None
 
 
-def short_error(exc: BaseException, limit: int = 600) -> str:
-    """`Type: message`, cut at Dynamo's "from user code" trailer and at `limit` characters."""
-    text = str(exc).split("\n\nfrom user code:")[0].split("\n\nSet TORCHDYNAMO_VERBOSE")[0].strip()
-    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def definition_location(module: nn.Module) -> Location | None:
     """The `def forward` line of the module's class."""
     fn = type(module).forward
@@ -256,26 +242,6 @@ def definition_location(module: nn.Module) -> Location | None:
 # ---------------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------------
-
-
-def split_inputs(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """(args, kwargs) from a tuple/list of positional args, a dict of keyword args or a lone tensor."""
-    if isinstance(example_inputs, Mapping):
-        return (), dict(example_inputs)
-    if isinstance(example_inputs, (tuple, list)):
-        return tuple(example_inputs), {}
-    return (example_inputs,), {}
-
-
-def _to(value: Any, device: torch.device | None, dtype: torch.dtype | None) -> Any:
-    if isinstance(value, torch.Tensor):
-        cast = dtype if (dtype is not None and value.is_floating_point()) else None
-        return value.to(device=device, dtype=cast)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to(v, device, dtype) for v in value)
-    if isinstance(value, dict):
-        return {k: _to(v, device, dtype) for k, v in value.items()}
-    return value
 
 
 def prepare(
@@ -299,8 +265,7 @@ def prepare_inputs(
     dtype: torch.dtype | None,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Move the tensors of the inputs to `device`; cast floating ones to `dtype` (the module is left alone)."""
-    dev = torch.device(device) if device is not None else None
-    return _to(args, dev, dtype), _to(kwargs, dev, dtype)
+    return move(args, device, dtype), move(kwargs, device, dtype)
 
 
 def clone_inputs(value: Any) -> Any:

@@ -12,11 +12,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.context import (
     AnalysisContext,
     BreakRecord,
     error_location,
-    short_error,
     user_location,
 )
 from kernel_pytorch.assistant.findings import Finding, Location, Severity

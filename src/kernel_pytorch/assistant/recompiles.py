@@ -13,6 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kernel_pytorch._env import recompile_limit, recompile_limit_name
 from kernel_pytorch.assistant.context import (
     AnalysisContext,
     CompileRecord,
@@ -22,8 +23,6 @@ from kernel_pytorch.assistant.context import (
     backend_name,
     definition_location,
     location_of,
-    recompile_limit,
-    recompile_limit_name,
 )
 from kernel_pytorch.assistant.findings import Finding, Location, Severity
 

@@ -16,26 +16,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kernel_pytorch._tree import clone_detached, devices, map_tensors, nbytes, tensors
+from kernel_pytorch._tree import as_inputs, call, clone_detached, devices, map_tensors, nbytes, tensors
 from kernel_pytorch.benchmark.ceilings import Ceilings, RooflinePoint, device_name, roofline
 from kernel_pytorch.benchmark.memory import MemoryMeasurement, peak_memory
 from kernel_pytorch.benchmark.timer import Timing, resolve_device, rotation_copies, time_cuda_graph, time_fn
 
 PASSES = ("fwd", "fwd+bwd")
-
-
-def call(fn: Callable[..., Any], inputs: tuple | dict) -> Any:
-    """fn(*inputs) for a tuple, fn(**inputs) for a dict."""
-    return fn(**inputs) if isinstance(inputs, Mapping) else fn(*inputs)
-
-
-def as_inputs(inputs: Any) -> tuple | dict:
-    """Positional args as a tuple, keyword args as a dict; a lone tensor becomes a 1-tuple."""
-    if isinstance(inputs, Mapping):
-        return dict(inputs)
-    if isinstance(inputs, (tuple, list)):
-        return tuple(inputs)
-    return (inputs,)
 
 
 def infer_device(module: nn.Module | None, inputs: Any) -> torch.device:

@@ -14,7 +14,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,8 +22,21 @@ from typing import Any
 import torch
 from torch import nn
 
-Inputs = tuple[Any, ...] | dict[str, Any]
+from kernel_pytorch._tree import Inputs, as_inputs
+
 Factory = Callable[[], tuple[nn.Module, Inputs]]
+
+# --dtype names the CLI accepts (short and torch spellings)
+DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp64": torch.float64,
+    "float64": torch.float64,
+}
 
 # names tried, in order, when a bare FILE.py defines a factory function rather than the trio
 _DEFAULT_FACTORY_NAMES = ("make", "factory", "get_model")
@@ -129,12 +142,8 @@ def trio_pair(spec: str) -> tuple[Factory, Factory] | None:
 
 def normalize_inputs(inputs: Any) -> Inputs:
     """Positional args as a tuple, or keyword args as a dict; a lone tensor becomes a 1-tuple."""
-    if isinstance(inputs, dict):
-        return dict(inputs)
-    if isinstance(inputs, (tuple, list)):
-        return tuple(inputs)
-    if isinstance(inputs, torch.Tensor):
-        return (inputs,)
+    if isinstance(inputs, (Mapping, tuple, list, torch.Tensor)):
+        return as_inputs(inputs)
     raise FactoryError(
         f"example inputs must be a tuple/list of positional args, a dict of kwargs or a tensor "
         f"(got {type(inputs).__name__})"

@@ -25,16 +25,8 @@ from typing import Any
 
 import torch
 
-_DTYPES = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "fp64": torch.float64,
-    "float64": torch.float64,
-}
+from kernel_pytorch.cli._factory import DTYPES
+
 _KINDS = ("batch", "seq", "spatial")
 
 
@@ -102,7 +94,7 @@ def load_target(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, str, di
     if name not in list_models():
         raise UsageError(f"unknown model {name!r}; built-in models: {', '.join(list_models())}")
     device = args.device or _default_device()
-    dtype = _DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     model, inputs = build_model(name, device=device, dtype=dtype)
     return model, inputs, name, dict(enumerate(input_spec(name))), device
 
@@ -138,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
         assistant = CompilerOptimizationAssistant(
             device=device,
-            dtype=_DTYPES[args.dtype] if args.dtype else None,
+            dtype=DTYPES[args.dtype] if args.dtype else None,
             backend=args.backend,
             mode=args.mode,
             dynamic=dynamic,
@@ -181,7 +173,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("target", nargs="?", metavar="FILE.py[:FACTORY]", help="the model to analyse (default: built-in)")
     p.add_argument("--model", metavar="NAME", help="a built-in model (default llama-tiny)")
     p.add_argument("--device", help="device to analyse on (default: cuda if present, else cpu)")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), help="cast parameters and float inputs first")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="cast parameters and float inputs first")
     p.add_argument("--shapes", metavar="SPEC", help='sweep sizes, e.g. "batch=1,2,4;seq=16,32"')
     p.add_argument("--dims", metavar="SPEC", help='which dims vary, e.g. "0:0=batch,1=seq"')
     p.add_argument("--backend", default="inductor", help="backend whose compile time is measured")

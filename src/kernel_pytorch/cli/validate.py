@@ -19,10 +19,8 @@ import torch
 from torch import nn
 
 from kernel_pytorch._tree import map_tensors
-from kernel_pytorch.cli._factory import FactoryError, load_callable, load_factory, normalize_inputs, trio_pair
+from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_callable, load_factory, normalize_inputs, trio_pair
 from kernel_pytorch.validation import validate_optimization
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 
 
 def load_pair(specs: list[str], seed: int = 0) -> tuple[nn.Module, nn.Module, tuple | dict, list[str]]:
@@ -71,7 +69,7 @@ def load_pair(specs: list[str], seed: int = 0) -> tuple[nn.Module, nn.Module, tu
 
 
 def _place(original: nn.Module, optimized: nn.Module, inputs: Any, device: str | None, dtype: str | None):
-    dt = _DTYPES[dtype] if dtype else None
+    dt = DTYPES[dtype] if dtype else None
     for m in (original, optimized):
         if device:
             m.to(device)
@@ -146,7 +144,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-determinism", action="store_true", help="skip the two-run bitwise check")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (default inductor)")
     p.add_argument("--device", default=None, help="move both models and the inputs here (e.g. cuda)")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast both models and float inputs")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast both models and float inputs")
     p.add_argument("--cpu-min-run-time", type=float, default=0.2, help="CPU timing seconds per measurement")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a before/after bar chart")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import flatten, map_tensors, tensors
 from kernel_pytorch.benchmark.ceilings import device_name
 from kernel_pytorch.benchmark.memory import MemoryMeasurement
@@ -359,12 +360,6 @@ def _named(module: nn.Module, names: Sequence[str]) -> list[tuple[str, nn.Parame
     return [(n, params[n]) for n in names]
 
 
-def _err(exc: BaseException, lines: int = 6) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    parts = text.splitlines()
-    return "\n".join(parts[:lines]) + ("\n..." if len(parts) > lines else "")
-
-
 def _bitwise_equal(a: Tensor, b: Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
@@ -413,14 +408,14 @@ def _correctness(
             base = _run(original, _named(original, shared), args, with_grads=check_gradients, seed=seed,
                         grad_outputs=None)
         except Exception as exc:
-            errors.append(f"seed {seed}: the original failed: {_err(exc)}")
+            errors.append(f"seed {seed}: the original failed: {short_error(exc, 2000, lines=6)}")
             break
         grad_outs = base.differentiated
         try:
             cand = _run(optimized, _named(optimized, shared), args, with_grads=check_gradients, seed=seed,
                         grad_outputs=grad_outs)
         except Exception as exc:
-            errors.append(f"seed {seed}: the optimized module failed: {_err(exc)}")
+            errors.append(f"seed {seed}: the optimized module failed: {short_error(exc, 2000, lines=6)}")
             break
         hi = None
         if ref64 is not None:
@@ -428,7 +423,7 @@ def _correctness(
                 hi = _run(ref64, _named(ref64, shared), map_tensors(_to_fp64, args),
                           with_grads=check_gradients, seed=seed, grad_outputs=grad_outs)
             except Exception as exc:
-                notes.append(f"fp64 reference failed, table only from seed {seed}: {_err(exc, 2)}")
+                notes.append(f"fp64 reference failed, table only from seed {seed}: {short_error(exc, 2000, lines=2)}")
                 ref64, ref_label = None, f"none: the fp64 copy failed ({type(exc).__name__})"
         seed_checks = _compare_runs(cand, base, hi)
         checks[seed] = seed_checks
@@ -510,7 +505,7 @@ def _compilation(
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
     except Exception as exc:
-        return _compile_failure(optimized, inputs, backend, _err(exc))
+        return _compile_failure(optimized, inputs, backend, short_error(exc, 2000, lines=6))
     matches, mismatch = None, None
     if eager is not None:
         bad = failures(_compare_runs(run, eager, hi))
@@ -540,7 +535,7 @@ def _compile_failure(optimized: nn.Module, inputs: tuple | dict, backend: str, e
         breaks: int | None = max(len(graphs) - 1, sum(new.values()))
     except Exception as exc:  # not even a graph-broken compile works
         count = breaks = None
-        reasons = [f"compile without fullgraph also failed: {_err(exc, 2)}"]
+        reasons = [f"compile without fullgraph also failed: {short_error(exc, 2000, lines=2)}"]
     return CompilationReport(False, backend, count, breaks, reasons, None, error, None)
 
 
@@ -631,7 +626,7 @@ def validate_optimization(
             try:
                 det = _determinism(corr.cand, rerun(optimized))
             except Exception as exc:
-                det = DeterminismReport(False, 0, [f"second run failed: {_err(exc, 2)}"])
+                det = DeterminismReport(False, 0, [f"second run failed: {short_error(exc, 2000, lines=2)}"])
         return ValidationResult(corr.report, perf, mem, comp, det, device_name(dev))
     finally:
         for m, was_training in modes:

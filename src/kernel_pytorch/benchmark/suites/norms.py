@@ -28,7 +28,6 @@ fwd+bwd counts both. FLOPs are nominal counts (for the roofline chart only).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import time
@@ -41,6 +40,8 @@ from torch import Tensor
 
 from kernel_pytorch import functional as kpf
 from kernel_pytorch import reference
+from kernel_pytorch._env import recompile_headroom
+from kernel_pytorch._errors import short_error
 from kernel_pytorch.benchmark.ceilings import Ceilings, device_name, measure_ceilings, roofline
 from kernel_pytorch.benchmark.memory import peak_memory
 from kernel_pytorch.benchmark.module import upstream_gradients
@@ -354,15 +355,6 @@ def gate(op: str, provider: str, fn: Any, shape: tuple[int, int], dtype: torch.d
 # ---- the run -------------------------------------------------------------------------------------
 
 
-def _recompile_headroom() -> contextlib.AbstractContextManager:
-    # one compiled function per op sees every shape in both grad modes: more than Dynamo's default
-    # 8 cache entries per code object, after which it would silently run eager
-    import torch._dynamo.config as dcfg
-
-    name = "recompile_limit" if hasattr(dcfg, "recompile_limit") else "cache_size_limit"
-    return dcfg.patch(**{name: 64})
-
-
 def _provider_fn(op: str, provider: str, device: torch.device) -> tuple[Any, str, str]:
     """(callable or module class, status, note) for one provider on this device."""
     if provider == "eager":
@@ -457,7 +449,9 @@ def run(
         results.notes.append("CPU run: small shapes, CPU kernels; these numbers say nothing about GPU speed")
         if "compile" not in chosen:
             results.notes.append("torch.compile not measured on CPU unless asked for (--providers ...,compile)")
-    with _recompile_headroom():
+    # one compiled function per op sees every shape in both grad modes: more than Dynamo's default
+    # 8 cache entries per code object, after which it would silently run eager
+    with recompile_headroom(64):
         for op in ops:
             fns = {p: _provider_fn(op, p, dev) for p in order}
             for shape in shape_list:
@@ -508,7 +502,8 @@ def _measure(
     try:
         checks, result = gate(op, provider, fn, (shape.rows, shape.cols), dtype, dev, eager_result)
     except Exception as exc:
-        return [_row(op, shape, dtype, provider, p, status="error", note=_why(exc)) for p in PASSES], None
+        note = short_error(exc, 300, lines=1)
+        return [_row(op, shape, dtype, provider, p, status="error", note=note) for p in PASSES], None
     bad = failures(checks)
     if bad:
         msg = "; ".join(c.message() for c in bad[:2])
@@ -538,14 +533,9 @@ def _measure(
             if graph:
                 out.append(_graph_row(op, shape, dtype, provider, pass_name, fns, dev, row, ceil))
         except Exception as exc:
-            row.status, row.note = "error", _why(exc)
+            row.status, row.note = "error", short_error(exc, 300, lines=1)
             out.append(row)
     return out, result
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}".rstrip(": ")
 
 
 def _graph_row(op, shape, dtype, provider, pass_name, fns, dev, base: Row, ceil: Ceilings) -> Row:
@@ -553,7 +543,7 @@ def _graph_row(op, shape, dtype, provider, pass_name, fns, dev, base: Row, ceil:
     try:
         t = time_cuda_graph(fns, device=dev)
     except Exception as exc:
-        row.status, row.note = "error", _why(exc)
+        row.status, row.note = "error", short_error(exc, 300, lines=1)
         return row
     row.set_timing(t)
     row.set_roofline(roofline(t.median_ms, nbytes=row.bytes, flops=row.flops, ceilings=ceil))
