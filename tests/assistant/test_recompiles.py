@@ -8,13 +8,10 @@ import pytest
 import torch
 
 from kernel_pytorch._env import recompile_limit, recompile_limit_name
-from kernel_pytorch.assistant.context import (
-    AnalysisContext,
-    AnalysisOptions,
-    CompileRecord,
-)
+from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.findings import Finding, Severity
 from kernel_pytorch.assistant.recompiles import analyze_recompilations, classify_recompile, failed_guard
+from kernel_pytorch.assistant.records import CompileRecord
 from tests.assistant import zoo
 
 

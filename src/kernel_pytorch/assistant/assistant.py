@@ -16,19 +16,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernel_pytorch._tree import split_inputs
+from kernel_pytorch._tree import as_inputs, move, split_inputs
 from kernel_pytorch.assistant.compile_time import analyze_compile_time
-from kernel_pytorch.assistant.context import (
-    AnalysisContext,
-    AnalysisOptions,
-    InputDims,
-    backend_name,
-    prepare,
-    prepare_inputs,
-)
+from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
+from kernel_pytorch.assistant.dynamo import backend_name
 from kernel_pytorch.assistant.findings import Finding, Report, Severity, sort_findings
+from kernel_pytorch.assistant.inputs import InputDims, prepare
 from kernel_pytorch.assistant.readiness import analyze_readiness
 from kernel_pytorch.assistant.recompiles import analyze_recompilations
+from kernel_pytorch.assistant.sweep import shape_sweep
 
 Analysis = Callable[[AnalysisContext], list[Finding]]
 
@@ -113,10 +109,7 @@ class CompilerOptimizationAssistant:
         analyses: `analyze_readiness(assistant.context(model, (x,)))`."""
         args, kwargs = split_inputs(example_inputs)
         module, args, kwargs = prepare(module, args, kwargs, self.device, self.dtype)
-        extra = []
-        for inputs in extra_inputs:
-            a, k = prepare_inputs(*split_inputs(inputs), self.device, self.dtype)
-            extra.append(k if k else a)
+        extra = [move(as_inputs(inputs), self.device, self.dtype) for inputs in extra_inputs]
         return AnalysisContext(
             module,
             args,
@@ -172,7 +165,7 @@ class CompilerOptimizationAssistant:
             "dynamic": self.options.dynamic,
             "trace_backend": backend_name(self.options.trace_backend),
             "inputs": _describe_inputs(ctx),
-            "sweep": {k: list(v) for k, v in ctx.sweep_sizes.items()},
+            "sweep": {k: list(v) for k, v in shape_sweep(ctx).sizes.items()},
             "seconds": {**seconds, "total": round(time.perf_counter() - start, 3)},
         }
         return Report(

@@ -27,13 +27,11 @@ import torch._inductor.config
 from torch import nn
 
 from kernel_pytorch._errors import short_error
-from kernel_pytorch.assistant.context import (
-    AnalysisContext,
-    CompileProfile,
-    backend_name,
-    error_location,
-)
+from kernel_pytorch.assistant.context import AnalysisContext
+from kernel_pytorch.assistant.dynamo import backend_name
 from kernel_pytorch.assistant.findings import Finding, Severity
+from kernel_pytorch.assistant.locate import error_location
+from kernel_pytorch.assistant.records import CompileProfile
 
 
 @dataclass(frozen=True)

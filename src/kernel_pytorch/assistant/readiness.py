@@ -13,13 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kernel_pytorch._errors import short_error
-from kernel_pytorch.assistant.context import (
-    AnalysisContext,
-    BreakRecord,
-    error_location,
-    user_location,
-)
+from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.findings import Finding, Location, Severity
+from kernel_pytorch.assistant.locate import error_location, user_location
+from kernel_pytorch.assistant.records import BreakRecord
 
 
 @dataclass(frozen=True)

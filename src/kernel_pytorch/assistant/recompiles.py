@@ -14,17 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kernel_pytorch._env import recompile_limit, recompile_limit_name
-from kernel_pytorch.assistant.context import (
-    AnalysisContext,
-    CompileRecord,
-    Fix,
-    InputKey,
-    SweepResult,
-    backend_name,
-    definition_location,
-    location_of,
-)
+from kernel_pytorch.assistant.context import AnalysisContext
+from kernel_pytorch.assistant.dynamo import backend_name
 from kernel_pytorch.assistant.findings import Finding, Location, Severity
+from kernel_pytorch.assistant.inputs import InputKey
+from kernel_pytorch.assistant.locate import definition_location, location_of
+from kernel_pytorch.assistant.records import CompileRecord, Fix, SweepResult
+from kernel_pytorch.assistant.sweep import shape_sweep
 
 
 @dataclass(frozen=True)
@@ -109,7 +105,7 @@ def classify_recompile(record: CompileRecord, ctx: AnalysisContext) -> Cause:
 
 
 # causes that dynamic=True removes: sizes and Python numbers become symbols instead of constants
-_SHAPE_LIKE = frozenset({"dynamic-dim", "shape-guard", "python-scalar", "container-length"})
+SHAPE_LIKE = frozenset({"dynamic-dim", "shape-guard", "python-scalar", "container-length"})
 
 
 @dataclass(frozen=True)
@@ -151,7 +147,7 @@ def _new_errors(attempt: SweepResult, baseline: SweepResult) -> list[tuple[str, 
 
 def _sweep_summary(ctx: AnalysisContext) -> str:
     """The calls besides the example: the extra inputs by label, then the values each swept thing took."""
-    variants, _ = ctx.variants
+    variants = shape_sweep(ctx).variants
     given = [v.label for v in variants if v.kind == "given"]
     by_varied: dict[str, list[str]] = {}
     for v in variants:
@@ -203,7 +199,8 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
         return [_skipped("the model does not run eagerly on its example inputs")]
     if ctx.trace.error is not None:
         return [_skipped("torch.compile cannot trace the model (see compilation readiness)")]
-    variants, rejected = ctx.variants
+    sweep = shape_sweep(ctx)
+    variants, rejected = sweep.variants, sweep.rejected
     findings: list[Finding] = []
     if rejected:
         listing = "; ".join(f"{label}: {err}" for label, err in rejected)
@@ -225,7 +222,7 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
                 title="No recompilation sweep: no call besides the example",
                 evidence="every other call was rejected (above)"
                 if rejected
-                else f"dims found: {ctx.input_dims or 'none'}; sizes: {ctx.sweep_sizes or 'none'}; "
+                else f"dims found: {ctx.input_dims or 'none'}; sizes: {sweep.sizes or 'none'}; "
                 "no Python scalar arguments to vary",
                 suggestion="Pass input_dims={0: {0: 'batch'}} and shapes={'batch': (2, 4, 8)} "
                 '(CLI: --shapes "batch=2,4,8") to sweep a dim.',
@@ -233,7 +230,7 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
         )
         return findings
 
-    baseline = ctx.sweep()
+    baseline = sweep.run()
     sweep_text = _sweep_summary(ctx)
     compiled_errors = baseline.errors
     if compiled_errors:
@@ -258,11 +255,11 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
     attempts: list[_Attempt] = []
     plan = _plan(causes, ctx)
     if not plan.is_empty():
-        attempts.append(_Attempt("targeted", plan, ctx.sweep(plan)))
+        attempts.append(_Attempt("targeted", plan, sweep.run(plan)))
     # mark_dynamic reaches only the model's own inputs; a size passed across a graph break or a guard
     # the code itself adds needs dynamic=True
-    unreachable = any(c.kind in _SHAPE_LIKE and (c.name is None or ctx.resolve_input(c.name) is None) for c in causes)
-    needs_dynamic = any(c.kind in _SHAPE_LIKE for c in causes) and (
+    unreachable = any(c.kind in SHAPE_LIKE and (c.name is None or ctx.resolve_input(c.name) is None) for c in causes)
+    needs_dynamic = any(c.kind in SHAPE_LIKE for c in causes) and (
         unreachable
         or not attempts
         or len(attempts[0].result.recompiles) > 1
@@ -270,7 +267,7 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
     )
     if needs_dynamic and ctx.options.dynamic is not True:
         fix = Fix(dynamic=True)
-        attempts.append(_Attempt("dynamic=True", fix, ctx.sweep(fix)))
+        attempts.append(_Attempt("dynamic=True", fix, sweep.run(fix)))
     valid = [a for a in attempts if not _new_errors(a.result, baseline)]
     best = min(valid, key=lambda a: len(a.result.recompiles), default=None)
     if best is not None and len(best.result.recompiles) >= n_before:
@@ -297,7 +294,7 @@ def _limit_finding(ctx: AnalysisContext, limit_hit: Sequence[CompileRecord], bes
     raised limit does: one compile per distinct call of the sweep."""
     limit = recompile_limit()
     name = recompile_limit_name()
-    variants, _ = ctx.variants
+    sweep = shape_sweep(ctx)
     data: dict[str, object] = {"limit": limit, "calls": [r.variant for r in limit_hit]}
     fixed = best is not None and not any(c.hit_limit for c in best.result.compiles)
     if fixed:
@@ -305,8 +302,8 @@ def _limit_finding(ctx: AnalysisContext, limit_hit: Sequence[CompileRecord], bes
         verdict = f"with `{_describe_fix(best.fix, ctx)}` no call reaches it (verified)"
         suggestion = f"Apply the fix above; raising `torch._dynamo.config.{name}` only hides the cost."
     else:
-        raised = max(2 * limit, len(variants) + 1)
-        result = ctx.sweep(Fix(recompile_limit=raised))
+        raised = max(2 * limit, len(sweep.variants) + 1)
+        result = sweep.run(Fix(recompile_limit=raised))
         still = [c for c in result.compiles if c.hit_limit]
         data.update({"raised_limit": raised, "limit_hit_after": len(still)})
         verdict = (
@@ -353,7 +350,7 @@ def _summary(
     attempts: Sequence[_Attempt],
     baseline_causes: Sequence[Cause],
 ) -> Finding:
-    variants, _ = ctx.variants
+    variants = shape_sweep(ctx).variants
     data = {
         "calls": len(variants),
         "recompiles_before": n_before,
@@ -409,13 +406,13 @@ def _cause_finding(
     verified = best is not None and (
         (kind == "dynamic-dim" and (key, dim) in best.fix.mark_dynamic)
         or (kind == "python-scalar" and key in best.fix.tensorize)
-        or (best.fix.dynamic is True and kind in _SHAPE_LIKE)
+        or (best.fix.dynamic is True and kind in SHAPE_LIKE)
     )
     after_text = (
         f"after `{_describe_fix(best.fix, ctx)}`: {remaining} (re-run with the fix applied)"
         if verified and best
         else "the fixes tried did not remove it (see the summary)"
-        if kind in _SHAPE_LIKE
+        if kind in SHAPE_LIKE
         else "no automatic fix applies; not re-run"
     )
     backend = backend_name(ctx.options.backend)

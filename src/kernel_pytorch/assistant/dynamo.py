@@ -1,0 +1,134 @@
+"""Dynamo state the analyses read and reset: compile records, counters, config and caches.
+
+Every compile of the analysis starts from `torch._dynamo.reset()` and ends with another, runs under
+`torch.no_grad()` (the analysis is of inference), and changes Dynamo's config only through
+`torch._dynamo.config.patch`, so the caller's state is restored afterwards (`fresh_dynamo`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch._inductor.config
+
+from kernel_pytorch.assistant.records import GraphInfo
+
+
+def backend_name(backend: str | Callable[..., Any]) -> str:
+    """How reports name a torch.compile backend: a callable's `__name__`, else `str(backend)`."""
+    return getattr(backend, "__name__", str(backend))
+
+
+def _clear_compilation_metrics() -> None:
+    clear = getattr(torch._dynamo.utils, "clear_compilation_metrics", None)
+    if clear is not None:
+        clear()
+
+
+@contextlib.contextmanager
+def metrics_room(size: int) -> Iterator[None]:
+    """Let Dynamo keep at least `size` compile records (its deque keeps the last 64) for a while."""
+    utils = torch._dynamo.utils
+    old = getattr(getattr(utils, "_compilation_metrics", None), "maxlen", None)
+    setter = getattr(utils, "set_compilation_metrics_limit", None)
+    if setter is None or old is None or old >= size:
+        yield
+        return
+    setter(size)
+    try:
+        yield
+    finally:
+        setter(old)
+
+
+def compilation_metrics() -> list[Any]:
+    """Dynamo's per-frame compile records since the last clear (CompilationMetrics objects)."""
+    get = getattr(torch._dynamo.utils, "get_compilation_metrics", None)
+    return list(get()) if get is not None else []
+
+
+@contextlib.contextmanager
+def fresh_dynamo(**config: Any) -> Iterator[None]:
+    """Reset Dynamo, patch its config with `config`, run in no_grad; reset again and restore after.
+
+    Unknown config names are dropped, so callers can ask for options that only some torch versions have.
+    Dynamo's own warnings are silenced meanwhile (see `_quiet_dynamo`).
+    """
+    known = {k: v for k, v in config.items() if hasattr(torch._dynamo.config, k)}
+    torch._dynamo.reset()
+    _clear_compilation_metrics()
+    try:
+        with torch._dynamo.config.patch(**known), torch.no_grad(), _quiet_dynamo():
+            yield
+    finally:
+        torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def _quiet_dynamo() -> Iterator[None]:
+    """Silence Dynamo's log warnings and Python warnings about graph breaks and recompile limits for a
+    while: the analysis provokes them on purpose and reports them as findings."""
+    dynamo_log = logging.getLogger("torch._dynamo")
+    level = dynamo_log.level
+    dynamo_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"torch\._dynamo")
+            yield
+    finally:
+        dynamo_log.setLevel(level)
+
+
+@contextlib.contextmanager
+def inductor_caches(enabled: bool) -> Iterator[None]:
+    """Leave Inductor's caches as configured, or bypass them all for the duration."""
+    if enabled or not hasattr(torch._inductor.config, "force_disable_caches"):
+        yield
+        return
+    with torch._inductor.config.patch(force_disable_caches=True):
+        yield
+
+
+def counters_snapshot() -> dict[str, dict[str, int]]:
+    """A copy of `torch._dynamo.utils.counters` (global and never reset by torch; we diff it)."""
+    return {k: {str(kk): int(vv) for kk, vv in v.items()} for k, v in torch._dynamo.utils.counters.items()}
+
+
+def counters_diff(before: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """What the counters gained since `before`; empty groups are dropped."""
+    out: dict[str, dict[str, int]] = {}
+    for group, values in counters_snapshot().items():
+        old = before.get(group, {})
+        delta = {k: v - old.get(k, 0) for k, v in values.items() if v - old.get(k, 0)}
+        if delta:
+            out[group] = delta
+    return out
+
+
+class GraphRecorder:
+    """A torch.compile backend that records each graph's ops, then hands the graph to `inner`."""
+
+    def __init__(self, inner: str | Callable[..., Any]) -> None:
+        from torch._dynamo.backends.registry import lookup_backend
+
+        self.inner = lookup_backend(inner)
+        self.graphs: list[GraphInfo] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        ops = tuple(
+            _target_name(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+        )
+        self.graphs.append(GraphInfo(ops))
+        return self.inner(gm, example_inputs)
+
+
+def _target_name(target: Any) -> str:
+    """A short name for an FX node target: method and module names as they are, functions by name."""
+    if isinstance(target, str):
+        return target
+    return getattr(target, "__name__", None) or str(target)
