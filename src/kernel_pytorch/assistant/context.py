@@ -35,9 +35,8 @@ from kernel_pytorch.assistant.records import (
     PROFILE_FIELDS,
     BreakRecord,
     CompileProfile,
-    EagerResult,
     FailedFrame,
-    FullgraphResult,
+    RunResult,
     TraceResult,
 )
 
@@ -188,7 +187,7 @@ class AnalysisContext:
     # ----- shared runs ----------------------------------------------------------------------------
 
     @functools.cached_property
-    def eager(self) -> EagerResult:
+    def eager(self) -> RunResult:
         """The example inputs through the plain module once (errors captured, not raised)."""
         self.progress("eager reference run")
         start = time.perf_counter()
@@ -196,8 +195,8 @@ class AnalysisContext:
             with torch.no_grad():
                 self._call_example(self.module)
         except Exception as exc:
-            return EagerResult(False, exc, time.perf_counter() - start)
-        return EagerResult(True, None, time.perf_counter() - start)
+            return RunResult(False, exc, time.perf_counter() - start)
+        return RunResult(True, None, time.perf_counter() - start)
 
     @functools.cached_property
     def trace(self) -> TraceResult:
@@ -240,7 +239,7 @@ class AnalysisContext:
         )
 
     @functools.cached_property
-    def fullgraph(self) -> FullgraphResult:
+    def fullgraph(self) -> RunResult:
         """torch.compile(fullgraph=True) with the trace backend on the example call."""
         self.progress("checking fullgraph=True")
         start = time.perf_counter()
@@ -251,8 +250,8 @@ class AnalysisContext:
             try:
                 self._call_example(compiled)
             except Exception as exc:
-                return FullgraphResult(False, exc, time.perf_counter() - start)
-        return FullgraphResult(True, None, time.perf_counter() - start)
+                return RunResult(False, exc, time.perf_counter() - start)
+        return RunResult(True, None, time.perf_counter() - start)
 
     @functools.cached_property
     def profile(self) -> CompileProfile:

@@ -1,7 +1,7 @@
-"""What the analysis runs record: frozen data the analyses read, never torch objects kept alive.
+"""What the analysis runs record: frozen data the analyses read.
 
-The shared runs of `AnalysisContext` return `EagerResult`, `TraceResult` (with `GraphInfo`,
-`BreakRecord`, `FailedFrame`), `FullgraphResult` and `CompileProfile`; the recompilation sweep calls
+The shared runs of `AnalysisContext` return `RunResult` (eager, fullgraph), `TraceResult` (with
+`GraphInfo`, `BreakRecord`, `FailedFrame`) and `CompileProfile`; the recompilation sweep calls
 `Variant`s, applies a `Fix` and returns a `SweepResult` of `CompileRecord`s.
 """
 
@@ -21,8 +21,9 @@ from kernel_pytorch.assistant.locate import resumed_function
 
 
 @dataclass(frozen=True)
-class EagerResult:
-    """The plain eager call on the example inputs."""
+class RunResult:
+    """One call on the example inputs that either went through or raised: the plain eager call, or
+    the torch.compile(fullgraph=True) check (ok is then whether it traced as one graph)."""
 
     ok: bool
     error: BaseException | None
@@ -63,15 +64,6 @@ class TraceResult:
     error: BaseException | None
     seconds: float
     frames_total: int = 0
-
-
-@dataclass(frozen=True)
-class FullgraphResult:
-    """Whether torch.compile(fullgraph=True) traced the model; the error if not."""
-
-    ok: bool
-    error: BaseException | None
-    seconds: float
 
 
 @dataclass(frozen=True)
