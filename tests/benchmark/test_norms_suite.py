@@ -44,6 +44,13 @@ def test_shapes_are_labelled_with_model_configs() -> None:
     assert all(s.config for s in N.CUDA_SHAPES + N.CPU_SHAPES)
 
 
+def test_the_old_shape_constructor_still_works() -> None:
+    with pytest.warns(DeprecationWarning, match="rows_cols"):
+        old = N.Shape(4096, 1024, "Qwen3-0.6B")
+    assert old == N.rows_cols(4096, 1024, "Qwen3-0.6B")
+    assert (old.rows, old.cols, old.sizes) == (4096, 1024, [4096, 1024])
+
+
 def test_hf_eager_code_matches_the_reference_in_fp32() -> None:
     x, w, r = randn(8, 64), 1 + 0.1 * randn(64), randn(8, 64)
     tol = TOLERANCES[torch.float32]

@@ -34,11 +34,11 @@ from kernel_pytorch import reference
 from kernel_pytorch.benchmark.ceilings import Ceilings
 from kernel_pytorch.benchmark.module import PASSES
 from kernel_pytorch.benchmark.results import BenchmarkResults
-from kernel_pytorch.benchmark.suites import runner
+from kernel_pytorch.benchmark.suites import runner, spec
 from kernel_pytorch.benchmark.suites.gate import GATE_MAX_ELEMENTS, GATE_MIN_ROWS, GateResult, gate_rows
 from kernel_pytorch.benchmark.suites.gate import gate as _gate
 from kernel_pytorch.benchmark.suites.providers import Impl, load_peer, peer_kwargs
-from kernel_pytorch.benchmark.suites.spec import ExtraProvider, ModulePeer, OpBench, Shape, Suite, generator
+from kernel_pytorch.benchmark.suites.spec import ExtraProvider, ModulePeer, OpBench, Suite, generator
 from kernel_pytorch.validation.compare import TensorCheck
 
 NAME = "norms"
@@ -46,9 +46,9 @@ RMS_EPS = 1e-5  # Llama-3's rms_norm_eps
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default
 
 
-def rows_cols(rows: int, cols: int, config: str) -> Shape:
+def rows_cols(rows: int, cols: int, config: str) -> spec.Shape:
     """A norm problem: `rows` token rows of `cols` features, from model configuration `config`."""
-    return Shape.of(config, rows=rows, cols=cols)
+    return spec.Shape.of(config, rows=rows, cols=cols)
 
 
 CUDA_SHAPES = (
@@ -98,7 +98,7 @@ def _inputs(with_residual: bool = False, with_bias: bool = False) -> Callable[..
     """The input factory: x (rows, cols) [, residual (rows, cols)], weight (cols,) [, bias (cols,)],
     drawn in fp32 on the device and rounded once; weights near 1, never zeros."""
 
-    def make(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int) -> dict[str, Tensor]:
+    def make(shape: spec.Shape, dtype: torch.dtype, device: torch.device, seed: int) -> dict[str, Tensor]:
         draw = generator(device, seed)
         t = {"x": draw(shape.rows, shape.cols)}
         if with_residual:
@@ -111,13 +111,13 @@ def _inputs(with_residual: bool = False, with_bias: bool = False) -> Callable[..
     return make
 
 
-def _counts(fwd_e: int, fwd_d: int, bwd_e: int, bwd_d: int) -> Callable[[Shape, int], tuple[int, int]]:
+def _counts(fwd_e: int, fwd_d: int, bwd_e: int, bwd_d: int) -> Callable[[spec.Shape, int], tuple[int, int]]:
     """Minimum bytes as (a E + b D) s for fwd and bwd (module docstring)."""
     return lambda s, es: ((fwd_e * s.rows * s.cols + fwd_d * s.cols) * es,
                           (bwd_e * s.rows * s.cols + bwd_d * s.cols) * es)
 
 
-def _flops(per_fwd: int, per_bwd: int) -> Callable[[Shape], tuple[int, int]]:
+def _flops(per_fwd: int, per_bwd: int) -> Callable[[spec.Shape], tuple[int, int]]:
     """Nominal FLOPs per element: square+sum, scale, weight (+ centring for LayerNorm, + add)."""
     return lambda s: (per_fwd * s.rows * s.cols, per_bwd * s.rows * s.cols)
 
@@ -185,7 +185,7 @@ def run(
     device: torch.device | str | None = None,
     providers: tuple[str, ...] | None = None,
     ops: tuple[str, ...] = OPS,
-    shapes: tuple[Shape, ...] | None = None,
+    shapes: tuple[spec.Shape, ...] | None = None,
     dtype: torch.dtype = torch.bfloat16,
     quick: bool = False,
     ceilings: Ceilings | None = None,
@@ -229,15 +229,15 @@ def liger_kwargs(cls: type, op: str) -> dict[str, Any]:
     return peer_kwargs(SPECS[op].liger, cls)
 
 
-def gate(op: str, provider: str, fn: Any, shape: tuple[int, int] | Shape, dtype: torch.dtype,
+def gate(op: str, provider: str, fn: Any, shape: tuple[int, int] | spec.Shape, dtype: torch.dtype,
          device: torch.device, eager_result: GateResult | None,
          seed: int = 1234) -> tuple[list[TensorCheck], GateResult]:
     """`gate.gate` by op name: `fn` takes the inputs positionally, or is Liger's module class
     when `provider` is "liger"; `shape` is (rows, cols) or a Shape."""
-    spec = SPECS[op]
-    where = shape if isinstance(shape, Shape) else rows_cols(*shape, "")
-    impl = Impl(fn, spec.liger if provider == "liger" else None)
-    return _gate(spec, impl, where, dtype, device, eager_result, seed)
+    bench = SPECS[op]
+    where = shape if isinstance(shape, spec.Shape) else rows_cols(*shape, "")
+    impl = Impl(fn, bench.liger if provider == "liger" else None)
+    return _gate(bench, impl, where, dtype, device, eager_result, seed)
 
 
 def __getattr__(name: str) -> Any:
