@@ -17,8 +17,9 @@ from kernel_pytorch.benchmark.ceilings import Ceilings
 from kernel_pytorch.benchmark.module import PASSES
 from kernel_pytorch.benchmark.suites import SUITES, get_suite, run_suite, runner
 from kernel_pytorch.benchmark.suites import gate as G
-from kernel_pytorch.benchmark.suites.providers import load_peer, resolve
+from kernel_pytorch.benchmark.suites.providers import Impl, load_peer, resolve
 from kernel_pytorch.benchmark.suites.spec import ExtraProvider, OpBench, Shape, Suite, generator
+from kernel_pytorch.benchmark.timer import summarize
 
 # ---- the suite: what a new family's file holds ---------------------------------------------------
 
@@ -136,3 +137,28 @@ def test_module_peers_load_by_target_and_liger_runs_only_on_cuda() -> None:
     assert resolve(SCALED_MUL, "liger", torch.device("cpu"))[1:] == ("not available", "Liger-Kernel has no counterpart")
     # a provider of another op of the suite: nothing to run here, no rows
     assert resolve(SCALED_MUL, "ours-auto", torch.device("cpu")) == (None, "same", "")
+
+
+def test_cuda_graph_rows_replay_rotated_input_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the CUDA-only steps stubbed, so the graph-row logic runs here: one replay per pass over every copy
+    replayed: list[list] = []
+
+    def fake_graph(fns, device):
+        replayed.append([f() for f in fns])
+        return summarize([0.01] * 5, "cuda graph replay (stub)")
+
+    monkeypatch.setattr(runner, "time_cuda_graph", fake_graph)
+    monkeypatch.setattr(runner, "rotation_copies", lambda nbytes, dev: 3)
+    rows, gated = runner.measure(SCALED_MUL, "ours", Impl(SCALED_MUL.eager), "ok", "a note", QUICK, torch.float32,
+                                 torch.device("cpu"), CEILINGS, None, {"cpu_min_run_time": 0.01}, timed=True,
+                                 graph=True)
+    assert [r.pass_name for r in rows] == ["fwd", "fwd (cuda graph)", "fwd+bwd", "fwd+bwd (cuda graph)"]
+    assert all(r.ok for r in rows) and gated is not None
+    main, graph = rows[0], rows[1]
+    assert main.note == "a note" and graph.note == runner.GRAPH_NOTE
+    assert graph.bytes == main.bytes and graph.flops == main.flops and graph.median_ms == pytest.approx(0.01)
+    assert graph.pct_of_copy == pytest.approx(100 * graph.bytes / 0.01e-3 / 1e9 / 10.0)
+    fwd, fwd_bwd = replayed
+    assert len(fwd) == len(fwd_bwd) == 3
+    assert not torch.equal(fwd[0], fwd[1]) and not torch.equal(fwd[1], fwd[2])  # each copy its own inputs
+    assert all(len(g) == 2 for g in fwd_bwd)  # dx, dscale from every copy

@@ -113,6 +113,9 @@ def run(
         results.notes.append("CPU run: small shapes, CPU kernels; these numbers say nothing about GPU speed")
         if "compile" not in chosen:
             results.notes.append("torch.compile not measured on CPU unless asked for (--providers ...,compile)")
+    # every CUDA shape also gets CUDA-graph replay rows: the kernels' own time, without the host
+    # overhead of eager dispatch and autograd (which dominates launch-bound shapes, and on a slow
+    # host CPU even fwd+bwd at large shapes)
     # one compiled function per op sees every shape in both grad modes: more than Dynamo's default
     # 8 cache entries per code object, after which it would silently run eager
     with recompile_headroom(64):
@@ -124,7 +127,7 @@ def run(
                     step(f"{spec.name} {shape.label} {provider}")
                     impl, status, note = resolved[provider]
                     rows, gated = measure(spec, provider, impl, status, note, shape, dtype, dev, ceil,
-                                          eager_result, timing, timed=provider in chosen)
+                                          eager_result, timing, timed=provider in chosen, graph=on_cuda)
                     if provider == "eager":
                         eager_result = gated
                     for r in rows:
@@ -144,18 +147,17 @@ def _row(spec: OpBench, shape: Shape, dtype: torch.dtype, provider: str, pass_na
 def measure(
     spec: OpBench, provider: str, impl: Impl | None, status: str, note: str, shape: Shape, dtype: torch.dtype,
     dev: torch.device, ceil: Ceilings, eager_result: GateResult | None, timing: dict[str, float],
-    *, timed: bool,
+    *, timed: bool, graph: bool,
 ) -> tuple[list[Row], GateResult | None]:
     """Gate, then time, one provider at one shape.
 
+    Args:
+        timed: False for eager run only as the others' yardstick (gated, no rows).
+        graph: also time CUDA-graph replays (the runner asks for them on every CUDA shape).
     Returns:
         (rows, the provider's gate outputs and gradients, or None when it did not run); with
         `timed=False` (eager run only as the yardstick) no rows.
     """
-    # every CUDA shape also gets a CUDA-graph replay time: the kernels' own time, without the host
-    # overhead of eager dispatch and autograd (which dominates launch-bound shapes, and on a slow
-    # host CPU even fwd+bwd at large shapes)
-    graph = dev.type == "cuda"
     if status == SAME:  # the provider runs exactly another provider's code here: no rows
         return [], None
     if status != "ok" or impl is None:
