@@ -1,9 +1,11 @@
 """RMSNorm, LayerNorm and fused add+RMSNorm vs eager, torch.compile and Liger-Kernel.
 
-    python benchmarks/bench_norms.py --out benchmarks/results
+    python benchmarks/bench_norms.py                                      # a fresh bench-results/norms-<device>-<time>/
+    python benchmarks/bench_norms.py --out benchmarks/results --overwrite  # replace the committed results (on a GPU)
 
 The suite itself lives in kernel_pytorch.benchmark.suites.norms (also `kernel-pytorch bench norms`);
-this script only forwards its arguments to the CLI.
+this script only forwards its arguments to the CLI, which refuses to replace results already in --out
+unless --overwrite is given.
 """
 
 from __future__ import annotations

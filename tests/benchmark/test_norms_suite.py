@@ -8,6 +8,7 @@ import torch
 from kernel_pytorch import reference
 from kernel_pytorch.benchmark.ceilings import Ceilings
 from kernel_pytorch.benchmark.results import OK
+from kernel_pytorch.benchmark.suites import gate as G
 from kernel_pytorch.benchmark.suites import get_suite, suite_names
 from kernel_pytorch.benchmark.suites import norms as N
 from kernel_pytorch.validation.tolerances import TOLERANCES
@@ -43,6 +44,13 @@ def test_shapes_are_labelled_with_model_configs() -> None:
     assert all(s.config for s in N.CUDA_SHAPES + N.CPU_SHAPES)
 
 
+def test_the_old_shape_constructor_still_works() -> None:
+    with pytest.warns(DeprecationWarning, match="rows_cols"):
+        old = N.Shape(4096, 1024, "Qwen3-0.6B")
+    assert old == N.rows_cols(4096, 1024, "Qwen3-0.6B")
+    assert (old.rows, old.cols, old.sizes) == (4096, 1024, [4096, 1024])
+
+
 def test_hf_eager_code_matches_the_reference_in_fp32() -> None:
     x, w, r = randn(8, 64), 1 + 0.1 * randn(64), randn(8, 64)
     tol = TOLERANCES[torch.float32]
@@ -56,7 +64,7 @@ def test_hf_eager_code_matches_the_reference_in_fp32() -> None:
 
 def test_the_gate_rejects_a_wrong_provider() -> None:
     dev = torch.device("cpu")
-    eager = N._eager("rms_norm")
+    eager = N.RMS_NORM.eager
     _, eager_result = N.gate("rms_norm", "eager", eager, (16, 64), torch.bfloat16, dev, None)
     checks, _ = N.gate("rms_norm", "eager", eager, (16, 64), torch.bfloat16, dev, eager_result)
     assert all(c.passed for c in checks), [c.message() for c in checks if not c.passed]
@@ -96,7 +104,7 @@ def test_quick_cpu_run() -> None:
 @pytest.mark.cuda
 def test_cuda_small_shape_run(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KERNEL_PYTORCH_CACHE_DIR", str(tmp_path))
-    shape = N.Shape(4096, 1024, "Qwen3-0.6B")
+    shape = N.rows_cols(4096, 1024, "Qwen3-0.6B")
     r = N.run(device="cuda", providers=("ours", "eager"), ops=("rms_norm",), shapes=(shape,))
     assert r.ceilings is not None and r.ceilings.source == "measured"
     rows = {(row.provider, row.pass_name): row for row in r.rows}
@@ -129,7 +137,7 @@ class _LigerLikeFusedAdd(_LigerLikeRMSNorm):
 def test_module_providers_get_the_benchmark_weights(op: str, cls: type) -> None:
     assert N.liger_kwargs(cls, op) == ({"in_place": False} if op == "rms_norm" else {})
     dev = torch.device("cpu")
-    _, eager_result = N.gate(op, "eager", N._eager(op), (16, 64), torch.bfloat16, dev, None)
+    _, eager_result = N.gate(op, "eager", N.SPECS[op].eager, (16, 64), torch.bfloat16, dev, None)
     checks, _ = N.gate(op, "liger", cls, (16, 64), torch.bfloat16, dev, eager_result)
     assert all(c.passed for c in checks), [c.message() for c in checks if not c.passed]
     assert {c.name for c in checks} >= {f"{op} dweight", f"{op} dx"}
@@ -146,7 +154,7 @@ def test_gate_samples_rows_of_big_shapes_and_reports_full_indices(monkeypatch: p
         assert rows == sorted(set(rows))
     assert N.gate_rows(16, 64) is None
     # a provider wrong in one late row only: the sample must include it, and the index must be the full one
-    monkeypatch.setattr(N, "GATE_MAX_ELEMENTS", 16 * 64)  # small shapes, same sampling
+    monkeypatch.setattr(G, "GATE_MAX_ELEMENTS", 16 * 64)  # small shapes, same sampling
     rows, cols = 256, 64
     sample = N.gate_rows(rows, cols)
     bad_row = sample[-2]

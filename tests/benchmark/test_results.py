@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kernel_pytorch.benchmark.ceilings import Ceilings
-from kernel_pytorch.benchmark.results import SCHEMA_VERSION, BenchmarkResults, Row
+from kernel_pytorch.benchmark.results import SCHEMA_VERSION, SMOKE_HEADING, BenchmarkResults, Row
 from kernel_pytorch.benchmark.timer import Timing
 
 
@@ -55,3 +55,15 @@ def test_speedup_and_markdown(tmp_path: Path) -> None:
     assert "not installed" in md and "copy 3000 GB/s" in md
     js, mdp = r.write(tmp_path)
     assert js.name == "unit.json" and mdp.read_text().startswith("# unit")
+
+
+def test_smoke_runs_are_labelled(tmp_path: Path) -> None:
+    r = _results()
+    assert not r.smoke and "Smoke run" not in r.to_markdown()
+    r.smoke = True
+    js, md = r.write(tmp_path)
+    assert json.loads(js.read_text())["smoke"] is True and BenchmarkResults.load(js) == r
+    assert md.read_text().splitlines()[2] == SMOKE_HEADING and "not speedups" in SMOKE_HEADING
+    older = json.loads(js.read_text())
+    del older["smoke"]  # files written before the flag read as full runs
+    assert not BenchmarkResults.from_dict(older).smoke

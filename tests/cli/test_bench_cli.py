@@ -1,4 +1,5 @@
-"""`kernel-pytorch bench`: runs on a CPU-only machine, writes JSON, markdown and PNGs; exit codes."""
+"""`kernel-pytorch bench`: runs on a CPU-only machine, writes JSON, markdown and PNGs; where it writes
+(a fresh directory by default, never over earlier results without --overwrite); smoke labels; exit codes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from kernel_pytorch.benchmark.ceilings import Ceilings
 from kernel_pytorch.benchmark.results import BenchmarkResults
+from kernel_pytorch.benchmark.suites import runner
 from kernel_pytorch.cli.main import main
 
 
@@ -36,3 +39,44 @@ def test_list_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture) -
     assert main(["bench", "nope", "--out", str(tmp_path)]) == 2
     assert main(["bench", "norms", "--out", str(tmp_path), "--providers", "bogus", "--quick"]) == 2
     assert not (tmp_path / "norms.json").exists()
+
+
+@pytest.fixture
+def fixed_ceilings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the runs below check where results go, not the ceilings: skip measuring them
+    fake = Ceilings(device="cpu", copy_gbps=10.0, copy_bytes=1, matmul_tflops=0.1, matmul_shape=(1, 1, 1),
+                    matmul_dtype="float32", torch_version="", measured_at="now")
+    monkeypatch.setattr(runner, "measure_ceilings", lambda *a, **k: fake)
+
+
+@pytest.mark.usefixtures("fixed_ceilings")
+def test_default_output_is_a_fresh_directory_and_quick_runs_are_labelled_smoke(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = ["bench", "norms", "--quick", "--providers", "ours", "--no-plots", "--device", "cpu"]
+    assert main(argv) == 0
+    assert main(argv) == 0  # a second run in the same second gets its own directory
+    runs = sorted((tmp_path / "bench-results").iterdir())
+    assert len(runs) == 2 and all(d.name.startswith("norms-cpu-") for d in runs)
+    r = BenchmarkResults.load(runs[0] / "norms.json")
+    assert r.smoke and json.loads((runs[0] / "norms.json").read_text())["smoke"] is True
+    assert any("smoke run" in n for n in r.notes)
+    md = (runs[0] / "norms.md").read_text()
+    assert "Smoke run" in md.splitlines()[2] and "not speedups" in md
+    assert "smoke run" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("fixed_ceilings")
+def test_existing_results_are_not_overwritten_without_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    committed = tmp_path / "results"
+    committed.mkdir()
+    (committed / "norms.json").write_text("committed")
+    (committed / "norms_rms_norm.png").write_text("committed")
+    argv = ["bench", "norms", "--out", str(committed), "--quick", "--providers", "ours", "--no-plots"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "already holds results" in err and "norms.json" in err and "--overwrite" in err
+    assert (committed / "norms.json").read_text() == "committed" and not (committed / "norms.md").exists()
+    assert main([*argv, "--overwrite"]) == 0
+    assert BenchmarkResults.load(committed / "norms.json").smoke

@@ -1,5 +1,9 @@
 """Measuring honestly: a timer (CUDA events or torch.utils.benchmark), measured ceilings, roofline
-arithmetic, one results schema, plots, and `benchmark_module`. Suites live in `benchmark.suites`."""
+arithmetic, one results schema, plots, and `benchmark_module`.
+
+These measurement tools sit below `kernel_pytorch.validation` (which uses them) and never import it.
+The suites (`benchmark.suites`: op specs and their runner, whose gate uses validation's comparisons)
+sit above it, and this package does not import them."""
 
 from kernel_pytorch.benchmark.ceilings import Ceilings, measure_ceilings, roofline
 from kernel_pytorch.benchmark.memory import MemoryMeasurement, peak_memory

@@ -36,6 +36,10 @@ def _save(fig, path: str | Path) -> Path:
     return p
 
 
+def _title(results: BenchmarkResults, what: str) -> str:
+    return f"{what}: {results.device}" + (" (smoke run: not speed data)" if results.smoke else "")
+
+
 def _shape_label(r: Row) -> str:
     return "x".join(map(str, r.shape))
 
@@ -91,7 +95,7 @@ def plot_bars(results: BenchmarkResults, path: str | Path, *, op: str) -> Path:
         else:
             ax.set_ylabel("median ms (lower is better)")
         ax.legend(fontsize=7)
-    fig.suptitle(f"{results.name}: {results.device}", fontsize=10)
+    fig.suptitle(_title(results, results.name), fontsize=10)
     return _save(fig, path)
 
 
@@ -124,7 +128,7 @@ def plot_roofline(results: BenchmarkResults, path: str | Path) -> Path:
     ax.set_ylabel("TFLOP/s (nominal FLOPs)")
     if not pts:
         ax.text(0.5, 0.5, "no rows with both byte and FLOP counts", transform=ax.transAxes, ha="center")
-    ax.set_title(f"{results.name} roofline: {results.device}", fontsize=10)
+    ax.set_title(_title(results, f"{results.name} roofline"), fontsize=10)
     ax.legend(fontsize=7)
     return _save(fig, path)
 

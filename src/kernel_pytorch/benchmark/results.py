@@ -4,6 +4,7 @@
       "schema": 1, "name": "norms", "date": "...", "device": "NVIDIA H100 80GB HBM3",
       "torch": "2.11.0", "triton": "3.6.0", "python": "3.12.3", "cuda": "13.0",
       "ceilings": {... Ceilings.to_dict() ...},
+      "smoke": false,   # true for a --quick run: one small shape, short timing; not speed data
       "notes": ["..."],
       "rows": [ {"op": "rms_norm", "shape": [16384, 4096], "config": "Llama-3-8B ...", "dtype": "bfloat16",
                  "provider": "ours", "pass": "fwd", "status": "ok", "median_ms": ..., "q20_ms": ...,
@@ -30,6 +31,8 @@ from kernel_pytorch.benchmark.timer import Timing
 
 SCHEMA_VERSION = 1
 OK = "ok"
+SMOKE_HEADING = ("**Smoke run (--quick): one small shape, shortest timing. These numbers check that the "
+                 "pipeline runs; they are not speedups.**")
 
 
 @dataclass
@@ -98,6 +101,7 @@ class BenchmarkResults:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     schema: int = SCHEMA_VERSION
+    smoke: bool = False  # a smoke run (--quick): checks the pipeline, says nothing about speed
 
     def add(self, row: Row) -> Row:
         self.rows.append(row)
@@ -114,6 +118,7 @@ class BenchmarkResults:
             "python": self.python,
             "cuda": self.cuda,
             "ceilings": self.ceilings.to_dict() if self.ceilings else None,
+            "smoke": self.smoke,
             "notes": list(self.notes),
             "rows": [r.to_dict() for r in self.rows],
         }
@@ -134,6 +139,7 @@ class BenchmarkResults:
             rows=[Row.from_dict(r) for r in d["rows"]],
             notes=list(d.get("notes", [])),
             schema=d["schema"],
+            smoke=bool(d.get("smoke", False)),  # absent from files written before the flag
         )
 
     def save(self, path: str | Path) -> Path:
@@ -164,6 +170,8 @@ class BenchmarkResults:
     def to_markdown(self, baseline: str = "eager") -> str:
         """The run as markdown: environment, ceilings, then one table per op."""
         out = [f"# {self.name}: {self.device}", ""]
+        if self.smoke:
+            out += [SMOKE_HEADING, ""]
         out.append(
             f"torch {self.torch}, triton {self.triton or 'not installed'}, python {self.python}, "
             f"CUDA {self.cuda or 'none'}; {self.date}"
@@ -241,4 +249,4 @@ def _line(r: Row, vs: float | None) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-__all__ = ["OK", "SCHEMA_VERSION", "BenchmarkResults", "Row"]
+__all__ = ["OK", "SCHEMA_VERSION", "SMOKE_HEADING", "BenchmarkResults", "Row"]

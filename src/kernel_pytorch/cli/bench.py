@@ -1,11 +1,21 @@
-"""`kernel-pytorch bench [SUITE ...] --out DIR`: run benchmark suites, write JSON, markdown and PNGs."""
+"""`kernel-pytorch bench [SUITE ...] [--out DIR]`: run benchmark suites, write JSON, markdown and PNGs.
+
+Without --out each suite writes to a fresh `bench-results/<suite>-<device>-<timestamp>/` under the
+current directory; an --out that already holds a suite's results (the committed
+benchmarks/results/, say) is refused unless --overwrite is given.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from pathlib import Path
 
-from kernel_pytorch.benchmark.suites import run_suite, suite_names
+from kernel_pytorch.benchmark.suites import output_paths, run_suite, suite_names
+from kernel_pytorch.benchmark.timer import resolve_device
+
+DEFAULT_ROOT = "bench-results"
 
 
 def _progress_bar():
@@ -30,6 +40,34 @@ def _progress_bar():
     return bar, update, reset
 
 
+def fresh_dir(root: Path, suite: str, device: str | None) -> Path:
+    """`root/<suite>-<device>-<timestamp>`, suffixed when that exists already (never an old directory)."""
+    try:
+        dev = str(resolve_device(device)).replace(":", "")
+    except (RuntimeError, ValueError):  # a bad --device: the suite run reports it
+        dev = "".join(c for c in str(device) if c.isalnum()) or "device"
+    base = root / f"{suite}-{dev}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def _out_dirs(args: argparse.Namespace, names: list[str]) -> dict[str, Path] | str:
+    """Where each suite writes, or why not (an --out holding earlier results, without --overwrite)."""
+    if args.out is None:
+        return {n: fresh_dir(Path(DEFAULT_ROOT), n, args.device) for n in names}
+    out = Path(args.out)
+    clash = [p for n in names for p in output_paths(n, out)]
+    if clash and not args.overwrite:
+        shown = ", ".join(p.name for p in clash[:4]) + (", ..." if len(clash) > 4 else "")
+        return (f"{out} already holds results ({shown}), perhaps committed ones: not overwriting them. "
+                "Pass --overwrite to replace them, or leave out --out to write to a fresh directory "
+                f"under {DEFAULT_ROOT}/.")
+    return {n: out for n in names}
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(suite_names()))
@@ -38,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in suite_names()]
     if unknown:
         print(f"unknown suite(s): {', '.join(unknown)}; known: {', '.join(suite_names())}", file=sys.stderr)
+        return 2
+    dirs = _out_dirs(args, names)
+    if isinstance(dirs, str):
+        print(dirs, file=sys.stderr)
         return 2
     providers = tuple(p for p in args.providers.split(",") if p) if args.providers else None
     options = {"device": args.device, "providers": providers, "quick": args.quick}
@@ -48,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         for name in names:
             reset()
             try:
-                outputs.append(run_suite(name, args.out, plots=not args.no_plots, progress=update, **options))
+                outputs.append(run_suite(name, dirs[name], plots=not args.no_plots, progress=update, **options))
             except ValueError as exc:  # a bad provider or op name
                 bar.stop()
                 print(f"{name}: {exc}", file=sys.stderr)
@@ -59,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         for row in r.rows:
             counts[row.status] = counts.get(row.status, 0) + 1
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        print(f"{r.name}: {len(r.rows)} rows on {r.device} ({summary})")
+        smoke = " [smoke run: not speed data]" if r.smoke else ""
+        print(f"{r.name}: {len(r.rows)} rows on {r.device} ({summary}){smoke}")
         for f in out.files:
             print(f"  wrote {f}")
         failed_ours += [row for row in r.rows if row.provider == "ours" and row.status == "failed"]
@@ -79,10 +122,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("suites", nargs="*", metavar="SUITE",
                    help=f"suites to run (default: all: {', '.join(suite_names())})")
-    p.add_argument("--out", default="benchmarks/results", help="output directory (default: benchmarks/results)")
+    p.add_argument("--out", default=None,
+                   help=f"output directory (default: a fresh {DEFAULT_ROOT}/<suite>-<device>-<timestamp>/)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a suite's results already in --out (e.g. the committed benchmarks/results)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     p.add_argument("--providers", default=None, help="comma-separated subset, e.g. ours,eager")
-    p.add_argument("--quick", action="store_true", help="first shape only, short timing (smoke test)")
+    p.add_argument("--quick", action="store_true",
+                   help="one small shape per op, short timing: a smoke test, labelled as such in the results")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG charts")
     p.add_argument("--strict", action="store_true", help="exit 1 when one of our kernels fails its correctness gate")
     p.add_argument("--list", action="store_true", help="list the suites and exit")

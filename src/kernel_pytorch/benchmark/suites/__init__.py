@@ -1,6 +1,13 @@
-"""Benchmark suites by name. Each suite module defines `NAME` and
-`run(*, device, providers, quick, ceilings, progress) -> BenchmarkResults`; `run_suite` writes its
-JSON, markdown and PNGs. Later suites register here."""
+"""Benchmark suites by name.
+
+A suite is one module under `suites/` holding its op benchmarks (`spec.OpBench`, one per op) and
+`SUITE = spec.Suite(name, specs)`; `runner.run(SUITE, ...)` gates and times them all, and `run_suite`
+writes the JSON, markdown and PNGs. Adding a family is that module plus its line in SUITES.
+
+Layering: the suites and their runner sit above `kernel_pytorch.validation` (the gate uses its
+comparisons), which itself uses the measurement tools below them (benchmark/{timer, ceilings, memory,
+results, module, plots}.py); `kernel_pytorch.benchmark` itself never imports this package.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from typing import Any
 
 from kernel_pytorch.benchmark.results import BenchmarkResults
 
-# name -> module implementing it
+# name -> module implementing it (defines SUITE)
 SUITES: dict[str, str] = {
     "norms": "kernel_pytorch.benchmark.suites.norms",
 }
@@ -30,6 +37,15 @@ def get_suite(name: str) -> ModuleType:
         return importlib.import_module(SUITES[name])
     except KeyError:
         raise ValueError(f"unknown benchmark suite {name!r}; known: {', '.join(SUITES)}") from None
+
+
+def output_paths(name: str, out_dir: str | Path) -> list[Path]:
+    """Files of suite `name`'s earlier results already in `out_dir` (the ones `run_suite` would replace)."""
+    d = Path(out_dir)
+    if not d.is_dir():
+        return []
+    found = [d / f"{name}.json", d / f"{name}.md", *sorted(d.glob(f"{name}_*.png"))]
+    return [p for p in found if p.is_file()]
 
 
 @dataclass
@@ -50,12 +66,14 @@ def run_suite(
 
     Args:
         name: a key of SUITES.
-        out_dir: output directory (created).
+        out_dir: output directory (created; files of the same names are replaced).
         plots: also write the bar and roofline charts (needs matplotlib).
         progress: progress(done, total, description) callback.
-        options: passed to the suite's `run` (device, providers, quick, ceilings, ...).
+        options: passed to `runner.run` (device, providers, ops, quick, ceilings, ...).
     """
-    results = get_suite(name).run(progress=progress, **options)
+    from kernel_pytorch.benchmark.suites.runner import run
+
+    results = run(get_suite(name).SUITE, progress=progress, **options)
     json_path, md_path = results.write(out_dir)
     files = [json_path, md_path]
     if plots:
@@ -65,4 +83,4 @@ def run_suite(
     return SuiteOutput(results, files)
 
 
-__all__ = ["SUITES", "SuiteOutput", "get_suite", "run_suite", "suite_names"]
+__all__ = ["SUITES", "SuiteOutput", "get_suite", "output_paths", "run_suite", "suite_names"]
