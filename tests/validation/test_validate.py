@@ -246,3 +246,26 @@ def test_cuda_bf16_rms_norm_validates_times_and_measures() -> None:
         assert "cuda events" in pc.original.method and pc.speedup > 0
     assert r.compilation_success.success and r.compilation_success.backend == "inductor"
     assert r.determinism.deterministic
+
+
+def test_compile_and_determinism_reruns_differentiate_the_first_seeds_outputs() -> None:
+    class Optional(nn.Module):
+        """Returns a second output only when asked: the differentiated outputs depend on the inputs."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor, extra: bool) -> dict[str, torch.Tensor]:
+            y = self.lin(x)
+            return {"y": y, "z": y.tanh()} if extra else {"y": y}
+
+    def make(seed: int) -> tuple[torch.Tensor, bool]:
+        return randn(4, 8) + seed, seed == 0  # seed 0 has two outputs, the last seed one
+
+    a, b = Optional(), Optional()
+    b.load_state_dict(a.state_dict())
+    r = validate_optimization(a, b, make, seeds=(0, 1), **FAST)
+    assert r.passed, r.summary()
+    assert r.compilation_success.success and r.compilation_success.matches_eager, r.summary()
+    assert r.determinism.deterministic, r.summary()

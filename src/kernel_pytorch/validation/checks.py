@@ -57,7 +57,7 @@ class Correctness:
     inputs: tuple | dict  # the first seed's inputs
     cand: Run | None  # the optimized module's run on them; None when the first seed failed
     hi: Run | None  # the fp64 reference's run on them, if there was one
-    grad_outs: GradOutputs  # the outputs differentiated on the last seed the original ran
+    grad_outs: GradOutputs  # the outputs differentiated on the first seed, which the reruns repeat
 
 
 def correctness(
@@ -80,7 +80,7 @@ def correctness(
         f"inputs and {len(shared)} parameters" if shared else "inputs only")
     first_cand: Run | None = None
     first_hi: Run | None = None
-    grad_outs: GradOutputs | None = None
+    first_grad_outs: GradOutputs = []
     for seed in seeds:
         args = first_inputs if seed == seeds[0] else inputs_for(inputs, seed, seeds[0])
         try:
@@ -89,7 +89,11 @@ def correctness(
         except Exception as exc:
             errors.append(f"seed {seed}: the original failed: {short_error(exc, 2000, lines=6)}")
             break
+        # each seed differentiates what the original's outputs on it allow (their structure may
+        # depend on the inputs); the optimized module and the fp64 copy follow that list
         grad_outs = base.differentiated
+        if seed == seeds[0]:
+            first_grad_outs = grad_outs
         try:
             cand = run_model(optimized, named(optimized, shared), args, with_grads=check_gradients, seed=seed,
                              grad_outputs=grad_outs)
@@ -109,7 +113,7 @@ def correctness(
             first_cand, first_hi = cand, hi
     passed = not errors and bool(checks) and all(c.passed for cs in checks.values() for c in cs)
     report = CorrectnessReport(passed, list(seeds), checks, ref_label, grad_label, errors, notes)
-    return Correctness(report, shared, first_inputs, first_cand, first_hi, grad_outs or [])
+    return Correctness(report, shared, first_inputs, first_cand, first_hi, first_grad_outs)
 
 
 def compare_runs(cand: Run, base: Run, hi: Run | None) -> list[TensorCheck]:
