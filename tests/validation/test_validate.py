@@ -3,6 +3,7 @@ how much and where; compile failures and non-determinism are reported, never rai
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -196,6 +197,10 @@ def test_a_graph_break_is_reported_not_raised() -> None:
     assert not comp.success and comp.error
     assert comp.graph_count >= 1 and comp.graph_break_count >= 1 and comp.break_reasons
     assert "compilation_success: no" in r.summary()
+    # each break names the user's line that caused it
+    line = inspect.getsourcelines(Breaks.forward)[1] + 2
+    assert f"{__file__}:{line}" in comp.break_locations
+    assert f"(at {__file__}:{line})" in r.summary()
 
 
 def test_non_determinism_is_reported() -> None:

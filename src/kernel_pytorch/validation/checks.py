@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from kernel_pytorch._errors import short_error
-from kernel_pytorch._tree import call, flatten, map_tensors
+from kernel_pytorch._tree import flatten, map_tensors, split_inputs
+from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.benchmark.memory import MemoryMeasurement
 from kernel_pytorch.benchmark.module import ModuleBenchmark, benchmark_module
 from kernel_pytorch.benchmark.timer import speedup
@@ -163,19 +165,6 @@ def performance(
 Rerun = Callable[[Callable[..., Any]], Run]
 
 
-def _graph_break_reasons() -> dict[str, int]:
-    try:
-        from torch._dynamo.utils import counters
-    except Exception:
-        return {}
-    # the key holding break reasons moved between releases; read both
-    merged: dict[str, int] = {}
-    for key in ("graph_break", "unimplemented"):
-        for reason, n in counters.get(key, {}).items():
-            merged[str(reason)] = merged.get(str(reason), 0) + int(n)
-    return merged
-
-
 def compilation(
     optimized: nn.Module,
     inputs: tuple | dict,
@@ -205,27 +194,38 @@ def compilation(
 
 
 def _compile_failure(optimized: nn.Module, inputs: tuple | dict, backend: str, error: str) -> CompilationReport:
-    graphs: list[Any] = []
+    """The analyser's Dynamo trace of a compile without fullgraph: its graphs, and its breaks with
+    their first-line reasons and the user's line of each."""
+    args, kwargs = split_inputs(inputs)
+    # graph breaks are decided by Dynamo before any backend runs: the cheap "eager" backend finds them all
+    trace = AnalysisContext(optimized, args, kwargs, AnalysisOptions(trace_backend="eager")).trace
+    if trace.error is not None:  # not even a graph-broken compile works
+        reason = f"compile without fullgraph also failed: {short_error(trace.error, 2000, lines=2)}"
+        return CompilationReport(False, backend, None, None, [reason], None, error, None, break_locations=[None])
+    sites: dict[tuple[str, str | None], None] = {}  # distinct (reason, site), in the order Dynamo met them
+    for b in trace.breaks:
+        sites.setdefault((b.reason.splitlines()[0][:200] if b.reason else "?", _break_site(b)), None)
+    reasons = [r for r, _ in sites]
+    locations = [loc for _, loc in sites]
+    if trace.failed_frames:
+        reasons.append(f"Dynamo gave up on {len(trace.failed_frames)} frame(s): they run eagerly")
+        locations.append(None)
+    graphs = len(trace.graphs)
+    # a break right before `return` leaves no second graph, so count the recorded breaks too
+    breaks = max(graphs - 1, len(trace.breaks))
+    return CompilationReport(False, backend, graphs, breaks, reasons, None, error, None, break_locations=locations)
 
-    def count_graphs(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-        graphs.append(gm)
-        return gm.forward
 
-    before = _graph_break_reasons()
-    reasons: list[str] = []
-    try:
-        with torch.no_grad():
-            call(torch.compile(optimized, backend=count_graphs), inputs)
-        after = _graph_break_reasons()
-        new = {r: n - before.get(r, 0) for r, n in after.items() if n > before.get(r, 0)}
-        reasons = [r.splitlines()[0][:200] for r in new]
-        count: int | None = len(graphs)
-        # a break right before `return` leaves no second graph, so count the recorded breaks too
-        breaks: int | None = max(len(graphs) - 1, sum(new.values()))
-    except Exception as exc:  # not even a graph-broken compile works
-        count = breaks = None
-        reasons = [f"compile without fullgraph also failed: {short_error(exc, 2000, lines=2)}"]
-    return CompilationReport(False, backend, count, breaks, reasons, None, error, None)
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _break_site(brk: Any) -> str | None:
+    """file:line of the innermost frame of a break's user stack outside torch: the line that broke."""
+    frames = list(getattr(brk, "user_stack", None) or getattr(brk, "frames", None) or ())
+    for fr in reversed(frames):
+        if not (fr.filename.startswith(_TORCH_DIR) or fr.filename.startswith("<")):
+            return f"{fr.filename}:{fr.lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
 
 
 # ---- determinism ---------------------------------------------------------------------------------

@@ -104,7 +104,9 @@ def _compilation(comp: CompilationReport | None) -> list[str]:
         f"{comp.graph_break_count if comp.graph_break_count is not None else '?'} graph breaks"
     ]
     lines += [f"  {line}" for line in (comp.error or "").splitlines()[:4]]
-    lines += [f"  break: {reason}" for reason in comp.break_reasons[:5]]
+    locations = comp.break_locations or [None] * len(comp.break_reasons)
+    lines += [f"  break: {reason}" + (f" (at {loc})" if loc else "")
+              for reason, loc in list(zip(comp.break_reasons, locations))[:5]]
     return lines
 
 

@@ -134,6 +134,7 @@ class CompilationReport:
     error: str | None
     matches_eager: bool | None  # compiled results vs the optimized module run eagerly
     mismatch: str | None = None
+    break_locations: list[str | None] = field(default_factory=list)  # file:line of each break_reasons entry
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
