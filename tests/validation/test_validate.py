@@ -274,3 +274,41 @@ def test_compile_and_determinism_reruns_differentiate_the_first_seeds_outputs() 
     assert r.passed, r.summary()
     assert r.compilation_success.success and r.compilation_success.matches_eager, r.summary()
     assert r.determinism.deterministic, r.summary()
+
+
+class LinearCentered(nn.Module):
+    """A Linear with bias, then a reduction: each row minus its mean. Inductor sums the bias gradient
+    over the rows in another order than eager, so the two differ by more than fp32's table allows."""
+
+    def __init__(self, dim: int = 64) -> None:
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y - y.mean(-1, keepdim=True)
+
+
+class WrongWhenCompiled(LinearCentered):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return y * (1 + 1e-4) if torch.compiler.is_compiling() else y
+
+
+@pytest.mark.parametrize("reference", ["auto", "none"])
+def test_a_model_validated_against_itself_passes_its_compile_check(reference: str) -> None:
+    model = LinearCentered()
+    r = validate_optimization(model, model, (randn(2048, 64),), seeds=(0,), reference=reference,
+                              check_performance=False, check_determinism=False)
+    comp = r.compilation_success
+    assert r.passed and comp.success and comp.backend == "inductor"
+    assert comp.matches_eager, r.summary()
+
+
+def test_a_wrong_compiled_result_still_fails_the_compile_check() -> None:
+    original, wrong = LinearCentered(), WrongWhenCompiled()
+    wrong.load_state_dict(original.state_dict())
+    r = validate_optimization(original, wrong, (randn(2048, 64),), seeds=(0,), **FAST)
+    assert r.passed  # eagerly it is right
+    comp = r.compilation_success
+    assert comp.success and comp.matches_eager is False and "MISMATCH" in comp.mismatch
