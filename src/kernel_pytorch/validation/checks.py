@@ -8,9 +8,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,14 +135,36 @@ def compare_runs(cand: Run, base: Run, hi: Run | None, *, reordered: bool = Fals
 
 # ---- performance and memory ----------------------------------------------------------------------
 
+# Kineto, the profiler behind CPU peak memory, prints "USDT: ... profiler_start/stop" lines to stderr
+# on every profile: USDT (5) is its highest log severity, and torch's default quieting (ERROR, 4) lets it
+# through. Kineto reads KINETO_LOG_LEVEL once, when the first profile of the process starts it.
+_KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"
+_ABOVE_USDT = "6"
+
+
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Start kineto, if this measurement is what starts it, with its log level above USDT; a level the
+    user set is left alone. The variable is removed again afterwards (kineto has read it by then)."""
+    if _KINETO_LOG_LEVEL in os.environ:
+        yield
+        return
+    os.environ[_KINETO_LOG_LEVEL] = _ABOVE_USDT
+    try:
+        yield
+    finally:
+        os.environ.pop(_KINETO_LOG_LEVEL, None)
+
+
 
 def performance(
     original: nn.Module, optimized: nn.Module, inputs: tuple | dict, passes: Sequence[str],
     timing_kwargs: dict[str, Any],
 ) -> tuple[PerformanceReport, MemoryReport]:
     """Time both modules and measure their peak memory on `inputs`, for each of `passes`."""
-    bo: ModuleBenchmark = benchmark_module(original, inputs, passes=passes, **timing_kwargs)
-    bn: ModuleBenchmark = benchmark_module(optimized, inputs, passes=passes, **timing_kwargs)
+    with _quiet_kineto():
+        bo: ModuleBenchmark = benchmark_module(original, inputs, passes=passes, **timing_kwargs)
+        bn: ModuleBenchmark = benchmark_module(optimized, inputs, passes=passes, **timing_kwargs)
     perf: dict[str, PassComparison] = {}
     mem: dict[str, PassMemory] = {}
     method = "not measured"
