@@ -156,7 +156,6 @@ def _quiet_kineto() -> Iterator[None]:
         os.environ.pop(_KINETO_LOG_LEVEL, None)
 
 
-
 def performance(
     original: nn.Module, optimized: nn.Module, inputs: tuple | dict, passes: Sequence[str],
     timing_kwargs: dict[str, Any],
@@ -225,10 +224,14 @@ def _compile_failure(optimized: nn.Module, inputs: tuple | dict, backend: str, e
     """The analyser's Dynamo trace of a compile without fullgraph: its graphs, and its breaks with
     their first-line reasons and the user's line of each."""
     args, kwargs = split_inputs(inputs)
-    # graph breaks are decided by Dynamo before any backend runs: the cheap "eager" backend finds them all
-    trace = AnalysisContext(optimized, args, kwargs, AnalysisOptions(trace_backend="eager")).trace
-    if trace.error is not None:  # not even a graph-broken compile works
-        reason = f"compile without fullgraph also failed: {short_error(trace.error, 2000, lines=2)}"
+    try:
+        # graph breaks are decided by Dynamo before any backend runs: the cheap "eager" backend finds them
+        trace = AnalysisContext(optimized, args, kwargs, AnalysisOptions(trace_backend="eager")).trace
+        failed = trace.error
+    except Exception as exc:  # the trace records the call's errors; this is anything else going wrong
+        failed = exc
+    if failed is not None:  # not even a graph-broken compile works
+        reason = f"compile without fullgraph also failed: {short_error(failed, 2000, lines=2)}"
         return CompilationReport(False, backend, None, None, [reason], None, error, None, break_locations=[None])
     sites: dict[tuple[str, str | None], None] = {}  # distinct (reason, site), in the order Dynamo met them
     for b in trace.breaks:
@@ -249,6 +252,7 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 def _break_site(brk: Any) -> str | None:
     """file:line of the innermost frame of a break's user stack outside torch: the line that broke."""
+    # Dynamo's own records call the stack `user_stack`; the analyser's copy of one calls it `frames`
     frames = list(getattr(brk, "user_stack", None) or getattr(brk, "frames", None) or ())
     for fr in reversed(frames):
         if not (fr.filename.startswith(_TORCH_DIR) or fr.filename.startswith("<")):
