@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
+import kernel_pytorch
 from kernel_pytorch.cli._factory import FactoryError, load_factory
 from kernel_pytorch.cli.main import main
 
@@ -144,6 +148,21 @@ def test_plot_is_written(models: Path, tmp_path: Path) -> None:
     assert main(["validate", f"{models}:original", f"{models}:fused", "--backend", "eager", "--no-grad",
                  "--cpu-min-run-time", "0.01", "--plot", str(png)]) == 0
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_stderr_stays_clean_when_memory_is_measured(models: Path) -> None:
+    """CPU peak memory runs torch's profiler, whose kineto prints "USDT: ... profiler_start" lines unless
+    its log level is raised before its first use in the process: so a fresh process, as users run it."""
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(kernel_pytorch.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_pytorch.cli.main", "validate", f"{models}:original", f"{models}:fused",
+         "--no-compile", "--no-determinism", "--no-grad", "--seeds", "1", "--cpu-min-run-time", "0.01"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "memory_efficiency: (cpu" in proc.stdout
+    assert "USDT" not in proc.stderr and "profiler_start" not in proc.stderr, proc.stderr
 
 
 def test_load_factory_forms(models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

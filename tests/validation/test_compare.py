@@ -78,6 +78,30 @@ def test_fp64_budget_rescues_a_long_reduction_the_table_rejects() -> None:
     assert not wrong.passed and "fp64 budget also fails" in wrong.note
 
 
+def test_a_reordered_sum_passes_by_the_tensors_scale_and_a_wrong_one_does_not() -> None:
+    """Column sums over 4096 rows in fp32, sequentially vs by torch's own cascade: where a sum nearly
+    cancels the two differ beyond the table, yet by far less than the table's tolerance of the largest
+    sum. A scaled result, or one column off, fails."""
+    x = randn(4096, 256)
+    eager = x.sum(0)
+    sequential = torch.zeros(256)
+    for row in x:  # one add per row: the order a compiled loop may use
+        sequential += row
+    assert not check_tensor("s", sequential, eager).passed
+    reordered = check_tensor("s", sequential, eager, reordered=True)
+    assert reordered.passed and reordered.method == "reordered", reordered.message()
+    tol = TOLERANCES[torch.float32]
+    assert reordered.allowed.startswith(f"atol {tol.atol:g} + rtol {tol.rtol:g} x largest |expected|")
+    scaled = check_tensor("s", eager * (1 + 1e-4), eager, reordered=True)
+    assert not scaled.passed and "reordered sums' rounding also exceeded" in scaled.note
+    one_off = eager.clone()
+    one_off[7] += 10 * (tol.atol + tol.rtol * float(eager.abs().max()))
+    bad = check_tensor("s", one_off, eager, reordered=True)
+    assert not bad.passed and bad.worst_index == (7,)
+    nan = check_tensor("s", torch.full_like(eager, float("nan")), eager, reordered=True)
+    assert not nan.passed
+
+
 def test_trees_are_compared_by_path() -> None:
     Out = namedtuple("Out", ["logits", "aux"])
     expected = {"a": randn(2, 3), "b": [randn(4), 5], "c": Out(randn(2), None)}

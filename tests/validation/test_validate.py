@@ -3,6 +3,7 @@ how much and where; compile failures and non-determinism are reported, never rai
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -196,6 +197,10 @@ def test_a_graph_break_is_reported_not_raised() -> None:
     assert not comp.success and comp.error
     assert comp.graph_count >= 1 and comp.graph_break_count >= 1 and comp.break_reasons
     assert "compilation_success: no" in r.summary()
+    # each break names the user's line that caused it
+    line = inspect.getsourcelines(Breaks.forward)[1] + 2
+    assert f"{__file__}:{line}" in comp.break_locations
+    assert f"(at {__file__}:{line})" in r.summary()
 
 
 def test_non_determinism_is_reported() -> None:
@@ -246,3 +251,64 @@ def test_cuda_bf16_rms_norm_validates_times_and_measures() -> None:
         assert "cuda events" in pc.original.method and pc.speedup > 0
     assert r.compilation_success.success and r.compilation_success.backend == "inductor"
     assert r.determinism.deterministic
+
+
+def test_compile_and_determinism_reruns_differentiate_the_first_seeds_outputs() -> None:
+    class Optional(nn.Module):
+        """Returns a second output only when asked: the differentiated outputs depend on the inputs."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor, extra: bool) -> dict[str, torch.Tensor]:
+            y = self.lin(x)
+            return {"y": y, "z": y.tanh()} if extra else {"y": y}
+
+    def make(seed: int) -> tuple[torch.Tensor, bool]:
+        return randn(4, 8) + seed, seed == 0  # seed 0 has two outputs, the last seed one
+
+    a, b = Optional(), Optional()
+    b.load_state_dict(a.state_dict())
+    r = validate_optimization(a, b, make, seeds=(0, 1), **FAST)
+    assert r.passed, r.summary()
+    assert r.compilation_success.success and r.compilation_success.matches_eager, r.summary()
+    assert r.determinism.deterministic, r.summary()
+
+
+class LinearCentered(nn.Module):
+    """A Linear with bias, then a reduction: each row minus its mean. Inductor sums the bias gradient
+    over the rows in another order than eager, so the two differ by more than fp32's table allows."""
+
+    def __init__(self, dim: int = 64) -> None:
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y - y.mean(-1, keepdim=True)
+
+
+class WrongWhenCompiled(LinearCentered):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return y * (1 + 1e-4) if torch.compiler.is_compiling() else y
+
+
+@pytest.mark.parametrize("reference", ["auto", "none"])
+def test_a_model_validated_against_itself_passes_its_compile_check(reference: str) -> None:
+    model = LinearCentered()
+    r = validate_optimization(model, model, (randn(2048, 64),), seeds=(0,), reference=reference,
+                              check_performance=False, check_determinism=False)
+    comp = r.compilation_success
+    assert r.passed and comp.success and comp.backend == "inductor"
+    assert comp.matches_eager, r.summary()
+
+
+def test_a_wrong_compiled_result_still_fails_the_compile_check() -> None:
+    original, wrong = LinearCentered(), WrongWhenCompiled()
+    wrong.load_state_dict(original.state_dict())
+    r = validate_optimization(original, wrong, (randn(2048, 64),), seeds=(0,), **FAST)
+    assert r.passed  # eagerly it is right
+    comp = r.compilation_success
+    assert comp.success and comp.matches_eager is False and "MISMATCH" in comp.mismatch

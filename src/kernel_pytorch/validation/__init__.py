@@ -1,5 +1,13 @@
 """Correctness and measurement of optimizations: the tolerance table, tree comparison, and
-`validate_optimization`."""
+`validate_optimization`.
+
+    tolerances.py  the one table and the fp64-derived budget
+    compare.py     leaf-by-leaf comparison of nested results under that rule
+    runs.py        running the models: seeds' inputs, gradients, the fp64 copy
+    checks.py      correctness, performance and memory, compilation, determinism
+    report.py      the result types (JSON via to_dict); render.py their text summary
+    validate.py    validate_optimization, the entry point
+"""
 
 from kernel_pytorch.validation.compare import TensorCheck, check_tensor, compare_named, compare_trees
 from kernel_pytorch.validation.tolerances import TOLERANCES, Comparison, Tolerance, compare, fp64_budget

@@ -5,6 +5,8 @@ its numbers from here. Two kinds of check:
 
 * `TOLERANCES[dtype]`: elementwise `|a - b| <= atol + rtol * |b|` against a reference computed in fp32
   and rounded to `dtype`. Right for outputs whose every element is a short computation.
+* `compare_reordered`: the same computation with its sums in another order (a compiled graph against
+  eager): the table's entry applied to the tensor's largest magnitude rather than to each element.
 * `fp64_budget`: for long reductions (norms over wide rows, gradients that sum over rows, cross-entropy
   over big vocabularies) the fair yardstick is PyTorch itself: the candidate's worst error against an
   fp64 reference may be at most `factor` times the worst error of PyTorch's own eager op run in the
@@ -111,6 +113,38 @@ def compare(
         max_rel_err=float(rel.max()) if rel.numel() else 0.0,
         worst_index=_worst(excess),
         allowed=f"atol {tol.atol:g} + rtol {tol.rtol:g}",
+        nonfinite_mismatch=nonfinite,
+    )
+
+
+def compare_reordered(
+    actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None
+) -> Comparison:
+    """Check of one computation against itself with its reductions in another order (compiled vs eager):
+    `max|actual - expected| <= atol + rtol * max|expected|` with the table's entry for `dtype`.
+
+    A reordered sum's rounding error scales with the magnitudes summed, not with the value they sum to,
+    which cancellation can make arbitrarily small (a bias gradient summed over many rows); the tensor's
+    largest magnitude stands in for that scale. Looser than `compare` wherever values cancel: for
+    compiled against eager only, never for an optimization against the original.
+
+    Args:
+        actual: the reordered result (e.g. the compiled module's), any shape.
+        expected: the same computation in its usual order, same shape.
+        dtype: whose tolerance applies; defaults to `actual.dtype`.
+    """
+    tol = tolerance_for(dtype or actual.dtype)
+    diff, scale, nonfinite = _errors(actual, expected)
+    finite = scale[torch.isfinite(scale)]
+    top = float(finite.max()) if finite.numel() else 0.0
+    rel = diff / scale.clamp_min(torch.finfo(torch.float64).tiny)
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    return Comparison(
+        passed=not nonfinite and max_abs <= tol.atol + tol.rtol * top,
+        max_abs_err=max_abs,
+        max_rel_err=float(rel.max()) if rel.numel() else 0.0,
+        worst_index=_worst(diff),
+        allowed=f"atol {tol.atol:g} + rtol {tol.rtol:g} x largest |expected| {top:.3g}",
         nonfinite_mismatch=nonfinite,
     )
 
