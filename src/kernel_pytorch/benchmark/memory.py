@@ -8,8 +8,10 @@ taken: PyTorch's CPU tensor allocations only, not the process's resident memory.
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -70,11 +72,32 @@ def _allocation_deltas(node: Any, out: list[tuple[int, int]]) -> None:
         _allocation_deltas(child, out)
 
 
+# Kineto, the profiler behind CPU peak memory, prints "USDT: ... profiler_start/stop" lines to stderr
+# on every profile: USDT (5) is its highest log severity, and torch's default quieting (ERROR, 4) lets it
+# through. Kineto reads KINETO_LOG_LEVEL once, when the first profile of the process starts it.
+_KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"
+_ABOVE_USDT = "6"
+
+
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Start kineto, if this measurement is what starts it, with its log level above USDT; a level the
+    user set is left alone. The variable is removed again afterwards (kineto has read it by then)."""
+    if _KINETO_LOG_LEVEL in os.environ:
+        yield
+        return
+    os.environ[_KINETO_LOG_LEVEL] = _ABOVE_USDT
+    try:
+        yield
+    finally:
+        os.environ.pop(_KINETO_LOG_LEVEL, None)
+
+
 def _cpu_peak(fn: Callable[[], Any]) -> MemoryMeasurement:
     from torch.profiler import ProfilerActivity, profile
 
     try:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with _quiet_kineto(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             out = fn()
             del out
         # the event tree carries every allocation and free with its size; the public event list

@@ -8,10 +8,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +19,8 @@ from torch import Tensor, nn
 from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import flatten, map_tensors, split_inputs
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
+from kernel_pytorch.assistant.locate import user_location
+from kernel_pytorch.assistant.records import BreakRecord
 from kernel_pytorch.benchmark.memory import MemoryMeasurement
 from kernel_pytorch.benchmark.module import ModuleBenchmark, benchmark_module
 from kernel_pytorch.benchmark.timer import speedup
@@ -135,35 +135,13 @@ def compare_runs(cand: Run, base: Run, hi: Run | None, *, reordered: bool = Fals
 
 # ---- performance and memory ----------------------------------------------------------------------
 
-# Kineto, the profiler behind CPU peak memory, prints "USDT: ... profiler_start/stop" lines to stderr
-# on every profile: USDT (5) is its highest log severity, and torch's default quieting (ERROR, 4) lets it
-# through. Kineto reads KINETO_LOG_LEVEL once, when the first profile of the process starts it.
-_KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"
-_ABOVE_USDT = "6"
-
-
-@contextlib.contextmanager
-def _quiet_kineto() -> Iterator[None]:
-    """Start kineto, if this measurement is what starts it, with its log level above USDT; a level the
-    user set is left alone. The variable is removed again afterwards (kineto has read it by then)."""
-    if _KINETO_LOG_LEVEL in os.environ:
-        yield
-        return
-    os.environ[_KINETO_LOG_LEVEL] = _ABOVE_USDT
-    try:
-        yield
-    finally:
-        os.environ.pop(_KINETO_LOG_LEVEL, None)
-
-
 def performance(
     original: nn.Module, optimized: nn.Module, inputs: tuple | dict, passes: Sequence[str],
     timing_kwargs: dict[str, Any],
 ) -> tuple[PerformanceReport, MemoryReport]:
     """Time both modules and measure their peak memory on `inputs`, for each of `passes`."""
-    with _quiet_kineto():
-        bo: ModuleBenchmark = benchmark_module(original, inputs, passes=passes, **timing_kwargs)
-        bn: ModuleBenchmark = benchmark_module(optimized, inputs, passes=passes, **timing_kwargs)
+    bo: ModuleBenchmark = benchmark_module(original, inputs, passes=passes, **timing_kwargs)
+    bn: ModuleBenchmark = benchmark_module(optimized, inputs, passes=passes, **timing_kwargs)
     perf: dict[str, PassComparison] = {}
     mem: dict[str, PassMemory] = {}
     method = "not measured"
@@ -247,17 +225,10 @@ def _compile_failure(optimized: nn.Module, inputs: tuple | dict, backend: str, e
     return CompilationReport(False, backend, graphs, breaks, reasons, None, error, None, break_locations=locations)
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-
-
-def _break_site(brk: Any) -> str | None:
-    """file:line of the innermost frame of a break's user stack outside torch: the line that broke."""
-    # Dynamo's own records call the stack `user_stack`; the analyser's copy of one calls it `frames`
-    frames = list(getattr(brk, "user_stack", None) or getattr(brk, "frames", None) or ())
-    for fr in reversed(frames):
-        if not (fr.filename.startswith(_TORCH_DIR) or fr.filename.startswith("<")):
-            return f"{fr.filename}:{fr.lineno}"
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+def _break_site(brk: BreakRecord) -> str | None:
+    """file:line of the innermost frame of a break's stack in the user's code: the line that broke."""
+    loc = user_location(brk.frames)
+    return f"{loc.file}:{loc.line}" if loc is not None else None
 
 
 # ---- determinism ---------------------------------------------------------------------------------
