@@ -5,12 +5,44 @@
     norm = kp.nn.RMSNorm(4096)                      # a torch.nn.RMSNorm that runs our kernel
     report = kp.validate_optimization(model, fast_model, inputs)   # right? faster? compiles?
     report = kp.CompilerOptimizationAssistant().analyze_component(model, inputs)  # graph breaks, recompiles
+
+The public names load on first use (PEP 562), so `import kernel_pytorch` alone does not import torch:
+the `kernel-pytorch` command answers `--help` and argument errors at once.
 """
 
-from kernel_pytorch import functional, nn
-from kernel_pytorch.assistant import CompilerOptimizationAssistant
-from kernel_pytorch.validation import validate_optimization
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> (module, attribute or None for the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "functional": ("kernel_pytorch.functional", None),
+    "nn": ("kernel_pytorch.nn", None),
+    "CompilerOptimizationAssistant": ("kernel_pytorch.assistant", "CompilerOptimizationAssistant"),
+    "validate_optimization": ("kernel_pytorch.validation", "validate_optimization"),
+}
+
+if TYPE_CHECKING:
+    from kernel_pytorch import functional, nn
+    from kernel_pytorch.assistant import CompilerOptimizationAssistant
+    from kernel_pytorch.validation import validate_optimization
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'kernel_pytorch' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = ["CompilerOptimizationAssistant", "__version__", "functional", "nn", "validate_optimization"]

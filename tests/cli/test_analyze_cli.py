@@ -1,9 +1,13 @@
-"""`kernel-pytorch analyze`: the default demo, JSON/Markdown output, FILE.py:FACTORY, exit codes."""
+"""`kernel-pytorch analyze`: the default demo, JSON/Markdown output, FILE.py:FACTORY, exit codes,
+--backend and --fail-on, and argument errors that answer without importing torch."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,6 +16,8 @@ import pytest
 
 from kernel_pytorch.cli.analyze import UsageError, parse_dims, parse_shapes
 from kernel_pytorch.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 USER_MODEL = textwrap.dedent(
     """
@@ -139,3 +145,68 @@ def test_parse_shapes_and_dims() -> None:
         parse_shapes("batch=0")
     with pytest.raises(UsageError):
         parse_dims("x=batch")
+
+
+@pytest.mark.parametrize("backend", ["nosuchbackend", "no/such/file.py:backend"])
+def test_unknown_backend_exits_2_before_building_the_model(backend: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", "--backend", backend, "--no-compile-time"]) == 2
+    err = capsys.readouterr().err
+    assert "--backend" in err and "analysing" not in err
+
+
+def test_unknown_dtype_exits_2() -> None:
+    assert main(["analyze", "--dtype", "fp7", "--no-compile-time"]) == 2
+
+
+def test_backend_as_a_callable(tmp_path: Path) -> None:
+    path = _user_file(tmp_path)
+    backend = tmp_path / "my_backend.py"
+    backend.write_text("def passthrough(gm, example_inputs):\n    return gm.forward\n")
+    out = tmp_path / "r.json"
+    argv = ["analyze", f"{path}:make", "-q", "--backend", f"{backend}:passthrough", "--json", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["meta"]["backend"] == "passthrough"
+
+
+def test_fail_on_gates_on_severity(tmp_path: Path) -> None:
+    path = _user_file(tmp_path)
+    args = ["analyze", f"{path}:make", "--no-compile-time", "-q"]
+    # the print() is a graph break (a warning), and nothing is an error
+    assert main([*args, "--fail-on", "warning"]) == 1
+    assert main([*args, "--fail-on", "error"]) == 0
+    assert main(args) == 0
+
+
+def test_fail_on_rejects_other_values() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", "--fail-on", "info"])
+    assert exc.value.code == 2
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["analyze", "--nosuchflag"], ["analyze", "--help"], ["bogus"]])
+def test_argument_errors_and_help_do_not_import_torch(argv: list[str]) -> None:
+    """Importing torch takes seconds; --help and a mistyped flag must answer at once."""
+    code = (
+        "import sys\nfrom kernel_pytorch.cli.main import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit as e:\n    print('exit', e.code)\n"
+        "print('torch imported:', 'torch' in sys.modules)"
+    )
+    result = _python(code)
+    assert "torch imported: False" in result.stdout, result.stdout + result.stderr
+    assert ("exit 0" if "--help" in argv else "exit 2") in result.stdout
+
+
+def test_listed_help_matches_each_subcommand() -> None:
+    from kernel_pytorch.cli.main import _HELP, SUBCOMMANDS, build_parser
+
+    parser = build_parser()  # every subcommand imported and registered
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    assert set(helps) == set(SUBCOMMANDS) == set(_HELP)
+    assert helps == _HELP

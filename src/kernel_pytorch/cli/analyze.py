@@ -10,7 +10,13 @@ get_inputs() and get_init_inputs() works too.
 --dims says which input dims those kinds are when the guess is wrong (built-in models know theirs):
     --dims "0:0=batch,1=seq;attention_mask:0=batch,1=seq"   (input index or keyword name first)
 
-Exit status: 0 the analysis ran (whatever it found), 2 the model or the arguments could not be used.
+--backend takes a registered torch.compile backend (inductor, aot_eager, eager, ...) or a callable
+named as FILE.py:NAME or module:NAME.
+--fail-on error|warning makes the report a gate for CI: exit 1 when it has a finding of that
+severity or worse.
+
+Exit status: 0 the analysis ran (whatever it found, unless --fail-on), 1 the report has a finding at
+or above --fail-on, 2 the model or the arguments could not be used.
 """
 
 from __future__ import annotations
@@ -21,13 +27,15 @@ import io
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from kernel_pytorch.cli._factory import DTYPES
+# torch and the analyser are imported inside the functions that need them: building the parser (for
+# --help or an argument error) must not pay the seconds that importing torch takes
+if TYPE_CHECKING:
+    import torch
 
 _KINDS = ("batch", "seq", "spatial")
+_SEVERITIES = ("error", "warning", "info")  # worst first; --fail-on takes the first two
 
 
 class UsageError(ValueError):
@@ -69,7 +77,44 @@ def parse_dims(text: str) -> dict[int | str, dict[int, str]]:
 
 
 def _default_device() -> str:
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def parse_dtype(name: str | None) -> torch.dtype | None:
+    """The torch dtype a --dtype name stands for (None for None)."""
+    from kernel_pytorch.cli._factory import DTYPES
+
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise UsageError(f"unknown --dtype {name!r}; use one of {', '.join(sorted(DTYPES))}")
+    return DTYPES[name]
+
+
+def resolve_backend(name: str) -> str | Any:
+    """The torch.compile backend --backend names: a registered backend name as it is, or the callable
+    a `FILE.py:NAME` / `module:NAME` spec names. Checked before any model is built."""
+    import torch._dynamo
+    from torch._dynamo.backends.registry import lookup_backend
+
+    if ":" in name and not name.startswith(":"):
+        from kernel_pytorch.cli._factory import FactoryError, load_callable
+
+        try:
+            return load_callable(name)
+        except FactoryError as exc:
+            raise UsageError(f"--backend {name}: {exc}") from exc
+    try:
+        lookup_backend(name)
+    except Exception as exc:  # torch raises InvalidBackend (its message lists every backend)
+        # torch's own list without its debugging backends, plus the two debugging ones people use
+        known = ", ".join(sorted({*torch._dynamo.list_backends(), "eager", "aot_eager"}))
+        raise UsageError(
+            f"unknown --backend {name!r}; registered backends: {known}; or a callable as FILE.py:NAME"
+        ) from exc
+    return name
 
 
 def load_target(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, str, dict | None, str | None]:
@@ -88,13 +133,15 @@ def load_target(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, str, di
         except FactoryError as exc:
             raise UsageError(str(exc)) from exc
         return model, inputs, args.target, None, args.device or None
+    import torch
+
     from kernel_pytorch.models import DEFAULT_DEMO, build_model, input_spec, list_models
 
     name = args.model or DEFAULT_DEMO
     if name not in list_models():
         raise UsageError(f"unknown model {name!r}; built-in models: {', '.join(list_models())}")
     device = args.device or _default_device()
-    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    dtype = parse_dtype(args.dtype) or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     model, inputs = build_model(name, device=device, dtype=dtype)
     return model, inputs, name, dict(enumerate(input_spec(name))), device
 
@@ -103,13 +150,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from kernel_pytorch.assistant import CompilerOptimizationAssistant
-    from kernel_pytorch.assistant.render import render_terminal, to_json, to_markdown
-
     err = Console(stderr=True)
     try:
+        # the cheap checks first: a typo in an argument is reported before torch or the model loads
         shapes = parse_shapes(args.shapes) if args.shapes else None
         dims = parse_dims(args.dims) if args.dims else None
+        dtype = parse_dtype(args.dtype)
+        backend = resolve_backend(args.backend)
         model, inputs, name, builtin_dims, device = load_target(args)
     except UsageError as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -117,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # building the model failed (no such device, out of memory, ...)
         err.print(f"[red]error:[/red] cannot build the model: {type(exc).__name__}: {exc}")
         return 2
+    from kernel_pytorch.assistant import CompilerOptimizationAssistant
+    from kernel_pytorch.assistant.render import render_terminal, to_json, to_markdown
+
     dynamic = {"auto": None, "true": True, "false": False}[args.dynamic]
 
     start = time.perf_counter()
@@ -130,8 +180,8 @@ def run(args: argparse.Namespace) -> int:
 
         assistant = CompilerOptimizationAssistant(
             device=device,
-            dtype=DTYPES[args.dtype] if args.dtype else None,
-            backend=args.backend,
+            dtype=dtype,
+            backend=backend,
             mode=args.mode,
             dynamic=dynamic,
             shapes=shapes,
@@ -160,7 +210,25 @@ def run(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(to_markdown(report))
         err.print(f"wrote {args.markdown}")
     err.print(f"[dim]analysis took {time.perf_counter() - start:.1f} s[/dim]")
-    return 0
+    return _gate(report, args.fail_on, err)
+
+
+def failing_findings(report: Any, fail_on: str | None) -> list[Any]:
+    """The findings of `report` at or above severity `fail_on` ("error" or "warning"); [] for None."""
+    if fail_on is None:
+        return []
+    worst = _SEVERITIES[: _SEVERITIES.index(fail_on) + 1]
+    return [f for f in report.findings() if f.severity.value in worst]
+
+
+def _gate(report: Any, fail_on: str | None, err: Any) -> int:
+    """Exit status 1 when --fail-on finds findings at or above its severity, else 0."""
+    failing = failing_findings(report, fail_on)
+    if not failing:
+        return 0
+    ids = ", ".join(sorted({f.id for f in failing}))
+    err.print(f"[red]--fail-on {fail_on}:[/red] {len(failing)} finding(s) at or above {fail_on}: {ids}")
+    return 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -173,10 +241,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("target", nargs="?", metavar="FILE.py[:FACTORY]", help="the model to analyse (default: built-in)")
     p.add_argument("--model", metavar="NAME", help="a built-in model (default llama-tiny)")
     p.add_argument("--device", help="device to analyse on (default: cuda if present, else cpu)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), help="cast parameters and float inputs first")
+    p.add_argument("--dtype", metavar="DT", help="cast parameters and float inputs first (fp32, bf16, fp16, fp64)")
     p.add_argument("--shapes", metavar="SPEC", help='sweep sizes, e.g. "batch=1,2,4;seq=16,32"')
     p.add_argument("--dims", metavar="SPEC", help='which dims vary, e.g. "0:0=batch,1=seq"')
-    p.add_argument("--backend", default="inductor", help="backend whose compile time is measured")
+    p.add_argument(
+        "--backend", default="inductor", help="backend whose compile time is measured (a name, or FILE.py:NAME)"
+    )
     p.add_argument("--mode", default=None, help="torch.compile mode for that compile (e.g. max-autotune)")
     p.add_argument(
         "--dynamic", choices=("auto", "true", "false"), default="auto", help="dynamic= the model is compiled with"
@@ -186,4 +256,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown")
     p.add_argument("-q", "--quiet", action="store_true", help="do not print the report")
+    p.add_argument(
+        "--fail-on",
+        choices=_SEVERITIES[:2],
+        default=None,
+        help="exit 1 when the report has a finding of this severity or worse (for CI)",
+    )
     p.set_defaults(func=run)

@@ -1,4 +1,9 @@
-"""Entry point of `kernel-pytorch`: builds the parser from the subcommand modules and dispatches."""
+"""Entry point of `kernel-pytorch`: builds the parser from the subcommand modules and dispatches.
+
+Only the subcommand being run is imported (its module may import torch, which takes seconds); the
+others appear in `--help` by their one-line help below. So `kernel-pytorch --help` and an argument
+error (`kernel-pytorch analyze --nosuchflag`) answer at once, without importing torch.
+"""
 
 from __future__ import annotations
 
@@ -12,22 +17,47 @@ from collections.abc import Sequence
 # called with the parsed args and returning the process exit code.
 SUBCOMMANDS: tuple[str, ...] = ("doctor", "analyze", "validate", "bench")
 
+# the one-line help of each subcommand, for listing those not imported (keep in step with register())
+_HELP: dict[str, str] = {
+    "doctor": "print versions, device and whether the Triton kernels are active",
+    "analyze": "compile report of a model: graph breaks, recompilations, compile time",
+    "validate": "check an optimized model against the original: correctness, speed, memory, compile",
+    "bench": "run benchmark suites (correctness-gated) and write JSON, markdown and plots",
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The subcommand named in `argv` (the first argument that is one), or None."""
+    for arg in argv:
+        if arg in SUBCOMMANDS:
+            return arg
+        if not arg.startswith("-"):
+            return None  # a positional that is no subcommand: argparse reports it
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The CLI parser. With `argv`, only the subcommand it names is imported and registered in full;
+    without, every subcommand is (what a caller inspecting the whole parser wants)."""
     parser = argparse.ArgumentParser(
         prog="kernel-pytorch",
         description="Analyse, optimise, validate and benchmark PyTorch models on the GPU.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what kernel_pytorch decides")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = _chosen(argv) if argv is not None else None
     for name in SUBCOMMANDS:
-        importlib.import_module(f"kernel_pytorch.cli.{name}").register(sub)
+        if argv is None or name == chosen:
+            importlib.import_module(f"kernel_pytorch.cli.{name}").register(sub)
+        else:
+            sub.add_parser(name, help=_HELP[name], add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (also used as the console script's status)."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if not getattr(args, "func", None):
