@@ -97,7 +97,7 @@ def graph_ms(fn) -> float:
 
 def sweep() -> None:
     """Launch-parameter sweep of the norm kernels, timed as CUDA-graph replays (no host overhead)."""
-    from kernel_pytorch.ops import _triton
+    from kernel_pytorch.ops import _rows
     from kernel_pytorch.ops.rms_norm import _rms_norm_fwd_kernel
 
     fwd_op = torch.ops.kernel_pytorch.rms_norm_fwd
@@ -108,7 +108,7 @@ def sweep() -> None:
     from kernel_pytorch.ops import rms_norm as rms_mod
 
     # each variant sets attributes on (module, name); {} is the committed configuration
-    T = _triton
+    T = _rows
     one_row, two_rows = T.RowTiling(tile=1, programs_per_sm=2), T.RowTiling(tile=2, programs_per_sm=1)
     def unpaired(programs, device):  # every program its own partial rows (before pairing)
         return programs, False
@@ -136,7 +136,7 @@ def sweep() -> None:
         for v in variants:
             for (mod, k), val in {**defaults, **v}.items():
                 setattr(mod, k, val)
-            _triton.row_launch.cache_clear()
+            _rows.row_launch.cache_clear()
             _, rstd = fwd_op(x, w, 1e-6, 0.0)
             _, mean, lrstd = ln_fwd(x, w, b, 1e-5)
             f = graph_ms(lambda: fwd_op(x, w, 1e-6, 0.0))
@@ -167,7 +167,7 @@ def sweep() -> None:
                   f"{ln_peak:6.1f}MiB")
         for (mod, k), val in defaults.items():
             setattr(mod, k, val)
-        _triton.row_launch.cache_clear()
+        _rows.row_launch.cache_clear()
     # registers and spills of every backward binary compiled above (constexprs say which variant)
     for mod in (rms_mod, ln_mod):
         for name in dir(mod):

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from kernel_pytorch import reference
 from kernel_pytorch._env import log_once, triton_status
-from kernel_pytorch.ops._triton import KERNEL_DTYPES
+from kernel_pytorch.ops._launch import KERNEL_DTYPES
 from kernel_pytorch.ops.add_rms_norm import add_rms_norm_eager
 from kernel_pytorch.ops.layer_norm import layer_norm_eager
 from kernel_pytorch.ops.rms_norm import rms_norm_eager

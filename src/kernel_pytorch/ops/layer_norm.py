@@ -24,18 +24,10 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op
 
+from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._partials import partial_slots, store_partials, sum_partials
+from kernel_pytorch.ops._rows import RowTiling, as_rows, row_launch, row_schedule, row_stride, split_schedule
 from kernel_pytorch.ops._tiles import load_dy_x, load_rows, tile_rows
-from kernel_pytorch.ops._triton import (
-    Launcher,
-    RowTiling,
-    as_rows,
-    next_power_of_2,
-    row_launch,
-    row_schedule,
-    row_stride,
-    split_schedule,
-)
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.layer_norm import layer_norm_backward, layer_norm_from_stats, layer_norm_stats
 
