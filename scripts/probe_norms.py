@@ -235,6 +235,7 @@ def host() -> None:
     """Where the host time of an eager LayerNorm fwd+bwd goes, ours against ATen's, at a tiny shape
     (the GPU work is negligible, so per-call wall time is host time)."""
     from kernel_pytorch import functional as kpf
+    from kernel_pytorch.functional import _dispatch, norm
     from kernel_pytorch.ops import layer_norm as ln_mod
     from kernel_pytorch.ops._partials import sum_partials
 
@@ -278,7 +279,7 @@ def host() -> None:
         "layer_norm_fwd direct": lambda: ln_mod.layer_norm_fwd(x, w, b, 1e-5, eager=True),
         "layer_norm_bwd direct": lambda: ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, eager=True),
         "sum_partials direct": lambda: sum_partials(parts, (torch.bfloat16, torch.bfloat16), eager=True),
-        "checks + resolve": lambda: (kpf._check_layer_norm(x, w, b), kpf._resolve("triton", "ln", x, False)),
+        "checks + resolve": lambda: (norm._check_layer_norm(x, w, b), _dispatch._resolve("triton", "ln", x, False)),
         "torch.zeros int32 [132]": lambda: torch.zeros(132, dtype=torch.int32, device="cuda"),
         "torch.empty [8, 256]": lambda: torch.empty(8, 256, device="cuda", dtype=torch.bfloat16),
     }

@@ -1,41 +1,38 @@
-"""Functional entry points: validate the arguments once (eager only), pick a backend, dispatch.
+"""Norm family: rms_norm, add_rms_norm, layer_norm. Each validates its arguments once (eager only),
+resolves the backend (functional/_dispatch.py) and runs the eager launchers, the registered op or the
+reference.
 
-backend:
-    "auto"      Triton kernels on CUDA; on CPU the registered op's reference kernel; the pure-torch
-                reference anywhere else. Why the Triton path is not taken is logged once.
-                One exception, also logged once: `layer_norm` runs ATen's fused layer_norm, whether or
-                not the Triton path is active, for an eager call (not compiling) that records gradients
-                (grad mode on; x, weight or bias requires grad) on a non-empty CUDA x of at most
-                ATEN_LAYER_NORM_MAX_NUMEL elements and a kernel dtype (fp32/bf16/fp16), with weight and
-                bias (where given) of x's dtype. There the call is host-bound: ATen's single C++
-                autograd node costs ~90 us of host time per fwd+bwd on our GPU host, our Python
-                autograd.Function and its launches ~210 us, against tens of microseconds of GPU
-                work (benchmarks/NOTES.md, v6). That route runs our argument checks only when ATen
-                refuses the arguments; they then raise our error naming the argument (where they
-                pass, ATen's error stands).
-    "triton"    the Triton kernels, or a ValueError saying why they cannot run here.
-    "reference" the pure-torch specification in kernel_pytorch.reference (autograd through torch).
-
-In eager mode on CUDA the kernels are launched through a thin autograd.Function (same launchers, less
-host time than the op dispatcher); under torch.compile / torch.export the registered ops
-`torch.ops.kernel_pytorch.*` appear in the graph.
+LayerNorm's ATen route (backend="auto" only, logged once): an eager call (not compiling) that records
+gradients (grad mode on; x, weight or bias requires grad) on a non-empty CUDA x of at most
+ATEN_LAYER_NORM_MAX_NUMEL elements and a kernel dtype (fp32/bf16/fp16), with weight and bias (where
+given) of x's dtype, runs ATen's fused layer_norm, whether or not the Triton path is active. There the
+call is host-bound: ATen's single C++ autograd node costs ~90 us of host time per fwd+bwd on our GPU
+host, our Python autograd.Function and its launches ~210 us, against tens of microseconds of GPU work
+(benchmarks/NOTES.md, v6). The route is decided before the argument checks, which run only when ATen
+refuses the arguments: they then raise our error naming the argument (where they pass, ATen's error
+stands).
 """
 
 from __future__ import annotations
-
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from kernel_pytorch import reference
-from kernel_pytorch._env import log_once, triton_status
-from kernel_pytorch.ops._launch import KERNEL_DTYPES
+from kernel_pytorch._env import log_once
+from kernel_pytorch.functional._dispatch import (
+    KERNEL_DTYPES,
+    Backend,
+    _check_float,
+    _check_param,
+    _check_rows,
+    _check_same_device,
+    _resolve,
+)
 from kernel_pytorch.ops.add_rms_norm import add_rms_norm_eager
 from kernel_pytorch.ops.layer_norm import layer_norm_eager
 from kernel_pytorch.ops.rms_norm import rms_norm_eager
 
-Backend = Literal["auto", "triton", "reference"]
 # Elements up to which backend="auto" hands an eager, gradient-recording LayerNorm to ATen (measured
 # crossover on the H100 host: ATen faster at 8192x2048, ours at 16384x2048; benchmarks/NOTES.md).
 ATEN_LAYER_NORM_MAX_NUMEL = 1 << 24
@@ -45,80 +42,6 @@ _ATEN_LAYER_NORM_LOG = (
     f"record gradients on at most {ATEN_LAYER_NORM_MAX_NUMEL} elements (host-bound there); "
     "backend='triton' forces the kernels"
 )
-_BACKENDS = ("auto", "triton", "reference")
-
-
-def _check_float(name: str, t: Tensor) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a tensor (got {type(t).__name__})")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor (got {t.dtype})")
-
-
-def _check_same_device(ref_name: str, ref: Tensor, **others: Tensor | None) -> None:
-    for name, t in others.items():
-        if t is not None and t.device != ref.device:
-            raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; move them together")
-
-
-def _check_param(name: str, t: Tensor | None, x: Tensor) -> None:
-    if t is None:
-        return
-    _check_float(name, t)
-    if t.dim() != 1 or t.shape[0] != x.shape[-1]:
-        raise ValueError(
-            f"{name} must have shape ({x.shape[-1]},) to match the last dim of x {tuple(x.shape)} "
-            f"(got {tuple(t.shape)})"
-        )
-
-
-def _check_rows(x: Tensor, name: str = "x") -> None:
-    _check_float(name, x)
-    if x.dim() == 0 or x.shape[-1] == 0:
-        raise ValueError(f"{name} must have a non-empty last dimension to normalise (got shape {tuple(x.shape)})")
-
-
-Path = Literal["eager", "op", "reference"]
-
-
-def _resolve(backend: str, op: str, x: Tensor, compiling: bool) -> Path:
-    """Which implementation runs. Raises for a bad request.
-
-    Returns:
-        "eager": the Triton launchers through the thin autograd.Function (CUDA, not compiling);
-        "op": the registered torch op (under compile/export, and on CPU, where its kernel is the
-        reference); "reference": the pure-torch reference.
-    """
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS} (got {backend!r})")
-    if backend == "reference":
-        return "reference"
-    kernel_dtype = x.dtype in KERNEL_DTYPES
-    if compiling:
-        # decide from what Dynamo guards on (device type, dtype); availability was checked in eager,
-        # and Inductor itself needs Triton on CUDA
-        if backend == "triton" and x.device.type != "cuda":
-            raise ValueError(f"backend='triton' cannot run {op} on {x.device.type} tensors")
-        return "op" if kernel_dtype and x.device.type in ("cuda", "cpu") else "reference"
-    active, why = triton_status(x.device)
-    if backend == "triton":
-        if not active:
-            raise ValueError(f"backend='triton' cannot run {op}: {why}")
-        if not kernel_dtype:
-            raise ValueError(
-                f"backend='triton' cannot run {op} on x of dtype {x.dtype}; the kernels take "
-                f"{', '.join(str(d) for d in KERNEL_DTYPES)}"
-            )
-        return "eager"
-    if active and kernel_dtype:
-        return "eager"
-    if not kernel_dtype:
-        log_once(f"kernel_pytorch.{op}: x is {x.dtype}, which the kernels do not take; using the reference")
-        return "reference"
-    log_once(f"kernel_pytorch.{op}: Triton path inactive ({why}); using the reference")
-    # CPU tensors still go through the registered op (its CPU kernel is the reference), so eager,
-    # compile and export see the same graph on every device that has a registered kernel
-    return "op" if x.device.type == "cpu" else "reference"
 
 
 def _check_layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> None:
@@ -131,9 +54,18 @@ def _check_layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> 
 def _aten_layer_norm_route(
     x: Tensor, weight: Tensor | None, bias: Tensor | None, backend: str, compiling: bool
 ) -> bool:
-    """Whether `layer_norm` hands a call whose x is on CUDA (the caller checks that) to ATen's fused
-    layer_norm: backend "auto", eager, non-empty and small enough that host time decides its speed,
-    recording gradients, and of dtypes our kernels take; parameters of another dtype keep our kernels.
+    """Whether `layer_norm` hands this call to ATen's fused layer_norm (module docstring): the one
+    place the route is decided. x on CUDA first (getattr: a non-tensor x goes on to the checks, which
+    name it), then the device-free rule."""
+    return getattr(x, "is_cuda", False) and _aten_layer_norm_rule(x, weight, bias, backend, compiling)
+
+
+def _aten_layer_norm_rule(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, backend: str, compiling: bool
+) -> bool:
+    """The ATen route's conditions other than the device: backend "auto", eager, non-empty and small
+    enough that host time decides its speed, recording gradients, and of dtypes our kernels take;
+    parameters of another dtype keep our kernels.
 
     Ordered so that the calls that do not qualify leave early; compiling first, so Dynamo never
     guards on x.numel(). Never raises for arguments of the wrong type: those reach the checks.
@@ -161,7 +93,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, *, offset: float = 0.
         weight: (D,) scale, on x's device; any float dtype.
         eps: added to the mean square.
         offset: added to the weight; 1.0 reproduces Gemma's `(1 + weight)`.
-        backend: "auto", "triton" or "reference" (module docstring).
+        backend: "auto", "triton" or "reference" (kernel_pytorch.functional's docstring).
     Returns:
         (..., D) tensor of x's dtype.
     """
@@ -231,13 +163,12 @@ def layer_norm(
         weight: (D,) scale or None.
         bias: (D,) shift or None.
         eps: added to the variance.
-        backend: "auto", "triton" or "reference".
+        backend: "auto", "triton" or "reference"; "auto" may run ATen's layer_norm (module docstring).
     Returns:
         (..., D) tensor of x's dtype.
     """
     compiling = torch.compiler.is_compiling()
-    # getattr: a non-tensor x goes on to the checks, which name it
-    if getattr(x, "is_cuda", False) and _aten_layer_norm_route(x, weight, bias, backend, compiling):
+    if _aten_layer_norm_route(x, weight, bias, backend, compiling):
         log_once(_ATEN_LAYER_NORM_LOG)
         try:
             # F.layer_norm less its Python: the binding handles __torch_function__ itself, and its
@@ -258,6 +189,3 @@ def layer_norm(
     if path == "op":
         return torch.ops.kernel_pytorch.layer_norm_fwd(x, weight, bias, float(eps))[0]
     return reference.layer_norm(x, weight, bias, eps)
-
-
-__all__ = ["ATEN_LAYER_NORM_MAX_NUMEL", "Backend", "add_rms_norm", "layer_norm", "rms_norm"]
