@@ -4,10 +4,16 @@ logged once, and backend='triton' says why it cannot run."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
+import kernel_pytorch
 from kernel_pytorch import functional as F
 from kernel_pytorch import reference as R
 from kernel_pytorch.functional._dispatch import _resolve
@@ -55,3 +61,35 @@ def test_resolve_paths_on_cpu() -> None:
         _resolve("triton", "op", x32, True)
     with pytest.raises(ValueError, match="backend must be one of"):
         _resolve("fast", "op", x32, True)
+
+
+def test_kernels_are_imported_by_the_first_call_that_needs_them() -> None:
+    """`import kernel_pytorch` leaves kernel_pytorch.ops (Triton, the ops' registration) out; the
+    reference backend never imports it; the first compiled call registers the ops while Dynamo traces,
+    so the graph names the op."""
+    script = textwrap.dedent(
+        """
+        import sys
+        import torch
+        import kernel_pytorch as kp
+
+        assert "kernel_pytorch.ops" not in sys.modules
+        x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+        kp.functional.rms_norm(x, w, backend="reference").sum().backward()
+        assert "kernel_pytorch.ops" not in sys.modules
+        targets = []
+
+        def capture(gm, example_inputs):
+            targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+            return gm.forward
+
+        y = torch.compile(lambda x, w: kp.functional.rms_norm(x, w), backend=capture, fullgraph=True)(x, w)
+        assert "kernel_pytorch.rms_norm_fwd" in targets, targets
+        y.sum().backward()
+        print("OK")
+        """
+    )
+    src = str(Path(kernel_pytorch.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -18,6 +18,10 @@ In eager mode on CUDA the kernels are launched through a thin autograd.Function 
 host time than the op dispatcher); under torch.compile / torch.export the registered ops
 `torch.ops.kernel_pytorch.*` appear in the graph. Backend resolution and the shared checks are in
 functional/_dispatch.py.
+
+Triton is imported with kernel_pytorch.ops on the first call that needs a kernel, not by
+`import kernel_pytorch`: where it is missing, "auto" runs the reference (and logs once that Triton is
+not installed), "triton" raises saying so.
 """
 
 from kernel_pytorch.functional._dispatch import Backend

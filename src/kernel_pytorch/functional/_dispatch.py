@@ -1,14 +1,23 @@
-"""What every functional entry shares: backend resolution (`_resolve`), the argument checks, and the
-log lines that say once why a call falls back to the reference."""
+"""What every functional entry shares: backend resolution (`_resolve`), the argument checks, the log
+lines that say once why a call falls back to the reference, and the kernels' lazy import (`kernels`).
+
+kernel_pytorch.ops (Triton, and the ops' registration) is imported on the first call that needs a
+kernel, never by `import kernel_pytorch`: where Triton is missing (macOS, Windows, a CPU-only Linux
+without it), backend="auto" runs the pure-torch reference and says so once, and backend="triton"
+raises saying that Triton is not installed.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
+from types import ModuleType
 from typing import Literal
 
+import torch
 from torch import Tensor
 
-from kernel_pytorch._env import log_once, triton_status
-from kernel_pytorch.ops._launch import KERNEL_DTYPES
+from kernel_pytorch._env import KERNEL_DTYPES, log_once, triton_status, triton_version
 
 Backend = Literal["auto", "triton", "reference"]
 # "eager": the Triton launchers through the thin autograd.Function (CUDA, not compiling); "op": the
@@ -16,6 +25,26 @@ Backend = Literal["auto", "triton", "reference"]
 # "reference": the pure-torch reference
 Path = Literal["eager", "op", "reference"]
 _BACKENDS = ("auto", "triton", "reference")
+
+
+@functools.cache
+def kernels() -> ModuleType:
+    """kernel_pytorch.ops, imported on first use: the eager entries (`kernels().rms_norm_eager`), and
+    the ops registered as torch.ops.kernel_pytorch.*. Needs Triton (`kernels_ready`)."""
+    return importlib.import_module("kernel_pytorch.ops")
+
+
+@torch.compiler.assume_constant_result
+def kernels_ready() -> bool:
+    """Whether the registered ops can run here (Triton imports); imports and registers them if so.
+
+    A constant to torch.compile: Dynamo calls it while tracing instead of tracing it, so the ops are
+    registered before the graph names them.
+    """
+    if triton_version() is None:
+        return False
+    kernels()
+    return True
 
 
 def _check_float(name: str, t: Tensor) -> None:
@@ -63,11 +92,18 @@ def _resolve(backend: str, op: str, x: Tensor, compiling: bool) -> Path:
         return "reference"
     kernel_dtype = x.dtype in KERNEL_DTYPES
     if compiling:
-        # decide from what Dynamo guards on (device type, dtype); availability was checked in eager,
-        # and Inductor itself needs Triton on CUDA
+        # decide from what Dynamo guards on (device type, dtype) and whether Triton imports here
+        # (a constant to Dynamo); the GPU's own support was checked in eager, and Inductor itself
+        # needs Triton on CUDA
         if backend == "triton" and x.device.type != "cuda":
             raise ValueError(f"backend='triton' cannot run {op} on {x.device.type} tensors")
-        return "op" if kernel_dtype and x.device.type in ("cuda", "cpu") else "reference"
+        if not (kernel_dtype and x.device.type in ("cuda", "cpu")):
+            return "reference"
+        if kernels_ready():
+            return "op"
+        if backend == "triton":
+            raise ValueError(f"backend='triton' cannot run {op}: triton is not installed")
+        return "reference"
     active, why = triton_status(x.device)
     if backend == "triton":
         if not active:
@@ -85,5 +121,6 @@ def _resolve(backend: str, op: str, x: Tensor, compiling: bool) -> Path:
         return "reference"
     log_once(f"kernel_pytorch.{op}: Triton path inactive ({why}); using the reference")
     # CPU tensors still go through the registered op (its CPU kernel is the reference), so eager,
-    # compile and export see the same graph on every device that has a registered kernel
-    return "op" if x.device.type == "cpu" else "reference"
+    # compile and export see the same graph on every device that has a registered kernel; without
+    # Triton there is no registered op (why says so)
+    return "op" if x.device.type == "cpu" and kernels_ready() else "reference"

@@ -1,6 +1,7 @@
 """Norm family: rms_norm, add_rms_norm, layer_norm. Each validates its arguments once (eager only),
 resolves the backend (functional/_dispatch.py) and runs the eager launchers, the registered op or the
-reference.
+reference. The ops are reached through `kernels()` and torch.ops (registered by `_resolve` when it
+picks them): this module does not import Triton.
 
 LayerNorm's ATen route (backend="auto" only, logged once): an eager call (not compiling) that records
 gradients (grad mode on; x, weight or bias requires grad) on a non-empty CUDA x of at most
@@ -28,10 +29,8 @@ from kernel_pytorch.functional._dispatch import (
     _check_rows,
     _check_same_device,
     _resolve,
+    kernels,
 )
-from kernel_pytorch.ops.add_rms_norm import add_rms_norm_eager
-from kernel_pytorch.ops.layer_norm import layer_norm_eager
-from kernel_pytorch.ops.rms_norm import rms_norm_eager
 
 # Elements up to which backend="auto" hands an eager, gradient-recording LayerNorm to ATen (measured
 # crossover on the H100 host: ATen faster at 8192x2048, ours at 16384x2048; benchmarks/NOTES.md).
@@ -104,7 +103,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, *, offset: float = 0.
         _check_same_device("x", x, weight=weight)
     path = _resolve(backend, "rms_norm", x, compiling)
     if path == "eager":
-        return rms_norm_eager(x, weight, float(eps), float(offset))
+        return kernels().rms_norm_eager(x, weight, float(eps), float(offset))
     if path == "op":
         return torch.ops.kernel_pytorch.rms_norm_fwd(x, weight, float(eps), float(offset))[0]
     return reference.rms_norm(x, weight, eps, offset)
@@ -141,7 +140,7 @@ def add_rms_norm(
         _check_same_device("x", x, residual=residual, weight=weight)
     path = _resolve(backend, "add_rms_norm", x, compiling)
     if path == "eager":
-        return add_rms_norm_eager(x, residual, weight, float(eps), float(offset))
+        return kernels().add_rms_norm_eager(x, residual, weight, float(eps), float(offset))
     if path == "op":
         y, h, _rstd = torch.ops.kernel_pytorch.add_rms_norm_fwd(x, residual, weight, float(eps), float(offset))
         return y, h
@@ -185,7 +184,7 @@ def layer_norm(
         _check_layer_norm(x, weight, bias)
     path = _resolve(backend, "layer_norm", x, compiling)
     if path == "eager":
-        return layer_norm_eager(x, weight, bias, float(eps))
+        return kernels().layer_norm_eager(x, weight, bias, float(eps))
     if path == "op":
         return torch.ops.kernel_pytorch.layer_norm_fwd(x, weight, bias, float(eps))[0]
     return reference.layer_norm(x, weight, bias, eps)

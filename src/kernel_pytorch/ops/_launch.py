@@ -9,14 +9,12 @@ from typing import Any
 import torch
 from torch.library import wrap_triton
 
+from kernel_pytorch._env import KERNEL_DTYPES  # noqa: F401  (the kernels' dtypes, with the launch helpers)
+
 try:  # triton >= 3.4: launch hooks live in knobs; the eager fast path needs them to stay faithful
     from triton import knobs as _knobs
 except ImportError:  # pragma: no cover - older triton: every launch goes through JITFunction.run
     _knobs = None
-
-# The dtypes our kernels are written for (fp32 accumulation in all of them).
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
