@@ -308,3 +308,10 @@ def test_descriptions_that_do_not_fit_the_backward_are_refused(changes: dict, me
             Impl(scaled_add_bwd, _bwd_reference, _bwd_fake, outputs=("dx", "dy")),
             **_describe(**changes),
         )
+
+
+def test_a_launcher_without_an_eager_keyword_is_refused() -> None:
+    with pytest.raises(TypeError, match="keyword-only `eager` parameter"):
+        register_op("refused", Impl(lambda x, factor, negate: x, _scale_reference, _scale_fake, outputs=("out",)),
+                    namespace=NS)
+    assert not hasattr(OPS, "refused_fwd")

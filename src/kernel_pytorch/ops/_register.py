@@ -18,8 +18,10 @@ Conventions the description relies on:
                is a Tensor in the schema, an empty one where an implementation returns None (op
                schemas cannot return None); the first parameter is a Tensor, and its device picks the
                implementation.
-    launchers  called as `launch(*op_args, eager=...)`; they return the op's outputs first (a tuple,
-               or the tensor of a one-output op), extra trailing values are dropped by the op.
+    launchers  plain functions with a keyword-only `eager=False`, called with the op's arguments;
+               they return the op's outputs first (a tuple, or the tensor of a one-output op), extra
+               trailing values are dropped by the op. They are bound at registration (the eager entry
+               calls a copy whose `eager` defaults to True, so a call passes no keywords).
     backward   its parameters are, in order: the gradients of the `differentiable` outputs, the
                `save`d tensors, the `keep`t non-tensor inputs, then one bool per `present` optional
                input (whether it was given). Its outputs are gradients, None (or empty, in the op) for
@@ -152,6 +154,21 @@ def _op_outputs(launch: Callable[..., Any], schema: _Schema) -> Callable[..., An
     return lambda *args: launch(*args)[:n]
 
 
+def _eager_launcher(launch: Callable[..., Any]) -> Callable[..., Any]:
+    """`launch` with eager=True as its default, so the eager entry calls it with positional arguments
+    alone (`f(*args, eager=True)` would build a keyword dict on every call). The same code object,
+    globals and defaults: only the keyword default differs."""
+    kwdefaults = getattr(launch, "__kwdefaults__", None)
+    if not isinstance(launch, types.FunctionType) or not kwdefaults or "eager" not in kwdefaults:
+        raise TypeError(f"{launch!r}: a launcher is a function with a keyword-only `eager` parameter")
+    eager = types.FunctionType(launch.__code__, launch.__globals__, launch.__name__, launch.__defaults__,
+                               launch.__closure__)
+    eager.__kwdefaults__ = {**kwdefaults, "eager": True}
+    eager.__qualname__, eager.__module__ = launch.__qualname__, launch.__module__
+    eager.__doc__ = launch.__doc__
+    return eager
+
+
 def _checked_schema(qualname: str, impl: Impl) -> _Schema:
     schema = _schema(impl.reference)
     if len(impl.outputs) != schema.n_outputs:
@@ -170,7 +187,8 @@ def _define(qualname: str, impl: Impl, schema: _Schema, module: str) -> Any:
             return cpu(*args)
         return cuda(*args)
 
-    body.__signature__ = schema.signature  # type: ignore[attr-defined]  # triton_op infers the schema
+    # triton_op infers the schema from the signature (torch 2.11 and 2.13 take schema= but ignore it)
+    body.__signature__ = schema.signature  # type: ignore[attr-defined]
     body.__name__ = body.__qualname__ = qualname.split("::")[1]
     body.__module__ = module
     body.__doc__ = f"Registered {qualname}: Triton on CUDA, the reference elsewhere."
@@ -193,6 +211,7 @@ class _Plan(NamedTuple):
     saved: Callable[[tuple], tuple]  # (*inputs, *outputs) -> tensors to save
     kept: Callable[[tuple], tuple]  # inputs -> non-tensor values for the backward
     flagged: Callable[[tuple], tuple] | None  # inputs -> optional inputs whose presence it takes
+    flag: int | None  # the one such input's index, where there is exactly one
     returned: Callable[[tuple], Any]  # outputs -> the eager entry's result (a tensor, or a tuple)
     grads_of: Callable[[tuple], tuple]  # gradients of every output -> those of the differentiable ones
     route: Callable[[tuple], tuple]  # (None, *backward outputs) -> one gradient (or None) per input
@@ -203,7 +222,7 @@ def _plan(
     name: str, forward: Impl, backward: Impl, fs: _Schema, bs: _Schema, differentiable: Sequence[str],
     save: Sequence[str], keep: Sequence[str], present: Sequence[str], grads: Mapping[str, str],
 ) -> _Plan:
-    """Check the description against both schemas (before anything is registered) and bind it."""
+    """Check the description against both schemas and bind it."""
     inputs = {n: i for i, n in enumerate(fs.inputs)}
     slots = {**inputs, **{n: len(inputs) + j for j, n in enumerate(forward.outputs)}}
     bad = [n for n in present if n not in fs.optional_inputs]
@@ -225,6 +244,7 @@ def _plan(
         saved=_picker(_index(save, slots, "save", name)),
         kept=_picker(_index(keep, inputs, "keep", name)),
         flagged=_picker(_index(present, inputs, "present", name)) if present else None,
+        flag=inputs[present[0]] if len(present) == 1 else None,
         returned=itemgetter(*diff),  # one index: the tensor itself
         grads_of=_picker(diff),
         # index 0 of (None, *backward outputs) is None: the gradient of an input without one
@@ -256,28 +276,33 @@ def _register_autograd(fwd: Any, bwd: Any, plan: _Plan, fs: _Schema, bs: _Schema
 
 
 def _eager_function(
-    name: str, module: str, forward: Impl, backward: Impl, plan: _Plan, fs: _Schema, bs: _Schema
+    name: str, module: str, launch_fwd: Callable[..., Any], launch_bwd: Callable[..., Any], plan: _Plan,
+    fs: _Schema, bs: _Schema,
 ) -> type[torch.autograd.Function]:
     """The eager autograd.Function: the launchers with eager=True, no op dispatcher.
 
     Per call its forward runs the launcher, C-level pickers over the arguments and outputs,
     save_for_backward and one ctx attribute; its backward the launcher and one picker. The constants
-    are bound here: no dict and no helper frame per call.
+    are bound here: no dict built and no helper frame per call.
     """
-    launch_fwd, launch_bwd = forward.launch, backward.launch
-    saved, kept, flagged, returned, route = plan.saved, plan.kept, plan.flagged, plan.returned, plan.route
-    fwd_single, bwd_single = fs.single, bs.single
+    saved, kept, flagged, flag, returned = plan.saved, plan.kept, plan.flagged, plan.flag, plan.returned
+    route, fwd_single, bwd_single = plan.route, fs.single, bs.single
 
     def eager_forward(ctx: Any, *args: Any) -> Any:
-        outs = launch_fwd(*args, eager=True)
+        outs = launch_fwd(*args)
         if fwd_single:
             outs = (outs,)
         ctx.save_for_backward(*saved(args + outs))
-        ctx.state = kept(args) if flagged is None else kept(args) + tuple(map(is_not, flagged(args), _NONES))
+        if flagged is None:
+            ctx.state = kept(args)
+        elif flag is not None:  # one optional input's presence (LayerNorm's bias): no map
+            ctx.state = kept(args) + (args[flag] is not None,)
+        else:
+            ctx.state = kept(args) + tuple(map(is_not, flagged(args), _NONES))
         return returned(outs)
 
     def eager_backward(ctx: Any, *out_grads: Any) -> tuple:
-        outs = launch_bwd(*out_grads, *ctx.saved_tensors, *ctx.state, eager=True)
+        outs = launch_bwd(*out_grads, *ctx.saved_tensors, *ctx.state)
         return route((None, outs) if bwd_single else (None, *outs))
 
     return type(
@@ -323,11 +348,12 @@ def register_op(
     """
     module = forward.launch.__module__
     fwd_name, bwd_name = f"{namespace}::{name}_fwd", f"{namespace}::{name}_bwd"
-    fs = _checked_schema(fwd_name, forward)
+    # everything is checked before anything is registered
+    fs, launch_fwd = _checked_schema(fwd_name, forward), _eager_launcher(forward.launch)
     if backward is None:
-        return RegisteredOp(_define(fwd_name, forward, fs, module), None, functools.partial(forward.launch, eager=True))
-    bs = _checked_schema(bwd_name, backward)
+        return RegisteredOp(_define(fwd_name, forward, fs, module), None, launch_fwd)
+    bs, launch_bwd = _checked_schema(bwd_name, backward), _eager_launcher(backward.launch)
     plan = _plan(name, forward, backward, fs, bs, differentiable, save, keep, present, dict(grads or {}))
     fwd, bwd = _define(fwd_name, forward, fs, module), _define(bwd_name, backward, bs, module)
     _register_autograd(fwd, bwd, plan, fs, bs)
-    return RegisteredOp(fwd, bwd, _eager_function(name, module, forward, backward, plan, fs, bs).apply)
+    return RegisteredOp(fwd, bwd, _eager_function(name, module, launch_fwd, launch_bwd, plan, fs, bs).apply)
