@@ -97,7 +97,7 @@ def graph_ms(fn) -> float:
 
 def sweep() -> None:
     """Launch-parameter sweep of the norm kernels, timed as CUDA-graph replays (no host overhead)."""
-    from kernel_pytorch.ops import _triton
+    from kernel_pytorch.ops import _rows
     from kernel_pytorch.ops.rms_norm import _rms_norm_fwd_kernel
 
     fwd_op = torch.ops.kernel_pytorch.rms_norm_fwd
@@ -108,7 +108,7 @@ def sweep() -> None:
     from kernel_pytorch.ops import rms_norm as rms_mod
 
     # each variant sets attributes on (module, name); {} is the committed configuration
-    T = _triton
+    T = _rows
     one_row, two_rows = T.RowTiling(tile=1, programs_per_sm=2), T.RowTiling(tile=2, programs_per_sm=1)
     def unpaired(programs, device):  # every program its own partial rows (before pairing)
         return programs, False
@@ -136,7 +136,7 @@ def sweep() -> None:
         for v in variants:
             for (mod, k), val in {**defaults, **v}.items():
                 setattr(mod, k, val)
-            _triton.row_launch.cache_clear()
+            _rows.row_launch.cache_clear()
             _, rstd = fwd_op(x, w, 1e-6, 0.0)
             _, mean, lrstd = ln_fwd(x, w, b, 1e-5)
             f = graph_ms(lambda: fwd_op(x, w, 1e-6, 0.0))
@@ -167,7 +167,7 @@ def sweep() -> None:
                   f"{ln_peak:6.1f}MiB")
         for (mod, k), val in defaults.items():
             setattr(mod, k, val)
-        _triton.row_launch.cache_clear()
+        _rows.row_launch.cache_clear()
     # registers and spills of every backward binary compiled above (constexprs say which variant)
     for mod in (rms_mod, ln_mod):
         for name in dir(mod):
@@ -235,6 +235,7 @@ def host() -> None:
     """Where the host time of an eager LayerNorm fwd+bwd goes, ours against ATen's, at a tiny shape
     (the GPU work is negligible, so per-call wall time is host time)."""
     from kernel_pytorch import functional as kpf
+    from kernel_pytorch.functional import _dispatch, norm
     from kernel_pytorch.ops import layer_norm as ln_mod
     from kernel_pytorch.ops._partials import sum_partials
 
@@ -264,7 +265,7 @@ def host() -> None:
 
     aten = lambda: torch.layer_norm(xr, (256,), wr, br, 1e-5)  # noqa: E731
     ours = lambda: kpf.layer_norm(xr, wr, br, backend="triton")  # noqa: E731
-    func = lambda: ln_mod._LayerNormEager.apply(xr, wr, br, 1e-5)  # noqa: E731
+    func = lambda: ln_mod.layer_norm_eager(xr, wr, br, 1e-5)  # noqa: E731
     null = lambda: Null.apply(xr, wr, br, 1e-5)  # noqa: E731
     calls = {
         "aten fwd (records grad)": aten,
@@ -278,7 +279,7 @@ def host() -> None:
         "layer_norm_fwd direct": lambda: ln_mod.layer_norm_fwd(x, w, b, 1e-5, eager=True),
         "layer_norm_bwd direct": lambda: ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, eager=True),
         "sum_partials direct": lambda: sum_partials(parts, (torch.bfloat16, torch.bfloat16), eager=True),
-        "checks + resolve": lambda: (kpf._check_layer_norm(x, w, b), kpf._resolve("triton", "ln", x, False)),
+        "checks + resolve": lambda: (norm._check_layer_norm(x, w, b), _dispatch._resolve("triton", "ln", x, False)),
         "torch.zeros int32 [132]": lambda: torch.zeros(132, dtype=torch.int32, device="cuda"),
         "torch.empty [8, 256]": lambda: torch.empty(8, 256, device="cuda", dtype=torch.bfloat16),
     }

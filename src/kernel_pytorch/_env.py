@@ -1,6 +1,8 @@
-"""Environment facts shared by every layer: is the Triton path usable, and one-time log lines.
+"""Environment facts shared by every layer: is the Triton path usable, which dtypes the kernels take,
+and one-time log lines.
 
-This module sits below `reference` and imports nothing of ours, so any layer may use it.
+This module sits below `reference` and imports nothing of ours, so any layer may use it. It never
+imports Triton at import time: `import kernel_pytorch` must work where Triton is missing.
 """
 
 from __future__ import annotations
@@ -15,13 +17,19 @@ import torch
 
 logger = logging.getLogger("kernel_pytorch")
 
+# The dtypes our kernels are written for (fp32 accumulation in all of them); here rather than in ops, so
+# that functional can ask without importing Triton.
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 
 @functools.cache
 def triton_version() -> str | None:
-    """The installed Triton version, or None when Triton cannot be imported."""
-    if importlib.util.find_spec("triton") is None:
-        return None
+    """The installed Triton version, or None when Triton cannot be imported (imports it otherwise)."""
     try:
+        # find_spec answers None for an absent package, but may raise (a finder's ImportError, a
+        # None entry in sys.modules); a spec found does not mean the import works
+        if importlib.util.find_spec("triton") is None:
+            return None
         import triton
     except Exception:  # a broken install is reported by `doctor`, not raised here
         return None

@@ -1,8 +1,13 @@
 """Triton kernels registered as torch ops under the `kernel_pytorch::` namespace.
 
-Importing this package registers every op; call them as `torch.ops.kernel_pytorch.<name>`.
+Importing this package imports Triton and registers every op; call them as
+`torch.ops.kernel_pytorch.<name>`. `import kernel_pytorch` leaves it out (kernel_pytorch.functional
+imports it on first use of a kernel), so the pure-torch reference runs where Triton is missing.
 """
 
 from kernel_pytorch.ops import add_rms_norm, layer_norm, rms_norm  # noqa: F401  (registration)
+from kernel_pytorch.ops.add_rms_norm import add_rms_norm_eager
+from kernel_pytorch.ops.layer_norm import layer_norm_eager
+from kernel_pytorch.ops.rms_norm import rms_norm_eager
 
-__all__ = ["add_rms_norm", "layer_norm", "rms_norm"]
+__all__ = ["add_rms_norm", "add_rms_norm_eager", "layer_norm", "layer_norm_eager", "rms_norm", "rms_norm_eager"]

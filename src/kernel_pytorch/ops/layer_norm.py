@@ -16,26 +16,16 @@ atomics, bitwise-reproducible. Row mode runs two programs per SM, which share pa
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op
 
+from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._partials import partial_slots, store_partials, sum_partials
+from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._rows import RowTiling, as_rows, row_launch, row_schedule, row_stride, split_schedule
 from kernel_pytorch.ops._tiles import load_dy_x, load_rows, tile_rows
-from kernel_pytorch.ops._triton import (
-    Launcher,
-    RowTiling,
-    as_rows,
-    next_power_of_2,
-    row_launch,
-    row_schedule,
-    row_stride,
-    split_schedule,
-)
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.layer_norm import layer_norm_backward, layer_norm_from_stats, layer_norm_stats
 
@@ -364,94 +354,29 @@ def _bwd_reference(
     return dx.contiguous(), dw, db
 
 
-@triton_op("kernel_pytorch::layer_norm_fwd", mutates_args=())
-def layer_norm_fwd_op(
-    x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float  # noqa: UP045 (schema)
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Registered forward: (y, mean, rstd). Triton on CUDA, the reference elsewhere."""
-    # compile/export trace this body for every device, so the CPU branch must live here too
-    if x.device.type != "cuda":
-        return _fwd_reference(x, weight, bias, eps)
-    return layer_norm_fwd(x, weight, bias, eps)
-
-
-@triton_op("kernel_pytorch::layer_norm_bwd", mutates_args=())
-def layer_norm_bwd_op(
-    dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor, has_bias: bool  # noqa: UP045
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Registered backward: (dx, dweight, dbias); an absent parameter's gradient is an empty tensor
-    (op schemas cannot return None)."""
-    if x.device.type != "cuda":
-        dx, dw, db = _bwd_reference(dy, x, weight, mean, rstd, has_bias)
-    else:
-        dx, dw, db = layer_norm_bwd(dy, x, weight, mean, rstd, has_bias)
-    return dx, _or_empty(dw, x), _or_empty(db, x)
-
-
-def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
-    return t if t is not None else like.new_empty(0)
-
-
-def _cpu_bwd(
-    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, has_bias: bool
-) -> tuple[Tensor, Tensor, Tensor]:
-    dx, dw, db = _bwd_reference(dy, x, weight, mean, rstd, has_bias)
-    return dx, _or_empty(dw, x), _or_empty(db, x)
-
-
-layer_norm_fwd_op.register_kernel("cpu")(_fwd_reference)
-layer_norm_bwd_op.register_kernel("cpu")(_cpu_bwd)
-
-
-@layer_norm_fwd_op.register_fake
-def _(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def _fwd_fake(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     stats = x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
     return torch.empty(x.shape, dtype=x.dtype, device=x.device), stats, torch.empty_like(stats)
 
 
-@layer_norm_bwd_op.register_fake
-def _(
+def _bwd_fake(
     dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, has_bias: bool
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     param_dtype = weight.dtype if weight is not None else x.dtype
-    dw = torch.empty_like(weight) if weight is not None else x.new_empty(0)
-    db = x.new_empty(x.shape[-1], dtype=param_dtype) if has_bias else x.new_empty(0)
+    dw = torch.empty_like(weight) if weight is not None else None
+    db = x.new_empty(x.shape[-1], dtype=param_dtype) if has_bias else None
     return torch.empty(x.shape, dtype=x.dtype, device=x.device), dw, db
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, _eps = inputs
-    _y, mean, rstd = output
-    ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.has_bias = bias is not None
-
-
-def _backward(ctx, dy: Tensor, _dmean: Tensor | None, _drstd: Tensor | None):
-    x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = torch.ops.kernel_pytorch.layer_norm_bwd(dy, x, weight, mean, rstd, ctx.has_bias)
-    return dx, dw if weight is not None else None, db if ctx.has_bias else None, None
-
-
-layer_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _LayerNormEager(torch.autograd.Function):
-    """Eager CUDA path: the same launchers without the op-dispatch layers (see ops/rms_norm.py)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
-        y, mean, rstd = layer_norm_fwd(x, weight, bias, eps, eager=True)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.has_bias = bias is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, dy: Tensor):
-        x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = layer_norm_bwd(dy, x, weight, mean, rstd, ctx.has_bias, eager=True)
-        return dx, dw, db, None
-
-
-def layer_norm_eager(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
-    """LayerNorm on CUDA tensors in eager mode, differentiable. Returns y of x's shape and dtype."""
-    return _LayerNormEager.apply(x, weight, bias, eps)
+# kernel_pytorch::layer_norm_fwd (x, weight?, bias?, eps) -> (y, mean, rstd) and layer_norm_bwd (dy, x,
+# weight?, mean, rstd, has_bias) -> (dx, dweight, dbias), an absent parameter's gradient an empty tensor
+# (op schemas cannot return None; autograd gets None); layer_norm_eager(x, weight, bias, eps) -> y
+layer_norm_fwd_op, layer_norm_bwd_op, layer_norm_eager = register_op(
+    "layer_norm",
+    Impl(layer_norm_fwd, _fwd_reference, _fwd_fake, outputs=("y", "mean", "rstd")),
+    Impl(layer_norm_bwd, _bwd_reference, _bwd_fake, outputs=("dx", "dweight", "dbias")),
+    differentiable=("y",),
+    save=("x", "weight", "mean", "rstd"),
+    present=("bias",),
+    grads={"x": "dx", "weight": "dweight", "bias": "dbias"},
+)

@@ -20,20 +20,12 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op
 
+from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._partials import sum_partials
+from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._rows import RowTiling, as_rows, row_launch, row_schedule, row_stride, split_schedule
 from kernel_pytorch.ops._tiles import load_dy_x, load_rows, tile_rows
-from kernel_pytorch.ops._triton import (
-    Launcher,
-    RowTiling,
-    as_rows,
-    next_power_of_2,
-    row_launch,
-    row_schedule,
-    row_stride,
-    split_schedule,
-)
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm_backward, rms_norm_from_rstd, rms_norm_rstd
 
@@ -296,75 +288,23 @@ def _bwd_reference(
     return dx.contiguous(), dw
 
 
-@triton_op("kernel_pytorch::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd_op(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
-    """Registered forward: Triton on CUDA, the reference elsewhere. Returns (y, rstd)."""
-    # compile/export trace this body for every device, so the CPU branch must live here too
-    if x.device.type != "cuda":
-        return _fwd_reference(x, weight, eps, offset)
-    y, rstd, _ = rms_norm_fwd(x, weight, eps, offset)
-    return y, rstd
-
-
-@triton_op("kernel_pytorch::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd_op(
-    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float
-) -> tuple[Tensor, Tensor]:
-    """Registered backward: returns (dx, dweight)."""
-    if x.device.type != "cuda":
-        return _bwd_reference(dy, x, weight, rstd, offset)
-    return rms_norm_bwd(dy, x, weight, rstd, offset)
-
-
-rms_norm_fwd_op.register_kernel("cpu")(_fwd_reference)
-rms_norm_bwd_op.register_kernel("cpu")(_bwd_reference)
-
-
-@rms_norm_fwd_op.register_fake
-def _(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+def _fwd_fake(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return y, x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
 
 
-@rms_norm_bwd_op.register_fake
-def _(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float) -> tuple[Tensor, Tensor]:
+def _bwd_fake(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float) -> tuple[Tensor, Tensor]:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(weight)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, weight, _eps, offset = inputs
-    _y, rstd = output
-    ctx.save_for_backward(x, weight, rstd)
-    ctx.offset = offset
-
-
-def _backward(ctx, dy: Tensor, _drstd: Tensor | None):
-    x, weight, rstd = ctx.saved_tensors
-    dx, dw = torch.ops.kernel_pytorch.rms_norm_bwd(dy, x, weight, rstd, ctx.offset)
-    return dx, dw, None, None
-
-
-rms_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _RMSNormEager(torch.autograd.Function):
-    """Eager CUDA path: the same launchers as the registered op, without the op-dispatch layers
-    (they cost more host time than a small norm's kernel). Compile and export use the op."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
-        y, rstd, _ = rms_norm_fwd(x, weight, eps, offset, eager=True)
-        ctx.save_for_backward(x, weight, rstd)
-        ctx.offset = offset
-        return y
-
-    @staticmethod
-    def backward(ctx, dy: Tensor):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_bwd(dy, x, weight, rstd, ctx.offset, eager=True)
-        return dx, dw, None, None
-
-
-def rms_norm_eager(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
-    """RMSNorm on CUDA tensors in eager mode, differentiable. Returns y of x's shape and dtype."""
-    return _RMSNormEager.apply(x, weight, eps, offset)
+# kernel_pytorch::rms_norm_fwd (x, weight, eps, offset) -> (y, rstd) and rms_norm_bwd (dy, x, weight,
+# rstd, offset) -> (dx, dweight); rms_norm_eager(x, weight, eps, offset) -> y, differentiable
+rms_norm_fwd_op, rms_norm_bwd_op, rms_norm_eager = register_op(
+    "rms_norm",
+    Impl(rms_norm_fwd, _fwd_reference, _fwd_fake, outputs=("y", "rstd")),
+    Impl(rms_norm_bwd, _bwd_reference, _bwd_fake, outputs=("dx", "dweight")),
+    differentiable=("y",),
+    save=("x", "weight", "rstd"),
+    keep=("offset",),
+    grads={"x": "dx", "weight": "dweight"},
+)

@@ -1,5 +1,5 @@
-"""kernel_pytorch.functional: argument errors name the argument, backends resolve as documented, and
-every backend computes the reference's function (forward and gradients)."""
+"""kernel_pytorch.functional's norm family: argument errors name the argument, every backend computes
+the reference's function (forward and gradients), and LayerNorm's ATen route for small training calls."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from kernel_pytorch import functional as F
 from kernel_pytorch import reference as R
+from kernel_pytorch.functional import _dispatch, norm
 from tests.grid import randn
 from tests.ops.norm_helpers import assert_close
 
@@ -44,23 +45,6 @@ def test_layer_norm_errors_name_the_argument() -> None:
         F.layer_norm(x, randn(8), randn(3))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour")
-def test_triton_backend_on_cpu_raises_with_the_reason() -> None:
-    with pytest.raises(ValueError, match="backend='triton' cannot run rms_norm: tensors are on cpu"):
-        F.rms_norm(randn(4, 8), randn(8), backend="triton")
-
-
-def test_auto_on_cpu_logs_once_why(caplog: pytest.LogCaptureFixture) -> None:
-    from kernel_pytorch._env import log_once
-
-    log_once.cache_clear()
-    with caplog.at_level(logging.INFO, logger="kernel_pytorch"):
-        F.rms_norm(randn(4, 8, dtype=torch.float64), randn(8, dtype=torch.float64))
-        F.rms_norm(randn(4, 8, dtype=torch.float64), randn(8, dtype=torch.float64))
-    messages = [r.getMessage() for r in caplog.records if "rms_norm" in r.getMessage()]
-    assert len(messages) == 1 and "using the reference" in messages[0]
-
-
 @pytest.mark.parametrize("backend", ["auto", "reference"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 def test_backends_compute_the_reference(backend: str, dtype: torch.dtype) -> None:
@@ -85,16 +69,6 @@ def test_backends_compute_the_reference(backend: str, dtype: torch.dtype) -> Non
         want = torch.autograd.grad(expected, (x, w), dy)
         for g, e, what in zip(got, want, ("dx", "dweight")):
             assert_close(g, e, f"{name} {what}")
-
-
-@pytest.mark.cuda
-def test_triton_backend_on_cuda_matches_reference() -> None:
-    x = randn(64, 4096, dtype=torch.bfloat16, device="cuda").requires_grad_()
-    w = randn(4096, dtype=torch.bfloat16, device="cuda", offset=1.0).requires_grad_()
-    y = F.rms_norm(x, w, backend="triton")
-    assert_close(y, R.rms_norm(x, w), "y")
-    with pytest.raises(ValueError, match="float64"):
-        F.rms_norm(x.double(), w.double(), backend="triton")
 
 
 @pytest.mark.cuda
@@ -132,9 +106,9 @@ def test_eager_cached_launches_match_reference(misaligned: bool) -> None:
 
 def test_aten_layer_norm_route_rule() -> None:
     """Which LayerNorm calls on CUDA backend='auto' hands to ATen: eager, gradient-recording, non-empty,
-    small, kernel dtypes, parameters of x's dtype. The rule reads no device (the caller checks x is on
-    CUDA), so CPU tensors exercise every other condition."""
-    from kernel_pytorch.functional import _aten_layer_norm_route as route
+    small, kernel dtypes, parameters of x's dtype. The rule reads no device (the route checks x is on
+    CUDA first), so CPU tensors exercise every other condition."""
+    from kernel_pytorch.functional.norm import _aten_layer_norm_rule as route
 
     def grad(t: torch.Tensor) -> torch.Tensor:
         return t.detach().requires_grad_()
@@ -163,6 +137,9 @@ def test_aten_layer_norm_route_rule() -> None:
     # arguments of the wrong type are the checks' business: the rule declines instead of raising
     assert not route(grad(x), [1.0] * 8, b, "auto", False)
     assert not route(grad(x), w, "bias", "auto", False)
+    # the route itself: CUDA tensors only, and a non-tensor x declines (the checks name it)
+    assert not norm._aten_layer_norm_route(grad(x), w, b, "auto", False)
+    assert not norm._aten_layer_norm_route([[1.0] * 8], None, None, "auto", False)
 
 
 def test_auto_layer_norm_on_cpu_keeps_the_registered_op(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,7 +188,7 @@ def test_auto_layer_norm_small_training_call_runs_aten(
     from kernel_pytorch._env import log_once
 
     if not triton_active:
-        monkeypatch.setattr(F, "triton_status", lambda device=None: (False, "switched off for the test"))
+        monkeypatch.setattr(_dispatch, "triton_status", lambda device=None: (False, "switched off for the test"))
     log_once.cache_clear()
     x, w, b = _cuda_layer_norm_args(dtype)
     w = w if params != "none" else None

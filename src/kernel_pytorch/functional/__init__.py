@@ -1,0 +1,30 @@
+"""Functional entry points, one module per family (norm.py): validate the arguments once (eager only),
+pick a backend, dispatch.
+
+backend:
+    "auto"      Triton kernels on CUDA; on CPU the registered op's reference kernel; the pure-torch
+                reference anywhere else. Why the Triton path is not taken is logged once.
+                One exception, also logged once: `layer_norm` runs ATen's fused layer_norm, whether or
+                not the Triton path is active, for an eager call (not compiling) that records gradients
+                (grad mode on; x, weight or bias requires grad) on a non-empty CUDA x of at most
+                ATEN_LAYER_NORM_MAX_NUMEL elements and a kernel dtype (fp32/bf16/fp16), with weight and
+                bias (where given) of x's dtype: there the call is host-bound (functional/norm.py says
+                how much). That route runs our argument checks only when ATen refuses the arguments;
+                they then raise our error naming the argument (where they pass, ATen's error stands).
+    "triton"    the Triton kernels, or a ValueError saying why they cannot run here.
+    "reference" the pure-torch specification in kernel_pytorch.reference (autograd through torch).
+
+In eager mode on CUDA the kernels are launched through a thin autograd.Function (same launchers, less
+host time than the op dispatcher); under torch.compile / torch.export the registered ops
+`torch.ops.kernel_pytorch.*` appear in the graph. Backend resolution and the shared checks are in
+functional/_dispatch.py.
+
+Triton is imported with kernel_pytorch.ops on the first call that needs a kernel, not by
+`import kernel_pytorch`: where it is missing, "auto" runs the reference (and logs once that Triton is
+not installed), "triton" raises saying so.
+"""
+
+from kernel_pytorch.functional._dispatch import Backend
+from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
+
+__all__ = ["ATEN_LAYER_NORM_MAX_NUMEL", "Backend", "add_rms_norm", "layer_norm", "rms_norm"]

@@ -1,0 +1,126 @@
+"""What every functional entry shares: backend resolution (`_resolve`), the argument checks, the log
+lines that say once why a call falls back to the reference, and the kernels' lazy import (`kernels`).
+
+kernel_pytorch.ops (Triton, and the ops' registration) is imported on the first call that needs a
+kernel, never by `import kernel_pytorch`: where Triton is missing (macOS, Windows, a CPU-only Linux
+without it), backend="auto" runs the pure-torch reference and says so once, and backend="triton"
+raises saying that Triton is not installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from kernel_pytorch._env import KERNEL_DTYPES, log_once, triton_status, triton_version
+
+Backend = Literal["auto", "triton", "reference"]
+# "eager": the Triton launchers through the thin autograd.Function (CUDA, not compiling); "op": the
+# registered torch op (under compile/export, and on CPU, where its kernel is the reference);
+# "reference": the pure-torch reference
+Path = Literal["eager", "op", "reference"]
+_BACKENDS = ("auto", "triton", "reference")
+
+
+@functools.cache
+def kernels() -> ModuleType:
+    """kernel_pytorch.ops, imported on first use: the eager entries (`kernels().rms_norm_eager`), and
+    the ops registered as torch.ops.kernel_pytorch.*. Needs Triton (`kernels_ready`)."""
+    return importlib.import_module("kernel_pytorch.ops")
+
+
+@torch.compiler.assume_constant_result
+def kernels_ready() -> bool:
+    """Whether the registered ops can run here (Triton imports); imports and registers them if so.
+
+    A constant to torch.compile: Dynamo calls it while tracing instead of tracing it, so the ops are
+    registered before the graph names them.
+    """
+    if triton_version() is None:
+        return False
+    kernels()
+    return True
+
+
+def _check_float(name: str, t: Tensor) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a tensor (got {type(t).__name__})")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor (got {t.dtype})")
+
+
+def _check_same_device(ref_name: str, ref: Tensor, **others: Tensor | None) -> None:
+    for name, t in others.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; move them together")
+
+
+def _check_param(name: str, t: Tensor | None, x: Tensor) -> None:
+    """An optional (D,) parameter matching x's last dim."""
+    if t is None:
+        return
+    _check_float(name, t)
+    if t.dim() != 1 or t.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"{name} must have shape ({x.shape[-1]},) to match the last dim of x {tuple(x.shape)} "
+            f"(got {tuple(t.shape)})"
+        )
+
+
+def _check_rows(x: Tensor, name: str = "x") -> None:
+    """A floating-point (..., D) input with D > 0."""
+    _check_float(name, x)
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty last dimension to normalise (got shape {tuple(x.shape)})")
+
+
+def _resolve(backend: str, op: str, x: Tensor, compiling: bool) -> Path:
+    """Which implementation runs `op` on `x` (Path above). Raises for a bad request.
+
+    Args:
+        backend: "auto", "triton" or "reference" (kernel_pytorch.functional's docstring).
+        compiling: torch.compiler.is_compiling(), asked once by the caller.
+    """
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS} (got {backend!r})")
+    if backend == "reference":
+        return "reference"
+    kernel_dtype = x.dtype in KERNEL_DTYPES
+    if compiling:
+        # decide from what Dynamo guards on (device type, dtype) and whether Triton imports here
+        # (a constant to Dynamo); the GPU's own support was checked in eager, and Inductor itself
+        # needs Triton on CUDA
+        if backend == "triton" and x.device.type != "cuda":
+            raise ValueError(f"backend='triton' cannot run {op} on {x.device.type} tensors")
+        if not (kernel_dtype and x.device.type in ("cuda", "cpu")):
+            return "reference"
+        if kernels_ready():
+            return "op"
+        if backend == "triton":
+            raise ValueError(f"backend='triton' cannot run {op}: triton is not installed")
+        return "reference"
+    active, why = triton_status(x.device)
+    if backend == "triton":
+        if not active:
+            raise ValueError(f"backend='triton' cannot run {op}: {why}")
+        if not kernel_dtype:
+            raise ValueError(
+                f"backend='triton' cannot run {op} on x of dtype {x.dtype}; the kernels take "
+                f"{', '.join(str(d) for d in KERNEL_DTYPES)}"
+            )
+        return "eager"
+    if active and kernel_dtype:
+        return "eager"
+    if not kernel_dtype:
+        log_once(f"kernel_pytorch.{op}: x is {x.dtype}, which the kernels do not take; using the reference")
+        return "reference"
+    log_once(f"kernel_pytorch.{op}: Triton path inactive ({why}); using the reference")
+    # CPU tensors still go through the registered op (its CPU kernel is the reference), so eager,
+    # compile and export see the same graph on every device that has a registered kernel; without
+    # Triton there is no registered op (why says so)
+    return "op" if x.device.type == "cpu" and kernels_ready() else "reference"

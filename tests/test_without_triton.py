@@ -1,0 +1,125 @@
+"""Where Triton is missing (macOS, Windows), `import kernel_pytorch` works and the modules and functions
+run the pure-torch reference, forward and backward, eager and compiled; backend='triton' says Triton is
+not installed. Each case runs in a fresh interpreter with Triton hidden before anything imports it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import kernel_pytorch
+
+SRC = Path(kernel_pytorch.__file__).resolve().parents[1]
+
+# How Triton is hidden. "finder-raises": a meta-path finder raises ImportError for triton and triton.*
+# (so does importlib.util.find_spec). "spec-then-fails": the finder returns a spec whose loader raises
+# ImportError (find_spec finds it; the import fails). "no-spec": sys.modules["triton"] = None
+# (find_spec answers None; the import fails).
+HIDE = textwrap.dedent(
+    """
+    import importlib.abc, importlib.machinery, importlib.util, sys
+
+    MODE = sys.argv[1]
+
+
+    class _Fails(importlib.abc.Loader):
+        def create_module(self, spec):
+            raise ImportError(f"{spec.name} is hidden for the test")
+
+        def exec_module(self, module):
+            raise ImportError(f"{module.__name__} is hidden for the test")
+
+
+    class _HideTriton(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name != "triton" and not name.startswith("triton."):
+                return None
+            if MODE == "finder-raises":
+                raise ImportError(f"{name} is hidden for the test")
+            return importlib.machinery.ModuleSpec(name, _Fails())
+
+
+    if MODE == "no-spec":
+        sys.modules["triton"] = None
+        assert importlib.util.find_spec("triton") is None
+    else:
+        sys.meta_path.insert(0, _HideTriton())
+        if MODE == "spec-then-fails":
+            assert importlib.util.find_spec("triton") is not None
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise AssertionError("triton is still importable")
+    """
+)
+
+CHECKS = textwrap.dedent(
+    """
+    import logging
+
+    import pytest
+    import torch
+
+    logging.basicConfig(level=logging.INFO, format="LOG %(message)s", stream=sys.stdout)
+
+    import kernel_pytorch as kp
+    from kernel_pytorch import _env, reference as R
+
+    assert _env.triton_version() is None
+    assert _env.triton_status("cpu") == (False, "triton is not installed"), _env.triton_status("cpu")
+    assert "kernel_pytorch.ops" not in sys.modules
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 16, requires_grad=True)
+    r = torch.randn(2, 3, 16, requires_grad=True)
+    dy = torch.randn(2, 3, 16)
+    rms, ln = kp.nn.RMSNorm(16, eps=1e-6), kp.nn.LayerNorm(16)
+    w = torch.randn(16, requires_grad=True)
+    cases = {
+        "RMSNorm": (lambda: rms(x), lambda: R.rms_norm(x, rms.weight, 1e-6), (x, rms.weight)),
+        "LayerNorm": (lambda: ln(x), lambda: R.layer_norm(x, ln.weight, ln.bias, 1e-5), (x, ln.weight, ln.bias)),
+        "add_rms_norm": (
+            lambda: sum(kp.functional.add_rms_norm(x, r, w)),
+            lambda: sum(R.add_rms_norm(x, r, w, 1e-6)),
+            (x, r, w),
+        ),
+    }
+    for name, (ours, ref, wrt) in cases.items():
+        for run in (ours, torch.compile(ours, fullgraph=True, backend="aot_eager")):
+            out, want = run(), ref()
+            torch.testing.assert_close(out, want, msg=name)
+            for got, expected in zip(torch.autograd.grad(out, wrt, dy), torch.autograd.grad(want, wrt, dy)):
+                torch.testing.assert_close(got, expected, msg=name)
+    for call in (
+        lambda: kp.functional.rms_norm(x, w, backend="triton"),
+        lambda: kp.functional.layer_norm(x, backend="triton"),
+        lambda: kp.functional.add_rms_norm(x, r, w, backend="triton"),
+    ):
+        with pytest.raises(ValueError, match="backend='triton' cannot run .*: triton is not installed"):
+            call()
+    assert "kernel_pytorch.ops" not in sys.modules
+    print("OK")
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["finder-raises", "spec-then-fails", "no-spec"])
+def test_reference_path_runs_without_triton(mode: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", HIDE + CHECKS, mode], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), proc.stdout[-3000:] + proc.stderr[-3000:]
+    # backend="auto" says once per function why it runs the reference
+    for op in ("rms_norm", "layer_norm", "add_rms_norm"):
+        logged = [line for line in proc.stdout.splitlines() if line.startswith(f"LOG kernel_pytorch.{op}:")]
+        why = "Triton path inactive (triton is not installed); using the reference"
+        assert logged == [f"LOG kernel_pytorch.{op}: {why}"]
