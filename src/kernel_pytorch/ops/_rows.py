@@ -30,18 +30,25 @@ class RowLaunch:
 MAX_WARPS = 16
 
 
-@functools.lru_cache(maxsize=1024)
 def row_launch(
     n_cols: int, element_size: int, elements_per_thread: int, max_fused_cols: int | None = None
 ) -> RowLaunch:
     """Block and warp choice for a row of `n_cols` elements of `element_size` bytes.
 
     Args:
+        n_cols: the row width; a symbolic size (a body traced with dynamic shapes) is specialised, since
+            the block and warps are compile-time choices of the kernel (a model's hidden size is fixed).
         elements_per_thread: how many elements each thread should hold (each op measures its own;
             at least one 16-byte vector is always used).
         max_fused_cols: widest row kept whole in registers for this kernel (capped by MAX_FUSED_COLS);
             wider rows loop over LOOP_BLOCK columns.
     """
+    return _row_launch(int(n_cols), element_size, elements_per_thread, max_fused_cols)
+
+
+@functools.lru_cache(maxsize=1024)
+def _row_launch(n_cols: int, element_size: int, elements_per_thread: int, max_fused_cols: int | None) -> RowLaunch:
+    # memoised: it runs on every eager call
     limit = min(MAX_FUSED_COLS, max_fused_cols or MAX_FUSED_COLS)
     if n_cols <= limit:
         block = next_power_of_2(n_cols)
@@ -52,6 +59,9 @@ def row_launch(
     per_thread = max(16 // element_size, elements_per_thread)
     num_warps = next_power_of_2(min(MAX_WARPS, max(1, block // (32 * per_thread))))
     return RowLaunch(block=block, single_pass=single, num_warps=num_warps)
+
+
+row_launch.cache_clear = _row_launch.cache_clear  # type: ignore[attr-defined]  # tests patch the limits
 
 
 # The backward's row mode (the row fits in registers): a persistent grid of programs, each walking
