@@ -72,7 +72,7 @@ def act_fwd(z, ACT: tl.constexpr, PRECISE: tl.constexpr):
     elif ACT == "gelu":
         return z * 0.5 * (1.0 + tl.erf(z * _SQRT1_2))
     elif ACT == "gelu_tanh":
-        u = _SQRT_2_OVER_PI * (z + _KAPPA * z * z * z)
+        u = _SQRT_2_OVER_PI * (z + _KAPPA * (z * z * z))  # torch's order: x_cube first
         if PRECISE:
             return z * 0.5 * (1.0 + libdevice.tanh(u))
         else:
@@ -95,7 +95,7 @@ def act_fwd_grad(z, ACT: tl.constexpr, PRECISE: tl.constexpr):
         cdf = 1.0 + tl.erf(z * _SQRT1_2)
         return z * 0.5 * cdf, 0.5 * cdf + z * _exp(-0.5 * z * z, PRECISE) * _INV_SQRT_2PI
     elif ACT == "gelu_tanh":
-        u = _SQRT_2_OVER_PI * (z + _KAPPA * z * z * z)
+        u = _SQRT_2_OVER_PI * (z + _KAPPA * (z * z * z))  # torch's order: x_cube first
         d_u = _SQRT_2_OVER_PI * (1.0 + 3.0 * _KAPPA * z * z)
         if PRECISE:
             t = libdevice.tanh(u)
