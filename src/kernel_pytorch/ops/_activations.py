@@ -1,0 +1,186 @@
+"""Shared pieces of the elementwise activation kernels (ops/gated_act.py, ops/bias_act.py): the
+activations and their derivatives as Triton device functions, the 2-D views the kernels address, and
+the tile choice. No op math beyond the activations themselves.
+
+The activations follow reference/_activations.py in fp32, in torch's own order of operations. Without
+libdevice (Triton's interpreter has none) GELU-tanh uses 1 + tanh(u) = 2 * sigmoid(2u) and
+1 - tanh(u)^2 = 4 * sigmoid(2u) * (1 - sigmoid(2u)), exact in real arithmetic and free of the
+cancellation of the tanh form for large negative u.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # triton >= 3.0: the backend-dispatching libdevice
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - older layouts: the CUDA one, or none (PRECISE_MATH off)
+    try:
+        from triton.language.extra.cuda import libdevice
+    except ImportError:
+        libdevice = None
+
+from kernel_pytorch.ops._triton import next_power_of_2
+
+# constexpr: Triton compiles a kernel that reads a plain Python global as an error (the interpreter
+# does not check)
+_SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_KAPPA = tl.constexpr(0.044715)
+
+# On the GPU, exp and tanh come from libdevice (the CUDA math library torch's kernels call) and
+# divisions are IEEE-rounded (Triton's `/` is approximate), so the fp32 activation, hence its rounding
+# to bf16, agrees with eager torch more often; the interpreter has no libdevice and uses the tanh-free
+# forms. A tunable: the probe measures what it costs.
+PRECISE_MATH = libdevice is not None
+
+
+def precise_math(t: torch.Tensor) -> bool:
+    """The PRECISE constexpr for a launch on t's device."""
+    return PRECISE_MATH and t.is_cuda
+
+
+@triton.jit
+def _exp(x, PRECISE: tl.constexpr):
+    if PRECISE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _div(a, b, PRECISE: tl.constexpr):
+    # Triton's `/` is the approximate div.full.f32 (2 ulp); torch's kernels divide IEEE-rounded
+    if PRECISE:
+        return tl.div_rn(a, b)
+    else:
+        return a / b
+
+
+@triton.jit
+def act_fwd(z, ACT: tl.constexpr, PRECISE: tl.constexpr):
+    """act(z) for fp32 z; ACT one of "silu", "gelu", "gelu_tanh", "relu"."""
+    if ACT == "silu":
+        # torch's form, z / (1 + exp(-z)): -0.0 (not NaN) where exp overflows
+        return _div(z, 1.0 + _exp(-z, PRECISE), PRECISE)
+    elif ACT == "gelu":
+        return z * 0.5 * (1.0 + tl.erf(z * _SQRT1_2))
+    elif ACT == "gelu_tanh":
+        u = _SQRT_2_OVER_PI * (z + _KAPPA * (z * z * z))  # torch's order: x_cube first
+        if PRECISE:
+            return z * 0.5 * (1.0 + libdevice.tanh(u))
+        else:
+            return z / (1.0 + tl.exp(-2.0 * u))
+    else:
+        # NaN passes through as in torch.relu (NaN < 0 is false)
+        return tl.where(z < 0.0, 0.0, z)
+
+
+@triton.jit
+def act_fwd_grad(z, ACT: tl.constexpr, PRECISE: tl.constexpr):
+    """(act(z), act'(z)) for fp32 z, act(z) computed exactly as `act_fwd` does."""
+    if ACT == "silu":
+        e = 1.0 + _exp(-z, PRECISE)
+        # act(z) divides exactly as the forward does (the backward's recomputed h and d_up see the same
+        # rounded activation); sigmoid only feeds the derivative, where 2 ulp do not matter
+        s = 1.0 / e
+        return _div(z, e, PRECISE), s * (1.0 + z * (1.0 - s))
+    elif ACT == "gelu":
+        cdf = 1.0 + tl.erf(z * _SQRT1_2)
+        return z * 0.5 * cdf, 0.5 * cdf + z * _exp(-0.5 * z * z, PRECISE) * _INV_SQRT_2PI
+    elif ACT == "gelu_tanh":
+        u = _SQRT_2_OVER_PI * (z + _KAPPA * (z * z * z))  # torch's order: x_cube first
+        d_u = _SQRT_2_OVER_PI * (1.0 + 3.0 * _KAPPA * z * z)
+        if PRECISE:
+            t = libdevice.tanh(u)
+            return z * 0.5 * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * d_u
+        else:
+            e = 1.0 + tl.exp(-2.0 * u)
+            s = 1.0 / e  # (1 + tanh(u)) / 2
+            return z / e, s + 2.0 * z * s * (1.0 - s) * d_u
+    else:
+        return tl.where(z < 0.0, 0.0, z), tl.where(z > 0.0, 1.0, 0.0)
+
+
+def as_2d(t: torch.Tensor) -> torch.Tensor:
+    """View t (..., D) as (rows, D) with any strides; copies only when the leading dims do not collapse
+    into one stride (a permuted 3-D tensor, say)."""
+    if t.dim() == 1:
+        return t.unsqueeze(0)
+    if t.dim() == 2:
+        return t
+    try:
+        return t.view(-1, t.shape[-1])
+    except RuntimeError:
+        return t.reshape(-1, t.shape[-1])
+
+
+def as_2d_out(t: torch.Tensor, name: str) -> torch.Tensor:
+    """`as_2d` for an output buffer: a view or an error, never a copy (the kernel's writes would be lost)."""
+    try:
+        return t.unsqueeze(0) if t.dim() == 1 else t.view(-1, t.shape[-1])
+    except RuntimeError:
+        raise ValueError(f"{name} must be viewable as (rows, {t.shape[-1]}) without a copy "
+                         f"(got shape {tuple(t.shape)}, strides {t.stride()})") from None
+
+
+def strides(t2d: torch.Tensor) -> tuple[int, int]:
+    """(row stride, column stride) of a 2-D view; a single row or column gets the dense stride, so
+    Triton specialises a unit column stride and vectorises."""
+    rows, cols = t2d.shape
+    sr, sc = t2d.stride()
+    return (sr if rows > 1 else cols), (sc if cols > 1 else 1)
+
+
+def flat_if_dense(*ts: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """(1, numel) views of tensors that are all contiguous (one dense range each), else None: the
+    kernels then stream each as a single row, with no masked columns at odd widths."""
+    if all(t.is_contiguous() for t in ts):
+        return tuple(t.view(1, -1) for t in ts)
+    return None
+
+
+# Elements per program tile, and per thread. Tunables (scripts/probe_mlp.py sweeps them): 4096-element
+# tiles at 16 elements per thread are 8 warps, two 16-byte vectors per thread per bf16 stream.
+TILE_ELEMENTS = 4096
+ELEMENTS_PER_THREAD = 16
+# Widest column block; wider rows take several. A row of 14336 (Llama-3-8B's intermediate size) splits
+# into 2048-wide blocks with no masked column.
+MAX_BLOCK_C = 4096
+MIN_BLOCK_C = 512
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """A [block_r, block_c] tile per program; `row_tiles` x `col_tiles` tiles cover the tensor."""
+
+    block_r: int
+    block_c: int
+    row_tiles: int
+    col_tiles: int
+    num_warps: int
+
+
+@functools.lru_cache(maxsize=1024)
+def tiles(n_rows: int, n_cols: int, tile: int | None = None, per_thread: int | None = None) -> Tiles:
+    """Tile shape for an elementwise pass over (n_rows, n_cols); `tile` and `per_thread` default to
+    TILE_ELEMENTS and ELEMENTS_PER_THREAD (read at call time, so a sweep can change them after
+    clearing this cache)."""
+    tile = tile or TILE_ELEMENTS
+    per_thread = per_thread or ELEMENTS_PER_THREAD
+    max_c = min(MAX_BLOCK_C, tile)
+    if n_cols <= max_c:
+        block_c = next_power_of_2(n_cols)
+    else:
+        # the widest power-of-two block with the fewest masked columns in the row's last block
+        candidates = [c for c in (max_c >> i for i in range(8)) if c >= min(MIN_BLOCK_C, max_c)]
+        block_c = min(candidates, key=lambda c: (triton.cdiv(n_cols, c) * c - n_cols, -c))
+    block_r = max(1, min(next_power_of_2(n_rows), tile // block_c))
+    warps = next_power_of_2(min(8, max(1, block_r * block_c // (32 * per_thread))))
+    return Tiles(block_r, block_c, triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c), warps)

@@ -1,0 +1,219 @@
+"""Gated activation kernels (SwiGLU, GEGLU): h = act(gate).to(dtype) * up, split or packed layout.
+
+Math (see reference/gated_act.py, the specification), for gate and up (rows, I):
+    a = act(gate).to(dtype);  h = (a * up).to(dtype)
+    d_up = (dh * a).to(dtype);  d_gate = (dh * up * act'(gate)).to(dtype)
+The activation is rounded to the input dtype before the multiply, as Hugging Face's eager MLP does
+(act_fn(gate_proj(x)) is a bf16 tensor), and d_up uses that rounded activation, as eager autograd
+does: the forward then matches eager bit-for-bit wherever our fp32 activation rounds like torch's
+(on the GPU the activation uses libdevice's exp/tanh and IEEE division, torch's own math; see
+ops/_activations.PRECISE_MATH). Liger-Kernel 0.8.5 rounds silu(gate) the same way in its forward but
+forms d_up from the unrounded fp32 silu; its older releases kept fp32 in the forward too.
+
+Layouts. Split: gate and up are two (..., I) tensors with any strides. Packed: one (..., 2I) tensor
+[gate | up] (a fused gate_up_proj's output; transformers' Phi3MLP chunks it gate-first), read through
+two strided views of itself (no copy), its gradient written as one (..., 2I) tensor.
+
+Kernel design: a memory-bound stream, no reduction. The forward reads gate and up and writes h (3 bytes
+per element of I per byte of dtype); the backward reads dh, gate and up and writes d_gate and d_up (5),
+recomputing the activation from gate (only the inputs are saved for the backward: nothing of size I
+besides them). One program per [BLOCK_R, BLOCK_C] tile of a 1-D grid (ops/_activations.tiles);
+operands that are all contiguous are streamed as one flat row, so odd widths mask nothing but the last
+tile. Every operand has its own row and column strides; a unit column stride is specialised by Triton
+and the loads vectorise to 16 bytes.
+
+Outputs may be given (`out=` / `d_gate=`, `d_up=`, `h=`) and may alias inputs element for element (the
+same shape and strides): every output element is stored by the thread that loaded the inputs at that
+position, after those loads. Passing gate and up as d_gate and d_up writes the gradient in place, as
+Liger-Kernel does: that saves two activation-sized buffers and is safe only when nothing reads gate
+or up after the backward (not a leaf the user keeps, not saved by another autograd node, no other view
+of them alive). The backward can also recompute h (`with_h`, into a new buffer or into dh's), which a
+whole-MLP autograd function needs for the down-projection's weight gradient without saving h.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernel_pytorch.ops._activations import (
+    act_fwd,
+    act_fwd_grad,
+    as_2d,
+    as_2d_out,
+    flat_if_dense,
+    precise_math,
+    strides,
+    tiles,
+)
+from kernel_pytorch.ops._triton import Launcher
+
+
+@triton.jit
+def _tile_offsets(n_rows, n_cols, col_tiles, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's tile: int64 row and column indices, and the in-bounds mask."""
+    pid = tl.program_id(0)
+    rows = (pid // col_tiles).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = (pid % col_tiles).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    return rows[:, None], cols[None, :], mask
+
+
+@triton.jit
+def _gated_act_fwd_kernel(
+    G, U, H, n_rows, n_cols, col_tiles,
+    sg_r, sg_c, su_r, su_c, sh_r, sh_c,
+    ACT: tl.constexpr, PRECISE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    r, c, mask = _tile_offsets(n_rows, n_cols, col_tiles, BLOCK_R, BLOCK_C)
+    g = tl.load(G + r * sg_r + c * sg_c, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + r * su_r + c * su_c, mask=mask, other=0.0).to(tl.float32)
+    # round the activation to the input dtype before the multiply, as the eager MLP does
+    a = act_fwd(g, ACT, PRECISE).to(G.dtype.element_ty).to(tl.float32)
+    tl.store(H + r * sh_r + c * sh_c, (a * u).to(H.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gated_act_bwd_kernel(
+    DH, G, U, DG, DU, H, n_rows, n_cols, col_tiles,
+    sdh_r, sdh_c, sg_r, sg_c, su_r, su_c, sdg_r, sdg_c, sdu_r, sdu_c, sh_r, sh_c,
+    ACT: tl.constexpr, PRECISE: tl.constexpr, HAS_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    # all loads are issued before any store: outputs may alias inputs element for element
+    r, c, mask = _tile_offsets(n_rows, n_cols, col_tiles, BLOCK_R, BLOCK_C)
+    dh = tl.load(DH + r * sdh_r + c * sdh_c, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + r * sg_r + c * sg_c, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + r * su_r + c * su_c, mask=mask, other=0.0).to(tl.float32)
+    a, da = act_fwd_grad(g, ACT, PRECISE)
+    a = a.to(G.dtype.element_ty).to(tl.float32)
+    tl.store(DG + r * sdg_r + c * sdg_c, (dh * u * da).to(DG.dtype.element_ty), mask=mask)
+    tl.store(DU + r * sdu_r + c * sdu_c, (dh * a).to(DU.dtype.element_ty), mask=mask)
+    if HAS_H:
+        tl.store(H + r * sh_r + c * sh_c, (a * u).to(H.dtype.element_ty), mask=mask)
+
+
+_fwd_kernel = Launcher(_gated_act_fwd_kernel)
+_bwd_kernel = Launcher(_gated_act_bwd_kernel)
+
+
+def _launch_fwd(g2: Tensor, u2: Tensor, h2: Tensor, act: str, eager: bool) -> None:
+    n_rows, n_cols = g2.shape
+    if n_rows == 0 or n_cols == 0:
+        return
+    t = tiles(n_rows, n_cols)
+    _fwd_kernel(
+        (t.row_tiles * t.col_tiles,), g2, u2, h2, n_rows, n_cols, t.col_tiles,
+        *strides(g2), *strides(u2), *strides(h2),
+        ACT=act, PRECISE=precise_math(g2), BLOCK_R=t.block_r, BLOCK_C=t.block_c, num_warps=t.num_warps, eager=eager,
+    )
+
+
+def _launch_bwd(
+    dh2: Tensor, g2: Tensor, u2: Tensor, dg2: Tensor, du2: Tensor, h2: Tensor | None, act: str, eager: bool
+) -> None:
+    n_rows, n_cols = g2.shape
+    if n_rows == 0 or n_cols == 0:
+        return
+    t = tiles(n_rows, n_cols)
+    h_arg = h2 if h2 is not None else dg2  # never written without HAS_H
+    _bwd_kernel(
+        (t.row_tiles * t.col_tiles,), dh2, g2, u2, dg2, du2, h_arg, n_rows, n_cols, t.col_tiles,
+        *strides(dh2), *strides(g2), *strides(u2), *strides(dg2), *strides(du2), *strides(h_arg),
+        ACT=act, PRECISE=precise_math(g2), HAS_H=h2 is not None, BLOCK_R=t.block_r, BLOCK_C=t.block_c,
+        num_warps=t.num_warps, eager=eager,
+    )
+
+
+def gated_act_fwd(gate: Tensor, up: Tensor, act: str, *, out: Tensor | None = None, eager: bool = False) -> Tensor:
+    """Launch the forward on the split layout.
+
+    Args:
+        gate, up: (..., I) CUDA tensors (or CPU under TRITON_INTERPRET=1) of one fp32/bf16/fp16 dtype,
+            any strides (unchecked: the functional layer validates).
+        act: "silu", "gelu", "gelu_tanh" or "relu".
+        out: optional (..., I) buffer for h, any strides.
+        eager: launch directly (the eager autograd.Function) rather than through wrap_triton.
+    Returns:
+        h of gate's shape and dtype (contiguous unless `out` is given).
+    """
+    h = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) if out is None else out
+    views = flat_if_dense(gate, up, h) or (as_2d(gate), as_2d(up), as_2d_out(h, "out"))
+    _launch_fwd(*views, act, eager)
+    return h
+
+
+def gated_act_bwd(
+    dh: Tensor, gate: Tensor, up: Tensor, act: str, *,
+    d_gate: Tensor | None = None, d_up: Tensor | None = None, h: Tensor | None = None,
+    with_h: bool = False, eager: bool = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Launch the backward on the split layout.
+
+    Args:
+        dh, gate, up: (..., I), one dtype, any strides.
+        d_gate, d_up, h: optional output buffers (..., I); each may alias an input element for element
+            (e.g. d_gate=gate, d_up=up, h=dh: see the module docstring for when that is safe).
+        with_h: also recompute h = act(gate).to(dtype) * up (into `h` if given).
+        eager: launch directly rather than through wrap_triton.
+    Returns:
+        (d_gate, d_up, h or None), of gate's shape and dtype.
+    """
+    new = lambda: torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)  # noqa: E731
+    d_gate = new() if d_gate is None else d_gate
+    d_up = new() if d_up is None else d_up
+    if with_h and h is None:
+        h = new()
+    elif not with_h:
+        h = None
+    ops = (dh, gate, up, d_gate, d_up) + ((h,) if h is not None else ())
+    views = flat_if_dense(*ops) or (
+        as_2d(dh), as_2d(gate), as_2d(up), as_2d_out(d_gate, "d_gate"), as_2d_out(d_up, "d_up"),
+        *((as_2d_out(h, "h"),) if h is not None else ()),
+    )
+    _launch_bwd(*views[:5], views[5] if h is not None else None, act, eager)
+    return d_gate, d_up, h
+
+
+def _halves(t2: Tensor) -> tuple[Tensor, Tensor]:
+    half = t2.shape[-1] // 2
+    return t2[:, :half], t2[:, half:]
+
+
+def gated_act_packed_fwd(gate_up: Tensor, act: str, *, out: Tensor | None = None, eager: bool = False) -> Tensor:
+    """Launch the forward on the packed layout.
+
+    Args:
+        gate_up: (..., 2I) tensor [gate | up], any strides.
+        act, out, eager: as in `gated_act_fwd` (out is (..., I)).
+    Returns:
+        h of shape (..., I) and gate_up's dtype.
+    """
+    shape = gate_up.shape[:-1] + (gate_up.shape[-1] // 2,)
+    h = torch.empty(shape, dtype=gate_up.dtype, device=gate_up.device) if out is None else out
+    _launch_fwd(*_halves(as_2d(gate_up)), as_2d_out(h, "out"), act, eager)
+    return h
+
+
+def gated_act_packed_bwd(
+    dh: Tensor, gate_up: Tensor, act: str, *, out: Tensor | None = None, h: Tensor | None = None,
+    with_h: bool = False, eager: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Launch the backward on the packed layout.
+
+    Args:
+        dh: (..., I); gate_up: (..., 2I) [gate | up].
+        out: optional (..., 2I) buffer for [d_gate | d_up]; may be gate_up itself (in place).
+        h, with_h: as in `gated_act_bwd`.
+    Returns:
+        ([d_gate | d_up] of gate_up's shape and dtype, h or None).
+    """
+    d = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device) if out is None else out
+    if with_h and h is None:
+        h = torch.empty(dh.shape, dtype=gate_up.dtype, device=gate_up.device)
+    elif not with_h:
+        h = None
+    h2 = as_2d_out(h, "h") if h is not None else None
+    _launch_bwd(as_2d(dh), *_halves(as_2d(gate_up)), *_halves(as_2d_out(d, "out")), h2, act, eager)
+    return d, h
