@@ -1,14 +1,46 @@
 """Pure-torch specifications of every op: fp32 math, CPU-runnable, no Triton."""
 
 from kernel_pytorch.reference.add_rms_norm import add_rms_norm, add_rms_norm_backward
+from kernel_pytorch.reference.embedding import embedding, embedding_backward
 from kernel_pytorch.reference.layer_norm import layer_norm, layer_norm_backward
+from kernel_pytorch.reference.positions import (
+    alibi_bias,
+    alibi_slopes,
+    bloom_alibi,
+    learned_positions,
+    position_ids_from_attention_mask,
+    sinusoidal_positions,
+)
 from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward
+from kernel_pytorch.reference.rope import rope, rope_backward
+from kernel_pytorch.reference.rotary_tables import (
+    RotaryConfig,
+    cos_sin,
+    cos_sin_table,
+    inv_freq_and_scaling,
+    rotary_config,
+)
 
 __all__ = [
+    "RotaryConfig",
     "add_rms_norm",
     "add_rms_norm_backward",
+    "alibi_bias",
+    "alibi_slopes",
+    "bloom_alibi",
+    "cos_sin",
+    "cos_sin_table",
+    "embedding",
+    "embedding_backward",
+    "inv_freq_and_scaling",
     "layer_norm",
     "layer_norm_backward",
+    "learned_positions",
+    "position_ids_from_attention_mask",
     "rms_norm",
     "rms_norm_backward",
+    "rope",
+    "rope_backward",
+    "rotary_config",
+    "sinusoidal_positions",
 ]
