@@ -163,7 +163,9 @@ def test_matches_transformers_within_the_tolerance_table() -> None:
 
 # --- GPU only: the benchmark shapes, bitwise claims -------------------------------------------------
 
-BENCH = ((4, 4096, 32, 8, 128), (32, 1, 32, 8, 128))  # training step, decode step (B, T, Hq, Hk, D)
+# (B, T, Hq, Hk, D): a training step (the benchmark's batch 4 cut to 2: the checks copy to the host),
+# a decode step
+BENCH = ((2, 4096, 32, 8, 128), (32, 1, 32, 8, 128))
 
 
 @pytest.mark.cuda
