@@ -8,9 +8,10 @@ For weight (V, H) and integer indices of any shape (N tokens in all):
 
 Summed in a fixed order this is deterministic: sort the indices (stably), so each vocabulary row v owns
 the contiguous run order[bounds[v]:bounds[v + 1]] of the sorted tokens, and sum each run from its start.
-That is what the kernel does (ops/embedding.py), one program per row, no atomics. torch's CUDA
-backward instead accumulates into the gradient with index_add/atomics under some conditions, so
-its low-precision gradients may differ between runs.
+That is what the kernel does (ops/embedding.py), one program per row, no atomics. Accumulating with
+index_add_ or float atomics instead (index_add_ on CUDA does) makes low-precision gradients differ
+between runs; whether torch's own CUDA embedding backward is bitwise-reproducible at the benchmark
+shape is measured by scripts/probe_rope.py (section embedding).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def embedding_backward(
     h = dy.shape[-1]
     flat = indices.reshape(-1)
     total = torch.zeros(num_embeddings, h, dtype=acc_dtype(dy.dtype), device=dy.device)
-    # index_add_ on CPU adds in token order: the fixed-order sum this function specifies
+    # on CPU index_add_ adds in token order: the fixed-order sum this function specifies
     total.index_add_(0, flat, dy.reshape(-1, h).to(total.dtype))
     if scale_grad_by_freq:
         counts = torch.bincount(flat, minlength=num_embeddings).clamp_min(1)
