@@ -2,6 +2,7 @@
 
 from kernel_pytorch.reference.add_rms_norm import add_rms_norm, add_rms_norm_backward
 from kernel_pytorch.reference.bias_act import bias_act, bias_act_backward
+from kernel_pytorch.reference.embedding import embedding, embedding_backward
 from kernel_pytorch.reference.gated_act import (
     gated_act,
     gated_act_backward,
@@ -11,21 +12,52 @@ from kernel_pytorch.reference.gated_act import (
     swiglu,
 )
 from kernel_pytorch.reference.layer_norm import layer_norm, layer_norm_backward
+from kernel_pytorch.reference.positions import (
+    alibi_bias,
+    alibi_slopes,
+    bloom_alibi,
+    learned_positions,
+    position_ids_from_attention_mask,
+    sinusoidal_positions,
+)
 from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward
+from kernel_pytorch.reference.rope import rope, rope_backward
+from kernel_pytorch.reference.rotary_tables import (
+    RotaryConfig,
+    cos_sin,
+    cos_sin_table,
+    inv_freq_and_scaling,
+    rotary_config,
+)
 
 __all__ = [
+    "RotaryConfig",
     "add_rms_norm",
     "add_rms_norm_backward",
+    "alibi_bias",
+    "alibi_slopes",
     "bias_act",
     "bias_act_backward",
+    "bloom_alibi",
+    "cos_sin",
+    "cos_sin_table",
+    "embedding",
+    "embedding_backward",
     "gated_act",
     "gated_act_backward",
     "gated_act_packed",
     "gated_act_packed_backward",
     "geglu",
+    "inv_freq_and_scaling",
     "layer_norm",
     "layer_norm_backward",
+    "learned_positions",
+    "position_ids_from_attention_mask",
     "rms_norm",
     "rms_norm_backward",
+    "rope",
+    "rope_backward",
+    "rotary_config",
+    "sinusoidal_positions",
     "swiglu",
 ]

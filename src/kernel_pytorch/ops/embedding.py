@@ -1,0 +1,153 @@
+"""Deterministic embedding backward: a segment sum over the sorted token indices, no atomics.
+
+Math (reference/embedding.py): for dy (N, H) and indices (N,) into V rows,
+    dweight[v] = sum of dy[n] over the tokens n with indices[n] == v   (fp32, rounded once)
+    zero for padding_idx; divided by the count with scale_grad_by_freq.
+
+Plan. torch sorts the indices stably (order: token ids by index) and finds each row's run of sorted
+tokens (bounds = searchsorted(sorted, 0..V)): both without a host sync. Then one kernel writes every
+gradient row exactly once:
+  "rows" (default): grid (row groups, column blocks). Each program owns VROWS vocabulary rows and a
+      BLOCK of columns; for each row it sums that row's tokens in sorted order, ROWS tokens per step
+      into a [ROWS, BLOCK] fp32 accumulator (ROWS loads in flight: a frequent token's long run is not
+      one dependent load after another), reduces it with a fixed tree and stores the row -- zeros for
+      rows no token hit, so no separate memset. Fixed order, fixed tree: bitwise-reproducible.
+  "segments": zero the gradient (memset), then one program per sorted token position; the first
+      position of each run sums the run and stores its row, the others store nothing. Writes ~N rows
+      after the memset rather than looping over all V rows; which pays depends on V/N (the probe,
+      scripts/probe_rope.py --embedding, times both against torch's embedding backward).
+Bytes: dy read once (N*H), the gradient written once (V*H) -- plus the memset's V*H in "segments".
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernel_pytorch.ops._triton import Launcher, next_power_of_2
+
+# Columns per program, tokens summed per step, vocabulary rows per program (the probe sweeps these).
+BLOCK_COLS = 1024
+TOKENS_PER_STEP = 8
+VOCAB_ROWS_PER_PROGRAM = 4
+NUM_WARPS = 4
+
+
+@triton.jit
+def _sum_run(DY, ORDER, start, end, stride_dy, cols, col_ok, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    # sum of dy[order[start:end], cols] in fp32, ROWS tokens per step, then a fixed tree over ROWS
+    acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    for first in range(start, end, ROWS):
+        k = first + tl.arange(0, ROWS)
+        k_ok = k < end
+        tok = tl.load(ORDER + k, mask=k_ok, other=0).to(tl.int64)
+        acc += tl.load(DY + tok[:, None] * stride_dy + cols[None, :],
+                       mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _embedding_bwd_rows_kernel(
+    DY, ORDER, BOUNDS, DW, stride_dy, n_rows, n_cols, padding_idx,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, VROWS: tl.constexpr,
+    HAS_PADDING: tl.constexpr, SCALE_BY_FREQ: tl.constexpr,
+):
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < n_cols
+    for r in range(VROWS):
+        v = tl.program_id(0).to(tl.int64) * VROWS + r
+        if v < n_rows:
+            start = tl.load(BOUNDS + v)
+            end = tl.load(BOUNDS + v + 1)
+            if HAS_PADDING:
+                end = tl.where(v == padding_idx, start, end)  # the padding row's gradient is zero
+            g = _sum_run(DY, ORDER, start, end, stride_dy, cols, col_ok, ROWS, BLOCK)
+            if SCALE_BY_FREQ:
+                g = g / tl.maximum(end - start, 1).to(tl.float32)
+            tl.store(DW + v * n_cols + cols, g.to(DW.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def _embedding_bwd_segments_kernel(
+    DY, ORDER, SORTED, ENDS, DW, stride_dy, n_cols, padding_idx,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_PADDING: tl.constexpr, SCALE_BY_FREQ: tl.constexpr,
+):
+    # program i: sorted position i; only the first position of a run writes (the run's row)
+    i = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < n_cols
+    v = tl.load(SORTED + i)
+    prev = tl.load(SORTED + tl.maximum(i - 1, 0))
+    head = (i == 0) | (prev != v)
+    if HAS_PADDING:
+        head = head & (v != padding_idx)  # the memset already left that row zero
+    end = tl.where(head, tl.load(ENDS + i), i)
+    g = _sum_run(DY, ORDER, i, end, stride_dy, cols, col_ok, ROWS, BLOCK)
+    if SCALE_BY_FREQ:
+        g = g / tl.maximum(end - i, 1).to(tl.float32)
+    # (a column limit, not `col_ok & head`: a scalar-and-vector mask the CPU interpreter rejects)
+    tl.store(DW + v.to(tl.int64) * n_cols + cols, g.to(DW.dtype.element_ty), mask=cols < tl.where(head, n_cols, 0))
+
+
+_rows_kernel = Launcher(_embedding_bwd_rows_kernel)
+_segments_kernel = Launcher(_embedding_bwd_segments_kernel)
+
+
+def embedding_bwd(
+    dy: Tensor, indices: Tensor, num_embeddings: int, padding_idx: int | None = None,
+    scale_grad_by_freq: bool = False, out_dtype: torch.dtype | None = None,
+    *, mode: str = "rows", eager: bool = False,
+) -> Tensor:
+    """Deterministic gradient of an embedding lookup with respect to its weight.
+
+    Args:
+        dy: indices.shape + (H,) upstream gradient, fp32/bf16/fp16, CUDA (or CPU under
+            TRITON_INTERPRET=1); rows may be strided (unit column stride).
+        indices: integer tensor of token ids in [0, num_embeddings).
+        padding_idx: a row left zero (negative counts from the end, as in torch).
+        scale_grad_by_freq: divide each row by its token count.
+        out_dtype: the gradient's dtype (default dy's; fp32 for fp32 master gradients).
+        mode: "rows" (every row written by the kernel) or "segments" (memset, then the hit rows).
+        eager: launch directly rather than through wrap_triton.
+    Returns:
+        (num_embeddings, H) gradient, each row summed in fp32 in the same order on every run.
+    """
+    h = dy.shape[-1]
+    dy2 = dy.reshape(-1, h)
+    if dy2.stride(-1) != 1:
+        dy2 = dy2.contiguous()
+    flat = indices.reshape(-1)
+    out_dtype = out_dtype or dy.dtype
+    has_pad = padding_idx is not None
+    pad = padding_idx % num_embeddings if has_pad else 0
+    block = min(BLOCK_COLS, next_power_of_2(h))
+    col_blocks = triton.cdiv(h, block)
+    stride = dy2.stride(0) if dy2.shape[0] > 1 else h
+    sorted_idx, order = torch.sort(flat, stable=True)
+    if mode == "segments":
+        dw = torch.zeros(num_embeddings, h, dtype=out_dtype, device=dy.device)
+        if flat.numel() == 0:
+            return dw
+        ends = torch.searchsorted(sorted_idx, sorted_idx, right=True)
+        _segments_kernel(
+            (flat.numel(), col_blocks), dy2, order, sorted_idx, ends, dw, stride, h, pad,
+            BLOCK=block, ROWS=TOKENS_PER_STEP, HAS_PADDING=has_pad, SCALE_BY_FREQ=scale_grad_by_freq,
+            num_warps=NUM_WARPS, eager=eager,
+        )
+        return dw
+    if mode != "rows":
+        raise ValueError(f"mode must be 'rows' or 'segments', got {mode!r}")
+    dw = torch.empty(num_embeddings, h, dtype=out_dtype, device=dy.device)
+    if num_embeddings == 0:
+        return dw
+    queries = torch.arange(num_embeddings + 1, device=dy.device, dtype=sorted_idx.dtype)
+    bounds = torch.searchsorted(sorted_idx, queries)
+    _rows_kernel(
+        (triton.cdiv(num_embeddings, VOCAB_ROWS_PER_PROGRAM), col_blocks), dy2, order, bounds, dw,
+        stride, num_embeddings, h, pad,
+        BLOCK=block, ROWS=TOKENS_PER_STEP, VROWS=VOCAB_ROWS_PER_PROGRAM, HAS_PADDING=has_pad,
+        SCALE_BY_FREQ=scale_grad_by_freq, num_warps=NUM_WARPS, eager=eager,
+    )
+    return dw

@@ -1,0 +1,211 @@
+"""Rotary embedding kernels against the reference: both conventions, both layouts, partial rotary, GQA,
+rows and position-id tables, fused-QKV views in place, head tiles, bad positions, transformers' eager
+rounding; on the GPU the benchmark shapes, bitwise parity with transformers and determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_pytorch.ops import rope as rope_ops
+from kernel_pytorch.ops.rope import rope_bwd, rope_fwd
+from kernel_pytorch.reference.rope import rope, rope_backward
+from tests.grid import DTYPES, Poisoned, device_under_test, randn
+from tests.ops.norm_helpers import assert_close
+from tests.ops.rope_helpers import RopeCase, make_heads, make_rows, rotation_rows, rotation_table
+
+DEV = device_under_test()
+
+CASES = (
+    RopeCase(1, 1, 1, 1, 2, 2, "bhtd", "2d"),  # every size 1, the smallest head
+    RopeCase(1, 3, 2, 1, 8, 8, "bthd", "1"),  # GQA, full rotary
+    RopeCase(2, 1, 3, 3, 12, 6, "bthd_as_bhtd", "b"),  # partial: 3 pairs (not a power of two), 6 pass
+)
+
+
+def _check(q, k, cos, sin, pos, interleaved, unsqueeze_dim, hf_rounding=False, inplace=False) -> None:
+    """Forward and backward of the kernels against the reference, same upstream gradient for both."""
+    kw = dict(interleaved=interleaved, unsqueeze_dim=unsqueeze_dim, hf_rounding=hf_rounding)
+    dq, dk = randn(*q.shape, dtype=q.dtype, device=DEV), randn(*k.shape, dtype=k.dtype, device=DEV)
+    ref_q, ref_k = rope(q, k, cos, sin, pos, **kw)
+    ref_dq, ref_dk = rope_backward(dq, dk, cos, sin, pos, **kw)
+    with Poisoned():
+        qo, ko = rope_fwd(q.clone() if inplace else q, k.clone() if inplace else k, cos, sin, pos,
+                          inplace=inplace, **kw)
+        gq, gk = rope_bwd(dq, dk, cos, sin, pos, **kw)
+    assert qo.shape == q.shape and ko.shape == k.shape and qo.dtype == q.dtype
+    for name, a, b in (("q", qo, ref_q), ("k", ko, ref_k), ("dq", gq, ref_dq), ("dk", gk, ref_dk)):
+        assert_close(a, b, name)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_kernels_match_reference(case: RopeCase, interleaved: bool, dtype: torch.dtype) -> None:
+    q, k = make_heads(case, case.hq, dtype, DEV), make_heads(case, case.hk, dtype, DEV)
+    cos, sin = make_rows(case, dtype, DEV)
+    _check(q, k, cos, sin, None, interleaved, case.unsqueeze_dim)
+
+
+@pytest.mark.parametrize(
+    "pos_kind", ["batch_offsets", "shared_1d", "shared_2d_int32"], ids=str
+)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_position_ids_index_the_table(pos_kind: str, interleaved: bool) -> None:
+    """Packed/left-padded/decoding position ids: any rows of an fp32 table for bf16 q and k."""
+    case = RopeCase(2, 2, 2, 1, 10, 8, "bthd")
+    q, k = make_heads(case, 2, torch.bfloat16, DEV), make_heads(case, 1, torch.bfloat16, DEV)
+    cos, sin = rotation_table(40, case.r, torch.float32, DEV, interleaved)
+    pos = {
+        "batch_offsets": torch.tensor([[0, 1], [38, 39]], device=DEV),  # a decode offset
+        "shared_1d": torch.tensor([5, 0], device=DEV),  # out of order
+        "shared_2d_int32": torch.tensor([[1, 1]], device=DEV, dtype=torch.int32),  # repeated
+    }[pos_kind]
+    _check(q, k, cos, sin, pos, interleaved, case.unsqueeze_dim)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_fused_qkv_views_in_place(interleaved: bool) -> None:
+    """q and k as views of one (B, T, Hq + 2 Hk, D) projection, rotated in place: no copy, v untouched,
+    the same values as the reference; the backward in place too."""
+    b, t, hq, hk, d = 1, 3, 2, 1, 8
+    qkv = randn(b, t, hq + 2 * hk, d, dtype=torch.bfloat16, device=DEV)
+    before = qkv.clone()
+    q, k, v = qkv[:, :, :hq], qkv[:, :, hq:hq + hk], qkv[:, :, hq + hk:]
+    cos, sin = rotation_rows(torch.arange(t, device=DEV)[None], d, torch.bfloat16, interleaved)
+    ref_q, ref_k = rope(q, k, cos, sin, interleaved=interleaved, unsqueeze_dim=2)
+    qo, ko = rope_fwd(q, k, cos, sin, interleaved=interleaved, unsqueeze_dim=2, inplace=True)
+    assert qo.data_ptr() == q.data_ptr() and ko.data_ptr() == k.data_ptr()
+    assert torch.equal(v, before[:, :, hq + hk:])
+    assert_close(q, ref_q, "q in place")
+    assert_close(k, ref_k, "k in place")
+    dq, dk = randn(*q.shape, dtype=q.dtype, device=DEV), randn(*k.shape, dtype=k.dtype, device=DEV)
+    ref_dq, ref_dk = rope_backward(dq, dk, cos, sin, interleaved=interleaved, unsqueeze_dim=2)
+    gq, gk = rope_bwd(dq, dk, cos, sin, interleaved=interleaved, unsqueeze_dim=2, inplace=True)
+    assert gq is dq and gk is dk
+    assert_close(dq, ref_dq, "dq in place")
+    assert_close(dk, ref_dk, "dk in place")
+
+
+def test_in_place_leaves_the_pass_through_features() -> None:
+    case = RopeCase(1, 2, 2, 1, 12, 4, "bhtd")
+    q, k = make_heads(case, 2, torch.float16, DEV), make_heads(case, 1, torch.float16, DEV)
+    cos, sin = make_rows(case, torch.float16, DEV)
+    _check(q, k, cos, sin, None, False, 1, inplace=True)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_head_tiles_loop_with_a_partial_tile(interleaved: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two heads per tile: 5 q heads take three tiles, the last one short."""
+    monkeypatch.setattr(rope_ops, "TILE_ELEMENTS", 16)
+    case = RopeCase(1, 2, 5, 3, 8, 8, "bhtd")
+    assert rope_ops.heads_per_tile(case.hq, case.r // 2) == 2
+    q, k = make_heads(case, 5, torch.float32, DEV), make_heads(case, 3, torch.float32, DEV)
+    cos, sin = make_rows(case, torch.float32, DEV)
+    _check(q, k, cos, sin, None, interleaved, 1)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_hf_rounding(interleaved: bool) -> None:
+    """transformers' eager rounding (products in the input dtype) against the reference's."""
+    case = RopeCase(1, 3, 2, 1, 8, 8, "bhtd")
+    q, k = make_heads(case, 2, torch.bfloat16, DEV, 3.0), make_heads(case, 1, torch.bfloat16, DEV, 3.0)
+    cos, sin = rotation_rows(torch.arange(3, device=DEV)[None] + 100, case.r, torch.bfloat16, interleaved)
+    _check(q, k, cos, sin, None, interleaved, 1, hf_rounding=True)
+
+
+def test_backward_inverts_forward() -> None:
+    """With true rotations the backward is the inverse rotation: bwd(fwd(x)) == x."""
+    case = RopeCase(2, 2, 2, 2, 16, 12, "bthd")
+    q, k = make_heads(case, 2, torch.float32, DEV), make_heads(case, 2, torch.float32, DEV)
+    for interleaved in (False, True):
+        cos, sin = rotation_table(64, case.r, torch.float32, DEV, interleaved)
+        pos = torch.tensor([[3, 60], [0, 63]], device=DEV)
+        qo, ko = rope_fwd(q, k, cos, sin, pos, interleaved=interleaved, unsqueeze_dim=2)
+        qb, kb = rope_bwd(qo, ko, cos, sin, pos, interleaved=interleaved, unsqueeze_dim=2)
+        assert_close(qb, q, "q back")
+        assert_close(kb, k, "k back")
+
+
+def test_positions_outside_the_table_give_nan_rows() -> None:
+    case = RopeCase(2, 2, 2, 1, 8, 8, "bhtd")
+    q, k = make_heads(case, 2, torch.float32, DEV), make_heads(case, 1, torch.float32, DEV)
+    cos, sin = rotation_table(10, case.r, torch.float32, DEV)
+    pos = torch.tensor([[0, 10], [-1, 9]], device=DEV)
+    qo, ko = rope_fwd(q, k, cos, sin, pos)
+    bad = torch.tensor([[False, True], [True, False]], device=DEV)
+    for out in (qo, ko):
+        nan_tokens = out.isnan().any(-1).any(1)  # (B, T)
+        assert torch.equal(nan_tokens, bad) and out.isnan().all(-1).any(1).equal(bad)
+
+
+def test_empty_batch() -> None:
+    q, k = torch.empty(0, 2, 3, 8, device=DEV), torch.empty(0, 1, 3, 8, device=DEV)
+    cos, sin = randn(1, 3, 8, device=DEV), randn(1, 3, 8, device=DEV)
+    qo, ko = rope_fwd(q, k, cos, sin)
+    assert qo.shape == q.shape and ko.shape == k.shape
+
+
+def test_matches_transformers_within_the_tolerance_table() -> None:
+    """The default (fp32, one rounding) against transformers' own bf16 apply_rotary_pos_emb with its
+    rotary module's cos/sin, unit-scale activations (tests/reference/test_rope.py: larger scales)."""
+    pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    q = randn(1, 2, 3, 16, dtype=torch.bfloat16, device=DEV)
+    k = randn(1, 1, 3, 16, dtype=torch.bfloat16, device=DEV)
+    cos, sin = rotation_rows(torch.tensor([[7, 8, 2000]], device=DEV), 16, torch.bfloat16)
+    hq, hk = apply_rotary_pos_emb(q, k, cos, sin)
+    qo, ko = rope_fwd(q, k, cos, sin)
+    assert_close(qo, hq, "q vs transformers")
+    assert_close(ko, hk, "k vs transformers")
+
+
+# --- GPU only: the benchmark shapes, bitwise claims -------------------------------------------------
+
+# (B, T, Hq, Hk, D): a training step (the benchmark's batch 4 cut to 2: the checks copy to the host),
+# a decode step
+BENCH = ((2, 4096, 32, 8, 128), (32, 1, 32, 8, 128))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", BENCH, ids=["train", "decode"])
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_cuda_benchmark_shapes(shape, layout: str, interleaved: bool) -> None:
+    b, t, hq, hk, d = shape
+    case = RopeCase(b, t, hq, hk, d, d, layout)
+    q, k = make_heads(case, hq, torch.bfloat16, "cuda"), make_heads(case, hk, torch.bfloat16, "cuda")
+    pos = torch.arange(t, device="cuda")[None] + torch.arange(b, device="cuda")[:, None] * 7
+    cos, sin = rotation_rows(pos, d, torch.bfloat16, interleaved)
+    _check(q, k, cos, sin, None, interleaved, case.unsqueeze_dim)  # DEV is "cuda" wherever this runs
+    # the table form gives the same rows
+    tc, ts = rotation_table(int(pos.max()) + 1, d, torch.bfloat16, "cuda", interleaved)
+    a = rope_fwd(q, k, cos, sin, interleaved=interleaved, unsqueeze_dim=case.unsqueeze_dim)
+    c = rope_fwd(q, k, tc, ts, pos, interleaved=interleaved, unsqueeze_dim=case.unsqueeze_dim)
+    assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
+    # no reductions: two runs are bitwise equal
+    again = rope_fwd(q, k, cos, sin, interleaved=interleaved, unsqueeze_dim=case.unsqueeze_dim)
+    assert torch.equal(a[0], again[0]) and torch.equal(a[1], again[1])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_hf_rounding_is_bitwise_transformers(dtype: torch.dtype) -> None:
+    """hf_rounding=True: bitwise transformers' eager forward and autograd backward on the GPU."""
+    pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    q = randn(2, 8, 256, 128, dtype=dtype, device="cuda", scale=3.0).requires_grad_()
+    k = randn(2, 2, 256, 128, dtype=dtype, device="cuda", scale=3.0).requires_grad_()
+    pos = torch.arange(256, device="cuda")[None] + torch.tensor([[0], [3000]], device="cuda")
+    cos, sin = rotation_rows(pos, 128, dtype)
+    hq, hk = apply_rotary_pos_emb(q, k, cos, sin)
+    dq, dk = torch.randn_like(hq), torch.randn_like(hk)
+    gq, gk = torch.autograd.grad((hq, hk), (q, k), (dq, dk))
+    qo, ko = rope_fwd(q.detach(), k.detach(), cos, sin, hf_rounding=True)
+    bq, bk = rope_bwd(dq, dk, cos, sin, hf_rounding=True)
+    if dtype != torch.float32:  # fp32: the kernel may fuse a product into an FMA (not bitwise there)
+        assert torch.equal(qo, hq) and torch.equal(ko, hk) and torch.equal(bq, gq) and torch.equal(bk, gk)
+    for a, b in ((qo, hq), (ko, hk), (bq, gq), (bk, gk)):
+        assert_close(a, b, "vs transformers")
