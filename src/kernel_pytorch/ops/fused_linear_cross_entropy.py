@@ -21,14 +21,17 @@ against three, and no more memory than the forward.
 grad_W accumulates in W's dtype by default (cuBLAS's fp32 math within each chunk's product, one
 rounding per chunk: C rows per rounding instead of N), or in an fp32 buffer (`grad_w_fp32`: V * H * 4
 more bytes, one rounding at the end). Each chunk's update reads and writes the accumulator: 2 V H s
-bytes for 2 C V H flops, C / s flops per byte, so on an H100 (~800 TFLOP/s, ~3 TB/s) chunks under
-about 2 * 270 * s / 2 rows (540 in bf16, 1080 in fp32 mode) leave that GEMM memory-bound. Memory beyond
-inputs and outputs is the (C, V) buffer, plus the fp32 accumulator in fp32 mode. A tied weight (the
+bytes for 2 C V H flops, C / s flops per byte, so on an H100 (~800 TFLOP/s, ~3 TB/s: ~270 flops per
+byte) chunks under about 270 s rows (540 in bf16, 1080 in fp32 mode) leave that GEMM memory-bound.
+Memory beyond inputs and outputs is the (C, V) buffer, plus the fp32 accumulator in fp32 mode (and,
+where torch cannot accumulate into fp32 in place, an fp32 product per chunk: see
+`fp32_accumulate_in_place`). A tied weight (the
 input embedding) is only read here; adding grad_W to its other gradient is autograd's job.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -83,14 +86,34 @@ def chunk_rows(n_rows: int, vocab: int, element_size: int, *, max_bytes: int | N
     return max(1, min(max(rows, ROW_ALIGN), n_rows))
 
 
+@functools.cache
+def fp32_accumulate_in_place(device: torch.device) -> bool:
+    """Whether this torch adds a product of low-precision matrices into an fp32 matrix in place on
+    `device` (addmm with out_dtype=float32 and an fp32 `self`; some releases take only a `self` of the
+    operands' dtype, and CPUs have no mixed-dtype product). Tried once on a 1 x 1 product."""
+    try:
+        acc = torch.zeros(1, 1, device=device)
+        one = torch.ones(1, 1, dtype=torch.bfloat16, device=device)
+        torch.addmm(acc, one, one, out_dtype=torch.float32, out=acc)
+        return bool(acc.item() == 1.0)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
 def _accumulate_grad_w(acc: Tensor, g: Tensor, x_c: Tensor, first: bool) -> None:
     """acc (+)= g.T @ x_c: written by the first chunk (no zero fill, no read), added by the others."""
     beta = 0.0 if first else 1.0
     if acc.dtype == g.dtype:
         torch.addmm(acc, g.t(), x_c, beta=beta, out=acc)
-    elif acc.is_cuda:  # fp32 accumulator, low-precision operands: cuBLAS writes fp32 directly
+    elif fp32_accumulate_in_place(acc.device):  # cuBLAS reads and writes the fp32 accumulator itself
         torch.addmm(acc, g.t(), x_c, beta=beta, out_dtype=torch.float32, out=acc)
-    else:  # the CPU has no mixed-dtype product: upcast (bf16 products are exact in fp32)
+    elif acc.is_cuda:  # an fp32 product, then added: a (V, H) fp32 temporary per chunk
+        product = torch.mm(g.t(), x_c, out_dtype=torch.float32)
+        if first:
+            acc.copy_(product)
+        else:
+            acc.add_(product)
+    else:  # upcast operands (bf16 and fp16 products are exact in fp32)
         torch.addmm(acc, g.t().float(), x_c.float(), beta=beta, out=acc)
 
 
