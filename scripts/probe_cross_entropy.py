@@ -7,7 +7,8 @@ Usage, from the repo root with PYTHONPATH=src (torch >= 2.6, triton >= 3.2; H100
   python3 scripts/probe_cross_entropy.py --only flce      fused linear + cross-entropy: checks, chunk sizes
   python3 scripts/probe_cross_entropy.py --quick          no torch.compile, no larger fused shapes
   python3 scripts/probe_cross_entropy.py --variants 8192x16x0,16384x32x1
-        forward variants as BLOCKxWARPSxPROGRAMS_PER_SM[xnoevict][xreverse] (0 programs: one per row)
+        forward variants as BLOCKxWARPSxPROGRAMS_PER_SM[xnoevict][xreverse][xnoprefetch] (0 programs:
+        one program per row)
   python3 scripts/probe_cross_entropy.py --chunks 256,512,1024   fused linear chunk sizes (rows)
   python3 scripts/probe_cross_entropy.py --compile        no GPU needed: compile the kernels for sm_90a
                                                           and print registers / spills per variant
@@ -41,8 +42,9 @@ IGNORE = -100
 DEVICE = "cuda"
 CE_SHAPE = (8192, 128256)
 FLCE_SHAPES = [(8192, 4096, 128256), (16384, 4096, 128256), (8192, 4096, 262144)]
-DEFAULT_VARIANTS = ["8192x16x0", "8192x16x1", "8192x8x0", "4096x8x0", "4096x8x2", "16384x16x0", "16384x32x0",
-                    "16384x32x1", "32768x32x0", "8192x16x0xnoevict", "8192x16x1xreverse", "16384x32x1xreverse"]
+DEFAULT_VARIANTS = ["4096x16x0", "4096x16x1", "4096x16x0xnoevict", "4096x16x0xreverse", "4096x16x1xreverse",
+                    "4096x16x0xnoprefetch", "4096x8x0", "2048x8x0", "2048x8x2", "8192x16x0",
+                    "8192x16x0xnoprefetch", "8192x16x1xnoprefetchxreverse", "16384x32x0xnoprefetch"]
 DEFAULT_CHUNKS = [256, 384, 512, 1024, 2048]
 SUMMARY: list[str] = []
 
@@ -104,7 +106,7 @@ def copy_gbps() -> float:
 def parse_variant(text: str) -> ce.FwdLaunch:
     parts = text.split("x")
     block, warps, per_sm = (int(p) for p in parts[:3])
-    return ce.FwdLaunch(block, warps, per_sm, "noevict" not in parts, "reverse" in parts)
+    return ce.FwdLaunch(block, warps, per_sm, "noevict" not in parts, "reverse" in parts, "noprefetch" not in parts)
 
 
 def eager_loss(logits, target, weight=None, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0,
@@ -213,11 +215,16 @@ def time_ce(variants: list[str], copy: float, compile_too: bool) -> None:
         out = ce.cross_entropy_fwd(logits, target, reduction="none", with_grad=False, eager=True)
         dl = torch.rand(n, device=DEVICE)
         buf = logits.clone()
-        rec = graph_ms(lambda: ce.cross_entropy_bwd(dl, logits, target, out.lse, reduction="none", eager=True))
+        committed_bwd = (ce.BWD_BLOCK, ce.BWD_WARPS)
+        for block, warps in [committed_bwd, (8192, 16), (2048, 4), (8192, 8)]:
+            ce.BWD_BLOCK, ce.BWD_WARPS = block, warps
+            rec = graph_ms(lambda: ce.cross_entropy_bwd(dl, logits, target, out.lse, reduction="none", eager=True))
+            print(f"  recomputing backward ('none'), {block} columns x {warps} warps per program: {rec:.3f} ms "
+                  f"{pct(min_bytes, rec)}")
+        ce.BWD_BLOCK, ce.BWD_WARPS = committed_bwd
         one = graph_ms(lambda: scale_grad_(buf, ones, eager=True))
         half = graph_ms(lambda: scale_grad_(buf, torch.full((), 0.5, device=DEVICE), eager=True))
-        print(f"  recomputing backward ('none'): {rec:.3f} ms {pct(min_bytes, rec)}; scale by 1: {one * 1e3:.1f} us; "
-              f"scale by 0.5: {half:.3f} ms {pct(min_bytes, half)}")
+        print(f"  scale by 1: {one * 1e3:.1f} us; scale by 0.5: {half:.3f} ms {pct(min_bytes, half)}")
     print("  fwd+bwd through autograd (ours: fwd with gradient in place, then the backward's scale by 1):")
     providers = {
         "ours": None,
@@ -419,7 +426,8 @@ def compile_report(variants: list[str]) -> None:
         for fname, (hw, sm, cap) in flag_sets.items():
             for grad in (True, False):
                 consts = dict(BLOCK=launch.block, HAS_WEIGHT=hw, SMOOTH=sm, HAS_CAP=cap, MEAN=True, GRAD=grad,
-                              EVICT=launch.evict, REVERSE=launch.reverse)
+                              PREFETCH=launch.prefetch, REVERSE=launch.reverse,
+                              KEEP="evict_last" if launch.evict else "", DROP="evict_first" if launch.evict else "")
                 one(ce._cross_entropy_fwd_kernel, fwd_sig, consts, launch.num_warps,
                     f"fwd {text} {fname} {'grad' if grad else 'loss only'}")
     bwd_sig = {"X": ptr, "T": "*i64", "W": "*fp32", "STATS": "*fp32", "LSE": "*fp32", "DLOSS": "*fp32", "G": ptr,

@@ -73,10 +73,12 @@ def test_looped_rows_in_place(case: str) -> None:
     _check(logits, target, weight, reduction, opts, inplace=True)
 
 
-@pytest.mark.parametrize("launch", [FwdLaunch(16, 1, 1, False, True), FwdLaunch(32, 1, 2, True, True)],
-                         ids=["persistent-reverse", "two-per-sm"])
+@pytest.mark.parametrize("launch", [FwdLaunch(16, 1, 1, False, True), FwdLaunch(32, 1, 2, True, True),
+                                    FwdLaunch(16, 1, 0, True, False, prefetch=False)],
+                         ids=["persistent-reverse", "two-per-sm-reverse", "no-prefetch"])
 def test_forward_schedules(launch: FwdLaunch, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Persistent programs walking more rows than there are programs; pass 2 walking rows backwards."""
+    """Persistent programs walking more rows than there are programs; pass 2 walking rows backwards;
+    blocks loaded one at a time."""
     monkeypatch.setattr(ce_ops, "FWD_LAUNCH", launch)
     logits, target, weight, opts = case_inputs((11,), 40, {"weighted": True, "label_smoothing": 0.1,
                                                            "ignore": (3, 10)}, torch.float32, DEV)

@@ -17,7 +17,8 @@ Kernels:
     denominator. With GRAD, pass 2 reads the row again and writes dx, scaled as above, into the logits
     themselves (in place) or into a new buffer. The second read is meant to hit L2: a row of 128K bf16
     is 256 KB, and 132 rows in flight (one per SM) are 33 MB of H100's 50 MB L2, so pass 1 marks its
-    loads evict_last and pass 2 evict_first (FwdLaunch.evict). Ignored rows read nothing and get zeros.
+    loads evict_last and pass 2 evict_first (FwdLaunch.evict). Each pass issues the next block's load
+    before reducing the current one (FwdLaunch.prefetch). Ignored rows read nothing and get zeros.
   _cross_entropy_bwd_kernel: grid (rows, column blocks); p from the saved lse, one read and one write.
     For reduction "none" (the upstream gradient differs per row) and for callers that did not keep the
     forward's gradient.
@@ -58,11 +59,14 @@ class FwdLaunch:
     programs_per_sm: int  # 0: one program per row; k > 0: k persistent programs per SM walk the rows
     evict: bool  # pass 1 loads evict_last (kept in L2 for pass 2), pass 2 loads and stores evict_first
     reverse: bool  # pass 2 walks the row from its end: the blocks pass 1 read last, likeliest in L2
+    prefetch: bool = True  # each pass loads the next block before reducing this one
 
 
-# Untuned first choice (scripts/probe_cross_entropy.py sweeps the alternatives): 16 fp32 values per
-# thread per step; one program per row leaves the scheduler to fill the SMs.
-FWD_LAUNCH = FwdLaunch(block=8192, num_warps=16, programs_per_sm=0, evict=True, reverse=False)
+# Untuned first choice (scripts/probe_cross_entropy.py sweeps the alternatives). Compiled for sm_90a,
+# the prefetching kernel holds ~15 registers per element of a block: 8 elements per thread at 16
+# warps is 127 registers, no spills for any option (16 per thread spills). So one program per SM: 132
+# rows in flight, whose 33 MB (128K bf16 columns) fit H100's 50 MB L2 for pass 2.
+FWD_LAUNCH = FwdLaunch(block=4096, num_warps=16, programs_per_sm=0, evict=True, reverse=False, prefetch=True)
 # The backward and the scaling are elementwise streams.
 BWD_BLOCK, BWD_WARPS = 4096, 8
 STATS_BLOCK = 1024
@@ -99,8 +103,10 @@ def _cross_entropy_fwd_kernel(
     n_rows, n_cols, x_inner, x_s0, x_s1, g_inner, g_s0, g_s1,
     ignore_index, smoothing, z_scale, cap,
     BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, HAS_CAP: tl.constexpr,
-    MEAN: tl.constexpr, GRAD: tl.constexpr, EVICT: tl.constexpr, REVERSE: tl.constexpr,
+    MEAN: tl.constexpr, GRAD: tl.constexpr, PREFETCH: tl.constexpr, REVERSE: tl.constexpr,
+    KEEP: tl.constexpr, DROP: tl.constexpr,
 ):
+    # KEEP / DROP: eviction policies of pass 1's loads and of pass 2's loads and stores ("" for none)
     offs = tl.arange(0, BLOCK)
     if MEAN:  # the mean's row scales (reference: r and q), folded into loss and gradient
         r = 1.0 / tl.load(STATS)
@@ -121,17 +127,23 @@ def _cross_entropy_fwd_kernel(
         t = tl.load(T + row).to(tl.int64)
         if t != ignore_index:
             bad = (t < 0) | (t >= n_cols)
-            t_ok = tl.where(bad, 0, t)
+            t_ok = tl.where(bad, 0, t).to(tl.int32)  # int32: compared with every column index in pass 2
             m = tl.full([], float("-inf"), tl.float32)
             d = tl.zeros([BLOCK], dtype=tl.float32)
             s = tl.zeros([BLOCK], dtype=tl.float32)
+            # pass 1. PREFETCH: the next block's load is issued before this block's reductions, so
+            # two blocks per program are in flight (Triton does not pipeline loads that feed no dot)
+            if PREFETCH:
+                x_next = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf"), eviction_policy=KEEP)
             for start in range(0, n_cols, BLOCK):
                 cols = start + offs
                 mask = cols < n_cols
-                if EVICT:
-                    x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_last")
+                if PREFETCH:
+                    x = x_next
+                    x_next = tl.load(x_row + BLOCK + cols, mask=cols + BLOCK < n_cols, other=float("-inf"),
+                                     eviction_policy=KEEP)
                 else:
-                    x = tl.load(x_row + cols, mask=mask, other=float("-inf"))
+                    x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy=KEEP)
                 z = x.to(tl.float32)
                 if HAS_CAP:  # the cap maps the padding's -inf to -c: mask it again
                     z = tl.where(mask, _softcap(z, cap), float("-inf"))
@@ -159,26 +171,31 @@ def _cross_entropy_fwd_kernel(
                 ce += smoothing / n_cols * (w_total * lse - tl.sum(s, axis=0))
             tl.store(LOSS + row, r * ce + q * z_scale * lse * lse)
             tl.store(LSE + row, lse)
-            if GRAD:
+            if GRAD:  # pass 2, forwards or (REVERSE) from the row's end
                 coef_p = r * ((1.0 - smoothing) * w_t + smoothing / n_cols * w_total) + 2.0 * q * z_scale * lse
                 coef_t = r * (1.0 - smoothing) * w_t
                 coef_s = r * smoothing / n_cols
+                if REVERSE:
+                    first = (n_blocks - 1) * BLOCK
+                    step = -BLOCK
+                else:
+                    first = 0
+                    step = BLOCK
+                if PREFETCH:
+                    x_next = tl.load(x_row + first + offs, mask=first + offs < n_cols, other=0.0, eviction_policy=DROP)
                 for k in range(0, n_blocks):
-                    if REVERSE:
-                        cols = (n_blocks - 1 - k) * BLOCK + offs
-                    else:
-                        cols = k * BLOCK + offs
+                    cols = first + k * step + offs
                     mask = cols < n_cols
-                    if EVICT:
-                        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+                    if PREFETCH:  # the in-place store of this block never overlaps the next block's load
+                        x = x_next
+                        nxt = cols + step
+                        x_next = tl.load(x_row + nxt, mask=(nxt >= 0) & (nxt < n_cols), other=0.0,
+                                         eviction_policy=DROP)
                     else:
-                        x = tl.load(x_row + cols, mask=mask, other=0.0)
+                        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy=DROP)
                     g = _grad_block(x.to(tl.float32), cols, mask, t_ok, lse, coef_p, coef_t, coef_s, W, cap,
                                     HAS_WEIGHT, SMOOTH, HAS_CAP)
-                    if EVICT:
-                        tl.store(g_row + cols, g.to(G.dtype.element_ty), mask=mask, eviction_policy="evict_first")
-                    else:
-                        tl.store(g_row + cols, g.to(G.dtype.element_ty), mask=mask)
+                    tl.store(g_row + cols, g.to(G.dtype.element_ty), mask=mask, eviction_policy=DROP)
         else:
             # 0 * (1 / denominator): NaN exactly when no row is valid, so the mean is torch's 0/0
             tl.store(LOSS + row, 0.0 * r)
@@ -204,7 +221,7 @@ def _cross_entropy_bwd_kernel(
     g_ptrs = G + (row // g_inner) * g_s0 + (row % g_inner) * g_s1 + cols
     t = tl.load(T + row).to(tl.int64)
     if t != ignore_index:
-        t_ok = tl.where((t < 0) | (t >= n_cols), 0, t)  # the forward stored a NaN lse for such rows
+        t_ok = tl.where((t < 0) | (t >= n_cols), 0, t).to(tl.int32)  # the forward stored a NaN lse for these
         x = tl.load(X + (row // x_inner) * x_s0 + (row % x_inner) * x_s1 + cols, mask=mask, other=0.0).to(tl.float32)
         lse = tl.load(LSE + row)
         r = tl.load(DLOSS + row * stride_dloss).to(tl.float32)
@@ -297,7 +314,7 @@ def fwd_launch(n_cols: int) -> FwdLaunch:
     launch = FWD_LAUNCH
     block = min(launch.block, next_power_of_2(n_cols))
     warps = max(1, min(launch.num_warps, block // 256))
-    return FwdLaunch(block, warps, launch.programs_per_sm, launch.evict, launch.reverse)
+    return FwdLaunch(block, warps, launch.programs_per_sm, launch.evict, launch.reverse, launch.prefetch)
 
 
 def cross_entropy_stats(target: Tensor, weight: Tensor | None, n_classes: int, ignore_index: int,
@@ -331,7 +348,8 @@ def launch_fwd(
     _fwd_kernel(
         (programs,), logits.tensor, target, weight if weight is not None else lse,
         stats if stats is not None else lse, loss_rows, lse, g.tensor, n, v, *logits.args, *g.args,
-        *opts.scalars(), BLOCK=launch.block, GRAD=grad is not None, EVICT=launch.evict, REVERSE=launch.reverse,
+        *opts.scalars(), BLOCK=launch.block, GRAD=grad is not None, PREFETCH=launch.prefetch,
+        REVERSE=launch.reverse, KEEP="evict_last" if launch.evict else "", DROP="evict_first" if launch.evict else "",
         num_warps=launch.num_warps, eager=eager, **opts.flags(weight),
     )
 
