@@ -398,7 +398,7 @@ def compile_report(variants: list[str]) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernel_pytorch.ops import _scale
+    from kernel_pytorch.ops import _cross_entropy_stats, _scale
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     ptr, i32, f32 = "*bf16", "i32", "fp32"
@@ -438,8 +438,9 @@ def compile_report(variants: list[str]) -> None:
     one(_scale._scale_unless_one_kernel, {"G": ptr, "S": "*fp32", "n_rows": i32, "n_cols": i32, "inner": i32,
                                           "s0": i32, "s1": i32}, dict(BLOCK=_scale.SCALE_BLOCK), _scale.SCALE_WARPS,
         "scale")
-    one(ce._ce_stats_kernel, {"T": "*i64", "W": "*fp32", "STATS": "*fp32", "n_rows": i32, "n_cols": i32,
-                              "ignore_index": i32}, dict(HAS_WEIGHT=True, BLOCK=ce.STATS_BLOCK), 4, "stats")
+    one(_cross_entropy_stats._ce_stats_kernel, {"T": "*i64", "W": "*fp32", "STATS": "*fp32", "n_rows": i32,
+                                                "n_cols": i32, "ignore_index": i32},
+        dict(HAS_WEIGHT=True, BLOCK=_cross_entropy_stats.STATS_BLOCK), 4, "stats")
 
 
 def main() -> None:

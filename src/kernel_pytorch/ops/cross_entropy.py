@@ -24,8 +24,7 @@ Kernels:
     forward's gradient.
   The "mean"/"sum" backward multiplies the forward's gradient by the upstream gradient with
     ops/_scale.scale_grad_, which touches no memory when that is 1 (loss.backward()).
-  _ce_stats_kernel: one program: (sum of w[t] over valid rows, number of valid rows, sum of w), the
-    means' denominators and W, without a host sync.
+  The means' denominators and W = sum(w) come from ops/_cross_entropy_stats.py, on the device (no sync).
 
 Bytes (B = bytes per logit): the fused forward with gradient reads the logits once from DRAM (the
 second read is from L2 when it fits) and writes the gradient once: 2 N V B in place or into a separate
@@ -46,6 +45,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
 from kernel_pytorch.ops._row_view import Rows, contiguous_rows, row_view
 from kernel_pytorch.ops._triton import Launcher, device_programs, next_power_of_2
 
@@ -69,7 +69,6 @@ class FwdLaunch:
 FWD_LAUNCH = FwdLaunch(block=4096, num_warps=16, programs_per_sm=0, evict=True, reverse=False, prefetch=True)
 # The backward and the scaling are elementwise streams.
 BWD_BLOCK, BWD_WARPS = 4096, 8
-STATS_BLOCK = 1024
 
 
 @triton.jit
@@ -245,36 +244,8 @@ def _cross_entropy_bwd_kernel(
         tl.store(g_ptrs, tl.zeros([BLOCK], dtype=G.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _ce_stats_kernel(T, W, STATS, n_rows, n_cols, ignore_index, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
-    # one program, fixed order: deterministic
-    offs = tl.arange(0, BLOCK)
-    count = tl.zeros([BLOCK], dtype=tl.int32)
-    w_valid = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, n_rows, BLOCK):
-        rows = start + offs
-        t = tl.load(T + rows, mask=rows < n_rows, other=0).to(tl.int64)
-        valid = (rows < n_rows) & (t != ignore_index)
-        count += valid.to(tl.int32)
-        if HAS_WEIGHT:
-            w_valid += tl.load(W + t, mask=valid & (t >= 0) & (t < n_cols), other=0.0).to(tl.float32)
-    n_valid = tl.sum(count, axis=0).to(tl.float32)
-    if HAS_WEIGHT:
-        w_all = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK):
-            cols = start + offs
-            w_all += tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-        tl.store(STATS, tl.sum(w_valid, axis=0))
-        tl.store(STATS + 2, tl.sum(w_all, axis=0))
-    else:
-        tl.store(STATS, n_valid)
-        tl.store(STATS + 2, n_cols * 1.0)
-    tl.store(STATS + 1, n_valid)
-
-
 _fwd_kernel = Launcher(_cross_entropy_fwd_kernel)
 _bwd_kernel = Launcher(_cross_entropy_bwd_kernel)
-_stats_kernel = Launcher(_ce_stats_kernel)
 
 
 @dataclass(frozen=True)
@@ -315,22 +286,6 @@ def fwd_launch(n_cols: int) -> FwdLaunch:
     block = min(launch.block, next_power_of_2(n_cols))
     warps = max(1, min(launch.num_warps, block // 256))
     return FwdLaunch(block, warps, launch.programs_per_sm, launch.evict, launch.reverse, launch.prefetch)
-
-
-def cross_entropy_stats(target: Tensor, weight: Tensor | None, n_classes: int, ignore_index: int,
-                        *, eager: bool = False) -> Tensor:
-    """(sum of w[t] over valid rows, number of valid rows, sum of w), a (3,) fp32 tensor computed on
-    target's device (no host sync); w = 1 without weights.
-
-    Args:
-        target: any shape, integer class indices; weight: (n_classes,) or None.
-    """
-    t = target.reshape(-1)
-    stats = torch.empty(3, dtype=torch.float32, device=t.device)
-    w = weight.contiguous() if weight is not None else stats
-    _stats_kernel((1,), t, w, stats, t.numel(), n_classes, ignore_index, HAS_WEIGHT=weight is not None,
-                  BLOCK=STATS_BLOCK, num_warps=4, eager=eager)
-    return stats
 
 
 def launch_fwd(

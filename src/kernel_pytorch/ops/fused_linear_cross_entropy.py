@@ -37,8 +37,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
 from kernel_pytorch.ops._row_view import contiguous_rows
-from kernel_pytorch.ops.cross_entropy import CrossEntropyOptions, cross_entropy_stats, launch_bwd, launch_fwd
+from kernel_pytorch.ops.cross_entropy import CrossEntropyOptions, launch_bwd, launch_fwd
 
 # The chunk buffer's default cap: 1024 rows of a 128K bf16 vocabulary, where the grad_W update is
 # compute-bound and bf16 accumulation rounds 8 times over 8K tokens. Liger-Kernel's rule (chunk logits
