@@ -102,6 +102,14 @@ def test_shifted_view_in_place_without_copy() -> None:
     assert torch.equal(base[:, -1], before[:, -1])
 
 
+def test_strided_targets_and_weights() -> None:
+    logits = randn(6, 24, device=DEV)
+    target = torch.randint(0, 24, (12,), device=DEV)[::2]
+    target[1] = IGNORE
+    weight = (torch.rand(48, device=DEV) + 0.5)[::2]
+    _check(logits, target, weight, "mean", {"label_smoothing": 0.1})
+
+
 def test_strided_columns_are_copied_once() -> None:
     logits = randn(24, 6, device=DEV).t()  # (6, 24), column stride 6
     target = torch.randint(0, 24, (6,), device=DEV)

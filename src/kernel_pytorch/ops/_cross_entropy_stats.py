@@ -57,7 +57,7 @@ def cross_entropy_stats(target: Tensor, weight: Tensor | None, n_classes: int, i
     Args:
         target: any shape, integer class indices; weight: (n_classes,) or None.
     """
-    t = target.reshape(-1)
+    t = target.reshape(-1).contiguous()
     stats = torch.empty(3, dtype=torch.float32, device=t.device)
     w = weight.contiguous() if weight is not None else stats
     _stats_kernel((1,), t, w, stats, t.numel(), n_classes, ignore_index, HAS_WEIGHT=weight is not None,

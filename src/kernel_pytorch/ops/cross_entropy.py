@@ -293,7 +293,8 @@ def launch_fwd(
     grad: Rows | None, opts: CrossEntropyOptions, *, eager: bool = False,
 ) -> None:
     """The forward kernel into given buffers: loss_rows and lse (N,) fp32, and the gradient's rows
-    (`grad`, which may be `logits` itself) unless None. `stats` is required where opts.needs_stats."""
+    (`grad`, which may be `logits` itself) unless None. target: (N,) contiguous; `stats` is required
+    where opts.needs_stats."""
     n, v = logits.n_rows, logits.tensor.shape[-1]
     if n == 0:
         return
@@ -301,7 +302,7 @@ def launch_fwd(
     programs = n if launch.programs_per_sm == 0 else min(n, device_programs(loss_rows.device, launch.programs_per_sm))
     g = grad if grad is not None else logits
     _fwd_kernel(
-        (programs,), logits.tensor, target, weight if weight is not None else lse,
+        (programs,), logits.tensor, target, weight.contiguous() if weight is not None else lse,
         stats if stats is not None else lse, loss_rows, lse, g.tensor, n, v, *logits.args, *g.args,
         *opts.scalars(), BLOCK=launch.block, GRAD=grad is not None, PREFETCH=launch.prefetch,
         REVERSE=launch.reverse, KEEP="evict_last" if launch.evict else "", DROP="evict_first" if launch.evict else "",
@@ -313,14 +314,14 @@ def launch_bwd(
     dloss: Tensor, logits: Rows, target: Tensor, lse: Tensor, weight: Tensor | None, stats: Tensor | None,
     grad: Rows, opts: CrossEntropyOptions, *, eager: bool = False,
 ) -> None:
-    """The backward kernel into `grad`'s rows (which may be `logits` itself). dloss: (N,) contiguous for
-    reduction "none", else one element."""
+    """The backward kernel into `grad`'s rows (which may be `logits` itself). target: (N,) contiguous;
+    dloss: (N,) contiguous for reduction "none", else one element."""
     n, v = logits.n_rows, logits.tensor.shape[-1]
     if n == 0:
         return
     block = min(BWD_BLOCK, next_power_of_2(v))
     _bwd_kernel(
-        (n, triton.cdiv(v, block)), logits.tensor, target, weight if weight is not None else lse,
+        (n, triton.cdiv(v, block)), logits.tensor, target, weight.contiguous() if weight is not None else lse,
         stats if stats is not None else lse, lse, dloss, grad.tensor, v, *logits.args, *grad.args,
         1 if opts.reduction == "none" else 0, *opts.scalars(),
         BLOCK=block, num_warps=max(1, min(BWD_WARPS, block // 256)), eager=eager, **opts.flags(weight),
@@ -364,7 +365,7 @@ def cross_entropy_fwd(
     """
     opts = CrossEntropyOptions(ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
     rows = row_view(logits)
-    t = target.reshape(-1)
+    t = target.reshape(-1).contiguous()
     if t.numel() != rows.n_rows:
         raise ValueError(f"target has {t.numel()} elements for {rows.n_rows} rows of logits")
     loss_rows = torch.empty(rows.n_rows, dtype=torch.float32, device=logits.device)
@@ -406,7 +407,7 @@ def cross_entropy_bwd(
     opts = CrossEntropyOptions(ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
     rows = row_view(logits)
     grad, g_rows = _grad_rows(logits, rows, grad_inplace)
-    t = target.reshape(-1)
+    t = target.reshape(-1).contiguous()
     if stats is None and opts.needs_stats(weight):
         stats = cross_entropy_stats(t, weight, logits.shape[-1], ignore_index, eager=eager)
     dl = dloss.reshape(-1).contiguous() if reduction == "none" else dloss.reshape(1)

@@ -162,7 +162,7 @@ def _logits_into(buf: Tensor, x_c: Tensor, weight: Tensor, bias: Tensor | None) 
 def _setup(x: Tensor, weight: Tensor, target: Tensor, chunk: int | None) -> tuple[Tensor, Tensor, Tensor, int]:
     """(x as (N, H) rows, flat targets, the chunk buffer, rows per chunk)."""
     x2 = x.reshape(-1, x.shape[-1])
-    t = target.reshape(-1)
+    t = target.reshape(-1).contiguous()
     if t.numel() != x2.shape[0]:
         raise ValueError(f"target has {t.numel()} elements for {x2.shape[0]} rows of x")
     n, v = x2.shape[0], weight.shape[0]
