@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._triton import Launcher, next_power_of_2
+from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 
 # Columns per program, tokens summed per step, vocabulary rows per program (the probe sweeps these).
 BLOCK_COLS = 1024

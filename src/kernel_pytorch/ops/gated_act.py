@@ -48,7 +48,7 @@ from kernel_pytorch.ops._activations import (
     strides,
     tiles,
 )
-from kernel_pytorch.ops._triton import Launcher
+from kernel_pytorch.ops._launch import Launcher
 
 
 @triton.jit

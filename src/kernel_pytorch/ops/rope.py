@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._triton import Launcher, next_power_of_2
+from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 
 # Elements of q/k a program holds per head block (both halves): 32 heads of 128 in one tile. Bounds the
 # registers for wide models; the probe (scripts/probe_rope.py) sweeps it with the warps.

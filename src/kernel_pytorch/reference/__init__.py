@@ -2,7 +2,12 @@
 
 from kernel_pytorch.reference.add_rms_norm import add_rms_norm, add_rms_norm_backward
 from kernel_pytorch.reference.bias_act import bias_act, bias_act_backward
+from kernel_pytorch.reference.cross_entropy import cross_entropy, cross_entropy_backward
 from kernel_pytorch.reference.embedding import embedding, embedding_backward
+from kernel_pytorch.reference.fused_linear_cross_entropy import (
+    fused_linear_cross_entropy,
+    fused_linear_cross_entropy_backward,
+)
 from kernel_pytorch.reference.gated_act import (
     gated_act,
     gated_act_backward,
@@ -41,8 +46,12 @@ __all__ = [
     "bloom_alibi",
     "cos_sin",
     "cos_sin_table",
+    "cross_entropy",
+    "cross_entropy_backward",
     "embedding",
     "embedding_backward",
+    "fused_linear_cross_entropy",
+    "fused_linear_cross_entropy_backward",
     "gated_act",
     "gated_act_backward",
     "gated_act_packed",

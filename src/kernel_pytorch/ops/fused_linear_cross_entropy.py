@@ -1,0 +1,266 @@
+"""Fused linear + cross-entropy: loss = CE(x @ W.T (+ b), target) without ever holding all the logits.
+The chunked algorithm as plain functions (registration comes with the functional layer).
+
+Shapes: x (..., H) -> N rows; weight W (V, H) of x's dtype; bias b (V,); target (...) -> N.
+Math: reference/fused_linear_cross_entropy.py; cross-entropy options as in reference/cross_entropy.py.
+
+Forward ("mean"/"sum"; it computes the gradients, the backward only scales them):
+    stats = cross_entropy_stats(target)            the means' denominators, once for all chunks, no sync
+    for each chunk of C rows (`chunk_rows`):
+        logits = x_c @ W.T (+ b)                   cuBLAS, into one preallocated (C, V) buffer
+        cross-entropy forward kernel               loss rows, lse, and the gradient over the logits
+        grad_x[c] = logits @ W                     written straight into grad_x's rows
+        grad_W (+)= logits.T @ x_c                 the first chunk writes, the others accumulate
+        grad_b += column sums of logits            fp32
+Backward: each gradient times the 0-d upstream gradient (ops/_scale.scale_grad_: nothing when it is 1).
+reduction "none": the forward computes loss and lse only (each row's upstream gradient is not known
+yet); `fused_linear_cross_entropy_bwd` recomputes each chunk's logits, runs the cross-entropy backward
+kernel with the rows' upstream gradients in place, then the two gradient GEMMs: four GEMMs in all
+against three, and no more memory than the forward.
+
+grad_W accumulates in W's dtype by default (cuBLAS's fp32 math within each chunk's product, one
+rounding per chunk: C rows per rounding instead of N), or in an fp32 buffer (`grad_w_fp32`: V * H * 4
+more bytes, one rounding at the end). Each chunk's update reads and writes the accumulator: 2 V H s
+bytes for 2 C V H flops, C / s flops per byte, so on an H100 (~800 TFLOP/s, ~3 TB/s: ~270 flops per
+byte) chunks under about 270 s rows (540 in bf16, 1080 in fp32 mode) leave that GEMM memory-bound.
+Memory beyond inputs and outputs is the (C, V) buffer, plus the fp32 accumulator in fp32 mode (and,
+where torch cannot accumulate into fp32 in place, an fp32 product per chunk: see
+`fp32_accumulate_in_place`). A tied weight (the
+input embedding) is only read here; adding grad_W to its other gradient is autograd's job.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
+from kernel_pytorch.ops._row_view import contiguous_rows
+from kernel_pytorch.ops.cross_entropy import CrossEntropyOptions, launch_bwd, launch_fwd
+
+# The chunk buffer's default cap: 1024 rows of a 128K bf16 vocabulary, where the grad_W update is
+# compute-bound and bf16 accumulation rounds 8 times over 8K tokens. Liger-Kernel's rule (chunk logits
+# as large as x) gives 256 rows there: its peak memory, but a memory-bound update (module docstring).
+# scripts/probe_cross_entropy.py measures time and memory at several sizes.
+CHUNK_BYTES = 256 * 2**20
+ROW_ALIGN = 128  # rows per chunk come in whole GEMM tiles
+FREE_FRACTION = 0.5  # at most this share of the device's free memory goes to the chunk buffer
+
+
+class FusedLinearCrossEntropyForward(NamedTuple):
+    """What `fused_linear_cross_entropy_fwd` returns."""
+
+    loss: Tensor  # 0-d fp32, or target's shape ("none")
+    lse: Tensor  # (N,) fp32
+    grad_x: Tensor | None  # x's shape and dtype, for an upstream gradient of 1 (None for "none")
+    grad_w: Tensor | None  # (V, H), W's dtype
+    grad_b: Tensor | None  # (V,), bias's dtype
+    stats: Tensor | None  # (3,) fp32 cross_entropy_stats where needed
+
+
+def free_device_bytes(device: torch.device) -> int | None:
+    """Memory an allocation on `device` can still get: the driver's free memory plus what PyTorch's
+    caching allocator holds unused. None off CUDA (no limit applied)."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def chunk_rows(n_rows: int, vocab: int, element_size: int, *, max_bytes: int | None = None,
+               free_bytes: int | None = None) -> int:
+    """Rows per chunk: the most whole tiles of ROW_ALIGN rows whose (rows, vocab) logits buffer fits in
+    `max_bytes` (default CHUNK_BYTES) and in FREE_FRACTION of `free_bytes` (when given); at least one
+    tile, at most n_rows.
+
+    Args:
+        n_rows: tokens; vocab: V; element_size: bytes per logit (x's dtype).
+        max_bytes: cap on the buffer; free_bytes: the device's free memory (`free_device_bytes`).
+    """
+    budget = CHUNK_BYTES if max_bytes is None else max_bytes
+    if free_bytes is not None:
+        budget = min(budget, int(free_bytes * FREE_FRACTION))
+    rows = budget // (vocab * element_size) // ROW_ALIGN * ROW_ALIGN
+    return max(1, min(max(rows, ROW_ALIGN), n_rows))
+
+
+@functools.cache
+def fp32_accumulate_in_place(device: torch.device) -> bool:
+    """Whether this torch adds a product of low-precision matrices into an fp32 matrix in place on
+    `device` (addmm with out_dtype=float32 and an fp32 `self`; some releases take only a `self` of the
+    operands' dtype, and CPUs have no mixed-dtype product). Tried once on a 1 x 1 product."""
+    try:
+        acc = torch.zeros(1, 1, device=device)
+        one = torch.ones(1, 1, dtype=torch.bfloat16, device=device)
+        torch.addmm(acc, one, one, out_dtype=torch.float32, out=acc)
+        return bool(acc.item() == 1.0)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _accumulate_grad_w(acc: Tensor, g: Tensor, x_c: Tensor, first: bool) -> None:
+    """acc (+)= g.T @ x_c: written by the first chunk (no zero fill, no read), added by the others."""
+    beta = 0.0 if first else 1.0
+    if acc.dtype == g.dtype:
+        torch.addmm(acc, g.t(), x_c, beta=beta, out=acc)
+    elif fp32_accumulate_in_place(acc.device):  # cuBLAS reads and writes the fp32 accumulator itself
+        torch.addmm(acc, g.t(), x_c, beta=beta, out_dtype=torch.float32, out=acc)
+    elif acc.is_cuda:  # an fp32 product, then added: a (V, H) fp32 temporary per chunk
+        product = torch.mm(g.t(), x_c, out_dtype=torch.float32)
+        if first:
+            acc.copy_(product)
+        else:
+            acc.add_(product)
+    else:  # upcast operands (bf16 and fp16 products are exact in fp32)
+        torch.addmm(acc, g.t().float(), x_c.float(), beta=beta, out=acc)
+
+
+class _Grads:
+    """The gradient buffers of one pass and the per-chunk GEMMs that fill them."""
+
+    def __init__(self, x2: Tensor, weight: Tensor, bias: Tensor | None, needs: tuple[bool, bool, bool],
+                 grad_w_fp32: bool) -> None:
+        need_x, need_w, need_b = needs
+        self.weight, self.bias = weight, bias
+        self.x = torch.empty_like(x2) if need_x else None
+        acc_dtype = torch.float32 if grad_w_fp32 else weight.dtype
+        self.w = torch.empty(weight.shape, dtype=acc_dtype, device=weight.device) if need_w else None
+        self.b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) \
+            if need_b and bias is not None else None
+
+    def add_chunk(self, g: Tensor, x_c: Tensor, start: int, first: bool) -> None:
+        """Gradients from one chunk's logits gradient g (C, V) and inputs x_c (C, H)."""
+        if self.x is not None:
+            torch.mm(g, self.weight, out=self.x[start:start + g.shape[0]])
+        if self.w is not None:
+            _accumulate_grad_w(self.w, g, x_c, first)
+        if self.b is not None:
+            self.b += g.sum(0, dtype=torch.float32)
+
+    def result(self, x_shape: torch.Size) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        if self.w is not None and x_shape.numel() == 0:  # no chunk ran: nothing wrote the accumulator
+            self.w.zero_()
+        gx = self.x.view(x_shape) if self.x is not None else None
+        gw = self.w.to(self.weight.dtype) if self.w is not None else None
+        gb = self.b.to(self.bias.dtype) if self.b is not None else None
+        return gx, gw, gb
+
+
+def _logits_into(buf: Tensor, x_c: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x_c @ W.T (+ b) into the first x_c.shape[0] rows of the chunk buffer."""
+    out = buf[: x_c.shape[0]]
+    if bias is not None:
+        torch.addmm(bias, x_c, weight.t(), out=out)
+    else:
+        torch.mm(x_c, weight.t(), out=out)
+    return out
+
+
+def _setup(x: Tensor, weight: Tensor, target: Tensor, chunk: int | None) -> tuple[Tensor, Tensor, Tensor, int]:
+    """(x as (N, H) rows, flat targets, the chunk buffer, rows per chunk)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    t = target.reshape(-1).contiguous()
+    if t.numel() != x2.shape[0]:
+        raise ValueError(f"target has {t.numel()} elements for {x2.shape[0]} rows of x")
+    n, v = x2.shape[0], weight.shape[0]
+    c = chunk or chunk_rows(n, v, x.element_size(), free_bytes=free_device_bytes(x.device))
+    buf = torch.empty((max(1, min(c, n)), v), dtype=x.dtype, device=x.device)
+    return x2, t, buf, max(1, c)
+
+
+def fused_linear_cross_entropy_fwd(
+    x: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None = None,
+    *,
+    ce_weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+    needs: tuple[bool, bool, bool] = (True, True, True),
+    chunk: int | None = None,
+    grad_w_fp32: bool = False,
+    eager: bool = False,
+) -> FusedLinearCrossEntropyForward:
+    """Loss and lse, and for "mean"/"sum" the gradients for an upstream gradient of 1, chunk by chunk.
+
+    Args:
+        x: (..., H) fp32/bf16/fp16; weight: (V, H) of x's dtype; target: (...) class indices, one per
+            row of x; bias: (V,) or None.
+        ce_weight: (V,) class weights; the other options as in ops.cross_entropy.cross_entropy_fwd.
+        needs: which of (grad_x, grad_w, grad_b) to compute (autograd's needs_input_grad); none are
+            computed for reduction "none" (`fused_linear_cross_entropy_bwd` does it).
+        chunk: rows per chunk (default `chunk_rows`); grad_w_fp32: accumulate grad_W in fp32.
+        eager: launch directly rather than through wrap_triton.
+    """
+    opts = CrossEntropyOptions(ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
+    x2, t, buf, c = _setup(x, weight, target, chunk)
+    n, v = x2.shape[0], weight.shape[0]
+    stats = cross_entropy_stats(t, ce_weight, v, ignore_index, eager=eager) if opts.needs_stats(ce_weight) else None
+    loss_rows = torch.empty(n, dtype=torch.float32, device=x.device)
+    lse = torch.empty_like(loss_rows)
+    with_grad = reduction != "none" and any(needs)
+    grads = _Grads(x2, weight, bias, needs, grad_w_fp32) if with_grad else None
+    for start in range(0, n, c):
+        end = min(start + c, n)
+        x_c = x2[start:end]
+        logits = contiguous_rows(_logits_into(buf, x_c, weight, bias))
+        launch_fwd(logits, t[start:end], ce_weight, stats, loss_rows[start:end], lse[start:end],
+                   logits if with_grad else None, opts, eager=eager)
+        if grads is not None:
+            grads.add_chunk(logits.tensor, x_c, start, start == 0)
+    loss = loss_rows.view(target.shape) if reduction == "none" else loss_rows.sum()
+    gx, gw, gb = grads.result(x.shape) if grads is not None else (None, None, None)
+    return FusedLinearCrossEntropyForward(loss, lse, gx, gw, gb, stats)
+
+
+def fused_linear_cross_entropy_bwd(
+    dloss: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    lse: Tensor,
+    bias: Tensor | None = None,
+    *,
+    ce_weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "none",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+    needs: tuple[bool, bool, bool] = (True, True, True),
+    chunk: int | None = None,
+    grad_w_fp32: bool = False,
+    stats: Tensor | None = None,
+    eager: bool = False,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The gradients for upstream gradient `dloss`, recomputing each chunk's logits (any reduction;
+    needed for "none", where dloss has target's shape).
+
+    Args:
+        dloss: target's shape for "none", else 0-d. lse: the forward's. stats: the forward's, if any.
+        (the rest as in `fused_linear_cross_entropy_fwd`)
+    Returns:
+        (grad_x, grad_w, grad_b), None where not needed (or no bias).
+    """
+    opts = CrossEntropyOptions(ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
+    x2, t, buf, c = _setup(x, weight, target, chunk)
+    n, v = x2.shape[0], weight.shape[0]
+    if stats is None and opts.needs_stats(ce_weight):
+        stats = cross_entropy_stats(t, ce_weight, v, ignore_index, eager=eager)
+    dl = dloss.reshape(-1).contiguous() if reduction == "none" else dloss.reshape(1)
+    grads = _Grads(x2, weight, bias, needs, grad_w_fp32)
+    for start in range(0, n, c):
+        end = min(start + c, n)
+        x_c = x2[start:end]
+        logits = contiguous_rows(_logits_into(buf, x_c, weight, bias))
+        launch_bwd(dl[start:end] if reduction == "none" else dl, logits, t[start:end], lse[start:end],
+                   ce_weight, stats, logits, opts, eager=eager)
+        grads.add_chunk(logits.tensor, x_c, start, start == 0)
+    return grads.result(x.shape)

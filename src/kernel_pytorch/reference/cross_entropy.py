@@ -1,0 +1,199 @@
+"""Cross-entropy over class indices: `torch.nn.functional.cross_entropy` semantics, plus z-loss and
+logit soft-capping.
+
+For logits x of shape (..., V) (the class dim last; leading dims are rows), targets t of shape (...),
+optional class weights w of shape (V,) (1 where absent), label smoothing eps, z-loss scale s and
+soft-cap c, per row i, all in fp32 (fp64 for fp64 logits):
+
+    z_ij  = c * tanh(x_ij / c)            (soft-capping, Gemma-2; z = x without a cap)
+    lse_i = log sum_j exp(z_ij)
+    valid_i = t_i != ignore_index
+    ce_i = (1 - eps) * w[t_i] * (lse_i - z_i,t_i) + eps / V * sum_j w_j * (lse_i - z_ij)
+    zl_i = s * lse_i^2
+    (ce_i = zl_i = 0 where not valid_i)
+
+reduction "none": ce_i + zl_i, of t's shape; "sum": sum_i (ce_i + zl_i); "mean":
+sum_i ce_i / sum_i valid_i * w[t_i]  +  sum_i zl_i / sum_i valid_i. The first term is torch's weighted
+mean, label smoothing included (torch divides its smoothing term by the same weight sum); the z-loss
+is not class-weighted, so it is averaged over the valid rows. A mean over no valid row is 0/0 = NaN,
+as in torch (whose gradient is then 0, as is ours).
+
+Gradient with respect to the logits, with p_ij = exp(z_ij - lse_i), W = sum_j w_j:
+
+    dce_i/dz_ij = ((1 - eps) w[t_i] + eps W / V) p_ij - (1 - eps) w[t_i] [j == t_i] - eps / V w_j
+    dzl_i/dz_ij = 2 s lse_i p_ij
+    dz/dx       = 1 - (z / c)^2
+    dx_ij = (r_i dce_i/dz_ij + q_i dzl_i/dz_ij) dz_ij/dx_ij     (0 on rows that are not valid)
+
+with (r_i, q_i) = (g_i, g_i) for "none" (g the upstream gradient of the row), (g, g) for "sum" and
+(g / sum valid w[t], g / sum valid) for "mean".
+
+Rounding: the loss stays in fp32 (fp64 for fp64): exactly Hugging Face's causal-LM loss, which upcasts
+the logits with `.float()` before `F.cross_entropy` (torch's own bf16 op rounds its log-probabilities
+and loss to bf16). The gradient is computed in fp32 and rounded once to the logits' dtype, as the
+backward of that `.float()` does. Soft-capping is applied to the fp32 logits; Hugging Face's Gemma-2
+applies it in the logits' dtype (three roundings) before the loss: ours is the unrounded value.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernel_pytorch.reference._math import acc, acc_dtype
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def apply_softcap(x: Tensor, cap: float | None) -> Tensor:
+    """cap * tanh(x / cap), or x when cap is None."""
+    return x if cap is None else cap * torch.tanh(x / cap)
+
+
+def class_weights(weight: Tensor | None, n_classes: int, like: Tensor) -> Tensor:
+    """The class weights in `like`'s dtype and device; ones where no weight is given."""
+    if weight is None:
+        return torch.ones(n_classes, dtype=like.dtype, device=like.device)
+    return weight.to(like.dtype)
+
+
+def cross_entropy_rows(
+    logits: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Unreduced per-row terms, rows flattened.
+
+    Args:
+        logits: (..., V) float tensor.
+        target: (...) integer class indices (ignore_index marks rows to skip).
+        weight: (V,) class weights or None.
+    Returns:
+        ce (N,), zl (N,) and lse (N,) in the accumulation dtype (0 for ce and zl on ignored rows).
+    """
+    v = logits.shape[-1]
+    z = apply_softcap(acc(logits).reshape(-1, v), softcap)
+    t = target.reshape(-1).long()
+    valid = t != ignore_index
+    t_safe = torch.where(valid, t, 0)
+    w = class_weights(weight, v, z)
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z - lse.unsqueeze(-1)
+    nll = -logp.gather(1, t_safe.unsqueeze(1)).squeeze(1) * w[t_safe]
+    ce = (1.0 - label_smoothing) * nll
+    if label_smoothing:
+        ce = ce + label_smoothing / v * -(logp * w).sum(-1)
+    zero = torch.zeros((), dtype=z.dtype, device=z.device)
+    ce = torch.where(valid, ce, zero)
+    zl = torch.where(valid, lse_square_scale * lse * lse, zero)
+    return ce, zl, lse
+
+
+def cross_entropy_denominators(
+    target: Tensor, weight: Tensor | None, ignore_index: int, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
+    """The means' divisors: (sum of w[t] over valid rows, number of valid rows), 0-d tensors of `dtype`."""
+    t = target.reshape(-1).long()
+    valid = t != ignore_index
+    count = valid.sum().to(dtype)
+    if weight is None:
+        return count, count
+    w = weight.to(dtype)
+    return (w[torch.where(valid, t, 0)] * valid).sum(), count
+
+
+def cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+) -> Tensor:
+    """The loss (module docstring), in fp32 (fp64 for fp64 logits).
+
+    Args:
+        logits: (..., V) float tensor; target: (...) integer class indices; weight: (V,) or None.
+        reduction: "mean", "sum" or "none".
+        label_smoothing: eps in [0, 1]; lse_square_scale: the z-loss scale s; softcap: c or None.
+    Returns:
+        0-d tensor for "mean" / "sum", target's shape for "none".
+    """
+    ce, zl, _ = cross_entropy_rows(logits, target, weight, ignore_index, label_smoothing, lse_square_scale,
+                                   softcap)
+    if reduction == "none":
+        return (ce + zl).reshape(target.shape)
+    if reduction == "sum":
+        return ce.sum() + zl.sum()
+    if reduction != "mean":
+        raise ValueError(f"reduction must be one of {REDUCTIONS} (got {reduction!r})")
+    wden, count = cross_entropy_denominators(target, weight, ignore_index, ce.dtype)
+    return ce.sum() / wden + zl.sum() / count
+
+
+def row_scales(
+    dloss: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """(r, q) of the module docstring for every row, each (N,) of `dtype`: how the upstream gradient
+    reaches the cross-entropy and the z-loss terms of each row."""
+    n = target.numel()
+    g = acc(dloss).to(dtype)
+    if reduction == "none":
+        r = g.reshape(-1).expand(n)
+        return r, r
+    r = g.reshape(()).expand(n)
+    if reduction == "sum":
+        return r, r
+    wden, count = cross_entropy_denominators(target, weight, ignore_index, dtype)
+    return r / wden, r / count
+
+
+def cross_entropy_backward(
+    dloss: Tensor,
+    logits: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+) -> Tensor:
+    """The gradient of `cross_entropy` with respect to the logits (the formula the kernels implement).
+
+    Args:
+        dloss: the upstream gradient: 0-d for "mean" / "sum", target's shape for "none".
+        (the rest as in `cross_entropy`)
+    Returns:
+        logits' shape and dtype; zero rows where the target is ignore_index.
+    """
+    v = logits.shape[-1]
+    x = acc(logits).reshape(-1, v)
+    z = apply_softcap(x, softcap)
+    t = target.reshape(-1).long()
+    valid = t != ignore_index
+    t_safe = torch.where(valid, t, 0)
+    w = class_weights(weight, v, z)
+    lse = torch.logsumexp(z, dim=-1, keepdim=True)
+    p = torch.exp(z - lse)
+    r, q = row_scales(dloss, target, weight, ignore_index, reduction, z.dtype)
+    eps = label_smoothing
+    w_t = w[t_safe].unsqueeze(1)
+    dce = ((1.0 - eps) * w_t + eps * w.sum() / v) * p - eps / v * w
+    dce = dce - torch.nn.functional.one_hot(t_safe, v).to(z.dtype) * (1.0 - eps) * w_t
+    grad = r.unsqueeze(1) * dce + q.unsqueeze(1) * (2.0 * lse_square_scale) * lse * p
+    if softcap is not None:
+        grad = grad * (1.0 - (z / softcap) ** 2)
+    grad = torch.where(valid.unsqueeze(1), grad, torch.zeros((), dtype=z.dtype, device=z.device))
+    return grad.to(logits.dtype).reshape(logits.shape)
+
+
+def loss_dtype(logits_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the loss for logits of `logits_dtype`: fp32, or fp64 for fp64 logits."""
+    return acc_dtype(logits_dtype)
