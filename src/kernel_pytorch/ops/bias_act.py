@@ -31,8 +31,8 @@ from kernel_pytorch.ops._activations import (
     strides,
     tiles,
 )
-from kernel_pytorch.ops._partials import sum_partials
 from kernel_pytorch.ops._launch import Launcher, device_programs
+from kernel_pytorch.ops._partials import sum_partials
 
 # Backward programs per SM (column blocks x row groups): enough loads in flight per SM with the
 # in-loop prefetch, few enough partial rows. A tunable (scripts/probe_mlp.py --sweep).

@@ -46,8 +46,8 @@ import triton.language as tl
 from torch import Tensor
 
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
-from kernel_pytorch.ops._row_view import Rows, contiguous_rows, row_view
 from kernel_pytorch.ops._launch import Launcher, device_programs, next_power_of_2
+from kernel_pytorch.ops._row_view import Rows, contiguous_rows, row_view
 
 
 @dataclass(frozen=True)
