@@ -1,5 +1,6 @@
-"""RMSNorm: kernels vs the reference (both paths, strided rows, every dtype), the reference's backward
-vs autograd, registration (opcheck, compile, export), determinism, and a hypothesis fuzz."""
+"""RMSNorm: kernels vs the reference (both paths, strided rows, every dtype, every casting), the
+reference's backward vs autograd, registration (opcheck, compile, export), the calls from before the
+casting argument, determinism, and a hypothesis fuzz."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel_pytorch import reference as R
-from kernel_pytorch.ops.rms_norm import rms_norm_bwd, rms_norm_fwd
-from kernel_pytorch.reference.rms_norm import rms_norm_rstd
+from kernel_pytorch.ops.rms_norm import rms_norm_bwd, rms_norm_eager, rms_norm_fwd
+from kernel_pytorch.reference.rms_norm import CASTINGS, rms_norm_from_rstd, rms_norm_rstd
 from tests.grid import (
     DTYPES,
     ROW_SHAPES,
@@ -25,12 +26,14 @@ from tests.ops.norm_helpers import assert_budget, assert_close
 
 DEV = device_under_test()
 EPS = 1e-6
+# (casting, offset): Llama's rounding with and without an offset, torch's, and Gemma's (1 + weight)
+CASTING_OFFSETS = (("llama", 0.0), ("llama", 1.0), ("torch", 0.0), ("gemma", 1.0))
 
 
-def _assert_backward(dx, dw, dy, x, w, rstd, offset: float = 0.0, dres=None) -> None:
+def _assert_backward(dx, dw, dy, x, w, rstd, offset: float = 0.0, dres=None, casting: str = "llama") -> None:
     """dx (plus the residual gradient `dres` where given) against the reference by the tolerance
     table; dweight, a sum over rows, against fp64 with PyTorch's own low-precision sum as yardstick."""
-    dx_ref, dw_ref = R.rms_norm_backward(dy, x, w, rstd, offset)
+    dx_ref, dw_ref = R.rms_norm_backward(dy, x, w, rstd, offset, casting)
     if dres is not None:
         dx_ref = (dx_ref.float() + dres.float()).to(dx.dtype)
     assert_close(dx, dx_ref, "dx")
@@ -40,18 +43,86 @@ def _assert_backward(dx, dw, dy, x, w, rstd, offset: float = 0.0, dres=None) -> 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lead,cols", ROW_SHAPES)
-@pytest.mark.parametrize("offset", [0.0, 1.0])
-def test_kernels_match_reference(lead, cols, dtype, offset, row_path) -> None:
+@pytest.mark.parametrize("casting,offset", CASTING_OFFSETS)
+def test_kernels_match_reference(lead, cols, dtype, casting, offset, row_path) -> None:
+    """Every casting by the tolerance table (the interpreter truncates fp32 -> bf16 where the GPU
+    rounds to nearest, so CPU bf16 is not bitwise; test_forward_bitwise_given_rstd is)."""
     x = strided_rows(lead, cols, dtype, DEV)
     w = randn(cols, dtype=dtype, device=DEV, scale=0.5, offset=1.0)
     dy = randn(*lead, cols, dtype=dtype, device=DEV)
     with Poisoned():
-        y, rstd, h = rms_norm_fwd(x, w, EPS, offset)
-        dx, dw = rms_norm_bwd(dy, x, w, rstd, offset)
+        y, rstd, h = rms_norm_fwd(x, w, EPS, offset, casting)
+        dx, dw = rms_norm_bwd(dy, x, w, rstd, offset, casting)
     assert h is None
-    assert_close(y, R.rms_norm(x, w, EPS, offset), "y")
+    assert_close(y, R.rms_norm(x, w, EPS, offset, casting), "y")
     assert_close(rstd, rms_norm_rstd(x, EPS), "rstd")
-    _assert_backward(dx, dw, dy, x, w, rms_norm_rstd(x, EPS), offset)
+    _assert_backward(dx, dw, dy, x, w, rms_norm_rstd(x, EPS), offset, casting=casting)
+
+
+def _assert_forward_bitwise(dtype: torch.dtype, cols: int, casting: str, device: str) -> None:
+    """Given the kernel's own rstd, y is the reference's bit for bit: the modes round where the
+    reference does, with the same fp32 products (the rstd itself sums in another order)."""
+    x = strided_rows((9,), cols, dtype, device)
+    w = randn(cols, dtype=dtype, device=device, scale=0.5, offset=1.0)
+    for offset in (0.0, 1.0):
+        y, rstd, _ = rms_norm_fwd(x, w, EPS, offset, casting)
+        assert torch.equal(y, rms_norm_from_rstd(x, w, rstd, offset, casting)), (casting, offset)
+
+
+@pytest.mark.parametrize("casting", CASTINGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_forward_bitwise_given_rstd(dtype: torch.dtype, casting: str, row_path) -> None:
+    """fp32 and fp16 on every device (the interpreter rounds to fp16 as the GPU does); bf16 in
+    test_cuda_forward_bitwise_given_rstd."""
+    _assert_forward_bitwise(dtype, 100, casting, DEV)
+
+
+def test_castings_differ_in_bf16() -> None:
+    """The constexpr reaches the kernels: in bf16 the llama and torch outputs and weight gradients differ,
+    gemma's are torch's, and dx is the same in every mode."""
+    x = randn(16, 64, dtype=torch.bfloat16, device=DEV, scale=3.0)
+    w = randn(64, dtype=torch.bfloat16, device=DEV, scale=0.5, offset=1.0)
+    dy = randn(16, 64, dtype=torch.bfloat16, device=DEV)
+    out = {}
+    for casting in CASTINGS:
+        y, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0, casting)
+        out[casting] = (y, *rms_norm_bwd(dy, x, w, rstd, 0.0, casting))
+    assert all(torch.equal(a, b) for a, b in zip(out["gemma"], out["torch"]))
+    (y_l, dx_l, dw_l), (y_t, dx_t, dw_t) = out["llama"], out["torch"]
+    assert not torch.equal(y_l, y_t) and not torch.equal(dw_l, dw_t) and torch.equal(dx_l, dx_t)
+
+
+def test_calls_from_before_casting_round_as_llama() -> None:
+    """The op, its eager entry and the launchers without a casting: HF Llama's rounding, as before (each
+    against itself with casting="llama": on CPU the op runs the reference, the others the kernels)."""
+    x = randn(4, 24, dtype=torch.bfloat16, device=DEV, scale=3.0).requires_grad_()
+    w = randn(24, dtype=torch.bfloat16, device=DEV, offset=1.0).requires_grad_()
+    dy = randn(4, 24, dtype=torch.bfloat16, device=DEV)
+    op = torch.ops.kernel_pytorch.rms_norm_fwd
+    pairs = [(op(x, w, EPS, 0.0)[0], op(x, w, EPS, 0.0, "llama")[0]),
+             (rms_norm_eager(x, w, EPS, 0.0), rms_norm_eager(x, w, EPS, 0.0, "llama"))]
+    for old, llama in pairs:
+        assert torch.equal(old, llama) and not torch.equal(old, op(x, w, EPS, 0.0, "torch")[0])
+        for g, e in zip(torch.autograd.grad(old, (x, w), dy), torch.autograd.grad(llama, (x, w), dy)):
+            assert torch.equal(g, e)
+    xd, wd = x.detach(), w.detach()
+    y, rstd, _ = rms_norm_fwd(xd, wd, EPS, 0.0)
+    assert torch.equal(y, rms_norm_fwd(xd, wd, EPS, 0.0, "llama")[0])
+    for a, b in zip(rms_norm_bwd(dy, xd, wd, rstd, 0.0), rms_norm_bwd(dy, xd, wd, rstd, 0.0, "llama")):
+        assert torch.equal(a, b)
+    _, rstd_op = op(xd, wd, EPS, 0.0)
+    bwd = torch.ops.kernel_pytorch.rms_norm_bwd
+    for a, b in zip(bwd(dy, xd, wd, rstd_op, 0.0), bwd(dy, xd, wd, rstd_op, 0.0, "llama")):
+        assert torch.equal(a, b)
+
+
+def test_unknown_casting_is_refused() -> None:
+    x, w = randn(2, 8, device=DEV), randn(8, device=DEV)
+    for call in (lambda: rms_norm_fwd(x, w, EPS, 0.0, "none"),
+                 lambda: torch.ops.kernel_pytorch.rms_norm_fwd(x, w, EPS, 0.0, "none"),
+                 lambda: rms_norm_bwd(x, x, w, rms_norm_rstd(x, EPS), 0.0, "fp32")):
+        with pytest.raises(ValueError, match="casting must be one of"):
+            call()
 
 
 def test_reference_backward_is_the_gradient_of_the_reference() -> None:
@@ -65,13 +136,14 @@ def test_reference_backward_is_the_gradient_of_the_reference() -> None:
     torch.testing.assert_close(dw, gw)
 
 
-def test_bf16_within_fp64_budget_of_torch_eager() -> None:
+@pytest.mark.parametrize("casting", ["llama", "torch"])
+def test_bf16_within_fp64_budget_of_torch_eager(casting: str) -> None:
     """Long-row bf16: our error vs fp64 is at most 2x that of PyTorch's own bf16 rms_norm."""
     x = randn(8, 1000, dtype=torch.bfloat16, device=DEV, scale=3.0)
     w = randn(1000, dtype=torch.bfloat16, device=DEV, offset=1.0)
     dy = randn(8, 1000, dtype=torch.bfloat16, device=DEV)
-    y, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0)
-    dx, _ = rms_norm_bwd(dy, x, w, rstd, 0.0)
+    y, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0, casting)
+    dx, _ = rms_norm_bwd(dy, x, w, rstd, 0.0, casting)
     x64 = x.double().requires_grad_()
     y64 = R.rms_norm(x64, w.double(), EPS)
     (dx64,) = torch.autograd.grad(y64, x64, dy.double())
@@ -92,7 +164,8 @@ def test_backward_is_bitwise_deterministic(row_path) -> None:
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-def test_backward_schedules_cover_tails(many_programs: str) -> None:
+@pytest.mark.parametrize("casting", ["llama", "torch"])
+def test_backward_schedules_cover_tails(many_programs: str, casting: str) -> None:
     """Several programs per launch, tiles and row groups cut short, with the residual gradient."""
     rows, cols = many_rows(), 37
     assert_schedule_covers_tails(many_programs, rows, cols, 2)
@@ -100,10 +173,10 @@ def test_backward_schedules_cover_tails(many_programs: str) -> None:
     w = randn(cols, dtype=torch.bfloat16, device=DEV, offset=1.0)
     dy = randn(rows, cols, dtype=torch.bfloat16, device=DEV)
     dres = randn(rows, cols, dtype=torch.bfloat16, device=DEV)
-    _, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0)
+    _, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0, casting)
     with Poisoned():
-        dx, dw = rms_norm_bwd(dy, x, w, rstd, 0.0, dres=dres)
-    _assert_backward(dx, dw, dy, x, w, rstd, dres=dres)
+        dx, dw = rms_norm_bwd(dy, x, w, rstd, 0.0, casting, dres=dres)
+    _assert_backward(dx, dw, dy, x, w, rstd, dres=dres, casting=casting)
 
 
 def test_empty_rows() -> None:
@@ -138,29 +211,33 @@ def test_fuzz_shapes_and_strides(rows: int, cols: int, pad: int, dtype: torch.dt
 # --- the registered op (CPU: its reference kernel; CUDA: Triton) ---------------------------------
 
 
-def _op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return torch.ops.kernel_pytorch.rms_norm_fwd(x, w, EPS, 0.0)[0]
+def _op(x: torch.Tensor, w: torch.Tensor, casting: str = "llama") -> torch.Tensor:
+    return torch.ops.kernel_pytorch.rms_norm_fwd(x, w, EPS, 0.0, casting)[0]
 
 
+@pytest.mark.parametrize("casting", [None, "torch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_opcheck(dtype: torch.dtype) -> None:
+def test_opcheck(dtype: torch.dtype, casting: str | None) -> None:
+    """casting=None: the call without it (the schema default)."""
+    tail = () if casting is None else (casting,)
     x = randn(3, 5, 32, dtype=dtype, device=DEV).requires_grad_()
     w = randn(32, dtype=dtype, device=DEV, offset=1.0).requires_grad_()
-    torch.library.opcheck(torch.ops.kernel_pytorch.rms_norm_fwd.default, (x, w, EPS, 0.0))
+    torch.library.opcheck(torch.ops.kernel_pytorch.rms_norm_fwd.default, (x, w, EPS, 0.0, *tail))
     # the backward op is not itself differentiable (no double backward): check it on plain tensors
     x, w = x.detach(), w.detach()
-    _, rstd = torch.ops.kernel_pytorch.rms_norm_fwd(x, w, EPS, 0.0)
+    _, rstd = torch.ops.kernel_pytorch.rms_norm_fwd(x, w, EPS, 0.0, *tail)
     dy = randn(3, 5, 32, dtype=dtype, device=DEV)
-    torch.library.opcheck(torch.ops.kernel_pytorch.rms_norm_bwd.default, (dy, x, w, rstd, 0.0))
+    torch.library.opcheck(torch.ops.kernel_pytorch.rms_norm_bwd.default, (dy, x, w, rstd, 0.0, *tail))
 
 
-def test_compile_fullgraph_no_breaks_same_grads() -> None:
-    x = randn(4, 24, device=DEV).requires_grad_()
-    w = randn(24, device=DEV, offset=1.0).requires_grad_()
-    dy = randn(4, 24, device=DEV)
+@pytest.mark.parametrize("casting", ["llama", "torch"])
+def test_compile_fullgraph_no_breaks_same_grads(casting: str) -> None:
+    x = randn(4, 24, dtype=torch.bfloat16, device=DEV).requires_grad_()
+    w = randn(24, dtype=torch.bfloat16, device=DEV, offset=1.0).requires_grad_()
+    dy = randn(4, 24, dtype=torch.bfloat16, device=DEV)
 
     def f(x, w):
-        return _op(x, w) * 2.0
+        return _op(x, w, casting) * 2.0
 
     eager_grads = torch.autograd.grad(f(x, w), (x, w), dy)
     out, breaks = compile_and_count_breaks(f, x, w)
@@ -185,6 +262,17 @@ def test_export() -> None:
     assert_close(ep.module()(x), R.rms_norm(x, ep.module().w), "exported")
 
 
+def test_export_keeps_the_casting() -> None:
+    class M(torch.nn.Module):
+        def forward(self, x, w):
+            return _op(x, w, "torch")
+
+    x, w = randn(8, 64, dtype=torch.bfloat16, scale=3.0), randn(64, dtype=torch.bfloat16, offset=1.0)
+    ep = torch.export.export(M(), (x, w))
+    assert "'torch'" in str(ep.graph_module.code)
+    assert torch.equal(ep.module()(x, w), R.rms_norm(x, w, EPS, casting="torch"))
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("cols", [4096, 14336, 16385, 262144])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -200,6 +288,29 @@ def test_cuda_wide_rows(cols: int, dtype: torch.dtype) -> None:
     _assert_backward(dx, dw, dy, x, w, rms_norm_rstd(x, EPS))
     again = rms_norm_bwd(dy, x, w, rstd, 0.0)
     assert torch.equal(again[0], dx) and torch.equal(again[1], dw)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cols", [100, 4096, 16385])
+@pytest.mark.parametrize("casting", CASTINGS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_forward_bitwise_given_rstd(dtype: torch.dtype, casting: str, cols: int) -> None:
+    """On the GPU bf16 too: fp32 -> bf16 rounds to nearest even, as torch's .to() does; 16385 columns
+    take the two-pass path."""
+    _assert_forward_bitwise(dtype, cols, casting, "cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_torch_casting_against_torch_rms_norm(dtype: torch.dtype) -> None:
+    """Against F.rms_norm on the GPU: not bitwise (torch's CUDA kernel sums the rstd in another order,
+    with another rsqrt), but within the table and within 2x torch's own error vs fp64."""
+    x = randn(64, 4096, dtype=dtype, device="cuda", scale=3.0)
+    w = randn(4096, dtype=dtype, device="cuda", scale=0.5, offset=1.0)
+    y, _, _ = rms_norm_fwd(x, w, EPS, 0.0, "torch")
+    ye = torch.nn.functional.rms_norm(x, (4096,), w, EPS)
+    assert_close(y, ye, "y")
+    assert_budget(y, ye, R.rms_norm(x.double(), w.double(), EPS), "y")
 
 
 @pytest.mark.cuda

@@ -17,7 +17,8 @@ Conventions the description relies on:
     schema     the reference's parameters and return annotation; an output annotated `Tensor | None`
                is a Tensor in the schema, an empty one where an implementation returns None (op
                schemas cannot return None); the first parameter is a Tensor, and its device picks the
-               implementation.
+               implementation. Trailing parameters may have defaults (an argument added to an op
+               keeps its older calls working): the op and the eager entry both fill them in.
     launchers  plain functions with a keyword-only `eager=False`, called with the op's arguments;
                they return the op's outputs first (a tuple, or the tensor of a one-output op), extra
                trailing values are dropped by the op. They are bound at registration (the eager entry
@@ -82,6 +83,7 @@ class _Schema(NamedTuple):
     n_outputs: int
     single: bool  # the op returns one Tensor, not a tuple
     optional_outputs: tuple[int, ...]  # outputs that may be None (empty in the op)
+    defaults: tuple[Any, ...]  # the default values of the trailing parameters that have one
 
 
 def _is_optional_tensor(annotation: Any) -> bool:
@@ -117,6 +119,7 @@ def _schema(reference: Callable[..., Any]) -> _Schema:
         n_outputs=len(items),
         single=single,
         optional_outputs=optional_out,
+        defaults=tuple(p.default for p in params if p.default is not inspect.Parameter.empty),
     )
 
 
@@ -287,8 +290,12 @@ def _eager_function(
     """
     saved, kept, flagged, flag, returned = plan.saved, plan.kept, plan.flagged, plan.flag, plan.returned
     route, fwd_single, bwd_single = plan.route, fs.single, bs.single
+    n_inputs, defaults = len(fs.inputs), fs.defaults
+    n_required = n_inputs - len(defaults)
 
     def eager_forward(ctx: Any, *args: Any) -> Any:
+        if n_required <= len(args) < n_inputs:  # trailing arguments left to their defaults, as the op allows
+            args += defaults[len(args) - n_inputs :]
         outs = launch_fwd(*args)
         if fwd_single:
             outs = (outs,)

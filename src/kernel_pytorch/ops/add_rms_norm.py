@@ -3,6 +3,7 @@
 Math (see reference/add_rms_norm.py), for x, residual (rows, D) and weight (D,):
     h = (x + residual).to(dtype);  y = rms_norm(h)          -> returns (y, h, rstd)
     d_sum = rms_norm_backward(dy on h) + dh;  dx = dresidual = d_sum
+rms_norm's casting ("llama", "gemma", "torch") says where y rounds, as in ops/rms_norm.py.
 
 The kernels are RMSNorm's (ops/rms_norm.py) with their residual flags on: the forward reads x and
 residual once and writes y and h; the backward adds dh while it writes the gradient, so the add
@@ -18,62 +19,66 @@ from kernel_pytorch.ops._register import Impl, register_op
 from kernel_pytorch.ops.rms_norm import rms_norm_bwd, rms_norm_fwd
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.add_rms_norm import add_residual, add_rms_norm_backward
-from kernel_pytorch.reference.rms_norm import rms_norm_from_rstd, rms_norm_rstd
+from kernel_pytorch.reference.rms_norm import rms_norm_from_rstd, rms_norm_rstd, rounds_normed
 
 
 def add_rms_norm_fwd(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, *, eager: bool = False
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama",
+    *, eager: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the fused forward. Returns y, h (both x's shape and dtype, contiguous), rstd (fp32)."""
-    y, rstd, h = rms_norm_fwd(x, weight, eps, offset, residual=residual, eager=eager)
+    y, rstd, h = rms_norm_fwd(x, weight, eps, offset, casting, residual=residual, eager=eager)
     assert h is not None
     return y, h, rstd
 
 
 def add_rms_norm_bwd(
-    dy: Tensor, dh: Tensor, h: Tensor, weight: Tensor, rstd: Tensor, offset: float, *, eager: bool = False
+    dy: Tensor, dh: Tensor, h: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama",
+    *, eager: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Launch the fused backward. Returns d_sum (h's shape and dtype) and dweight."""
-    return rms_norm_bwd(dy, h, weight, rstd, offset, dres=dh, eager=eager)
+    return rms_norm_bwd(dy, h, weight, rstd, offset, casting, dres=dh, eager=eager)
 
 
 def _fwd_reference(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama"
 ) -> tuple[Tensor, Tensor, Tensor]:
     h = add_residual(x, residual)
     rstd = rms_norm_rstd(h, eps)
-    return rms_norm_from_rstd(h, weight, rstd, offset).contiguous(), h.contiguous(), rstd
+    return rms_norm_from_rstd(h, weight, rstd, offset, casting).contiguous(), h.contiguous(), rstd
 
 
 def _bwd_reference(
-    dy: Tensor, dh: Tensor, h: Tensor, weight: Tensor, rstd: Tensor, offset: float
+    dy: Tensor, dh: Tensor, h: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama"
 ) -> tuple[Tensor, Tensor]:
-    d_sum, dw = add_rms_norm_backward(dy, dh, h, weight, rstd, offset)
+    d_sum, dw = add_rms_norm_backward(dy, dh, h, weight, rstd, offset, casting)
     return d_sum.contiguous(), dw
 
 
 def _fwd_fake(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama"
 ) -> tuple[Tensor, Tensor, Tensor]:
+    rounds_normed(casting)  # an unknown casting fails under compile and export too
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return y, torch.empty_like(y), x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
 
 
 def _bwd_fake(
-    dy: Tensor, dh: Tensor, h: Tensor, weight: Tensor, rstd: Tensor, offset: float
+    dy: Tensor, dh: Tensor, h: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama"
 ) -> tuple[Tensor, Tensor]:
     return torch.empty(h.shape, dtype=h.dtype, device=h.device), torch.empty_like(weight)
 
 
-# kernel_pytorch::add_rms_norm_fwd (x, residual, weight, eps, offset) -> (y, h, rstd) and
-# add_rms_norm_bwd (dy, dh, h, weight, rstd, offset) -> (d_sum, dweight), d_sum the gradient of both x
-# and residual; add_rms_norm_eager(x, residual, weight, eps, offset) -> (y, h), differentiable
+# kernel_pytorch::add_rms_norm_fwd (x, residual, weight, eps, offset, casting="llama") -> (y, h, rstd) and
+# add_rms_norm_bwd (dy, dh, h, weight, rstd, offset, casting="llama") -> (d_sum, dweight), d_sum the
+# gradient of both x and residual; add_rms_norm_eager(x, residual, weight, eps, offset, casting="llama")
+# -> (y, h), differentiable
 add_rms_norm_fwd_op, add_rms_norm_bwd_op, add_rms_norm_eager = register_op(
     "add_rms_norm",
     Impl(add_rms_norm_fwd, _fwd_reference, _fwd_fake, outputs=("y", "h", "rstd")),
     Impl(add_rms_norm_bwd, _bwd_reference, _bwd_fake, outputs=("d_sum", "dweight")),
     differentiable=("y", "h"),
     save=("h", "weight", "rstd"),
-    keep=("offset",),
+    keep=("offset", "casting"),
     grads={"x": "d_sum", "residual": "d_sum", "weight": "dweight"},
 )

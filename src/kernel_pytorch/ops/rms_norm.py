@@ -1,9 +1,12 @@
 """RMSNorm forward and backward kernels, registered as `kernel_pytorch::rms_norm_fwd` / `_bwd`.
 
 Math (see reference/rms_norm.py, the specification), for x (rows, D) and weight (D,):
-    rstd = 1/sqrt(mean(x^2) + eps);  y = (x * rstd).to(dtype) * (offset + weight)
+    rstd = 1/sqrt(mean(x^2) + eps);  x_hat = x * rstd;  y = x_hat * (offset + weight)
     dx = rstd * (g - x_hat * mean(g * x_hat)),  g = dy * (offset + weight)
     dweight = sum_rows dy * x_hat
+casting="llama" rounds x_hat to x's dtype before the weight (and dweight sees it so rounded);
+"gemma" and "torch" round y once at the end. The kernels take it as the constexpr ROUND_NORMED, which
+changes nothing else: the llama kernels are the ones measured in benchmarks/NOTES.md.
 
 Forward: one program per row; rstd (fp32, one per row) is saved for the backward.
 Backward, row mode (the row fits in registers): a persistent grid of one program per SM walks
@@ -27,7 +30,7 @@ from kernel_pytorch.ops._register import Impl, register_op
 from kernel_pytorch.ops._rows import RowTiling, as_rows, row_launch, row_schedule, row_stride, split_schedule
 from kernel_pytorch.ops._tiles import load_dy_x, load_rows, tile_rows
 from kernel_pytorch.reference._math import acc_dtype
-from kernel_pytorch.reference.rms_norm import rms_norm_backward, rms_norm_from_rstd, rms_norm_rstd
+from kernel_pytorch.reference.rms_norm import rms_norm_backward, rms_norm_from_rstd, rms_norm_rstd, rounds_normed
 
 # Elements per thread, measured on H200 (benchmarks/NOTES.md): the forward holds one row, the backward
 # dy, x, weight and accumulators.
@@ -42,9 +45,11 @@ BWD_TILING = RowTiling(tile=2, programs_per_sm=1)
 def _rms_norm_fwd_kernel(
     X, R, H, W, Y, RSTD,
     stride_x, stride_r, stride_y, n_cols, eps, offset,
-    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_NORMED: tl.constexpr = True,
 ):
     # HAS_RESIDUAL: normalise h = (x + r) rounded to x's dtype, and write h (contiguous, like Y)
+    # ROUND_NORMED (casting="llama"): round x_hat to Y's dtype before the weight, as HF Llama does;
+    # otherwise (torch, Gemma) y is rounded once, at the store
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
     y_row = Y + row * stride_y
@@ -60,7 +65,9 @@ def _rms_norm_fwd_kernel(
             tl.store(H + row * stride_y + cols, x, mask=mask)
             x = x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-        x_hat = (x * rstd).to(Y.dtype.element_ty).to(tl.float32)
+        x_hat = x * rstd
+        if ROUND_NORMED:
+            x_hat = x_hat.to(Y.dtype.element_ty).to(tl.float32)
         tl.store(y_row + cols, (x_hat * w).to(Y.dtype.element_ty), mask=mask)
     else:
         # the row does not fit in registers: one pass for the sum of squares, one to normalise
@@ -86,7 +93,9 @@ def _rms_norm_fwd_kernel(
             mask = cols < n_cols
             x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
-            x_hat = (x * rstd).to(Y.dtype.element_ty).to(tl.float32)
+            x_hat = x * rstd
+            if ROUND_NORMED:
+                x_hat = x_hat.to(Y.dtype.element_ty).to(tl.float32)
             tl.store(y_row + cols, (x_hat * w).to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + row, rstd)
 
@@ -96,9 +105,11 @@ def _rms_norm_bwd_kernel(
     DY, X, W, RSTD, DRES, DX, DW_PART,
     stride_dy, stride_x, stride_dres, stride_dx, n_rows, n_cols, offset,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_DRES: tl.constexpr, PREFETCH: tl.constexpr,
+    ROUND_NORMED: tl.constexpr = True,
 ):
     # Row mode: the whole row fits in BLOCK. Program pid walks tiles pid, pid + G, ... of ROWS rows.
     # HAS_DRES: dx += dres, the gradient reaching the residual stream directly (fused add+norm)
+    # ROUND_NORMED (casting="llama"): dweight takes x_hat rounded to X's dtype, as that forward used it
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
@@ -123,7 +134,10 @@ def _rms_norm_bwd_kernel(
         if HAS_DRES:  # issued before the reduction so its latency overlaps the math
             dres = load_rows(DRES, rows, stride_dres, cols, col_ok).to(tl.float32)
         x_hat = x * rstd
-        dw_acc += tl.where(row_ok[:, None], dy * x_hat.to(X.dtype.element_ty).to(tl.float32), 0.0)
+        if ROUND_NORMED:
+            dw_acc += tl.where(row_ok[:, None], dy * x_hat.to(X.dtype.element_ty).to(tl.float32), 0.0)
+        else:
+            dw_acc += tl.where(row_ok[:, None], dy * x_hat, 0.0)
         g = dy * w[None, :]
         c = tl.sum(g * x_hat, axis=1)[:, None] / n_cols
         dx = (g - x_hat * c) * rstd
@@ -154,10 +168,11 @@ def _rms_norm_bwd_cols_kernel(
     DY, X, W, RSTD, STATS, DRES, DX, DW_PART,
     stride_dy, stride_x, stride_dres, stride_dx, n_rows, n_cols, n_chunks, rows_per_group, offset,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, CHUNKS: tl.constexpr, HAS_DRES: tl.constexpr,
+    ROUND_NORMED: tl.constexpr = True,
 ):
     # Split mode, second pass: program (i, k) owns columns i*BLOCK.. of rows k*rows_per_group..,
     # walks them in tiles of ROWS rows (prefetching the next tile) and writes its weight-gradient
-    # partial row k once at the end
+    # partial row k once at the end; ROUND_NORMED as in the row-mode kernel
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < n_cols
     group = tl.program_id(1)
@@ -178,7 +193,10 @@ def _rms_norm_bwd_cols_kernel(
         # the row's sum from its chunks, added in a fixed order
         c = tl.sum(load_rows(STATS, rows, n_chunks, chunk, chunk_ok), axis=1)[:, None] / n_cols
         x_hat = x * rstd
-        dw_acc += tl.where(row_ok[:, None], dy * x_hat.to(X.dtype.element_ty).to(tl.float32), 0.0)
+        if ROUND_NORMED:
+            dw_acc += tl.where(row_ok[:, None], dy * x_hat.to(X.dtype.element_ty).to(tl.float32), 0.0)
+        else:
+            dw_acc += tl.where(row_ok[:, None], dy * x_hat, 0.0)
         dx = (dy * w[None, :] - x_hat * c) * rstd
         if HAS_DRES:
             dx += load_rows(DRES, rows, stride_dres, cols, col_ok).to(tl.float32)
@@ -194,14 +212,15 @@ _bwd_cols_kernel = Launcher(_rms_norm_bwd_cols_kernel)
 
 
 def rms_norm_fwd(
-    x: Tensor, weight: Tensor, eps: float, offset: float, residual: Tensor | None = None,
-    *, eager: bool = False,
+    x: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama",
+    residual: Tensor | None = None, *, eager: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the forward kernel.
 
     Args:
         x: (..., D) CUDA tensor (or CPU under TRITON_INTERPRET=1), fp32/bf16/fp16, any strides.
         weight: (D,) tensor on x's device.
+        casting: where y rounds to x's dtype: "llama", "gemma" or "torch" (reference/rms_norm.py).
         residual: optional (..., D) tensor added to x first (fused add + norm).
         eager: launch directly (the eager autograd.Function) rather than through wrap_triton.
     Returns:
@@ -213,6 +232,7 @@ def rms_norm_fwd(
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=acc_dtype(x.dtype), device=x.device)
     h = torch.empty_like(y) if residual is not None else None
+    round_normed = rounds_normed(casting)
     if n_rows == 0:
         return y, rstd, h
     r2 = as_rows(residual) if residual is not None else x2
@@ -222,20 +242,21 @@ def rms_norm_fwd(
         (n_rows,), x2, r2, h if h is not None else y, weight, y, rstd,
         row_stride(x2), row_stride(r2), n_cols, n_cols, eps, offset,
         BLOCK=launch.block, SINGLE_PASS=launch.single_pass, HAS_RESIDUAL=residual is not None,
-        num_warps=launch.num_warps, eager=eager,
+        ROUND_NORMED=round_normed, num_warps=launch.num_warps, eager=eager,
     )
     return y, rstd, h
 
 
 def rms_norm_bwd(
-    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, dres: Tensor | None = None,
-    *, eager: bool = False,
+    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama",
+    dres: Tensor | None = None, *, eager: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Launch the backward kernel and reduce the per-program weight-gradient partials.
 
     Args:
         dy: (..., D) upstream gradient; x: (..., D) the normalised input; weight: (D,);
-        rstd: x.shape[:-1]; dres: optional (..., D) gradient added to dx (the residual stream's).
+        rstd: x.shape[:-1]; casting: the forward's (it decides the x_hat that dweight sums);
+        dres: optional (..., D) gradient added to dx (the residual stream's).
         eager: launch directly rather than through wrap_triton.
     Returns:
         dx of x's shape and dtype, dweight of weight's shape and dtype.
@@ -245,6 +266,7 @@ def rms_norm_bwd(
     dres2 = as_rows(dres) if dres is not None else dy2
     n_rows, n_cols = x2.shape
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    round_normed = rounds_normed(casting)
     if n_rows == 0:
         return dx, torch.zeros_like(weight)
     weight, rstd = weight.contiguous(), rstd.contiguous()
@@ -256,7 +278,7 @@ def rms_norm_bwd(
         _bwd_kernel(
             (plan.programs,), dy2, x2, weight, rstd, dres2, dx, dw_part, *strides, n_rows, n_cols, offset,
             BLOCK=launch.block, ROWS=plan.tile, HAS_DRES=dres is not None, PREFETCH=plan.prefetch,
-            num_warps=launch.num_warps, eager=eager,
+            ROUND_NORMED=round_normed, num_warps=launch.num_warps, eager=eager,
         )
     else:
         split = split_schedule(n_rows, n_cols, x.device, launch)
@@ -270,41 +292,49 @@ def rms_norm_bwd(
             (split.col_blocks, split.groups), dy2, x2, weight, rstd, stats, dres2, dx, dw_part, *strides,
             n_rows, n_cols, split.chunks, split.rows_per_group, offset,
             BLOCK=split.col_block, ROWS=split.tile, CHUNKS=next_power_of_2(split.chunks),
-            HAS_DRES=dres is not None, num_warps=split.num_warps, eager=eager,
+            HAS_DRES=dres is not None, ROUND_NORMED=round_normed, num_warps=split.num_warps, eager=eager,
         )
     # second reduction over a fixed number of partials in a fixed order: deterministic
     return dx, sum_partials(dw_part, (weight.dtype,), eager=eager)[0]
 
 
-def _fwd_reference(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+def _fwd_reference(
+    x: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama"
+) -> tuple[Tensor, Tensor]:
     rstd = rms_norm_rstd(x, eps)
-    return rms_norm_from_rstd(x, weight, rstd, offset).contiguous(), rstd
+    return rms_norm_from_rstd(x, weight, rstd, offset, casting).contiguous(), rstd
 
 
 def _bwd_reference(
-    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float
+    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama"
 ) -> tuple[Tensor, Tensor]:
-    dx, dw = rms_norm_backward(dy, x, weight, rstd, offset)
+    dx, dw = rms_norm_backward(dy, x, weight, rstd, offset, casting)
     return dx.contiguous(), dw
 
 
-def _fwd_fake(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+def _fwd_fake(
+    x: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama"
+) -> tuple[Tensor, Tensor]:
+    rounds_normed(casting)  # an unknown casting fails under compile and export too
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return y, x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
 
 
-def _bwd_fake(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float) -> tuple[Tensor, Tensor]:
+def _bwd_fake(
+    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama"
+) -> tuple[Tensor, Tensor]:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(weight)
 
 
-# kernel_pytorch::rms_norm_fwd (x, weight, eps, offset) -> (y, rstd) and rms_norm_bwd (dy, x, weight,
-# rstd, offset) -> (dx, dweight); rms_norm_eager(x, weight, eps, offset) -> y, differentiable
+# kernel_pytorch::rms_norm_fwd (x, weight, eps, offset, casting="llama") -> (y, rstd) and rms_norm_bwd
+# (dy, x, weight, rstd, offset, casting="llama") -> (dx, dweight); rms_norm_eager(x, weight, eps, offset,
+# casting="llama") -> y, differentiable. casting defaults to "llama", the rounding before it existed.
 rms_norm_fwd_op, rms_norm_bwd_op, rms_norm_eager = register_op(
     "rms_norm",
     Impl(rms_norm_fwd, _fwd_reference, _fwd_fake, outputs=("y", "rstd")),
     Impl(rms_norm_bwd, _bwd_reference, _bwd_fake, outputs=("dx", "dweight")),
     differentiable=("y",),
     save=("x", "weight", "rstd"),
-    keep=("offset",),
+    keep=("offset", "casting"),
     grads={"x": "dx", "weight": "dweight"},
 )
