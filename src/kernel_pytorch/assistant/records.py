@@ -182,6 +182,12 @@ class CompileRecord:
         return resumed_function(self.co_name) is not None
 
     @property
+    def frame(self) -> int | None:
+        """Dynamo's index of the compiled frame (the F of compile id "F/A"); None when unknown."""
+        m = re.search(r"(\d+)/(\d+)", self.compile_id)
+        return int(m.group(1)) if m else None
+
+    @property
     def is_recompile(self) -> bool:
         m = re.search(r"(\d+)/(\d+)", self.compile_id)
         return bool(self.recompile_reason) or (m is not None and int(m.group(2)) > 0)

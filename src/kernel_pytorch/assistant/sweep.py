@@ -17,7 +17,7 @@ from kernel_pytorch._env import recompile_limit_name
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.dynamo import compilation_metrics, fresh_dynamo, metrics_room
-from kernel_pytorch.assistant.inputs import InputKey, clone_inputs, resize, with_input
+from kernel_pytorch.assistant.inputs import InputKey, clone_inputs, get_input, resize, with_input
 from kernel_pytorch.assistant.records import CompileRecord, Fix, SweepResult, Variant
 
 _NO_FIX = Fix()  # the baseline sweep: the model compiled and called as given
@@ -45,7 +45,7 @@ class ShapeSweep:
         ctx = self.ctx
         examples: dict[str, int] = {}
         for key, dims in ctx.input_dims.items():
-            value = ctx.input_value(key)
+            value = _example(ctx, key)
             for dim, kind in dims.items():
                 if isinstance(value, torch.Tensor) and dim < value.dim():
                     examples.setdefault(kind, int(value.shape[dim]))
@@ -57,10 +57,11 @@ class ShapeSweep:
         return out
 
     def _resized(self, kind: str, size: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The example inputs with every dim of `kind` cut or tiled to `size`."""
+        """The example inputs with every dim of `kind` cut or tiled to `size` (tensors inside container
+        arguments included)."""
         args, kwargs = self.ctx.args, dict(self.ctx.kwargs)
         for key, dims in self.ctx.input_dims.items():
-            value = self.ctx.input_value(key)  # each key once: earlier keys' changes do not touch it
+            value = _example(self.ctx, key)  # each key once: earlier keys' changes do not touch it
             if not isinstance(value, torch.Tensor):
                 continue
             for dim, k in dims.items():
@@ -74,15 +75,15 @@ class ShapeSweep:
         """(calls of the sweep, (label, error) of candidate calls the eager model rejected).
 
         One dim kind changes at a time, so each recompilation has a single cause; then each Python
-        int/float argument takes two other values. Every candidate runs eagerly first: a size the
-        model cannot take (a sequence longer than its position table) is left out, not blamed on
-        torch.compile.
+        int/float argument takes two other values; the extra inputs come last. Torch's recompile reason
+        names the guard that failed against the newest compiled entry, so a call whose change is the
+        newest one (a dtype after the sizes, not before) is named by what it changed. Every candidate
+        runs eagerly first: a size the model cannot take (a sequence longer than its position table)
+        is left out, not blamed on torch.compile.
         """
         ctx = self.ctx
         ctx.progress("preparing the shape sweep")
         candidates = [Variant("example", "example", ctx.args, ctx.kwargs)]
-        for i, (args, kwargs) in enumerate(ctx.extra_inputs):
-            candidates.append(Variant(f"extra_inputs[{i}]", "given", args, kwargs))
         for kind, sizes in self.sizes.items():
             for size in sizes[1:]:
                 args, kwargs = self._resized(kind, size)
@@ -95,6 +96,8 @@ class ShapeSweep:
                 for new in _other_values(value):
                     args, kwargs = with_input(ctx.args, ctx.kwargs, key, new)
                     candidates.append(Variant(f"{name}={new}", "scalar", args, kwargs, varied=name, value=new))
+        for i, (args, kwargs) in enumerate(ctx.extra_inputs):
+            candidates.append(Variant(f"extra_inputs[{i}]", "given", args, kwargs))
         kept: list[Variant] = []
         rejected: list[tuple[str, str]] = []
         with torch.no_grad():
@@ -123,16 +126,12 @@ class ShapeSweep:
     def apply_fix(self, fix: Fix, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         """Fresh copies of the inputs with `fix` applied (scalars as tensors, dims marked dynamic)."""
         args, kwargs = tuple(clone_inputs(args)), dict(clone_inputs(kwargs))
-
-        def get(key: InputKey) -> Any:
-            return args[key] if isinstance(key, int) else kwargs.get(key)
-
         for key in fix.tensorize:
-            value = get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = _find(args, kwargs, key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not isinstance(key, tuple):
                 args, kwargs = with_input(args, kwargs, key, torch.tensor(value, device=self.ctx.device))
         for key, dim in fix.mark_dynamic:
-            value = get(key)
+            value = _find(args, kwargs, key)  # the fresh copy: marking it leaves the example unmarked
             if isinstance(value, torch.Tensor) and dim < value.dim():
                 torch._dynamo.mark_dynamic(value, dim)
         return tuple(args), kwargs
@@ -176,6 +175,19 @@ class ShapeSweep:
         result = SweepResult(fix, tuple(compiles), tuple(errors), time.perf_counter() - start)
         self._runs[fix] = result
         return result
+
+
+def _find(args: tuple[Any, ...], kwargs: dict[str, Any], key: InputKey) -> Any:
+    """The input at `key`, None when the inputs have none there (a key given for another call)."""
+    try:
+        return get_input(args, kwargs, key)
+    except (KeyError, IndexError):
+        return None
+
+
+def _example(ctx: AnalysisContext, key: InputKey) -> Any:
+    """The example input at `key`, None when there is none (an input_dims key naming no input)."""
+    return _find(ctx.args, ctx.kwargs, key)
 
 
 def default_sizes(kind: str, example: int) -> tuple[int, ...]:
