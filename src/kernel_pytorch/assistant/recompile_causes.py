@@ -110,7 +110,7 @@ def classify_recompile(record: CompileRecord, ctx: AnalysisContext, root_frame: 
             key = ctx.resolve_input(m.group(1))
             scalar = key is not None and isinstance(ctx.input_value(key), (int, float))
         else:  # a local of another frame: a number compared with a name that is not an attribute
-            scalar = _NUMBER.fullmatch(m.group(2)) is not None and not re.match(r"(L\[.self.\]|self)\b", m.group(1))
+            scalar = _NUMBER.fullmatch(m.group(2)) is not None and not re.match(r"L\[.self.\]|self\b", m.group(1))
         if scalar:
             return Cause("python-scalar", m.group(1), None, guard, loc, record.after_graph_break, **where)
         return Cause("object-identity", m.group(1), None, guard, loc, record.after_graph_break, **where)

@@ -153,15 +153,24 @@ class Fix:
         tensorize: inputs that are Python scalars, passed as 0-dim tensors instead.
         dynamic: overrides the `dynamic=` of torch.compile when not None.
         recompile_limit: overrides Dynamo's per-frame compile limit when not None.
+        duck_shape: overrides `torch.fx.experimental._config.use_duck_shape` when not None (False: equal
+            sizes of the first call get symbols of their own instead of one shared symbol).
     """
 
     mark_dynamic: tuple[tuple[InputKey, int], ...] = ()
     tensorize: tuple[InputKey, ...] = ()
     dynamic: bool | None = None
     recompile_limit: int | None = None
+    duck_shape: bool | None = None
 
     def is_empty(self) -> bool:
-        return not (self.mark_dynamic or self.tensorize or self.dynamic is not None or self.recompile_limit)
+        return not (
+            self.mark_dynamic
+            or self.tensorize
+            or self.dynamic is not None
+            or self.recompile_limit
+            or self.duck_shape is not None
+        )
 
 
 @dataclass(frozen=True)

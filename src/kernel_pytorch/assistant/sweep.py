@@ -7,11 +7,14 @@ One `ShapeSweep` per context (`shape_sweep(ctx)`): its calls are checked eagerly
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.fx.experimental._config  # noqa: F401  (use_duck_shape, patched by a Fix)
 
 from kernel_pytorch._env import recompile_limit_name
 from kernel_pytorch._errors import short_error
@@ -150,7 +153,7 @@ class ShapeSweep:
         compiles: list[CompileRecord] = []
         errors: list[tuple[str, str]] = []
         start = time.perf_counter()
-        with fresh_dynamo(**config), metrics_room(4 * len(variants) + 64):
+        with fresh_dynamo(**config), metrics_room(4 * len(variants) + 64), _duck_shape(fix.duck_shape):
             compiled = torch.compile(ctx.module, backend=ctx.options.trace_backend, dynamic=dynamic)
             seen = 0
             for v in variants:
@@ -175,6 +178,17 @@ class ShapeSweep:
         result = SweepResult(fix, tuple(compiles), tuple(errors), time.perf_counter() - start)
         self._runs[fix] = result
         return result
+
+
+@contextlib.contextmanager
+def _duck_shape(value: bool | None) -> Iterator[None]:
+    """Patch `torch.fx.experimental._config.use_duck_shape` for a while (None: leave it)."""
+    config = getattr(torch.fx.experimental, "_config", None)
+    if value is None or config is None or not hasattr(config, "use_duck_shape"):
+        yield
+        return
+    with config.patch(use_duck_shape=value):
+        yield
 
 
 def _find(args: tuple[Any, ...], kwargs: dict[str, Any], key: InputKey) -> Any:
