@@ -73,6 +73,9 @@ def test_batch_of_one_costs_at_most_one_recompile_after_the_fix() -> None:
     summary = _one(findings, "recompile.summary")
     assert summary.data["recompiles_before"] == 3  # batch 1, 4 and 8 after the example's 2
     assert summary.data["recompiles_after"] <= 1
+    # said once, in the summary, because a size of 1 is swept
+    said = [f.id for f in findings if "Sizes 0 and 1 are always specialised" in f.evidence + f.suggestion]
+    assert said == ["recompile.summary"]
 
 
 def test_python_scalar_is_named_at_its_line_and_tensorised() -> None:

@@ -96,8 +96,8 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
                 title=f"The compiled model fails on {len(compiled_errors)} call(s) the eager model accepts",
                 evidence="; ".join(f"{label}: {err}" for label, err in compiled_errors),
                 location=definition_location(ctx.module),
-                suggestion="A torch.compile bug or a guard the model relies on; compile with "
-                "dynamic=False for these shapes or report it with the error above.",
+                suggestion="`torch.compile(model, dynamic=False)` for these shapes; the error is a torch.compile "
+                "bug or a guard the model relies on: report it to torch with the error above.",
                 data={"failed": [label for label, _ in compiled_errors]},
             )
         )
