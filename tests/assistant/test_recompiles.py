@@ -229,3 +229,12 @@ def test_a_guard_of_another_frame_is_not_resolved_to_an_input() -> None:
     scalar = classify_recompile(CompileRecord("1/1", "v", "1/0: alpha == 0.25", co_name="f"), ctx, root_frame=0)
     attr = classify_recompile(CompileRecord("1/1", "v", "1/0: L['self'].p == 0.25", co_name="f"), ctx, root_frame=0)
     assert (scalar.kind, attr.kind) == ("python-scalar", "object-identity")
+
+
+def test_each_recompile_is_named_by_what_its_call_changed() -> None:
+    # compiled static: each batch size is a new entry, and torch reports the guard that fails against
+    # the newest one; the sweep moves the example's entry to the front first, so the scalar calls are
+    # named by the scalar, not by the batch size of the call before them
+    findings = _analyze(zoo.ScalarArg(), (torch.randn(4, 16), 0.5), dynamic=False, shapes={"batch": (4, 8, 12)})
+    assert _one(findings, "recompile.dynamic-dim").data["recompiles_before"] == 2
+    assert _one(findings, "recompile.python-scalar").data["recompiles_before"] == 2

@@ -62,11 +62,13 @@ _TENSOR_GUARDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 
 def failed_guard(reason: str) -> str:
-    """The guard that failed against the frame's first compile ("N/0"), user stack trimmed.
+    """The guard that failed against the oldest cache entry the reason lists, user stack trimmed.
 
-    Torch lists one failed guard per cached entry, newest first. Each sweep call differs from the
-    example in one thing only, so the failure against the first entry, compiled for the example,
-    names that thing; failures against later entries may name earlier changes instead.
+    Torch 2.13 lists the failure against the newest entry only (older versions one per entry, newest
+    first), and a call that hits an entry moves it to the front. The sweep calls the example before
+    each variant, so the entry the reason lists is the example's, and the variant differs from the
+    example in one thing only: the failed guard names that thing. Where several entries are listed,
+    the oldest is the example's; failures against later entries may name earlier changes instead.
     """
     pieces = _ENTRY.split(reason.strip())
     # re.split with a group: [text before the first entry, attempt, block, attempt, block, ...]

@@ -140,7 +140,13 @@ class ShapeSweep:
         return tuple(args), kwargs
 
     def run(self, fix: Fix = _NO_FIX) -> SweepResult:
-        """Compile once with the trace backend and call on every variant, recording each compile."""
+        """Compile once with the trace backend and call on every variant, recording each compile.
+
+        The example is called again before each other variant. Torch reports the guard that failed
+        against the newest cache entry only, and a call that hits an entry moves it to the front; so
+        the guard a variant's recompile reports is the one that fails against the example's entry,
+        from which the variant differs in one thing, not against the previous variant's entry.
+        """
         if fix in self._runs:
             return self._runs[fix]
         ctx = self.ctx
@@ -153,28 +159,30 @@ class ShapeSweep:
         compiles: list[CompileRecord] = []
         errors: list[tuple[str, str]] = []
         start = time.perf_counter()
-        with fresh_dynamo(**config), metrics_room(4 * len(variants) + 64), _duck_shape(fix.duck_shape):
+        with fresh_dynamo(**config), metrics_room(8 * len(variants) + 64), _duck_shape(fix.duck_shape):
             compiled = torch.compile(ctx.module, backend=ctx.options.trace_backend, dynamic=dynamic)
             seen = 0
-            for v in variants:
+
+            def call(v: Variant) -> bool:
+                nonlocal seen
                 args, kwargs = self.apply_fix(fix, v.args, v.kwargs)
+                ok = True
                 try:
                     ctx.call(compiled, args, kwargs)
                 except Exception as exc:
+                    ok = False
                     errors.append((v.label, short_error(exc, 400)))
                 records = compilation_metrics()
-                for rec in records[seen:]:
-                    compiles.append(
-                        CompileRecord(
-                            compile_id=str(getattr(rec, "compile_id", "") or ""),
-                            variant=v.label,
-                            recompile_reason=getattr(rec, "recompile_reason", None),
-                            fail_type=getattr(rec, "fail_type", None),
-                            fail_reason=getattr(rec, "fail_reason", None),
-                            co_name=getattr(rec, "co_name", None),
-                        )
-                    )
+                compiles.extend(_record(rec, v.label) for rec in records[seen:])
                 seen = len(records)
+                return ok
+
+            example_ok = False
+            for i, v in enumerate(variants):
+                if i and example_ok:
+                    call(variants[0])  # its entry to the front (see above); a hit compiles nothing
+                ok = call(v)
+                example_ok = example_ok or (i == 0 and ok)
         result = SweepResult(fix, tuple(compiles), tuple(errors), time.perf_counter() - start)
         self._runs[fix] = result
         return result
@@ -189,6 +197,18 @@ def _duck_shape(value: bool | None) -> Iterator[None]:
         return
     with config.patch(use_duck_shape=value):
         yield
+
+
+def _record(rec: Any, label: str) -> CompileRecord:
+    """One of Dynamo's CompilationMetrics as a CompileRecord of the call `label`."""
+    return CompileRecord(
+        compile_id=str(getattr(rec, "compile_id", "") or ""),
+        variant=label,
+        recompile_reason=getattr(rec, "recompile_reason", None),
+        fail_type=getattr(rec, "fail_type", None),
+        fail_reason=getattr(rec, "fail_reason", None),
+        co_name=getattr(rec, "co_name", None),
+    )
 
 
 def _find(args: tuple[Any, ...], kwargs: dict[str, Any], key: InputKey) -> Any:
