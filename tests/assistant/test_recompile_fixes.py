@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.findings import Finding
+from kernel_pytorch.assistant.recompile_fixes import explain_guard
 from kernel_pytorch.assistant.recompiles import analyze_recompilations
 
 
@@ -181,3 +182,12 @@ def test_duck_sizing_under_dynamic_true_is_named_and_verified() -> None:
     assert cause.data["kind"] == "shape-guard" and "duck sizing" in cause.title
     assert cause.data["recompiles_after"] == 0
     assert "use_duck_shape = False" in _summary(findings).data["fix"]
+
+
+def test_a_remaining_guard_is_explained_with_what_would_remove_it() -> None:
+    ctx = AnalysisContext(SizeBranch(), (torch.randn(2, 8),))
+    bounded = explain_guard("2 <= L['x'].size()[0] <= 15", ctx)
+    assert "bounds dim 0 of `x` to 2..15" in bounded and "mark_dynamic(x, 0, min=2, max=15)" in bounded
+    assert "duck sizing" in explain_guard("L['x'].size()[1] == L['x'].size()[0]", ctx)
+    assert "needs it exactly" in explain_guard("tensor 'x' size mismatch at index 0", ctx, dynamic=True)
+    assert explain_guard("___odd_guard()", ctx).startswith("no fix found")

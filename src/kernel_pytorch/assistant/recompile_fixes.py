@@ -178,7 +178,7 @@ def is_duck_sizing(guard: str) -> bool:
     return _EQUAL.search(guard) is not None
 
 
-def _explain_guard(guard: str, ctx: AnalysisContext, dynamic: bool = False) -> str:
+def explain_guard(guard: str, ctx: AnalysisContext, dynamic: bool = False) -> str:
     """What a guard that survived the fixes says, and what would remove it (`dynamic`: it survived
     dynamic=True, so a size mismatch there is a size the code needs exactly)."""
     m = _RANGE.search(guard)
@@ -226,8 +226,8 @@ def why_unverified(ctx: AnalysisContext, cause: Cause, attempts: Sequence[Attemp
     tried = [a for a in attempts if covers(a.fix, ctx, cause)] or list(attempts)
     if not tried:
         if ctx.options.dynamic is True:
-            return f"the model is compiled with dynamic=True already; {_explain_guard(cause.guard, ctx)}"
-        return f"no fix reaches it; {_explain_guard(cause.guard, ctx)}"
+            return f"the model is compiled with dynamic=True already; {explain_guard(cause.guard, ctx)}"
+        return f"no fix reaches it; {explain_guard(cause.guard, ctx)}"
     parts = [f"{a.label}: {explain_error(a.new_errors[0][1], ctx)}" for a in tried if not a.valid]
     valid = [a for a in tried if a.valid]
     if valid:
@@ -237,5 +237,5 @@ def why_unverified(ctx: AnalysisContext, cause: Cause, attempts: Sequence[Attemp
             remaining[0].guard if remaining else cause.guard
         )
         dynamic = best.fix.dynamic is True or ctx.options.dynamic is True
-        parts.append(f"{best.label}: {best.recompiles} left; {_explain_guard(guard, ctx, dynamic)}")
+        parts.append(f"{best.label}: {best.recompiles} left; {explain_guard(guard, ctx, dynamic)}")
     return "; ".join(parts)
