@@ -174,6 +174,26 @@ class CompilerOptimizationAssistant:
             **{section: sort_findings(found) for section, found in sections.items()},
         )
 
+    def analyze_generate(
+        self, module: nn.Module, example_inputs: Any, *, max_new_tokens: int = 8, name: str | None = None
+    ) -> Report:
+        """Recompilations of a Hugging Face model's `generate()` for `max_new_tokens` new tokens, per
+        decode step, with the fix (a static KV cache, else dynamic=True) verified by generating again.
+
+        Args:
+            module: a model with `generate()` (a transformers `GenerationMixin`).
+            example_inputs: the prompt, as for `analyze_component` (`labels` is dropped).
+        Returns:
+            A Report with one `generate.*` finding in its recompilations section.
+        Raises:
+            TypeError: the module has no `generate()`.
+        """
+        from kernel_pytorch.assistant.generate import generate_report, has_generate, no_generate_message
+
+        if not has_generate(module):
+            raise TypeError(no_generate_message(module))
+        return generate_report(self.context(module, example_inputs, name=name), max_new_tokens)
+
 
 def _analysis_failed(step: _Step, exc: Exception) -> Finding:
     return Finding(
