@@ -307,11 +307,6 @@ _known(
     "unwraps to modeling_*.py's line, so a docstring/unrelated line of generic.py is shown",
 )
 _known(
-    "test_locations_are_executed_code_lines",
-    ["wrong_shape_torch"],
-    "#18: an eager error with no user frame is located in the analyser's own assistant/context.py",
-)
-_known(
     "test_co_varying_inputs_are_marked_together",
     [*_HF, "cross_entropy", "qkv_attention"],
     "#18: the targeted fix marks only the input the first failed guard names, not every input sharing the dim",
@@ -347,11 +342,6 @@ _known(
     "test_unverified_fix_is_not_recommended",
     ["qkv_attention"],
     "#18: 'the fixes tried did not remove it' and then 'fix: mark_dynamic(k, 0)' for the fix that failed",
-)
-_known(
-    "test_passing_checks_carry_no_fix",
-    [n for n in RUNS if n not in ("lstm", "gru")],  # nothing compiles there: no passing check has a fix
-    "#18: the passing readiness.fullgraph check carries a 'fix:' line",
 )
 _known(
     "test_specialisation_note_said_once",
@@ -470,7 +460,6 @@ def test_specialisation_note_said_once(name: str) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="#18: LSTM/GRU are a generic frame fallback, no allow_rnn fix")
 @pytest.mark.parametrize("name", ["lstm", "gru"])
 def test_rnn_is_classified_with_the_verified_allow_rnn_fix(name: str) -> None:
     a = _analysed(name)
@@ -481,7 +470,6 @@ def test_rnn_is_classified_with_the_verified_allow_rnn_fix(name: str) -> None:
     assert rnn[0].location is not None and rnn[0].location.line == rm.marker_line(name)
 
 
-@pytest.mark.xfail(strict=True, reason="#18: a frame fallback is named `forward` (no class), its fix generic")
 def test_frame_fallback_says_which_frame_why_and_what_to_do() -> None:
     a = _analysed("lstm")
     (fallback,) = a.report.by_id("readiness.frame-fallback")
@@ -514,7 +502,6 @@ def test_eager_error_in_user_forward_is_located_at_the_user_line() -> None:
     assert Path(err.location.file).resolve() == CORPUS_FILE
 
 
-@pytest.mark.xfail(strict=True, reason="#18: an error inside torch, no user frame: located in assistant/context.py")
 def test_eager_error_inside_torch_names_torch_op_not_the_analyser() -> None:
     a = _analysed("wrong_shape_torch")
     (err,) = a.report.by_id("readiness.eager-failed")
