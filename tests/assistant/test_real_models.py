@@ -317,23 +317,6 @@ _known(
     "#18: marking one of several co-varying inputs makes Dynamo log a ConstraintViolationError dump",
 )
 _known(
-    "test_regional_compilation_code_runs",
-    ["mobilenet_v3"],
-    "#18: regional compilation is suggested for 2 identical InvertedResidual blocks holding 7% of the parameters, "
-    "and `for block in model.features` compiles every (different) block of `features`",
-)
-_known(
-    "test_regional_compilation_code_runs",
-    ["sibling_convs", "resnet18", "two_norms"],
-    "#18: regional compilation is suggested for sibling modules: `model.stage.1` is a SyntaxError, `model.model` "
-    "(the root) an AttributeError, and two LayerNorms are no real share of the work",
-)
-_known(
-    "test_text_reads_well",
-    ["param_free"],
-    "#18: meta dtype 'None' for a parameter-free model",
-)
-_known(
     "test_text_reads_well",
     [*_HF, "kwargs_wrapped"],
     "#18: the unclassified cause reads 'Recompiles on a other change' with the fix 'See the failed guard'",
@@ -478,7 +461,6 @@ def test_frame_fallback_says_which_frame_why_and_what_to_do() -> None:
     assert "allow_rnn" in fallback.suggestion
 
 
-@pytest.mark.xfail(strict=True, reason="#18: nothing compiled, yet 'No recompilation' and compile-time advice")
 def test_nothing_compiled_is_said_so() -> None:
     a = _analysed("lstm")
     graphs = a.one("readiness.graphs")
@@ -534,7 +516,6 @@ def test_nested_inputs_are_swept_and_named() -> None:
     assert all(f.data.get("recompiles_after") == 0 for f in causes)
 
 
-@pytest.mark.xfail(strict=True, reason="#18: sections that never run are rendered as 'No findings', not 'not analysed'")
 def test_sections_not_run_are_said_not_analysed() -> None:
     from rich.console import Console
 
