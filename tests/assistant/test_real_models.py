@@ -301,12 +301,6 @@ _known(
     "no fix verified and no reason",
 )
 _known(
-    "test_locations_are_executed_code_lines",
-    _HF,
-    "#18: definition_location mixes files: getsourcefile(wrapper) is transformers/utils/generic.py but getsourcelines "
-    "unwraps to modeling_*.py's line, so a docstring/unrelated line of generic.py is shown",
-)
-_known(
     "test_co_varying_inputs_are_marked_together",
     [*_HF, "cross_entropy", "qkv_attention"],
     "#18: the targeted fix marks only the input the first failed guard names, not every input sharing the dim",
