@@ -13,7 +13,7 @@ import torch
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.findings import Finding, Location, Severity
 from kernel_pytorch.assistant.graph_breaks import library_fix
-from kernel_pytorch.assistant.readiness import analyze_readiness, classify_break, dedupe_breaks
+from kernel_pytorch.assistant.readiness import analyze_readiness, classify_break, dedupe_breaks, torch_explanation
 from kernel_pytorch.assistant.records import BreakRecord
 from tests.assistant import zoo
 
@@ -222,3 +222,13 @@ def test_an_rnn_frame_fallback_names_the_frame_and_the_verified_allow_rnn_fix() 
 def test_a_passing_fullgraph_check_carries_no_fix() -> None:
     fullgraph = next(f for f in _readiness(zoo.Clean(), torch.randn(4, 16)) if f.id == "readiness.fullgraph")
     assert fullgraph.data["fullgraph"] is True and not fullgraph.suggestion
+
+
+def test_torchs_words_carry_no_raw_reprs() -> None:
+    reason = (
+        "Unsupported method call\n  Explanation: Dynamo does not know how to trace method `keys` of class "
+        "<class 'my.Config'> on <my.Config object at 0x7f3a2b1c0d90>.\n  Hint: Avoid <class 'my.Config'> here."
+    )
+    text, hints = torch_explanation(reason)
+    assert "<class" not in text and "object at 0x" not in text and "my.Config on my.Config" in text
+    assert hints == ["Avoid my.Config here."]

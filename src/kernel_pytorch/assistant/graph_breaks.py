@@ -120,13 +120,22 @@ def _first_line(reason: str) -> str:
     return reason.strip().splitlines()[0].strip() if reason.strip() else ""
 
 
+_CLASS_REPR = re.compile(r"<class '([\w.]+)'>")
+_OBJECT_REPR = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
+
+
+def plain(text: str) -> str:
+    """`text` with Python's raw reprs named plainly: `<class 'x.Y'>` and `<x.Y object at 0x...>` -> `x.Y`."""
+    return _OBJECT_REPR.sub(r"\1", _CLASS_REPR.sub(r"\1", text))
+
+
 def torch_explanation(reason: str) -> tuple[str, list[str]]:
     """(torch's one-line type plus its Explanation, its Hints) from a graph-break reason text."""
     head = _first_line(reason)
     explanation = re.search(r"Explanation:\s*(.+)", reason)
-    hints = [h.strip() for h in re.findall(r"Hint:\s*(.+)", reason)]
+    hints = [plain(h.strip()) for h in re.findall(r"Hint:\s*(.+)", reason)]
     text = head if not explanation else f"{head}: {explanation.group(1).strip()}"
-    return text, hints
+    return plain(text), hints
 
 
 def classify_break(reason: str, code: str | None) -> BreakKind:

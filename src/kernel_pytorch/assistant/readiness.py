@@ -23,6 +23,7 @@ from kernel_pytorch.assistant.graph_breaks import (
     classify_break,
     dedupe_breaks,
     library_fix,
+    plain,
     torch_explanation,
 )
 from kernel_pytorch.assistant.locate import describe, error_location, forward_owner, is_library_file
@@ -54,7 +55,7 @@ def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
                 id="readiness.trace-failed",
                 severity=Severity.ERROR,
                 title="torch.compile fails on this model (Dynamo could not trace it)",
-                evidence=short_error(trace.error),
+                evidence=plain(short_error(trace.error)),
                 location=error_location(trace.error, ctx.module),
                 suggestion="The model runs eagerly but not under Dynamo. Rewrite the failing line with "
                 "torch operations, or exclude the function around it with `@torch.compiler.disable`; "
@@ -116,7 +117,7 @@ def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
 
 def _eager_failed(ctx: AnalysisContext, error: BaseException) -> Finding:
     loc = error_location(error, ctx.module)
-    evidence = short_error(error)
+    evidence = plain(short_error(error))
     if loc is not None and is_library_file(loc.file):
         # no line of the user's own: say which module's forward raised, and from where it was called
         owner = forward_owner(ctx.module, loc)
@@ -274,7 +275,7 @@ def _fullgraph_finding(ctx: AnalysisContext, has_breaks: bool) -> Finding:
     evidence = (
         f"{type(result.error).__name__}: {torch_explanation(text)[0]}"
         if "Explanation:" in text
-        else short_error(result.error)
+        else plain(short_error(result.error))
     )
     location = error_location(result.error, ctx.module)
     kind = classify_break(text, location.code if location else None)
