@@ -165,6 +165,12 @@ def test_no_regional_advice_for_siblings_or_a_small_share() -> None:
     assert find_repeated_blocks(Siblings()) is None
     small = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Sequential(_Block(4), _Block(4)))
     assert find_repeated_blocks(small) is None  # 2 blocks, well under a quarter of the parameters
+    # MobileNet-like: two alike stages among different ones, 40% of the parameters but not a stack of blocks
+    lin = torch.nn.Linear
+    pipeline = torch.nn.Sequential(lin(64, 65), lin(65, 64), _Block(64), _Block(64), lin(64, 63))
+    assert find_repeated_blocks(pipeline) is None
+    stack = torch.nn.Sequential(lin(64, 65), lin(65, 64), *(_Block(64) for _ in range(3)))
+    assert find_repeated_blocks(stack) is not None
 
 
 def test_slowest_phase_advice_leaves_out_regional_compilation_without_repeated_blocks() -> None:

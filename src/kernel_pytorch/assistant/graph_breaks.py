@@ -267,7 +267,8 @@ def dedupe_breaks(records: Sequence[BreakRecord], model: nn.Module | None = None
             (k for k, ss in stacks.items() if k[0] != "nested-break" and any(_extends(s, stack) for s in ss)), None
         )
         if deeper is not None and loc is not None:
-            callers.setdefault(deeper, []).append(loc)
+            if loc not in callers.setdefault(deeper, []):
+                callers[deeper].append(loc)
             merged.pop(("nested-break", loc.file, loc.line), None)
     return [
         dataclasses.replace(b, count=_call_sites(stacks[key]), callers=tuple(callers.get(key, ())))

@@ -8,13 +8,14 @@ synthetic frames and the analyser's own files are never the answer.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import linecache
 import os
 import re
 import sysconfig
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -89,8 +90,9 @@ def _frame_location(fr: traceback.FrameSummary) -> Location | None:
     return location_of(fr.filename, fr.lineno, fr.name)
 
 
-def _innermost(frames: Sequence[traceback.FrameSummary], test: object) -> int | None:
-    return next((i for i in reversed(range(len(frames))) if test(frames[i])), None)  # type: ignore[operator]
+def _innermost(frames: Sequence[traceback.FrameSummary], test: Callable[[traceback.FrameSummary], bool]) -> int | None:
+    """Index of the innermost (last) frame passing `test`, or None."""
+    return next((i for i in reversed(range(len(frames))) if test(frames[i])), None)
 
 
 def user_location(frames: Sequence[traceback.FrameSummary], model: nn.Module | None = None) -> Location | None:
@@ -124,6 +126,7 @@ def user_location(frames: Sequence[traceback.FrameSummary], model: nn.Module | N
     return Location(loc.file, loc.line, loc.function, loc.code, via=via)
 
 
+@functools.lru_cache(maxsize=512)
 def _forward_code(cls: type) -> tuple[str, int, int] | None:
     """(file, first line, last line) of `cls.forward` unwrapped from its decorators."""
     try:

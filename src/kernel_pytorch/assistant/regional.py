@@ -63,8 +63,8 @@ def _signature(module: nn.Module) -> tuple[Any, ...]:
 
 def find_repeated_blocks(module: nn.Module, min_share: float = MIN_SHARE) -> RepeatedBlocks | None:
     """The `nn.ModuleList`/`nn.Sequential` (the model itself included) whose structurally identical
-    entries (same class, same parameter names and shapes), two or more, hold the largest share of the
-    model's parameters, if that share is at least `min_share`; else None."""
+    entries (same class, same parameter names and shapes), two or more and most of its entries, hold
+    the largest share of the model's parameters, if that share is at least `min_share`; else None."""
     total = sum(p.numel() for p in module.parameters()) or 1
     best: RepeatedBlocks | None = None
     for path, parent in module.named_modules():
@@ -75,7 +75,9 @@ def find_repeated_blocks(module: nn.Module, min_share: float = MIN_SHARE) -> Rep
         for i, m in enumerate(entries):
             groups.setdefault(_signature(m), []).append(i)
         for sig, idx in groups.items():
-            if len(idx) < 2:
+            # most of the container: a stack of blocks (maybe after a different first one), not a few
+            # alike stages of a pipeline of different ones
+            if len(idx) < 2 or 2 * len(idx) <= len(entries):
                 continue
             params = {id(p): p.numel() for i in idx for p in entries[i].parameters()}
             fraction = sum(params.values()) / total
