@@ -183,14 +183,15 @@ def _fallback_finding(ctx: AnalysisContext, frame: FailedFrame) -> Finding:
         data.update(_rnn_data(ctx.part(check_allow_rnn)))
     else:
         title = f"Dynamo gave up on {name}: it runs eagerly, nothing of it is compiled"
-        evidence += f" Torch's hint: {hints[0]}" if hints else ""
-        suggestion = (
-            kind.fix
-            if kind.kind != "other"
-            else "Make the line traceable (an exception raised only under tracing, or an unsupported "
-            "construct, stops the whole frame), or move it into a helper decorated with "
-            "`@torch.compiler.disable` so the rest of the frame compiles."
-        )
+        if kind.kind != "other" or hints:  # a known kind's fix, or torch's hint as the fix of an unknown one
+            evidence += f" Torch's hint: {hints[0]}" if hints and kind.kind != "other" else ""
+            suggestion = kind.fix
+        else:
+            suggestion = (
+                "Make the line traceable (an exception raised only under tracing, or an unsupported "
+                "construct, stops the whole frame), or move it into a helper decorated with "
+                "`@torch.compiler.disable` so the rest of the frame compiles."
+            )
     return Finding(
         id="readiness.frame-fallback",
         severity=Severity.ERROR,
