@@ -232,3 +232,17 @@ def test_torchs_words_carry_no_raw_reprs() -> None:
     text, hints = torch_explanation(reason)
     assert "<class" not in text and "object at 0x" not in text and "my.Config on my.Config" in text
     assert hints == ["Avoid my.Config here."]
+
+
+class _GruThenPrint(_Gru):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.rnn(x)[0]
+        print("hidden", y.shape)  # fullgraph=True rejects this even with allow_rnn
+        return y
+
+
+def test_allow_rnn_that_does_not_verify_says_why() -> None:
+    rnn = [f for f in _readiness(_GruThenPrint(), torch.randn(2, 5, 8)) if f.data.get("kind") == "rnn"]
+    assert len(rnn) == 1 and rnn[0].data["verified"] is False
+    assert rnn[0].data["unverified_reason"] and "Not verified here" in rnn[0].suggestion
+    assert rnn[0].estimated_gain is None

@@ -162,7 +162,7 @@ def _rnn_fix(check: RnnCheck) -> tuple[str, str, str | None]:
         gain = "the recurrent part runs compiled instead of eagerly (verified: one trace with allow_rnn)"
         return said, fix, gain
     said = f"With `torch._dynamo.config.allow_rnn = True` it did not verify: {check.problem}."
-    return said, f"{fix} Not verified here ({check.problem}); otherwise compile the parts around the RNN.", None
+    return said, f"{fix} (Not verified here: see the evidence.)", None
 
 
 def _fallback_finding(ctx: AnalysisContext, frame: FailedFrame) -> Finding:
