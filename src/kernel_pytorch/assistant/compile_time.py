@@ -146,7 +146,7 @@ def analyze_compile_time(ctx: AnalysisContext) -> list[Finding]:
                 severity=Severity.ERROR,
                 title=f"torch.compile(backend={backend!r}) fails on this model",
                 evidence=short_error(profile.error),
-                location=error_location(profile.error),
+                location=error_location(profile.error, ctx.module),
                 suggestion="If tracing works (see compilation readiness) the backend is failing: compare "
                 "backend='aot_eager' (no Inductor) to locate it; Inductor on CPU needs a working C++ "
                 "compiler, on GPU a working Triton.",

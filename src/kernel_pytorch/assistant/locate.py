@@ -180,8 +180,7 @@ def error_location(exc: BaseException, model: nn.Module | None = None) -> Locati
             return loc
     hits = [m for m in _FROM_USER_CODE.finditer(str(exc)) if is_user_file(m.group(1))]
     if hits:
-        m = hits[-1]
-        return location_of(m.group(1), int(m.group(2)), m.group(3))
+        return user_location([traceback.FrameSummary(m.group(1), int(m.group(2)), m.group(3)) for m in hits], model)
     return user_location(traceback.extract_tb(exc.__traceback__), model) if exc.__traceback__ else None
 
 
