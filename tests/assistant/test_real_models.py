@@ -276,42 +276,8 @@ def _location_problems(a: Analysed) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Known defects, by test
+# Known defects, by test (none left: each `_known(test, models, reason)` marks one as a strict xfail)
 # ---------------------------------------------------------------------------------------------------
-
-_known(
-    "test_locations_are_executed_code_lines",
-    _HF,
-    "#18: definition_location mixes files: getsourcefile(wrapper) is transformers/utils/generic.py but getsourcelines "
-    "unwraps to modeling_*.py's line, so a docstring/unrelated line of generic.py is shown",
-)
-_known(
-    "test_locations_are_executed_code_lines",
-    ["wrong_shape_torch"],
-    "#18: an eager error with no user frame is located in the analyser's own assistant/context.py",
-)
-_known(
-    "test_regional_compilation_code_runs",
-    ["mobilenet_v3"],
-    "#18: regional compilation is suggested for 2 identical InvertedResidual blocks holding 7% of the parameters, "
-    "and `for block in model.features` compiles every (different) block of `features`",
-)
-_known(
-    "test_regional_compilation_code_runs",
-    ["sibling_convs", "resnet18", "two_norms"],
-    "#18: regional compilation is suggested for sibling modules: `model.stage.1` is a SyntaxError, `model.model` "
-    "(the root) an AttributeError, and two LayerNorms are no real share of the work",
-)
-_known(
-    "test_text_reads_well",
-    ["param_free"],
-    "#18: meta dtype 'None' for a parameter-free model",
-)
-_known(
-    "test_passing_checks_carry_no_fix",
-    [n for n in RUNS if n not in ("lstm", "gru")],  # nothing compiles there: no passing check has a fix
-    "#18: the passing readiness.fullgraph check carries a 'fix:' line",
-)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -424,7 +390,6 @@ def test_specialisation_note_said_once(name: str) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="#18: LSTM/GRU are a generic frame fallback, no allow_rnn fix")
 @pytest.mark.parametrize("name", ["lstm", "gru"])
 def test_rnn_is_classified_with_the_verified_allow_rnn_fix(name: str) -> None:
     a = _analysed(name)
@@ -435,7 +400,6 @@ def test_rnn_is_classified_with_the_verified_allow_rnn_fix(name: str) -> None:
     assert rnn[0].location is not None and rnn[0].location.line == rm.marker_line(name)
 
 
-@pytest.mark.xfail(strict=True, reason="#18: a frame fallback is named `forward` (no class), its fix generic")
 def test_frame_fallback_says_which_frame_why_and_what_to_do() -> None:
     a = _analysed("lstm")
     (fallback,) = a.report.by_id("readiness.frame-fallback")
@@ -444,7 +408,6 @@ def test_frame_fallback_says_which_frame_why_and_what_to_do() -> None:
     assert "allow_rnn" in fallback.suggestion
 
 
-@pytest.mark.xfail(strict=True, reason="#18: nothing compiled, yet 'No recompilation' and compile-time advice")
 def test_nothing_compiled_is_said_so() -> None:
     a = _analysed("lstm")
     graphs = a.one("readiness.graphs")
@@ -467,7 +430,6 @@ def test_eager_error_in_user_forward_is_located_at_the_user_line() -> None:
     assert Path(err.location.file).resolve() == CORPUS_FILE
 
 
-@pytest.mark.xfail(strict=True, reason="#18: an error inside torch, no user frame: located in assistant/context.py")
 def test_eager_error_inside_torch_names_torch_op_not_the_analyser() -> None:
     a = _analysed("wrong_shape_torch")
     (err,) = a.report.by_id("readiness.eager-failed")
@@ -498,7 +460,6 @@ def test_nested_inputs_are_swept_and_named() -> None:
     assert all(f.data.get("recompiles_after") == 0 for f in causes)
 
 
-@pytest.mark.xfail(strict=True, reason="#18: sections that never run are rendered as 'No findings', not 'not analysed'")
 def test_sections_not_run_are_said_not_analysed() -> None:
     from rich.console import Console
 
