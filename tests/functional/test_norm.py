@@ -31,6 +31,33 @@ def test_rms_norm_errors_name_the_argument() -> None:
         F.rms_norm(x, torch.empty(8, device="meta"))
 
 
+def test_unknown_casting_is_refused() -> None:
+    x, w = randn(4, 8), randn(8)
+    for call in (lambda: F.rms_norm(x, w, casting="none"), lambda: F.add_rms_norm(x, x, w, casting="fp32")):
+        with pytest.raises(ValueError, match="casting must be one of"):
+            call()
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("casting", F.CASTINGS)
+def test_casting_reaches_every_backend(backend: str, casting: str) -> None:
+    """bf16, where the castings differ: each backend rounds as the reference does in that casting."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = randn(6, 40, dtype=torch.bfloat16, device=dev, scale=3.0)
+    r = randn(6, 40, dtype=torch.bfloat16, device=dev)
+    w = randn(40, dtype=torch.bfloat16, device=dev, scale=0.5, offset=1.0)
+    offset = 1.0 if casting == "gemma" else 0.0
+    y = F.rms_norm(x, w, 1e-6, offset=offset, casting=casting, backend=backend)
+    assert_close(y, R.rms_norm(x, w, 1e-6, offset, casting), "y")
+    y2, h = F.add_rms_norm(x, r, w, 1e-6, offset=offset, casting=casting, backend=backend)
+    y2_ref, h_ref = R.add_rms_norm(x, r, w, 1e-6, offset, casting)
+    assert_close(y2, y2_ref, "add y")
+    assert_close(h, h_ref, "h")
+    if dev == "cpu":  # the op's CPU kernel and the reference are one computation
+        assert torch.equal(y, R.rms_norm(x, w, 1e-6, offset, casting))
+        assert torch.equal(y2, y2_ref)
+
+
 def test_add_rms_norm_errors_name_the_argument() -> None:
     x, w = randn(4, 8), randn(8)
     with pytest.raises(ValueError, match="residual must have x's shape"):

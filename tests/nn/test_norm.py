@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import kernel_pytorch as kp
+from kernel_pytorch import reference as R
+from kernel_pytorch.tolerances import fp64_budget
 from tests.grid import compile_and_count_breaks, randn
 from tests.ops.norm_helpers import assert_close
 
@@ -87,3 +89,78 @@ def test_backend_can_be_pinned_per_instance() -> None:
     with pytest.raises(ValueError, match="backend must be one of"):
         m.backend = "fast"
         m(x)
+
+
+# --- casting: where a bf16/fp16 result rounds ------------------------------------------------------
+
+
+def test_rms_norm_rounds_as_torch_by_default_and_is_as_close_to_fp64() -> None:
+    """bf16 kp.nn.RMSNorm() rounds once, as torch.nn.RMSNorm does: it matches torch's module by the
+    table and is no further from fp64 than torch's own bf16 module; casting="llama" (HF's rounding,
+    the drop-in's old default) is further."""
+    x = randn(16, 512, dtype=torch.bfloat16, device=DEV, scale=3.0)
+    theirs = torch.nn.RMSNorm(512, eps=1e-6, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad():
+        theirs.weight.copy_(randn(512, dtype=torch.bfloat16, scale=0.5, offset=1.0))
+    ours, llama = (
+        kp.nn.RMSNorm(512, eps=1e-6, device=DEV, dtype=torch.bfloat16, casting=c) for c in ("torch", "llama")
+    )
+    ours.load_state_dict(theirs.state_dict())
+    llama.load_state_dict(theirs.state_dict())
+    with torch.no_grad():
+        y_torch, y_ours, y_llama = theirs(x), ours(x), llama(x)
+    ref64 = R.rms_norm(x.double(), theirs.weight.detach().double(), 1e-6)
+    assert_close(y_ours, y_torch, "y")
+    assert fp64_budget(y_ours, y_torch, ref64, factor=1.0).passed
+    err = {name: float((y.double() - ref64).abs().max()) for name, y in (("torch", y_torch), ("ours", y_ours),
+                                                                       ("llama", y_llama))}
+    assert err["ours"] <= err["torch"] < err["llama"], err  # on CPU 0.016, 0.016 (bitwise torch's), 0.025
+
+
+@pytest.mark.parametrize("casting", ["llama", "gemma", "torch"])
+def test_casting_reaches_the_functional(casting: str) -> None:
+    x, r = randn(3, 32, dtype=torch.bfloat16, device=DEV, scale=3.0), randn(3, 32, dtype=torch.bfloat16, device=DEV)
+    offset = 1.0 if casting == "gemma" else 0.0
+    norm = kp.nn.RMSNorm(32, eps=1e-6, dtype=torch.bfloat16, device=DEV, casting=casting)
+    fused = kp.nn.FusedAddRMSNorm(32, offset=offset, dtype=torch.bfloat16, device=DEV, casting=casting)
+    with torch.no_grad():
+        for m in (norm, fused):
+            m.weight.copy_(randn(32, dtype=torch.bfloat16, scale=0.5, offset=1.0 - offset))
+        assert_close(norm(x), R.rms_norm(x, norm.weight, 1e-6, 0.0, casting), "y")
+        y, h = fused(x, r)
+        y_ref, h_ref = R.add_rms_norm(x, r, fused.weight, 1e-6, offset, casting)
+    assert_close(y, y_ref, "y")
+    assert_close(h, h_ref, "h")
+
+
+def test_llama_casting_matches_llama_rms_norm() -> None:
+    """casting="llama": the rounding of HF's LlamaRMSNorm (here models.llama's copy of it)."""
+    from kernel_pytorch.models.llama import LlamaRMSNorm
+
+    hf = LlamaRMSNorm(64, eps=1e-5).to(DEV, torch.bfloat16)
+    with torch.no_grad():
+        hf.weight.copy_(randn(64, dtype=torch.bfloat16, scale=0.5, offset=1.0))
+    ours = kp.nn.RMSNorm(64, eps=1e-5, device=DEV, dtype=torch.bfloat16, casting="llama")
+    fused = kp.nn.FusedAddRMSNorm(64, eps=1e-5, device=DEV, dtype=torch.bfloat16)
+    ours.load_state_dict(hf.state_dict())
+    fused.load_state_dict(hf.state_dict())
+    x = randn(8, 64, dtype=torch.bfloat16, device=DEV, scale=3.0)
+    with torch.no_grad():
+        assert_close(ours(x), hf(x), "y")
+        assert_close(fused(x, torch.zeros_like(x))[0], hf(x), "fused y")
+
+
+def test_casting_in_repr_and_checked_at_construction() -> None:
+    assert repr(kp.nn.RMSNorm(8)) == repr(torch.nn.RMSNorm(8))
+    assert repr(kp.nn.RMSNorm(8, casting="llama")).endswith("casting='llama')")
+    assert "casting" not in repr(kp.nn.FusedAddRMSNorm(8))
+    assert repr(kp.nn.FusedAddRMSNorm(8, offset=1.0, casting="gemma")).endswith("casting='gemma')")
+    for build in (lambda: kp.nn.RMSNorm(8, casting="none"), lambda: kp.nn.FusedAddRMSNorm(8, casting="fp32")):
+        with pytest.raises(ValueError, match="casting must be one of"):
+            build()
+
+
+def test_integer_input_error_names_x() -> None:
+    """eps=None takes torch.finfo(x.dtype): an int64 x gets our error naming x, not finfo's."""
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        kp.nn.RMSNorm(8)(torch.ones(2, 8, dtype=torch.int64, device=DEV))

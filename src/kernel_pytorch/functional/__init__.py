@@ -14,6 +14,9 @@ backend:
     "triton"    the Triton kernels, or a ValueError saying why they cannot run here.
     "reference" the pure-torch specification in kernel_pytorch.reference (autograd through torch).
 
+casting (rms_norm, add_rms_norm): where the result rounds to a bf16/fp16 x's dtype, one of CASTINGS:
+    "llama" (the default: HF LlamaRMSNorm), "gemma" (HF GemmaRMSNorm) or "torch" (torch.nn.RMSNorm).
+
 In eager mode on CUDA the kernels are launched through a thin autograd.Function (same launchers, less
 host time than the op dispatcher); under torch.compile / torch.export the registered ops
 `torch.ops.kernel_pytorch.*` appear in the graph. Backend resolution and the shared checks are in
@@ -26,5 +29,6 @@ not installed), "triton" raises saying so.
 
 from kernel_pytorch.functional._dispatch import Backend
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
+from kernel_pytorch.reference.rms_norm import CASTINGS, Casting
 
-__all__ = ["ATEN_LAYER_NORM_MAX_NUMEL", "Backend", "add_rms_norm", "layer_norm", "rms_norm"]
+__all__ = ["ATEN_LAYER_NORM_MAX_NUMEL", "CASTINGS", "Backend", "Casting", "add_rms_norm", "layer_norm", "rms_norm"]

@@ -31,6 +31,7 @@ from kernel_pytorch.functional._dispatch import (
     _resolve,
     kernels,
 )
+from kernel_pytorch.reference.rms_norm import Casting, rounds_normed
 
 # Elements up to which backend="auto" hands an eager, gradient-recording LayerNorm to ATen (measured
 # crossover on the H100 host: ATen faster at 8192x2048, ours at 16384x2048; benchmarks/NOTES.md).
@@ -84,14 +85,25 @@ def _aten_layer_norm_rule(
     return x.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, *, offset: float = 0.0, backend: Backend = "auto") -> Tensor:
-    """RMSNorm with HF-Llama semantics: (x * rstd).to(x.dtype) * (offset + weight).
+def rms_norm(
+    x: Tensor,
+    weight: Tensor,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    casting: Casting = "llama",
+    backend: Backend = "auto",
+) -> Tensor:
+    """RMSNorm: x * rstd * (offset + weight), math in fp32, rounded to x's dtype where `casting` says.
 
     Args:
         x: (..., D) input, fp32/bf16/fp16 (any strides).
         weight: (D,) scale, on x's device; any float dtype.
         eps: added to the mean square.
         offset: added to the weight; 1.0 reproduces Gemma's `(1 + weight)`.
+        casting: "llama" (HF LlamaRMSNorm: x * rstd rounded to x's dtype before the weight; the
+            default), "gemma" (HF GemmaRMSNorm: one rounding at the end; use with offset=1.0) or
+            "torch" (torch.nn.RMSNorm / F.rms_norm: one rounding at the end). Only bf16/fp16 differ.
         backend: "auto", "triton" or "reference" (kernel_pytorch.functional's docstring).
     Returns:
         (..., D) tensor of x's dtype.
@@ -101,12 +113,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, *, offset: float = 0.
         _check_rows(x)
         _check_param("weight", weight, x)
         _check_same_device("x", x, weight=weight)
+        rounds_normed(casting)  # ValueError naming the values for an unknown casting
     path = _resolve(backend, "rms_norm", x, compiling)
     if path == "eager":
-        return kernels().rms_norm_eager(x, weight, float(eps), float(offset))
+        return kernels().rms_norm_eager(x, weight, float(eps), float(offset), casting)
     if path == "op":
-        return torch.ops.kernel_pytorch.rms_norm_fwd(x, weight, float(eps), float(offset))[0]
-    return reference.rms_norm(x, weight, eps, offset)
+        return torch.ops.kernel_pytorch.rms_norm_fwd(x, weight, float(eps), float(offset), casting)[0]
+    return reference.rms_norm(x, weight, eps, offset, casting)
 
 
 def add_rms_norm(
@@ -116,6 +129,7 @@ def add_rms_norm(
     eps: float = 1e-6,
     *,
     offset: float = 0.0,
+    casting: Casting = "llama",
     backend: Backend = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Fused residual add + RMSNorm: returns (rms_norm(x + residual), x + residual).
@@ -124,7 +138,8 @@ def add_rms_norm(
         x: (..., D) block output.
         residual: (..., D) residual stream, same shape and dtype as x.
         weight: (D,) scale.
-        eps, offset, backend: as in `rms_norm`.
+        eps, offset, casting, backend: as in `rms_norm` (casting: where y rounds; h is x + residual
+            rounded once in every mode).
     Returns:
         (y, h): both of x's shape and dtype; h is the updated residual stream.
     """
@@ -138,13 +153,16 @@ def add_rms_norm(
             raise TypeError(f"residual must have x's dtype {x.dtype} (got {residual.dtype})")
         _check_param("weight", weight, x)
         _check_same_device("x", x, residual=residual, weight=weight)
+        rounds_normed(casting)
     path = _resolve(backend, "add_rms_norm", x, compiling)
     if path == "eager":
-        return kernels().add_rms_norm_eager(x, residual, weight, float(eps), float(offset))
+        return kernels().add_rms_norm_eager(x, residual, weight, float(eps), float(offset), casting)
     if path == "op":
-        y, h, _rstd = torch.ops.kernel_pytorch.add_rms_norm_fwd(x, residual, weight, float(eps), float(offset))
+        y, h, _rstd = torch.ops.kernel_pytorch.add_rms_norm_fwd(
+            x, residual, weight, float(eps), float(offset), casting
+        )
         return y, h
-    return reference.add_rms_norm(x, residual, weight, eps, offset)
+    return reference.add_rms_norm(x, residual, weight, eps, offset, casting)
 
 
 def layer_norm(

@@ -1,8 +1,14 @@
 """Norm modules: drop-ins for torch.nn.RMSNorm / torch.nn.LayerNorm, and a fused add+RMSNorm.
 
 The drop-ins subclass the torch modules and override `forward` only, so constructor, parameter names,
-`state_dict` keys and `repr` are torch's. A multi-dim `normalized_shape` is normalised as one
-flattened row, which is what torch does.
+`state_dict` keys and `repr` are torch's (RMSNorm adds one keyword, `casting`, shown in its repr only
+when not "torch"). A multi-dim `normalized_shape` is normalised as one flattened row, which is what
+torch does.
+
+casting (functional.rms_norm): where a bf16/fp16 result rounds. RMSNorm defaults to "torch", the
+rounding of the torch.nn.RMSNorm it replaces; FusedAddRMSNorm, which takes HF's parameter names, to
+"llama". Where one of ours replaces a Hugging Face norm, pass that model's: "llama" for LlamaRMSNorm
+(and the many norms written like it), "gemma" with offset=1.0 for GemmaRMSNorm.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch import functional as F
-from kernel_pytorch.functional import Backend
+from kernel_pytorch.functional import Backend, Casting
+from kernel_pytorch.reference.rms_norm import rounds_normed
 
 
 def _flatten_normalized(x: Tensor, normalized_shape: tuple[int, ...]) -> tuple[Tensor, int]:
@@ -31,17 +38,40 @@ def _flatten_normalized(x: Tensor, normalized_shape: tuple[int, ...]) -> tuple[T
 class RMSNorm(torch.nn.RMSNorm):
     """torch.nn.RMSNorm running kernel_pytorch's RMSNorm (Triton on CUDA).
 
-    Same arguments as torch.nn.RMSNorm. forward: x (..., *normalized_shape) -> same shape and dtype.
+    Same arguments as torch.nn.RMSNorm, plus keyword-only `casting` ("torch", the default: rounds as
+    torch.nn.RMSNorm does; "llama" or "gemma" where it stands in for a Hugging Face norm;
+    functional.rms_norm). forward: x (..., *normalized_shape) -> same shape and dtype.
     `backend` may be set on an instance ("auto", "triton", "reference").
     """
 
     backend: Backend = "auto"
+    casting: Casting = "torch"  # class default too: modules pickled before the argument existed load
+
+    def __init__(
+        self,
+        normalized_shape: int | list[int] | torch.Size,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        casting: Casting = "torch",
+    ) -> None:
+        rounds_normed(casting)  # an unknown casting fails here, not at the first forward
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        self.casting = casting
 
     def forward(self, x: Tensor) -> Tensor:
         x2, d = _flatten_normalized(x, tuple(self.normalized_shape))
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        eps = self.eps
+        if eps is None:  # torch's default; a non-float x goes on to F.rms_norm, whose error names it
+            eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
         weight = self.weight.reshape(-1) if self.weight is not None else x.new_ones(d)
-        return F.rms_norm(x2, weight, eps, backend=self.backend).view(x.shape)
+        return F.rms_norm(x2, weight, eps, casting=self.casting, backend=self.backend).view(x.shape)
+
+    def extra_repr(self) -> str:
+        casting = "" if self.casting == "torch" else f", casting={self.casting!r}"
+        return super().extra_repr() + casting
 
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -67,10 +97,13 @@ class FusedAddRMSNorm(torch.nn.Module):
         hidden_size: D.
         eps: added to the mean square.
         offset: added to the weight (1.0 for Gemma-style norms, whose weight starts at 0).
+        casting: where the normed output rounds: "llama" (the default, HF LlamaRMSNorm), "gemma"
+            (HF GemmaRMSNorm, with offset=1.0) or "torch" (functional.rms_norm).
     forward(x, residual): both (..., D) -> (normed, x + residual), both (..., D).
     """
 
     backend: Backend = "auto"
+    casting: Casting = "llama"  # class default too, as in RMSNorm
 
     def __init__(
         self,
@@ -79,17 +112,23 @@ class FusedAddRMSNorm(torch.nn.Module):
         offset: float = 0.0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        casting: Casting = "llama",
     ) -> None:
+        rounds_normed(casting)
         super().__init__()
         init = torch.zeros if offset else torch.ones
         self.weight = torch.nn.Parameter(init(hidden_size, device=device, dtype=dtype))
         self.variance_epsilon = eps
         self.offset = offset
+        self.casting = casting
 
     def forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
         return F.add_rms_norm(
-            x, residual, self.weight, self.variance_epsilon, offset=self.offset, backend=self.backend
+            x, residual, self.weight, self.variance_epsilon, offset=self.offset, casting=self.casting,
+            backend=self.backend,
         )
 
     def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}"
+        casting = "" if self.casting == "llama" else f", casting={self.casting!r}"
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}{casting}"
