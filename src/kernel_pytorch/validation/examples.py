@@ -38,8 +38,9 @@ def llama_rms_norm() -> tuple[LlamaRMSNorm, tuple[Tensor]]:
 
 
 def our_rms_norm() -> tuple[kpnn.RMSNorm, tuple[Tensor]]:
-    """kernel_pytorch.nn.RMSNorm(1024) (Triton on CUDA) and x of shape (64, 1024)."""
-    norm = kpnn.RMSNorm(HIDDEN, eps=EPS)
+    """kernel_pytorch.nn.RMSNorm(1024) (Triton on CUDA) and x of shape (64, 1024), rounding as
+    LlamaRMSNorm does (casting="llama"), since it is compared with `llama_rms_norm`."""
+    norm = kpnn.RMSNorm(HIDDEN, eps=EPS, casting="llama")
     _trained_weight(norm)
     return norm, _inputs()
 
@@ -61,9 +62,10 @@ def wrong_rms_norm() -> tuple[LlamaRMSNorm, tuple[Tensor]]:
 
 
 def rms_norm_pair() -> tuple[LlamaRMSNorm, kpnn.RMSNorm, tuple[Tensor]]:
-    """(original, optimized, inputs): LlamaRMSNorm and our RMSNorm holding the same weight."""
+    """(original, optimized, inputs): LlamaRMSNorm and our RMSNorm holding the same weight, with
+    Llama's rounding (casting="llama")."""
     original, inputs = llama_rms_norm()
-    optimized = kpnn.RMSNorm(HIDDEN, eps=EPS)
+    optimized = kpnn.RMSNorm(HIDDEN, eps=EPS, casting="llama")
     optimized.load_state_dict(original.state_dict())
     return original, optimized, inputs
 
