@@ -114,9 +114,21 @@ def test_gemma_norms_wait_for_casting_or_swap() -> None:
 
 def test_gpt2_layer_norms_swapped() -> None:
     model, inputs = models.gpt2()
+    keys = list(model.state_dict())
     _, report = optimize(model, inputs, seeds=(0,))
     assert report.passed and report.counts() == {"torch_layer_norm": N_NORMS}
     assert type(model.transformer.ln_f) is kp.nn.LayerNorm
+    assert list(model.state_dict()) == keys
+    fresh, _ = models.gpt2()
+    fresh.load_state_dict(model.state_dict())
+
+
+def test_builtin_vit_layer_norms_swapped() -> None:
+    from kernel_pytorch.models import build_model
+
+    model, inputs = build_model("vit-tiny")
+    _, report = optimize(model, inputs, seeds=(0,))
+    assert report.passed and report.counts() == {"torch_layer_norm": N_NORMS}
 
 
 def test_plain_stack_shared_module_stays_shared() -> None:
@@ -206,3 +218,32 @@ def test_public_name_is_the_function_and_the_package() -> None:
     model, inputs = models.stack()
     _, report = kp.optimize(model, inputs, seeds=(0,))
     assert report.counts()["torch_layer_norm"] == 4
+
+
+class _CastingRMSNorm(kp.nn.RMSNorm):
+    """Stands in for RMSNorm(casting=...) until it lands: Gemma's rounding with an offset."""
+
+    def __init__(self, *args, casting: str = "torch", offset: float = 0.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.casting, self.offset = casting, offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.casting != "gemma":
+            return super().forward(x)
+        x32 = x.float()
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * rstd * (self.offset + self.weight.float())).to(x.dtype)
+
+
+def test_gemma_swapped_once_rms_norm_takes_casting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from kernel_pytorch.optimize.rules import norms
+
+    monkeypatch.setattr(norms, "kp_nn", SimpleNamespace(RMSNorm=_CastingRMSNorm, LayerNorm=kp.nn.LayerNorm))
+    assert norms.rms_norm_options("gemma") == {"casting": "gemma", "offset": 1.0}
+    model, inputs = models.gemma()
+    _, report = optimize(model, inputs, seeds=(0,))
+    assert report.passed and report.counts() == {"hf_rms_norm": N_NORMS}
+    assert model.model.norm.casting == "gemma"
+    assert "Gemma-style" in report.applied()[0].reason
