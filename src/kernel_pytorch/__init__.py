@@ -5,6 +5,7 @@
     norm = kp.nn.RMSNorm(4096)                      # a torch.nn.RMSNorm that runs our kernel
     report = kp.validate_optimization(model, fast_model, inputs)   # right? faster? compiles?
     report = kp.CompilerOptimizationAssistant().analyze_component(model, inputs)  # graph breaks, recompiles
+    model, report = kp.optimize(model, example_inputs)   # swap in our modules, validated
 
 The public names load on first use (PEP 562), so `import kernel_pytorch` alone does not import torch:
 the `kernel-pytorch` command answers `--help` and argument errors at once.
@@ -23,11 +24,13 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "nn": ("kernel_pytorch.nn", None),
     "CompilerOptimizationAssistant": ("kernel_pytorch.assistant", "CompilerOptimizationAssistant"),
     "validate_optimization": ("kernel_pytorch.validation", "validate_optimization"),
+    "optimize": ("kernel_pytorch.optimize", "optimize"),
 }
 
 if TYPE_CHECKING:
     from kernel_pytorch import functional, nn
     from kernel_pytorch.assistant import CompilerOptimizationAssistant
+    from kernel_pytorch.optimize import optimize
     from kernel_pytorch.validation import validate_optimization
 
 
@@ -45,4 +48,4 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["CompilerOptimizationAssistant", "__version__", "functional", "nn", "validate_optimization"]
+__all__ = ["CompilerOptimizationAssistant", "__version__", "functional", "nn", "optimize", "validate_optimization"]

@@ -4,6 +4,37 @@ verified fixes to a model, validated against the original.
 This layer sits above the components (`nn`, `functional`), the analyser and validation, and below the
 CLI (docs/architecture.md). It walks `model.named_modules()` and replaces matching instances; it never
 assigns to a third-party class or module attribute (STYLE rule 5).
+
+    model, report = kernel_pytorch.optimize(model, {"input_ids": ids, "labels": ids})
+    print(report)
+
+Parts: `core.py` (the function), `rules/` (one file per component family), `swap.py` (finding and
+swapping instances), `compile.py` (the compile fixes), `report.py` (what it returns).
+
+`kernel_pytorch.optimize` is both this package and the function: importing a submodule makes the
+package an attribute of `kernel_pytorch` under the same name, so the package itself is callable and
+calls `optimize`.
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from kernel_pytorch.optimize.core import optimize, select_rules
+from kernel_pytorch.optimize.report import Change, CompileStep, OptimizeReport
+from kernel_pytorch.optimize.rules import Match, Rule, default_rules
+
+
+class _CallablePackage(types.ModuleType):
+    """`kernel_pytorch.optimize(model, ...)` works whether the name resolves to the function or to
+    this package."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return optimize(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
+
+__all__ = ["Change", "CompileStep", "Match", "OptimizeReport", "Rule", "default_rules", "optimize", "select_rules"]

@@ -1,0 +1,134 @@
+"""`kernel-pytorch optimize [FILE.py[:FACTORY]] [--model NAME] [--save DIR]`: optimize a model, print
+what changed and the validation of the result against the original.
+
+FACTORY is a factory spec (`FILE.py:NAME`, `module:NAME`, or a `FILE.py` defining `Model`,
+`get_inputs()`, `get_init_inputs()`) returning `(model, example_inputs)`; without one, `--model NAME`
+names a built-in model (default llama-tiny). The model is optimized with `kernel_pytorch.optimize` on
+those inputs, validated, and the report printed.
+
+`--save DIR` writes `DIR/model.safetensors` (the weights, under the original model's state_dict keys,
+which optimize() keeps, so they load into the original or the optimized model alike) and
+`DIR/optimize.json` (the report, the factory, versions). Loading is: build the model with the factory,
+`safetensors.torch.load_model(model, DIR/model.safetensors)`, then optimize() again.
+
+Exit status: 0 the returned model passed validation, 1 it did not (only when the unchanged model
+already fails against a copy of itself), 2 the factory could not be loaded or --save failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import kernel_pytorch
+from kernel_pytorch._tree import move
+from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_factory
+from kernel_pytorch.optimize import OptimizeReport, optimize
+
+
+def save(model: nn.Module, report: OptimizeReport, directory: Path, factory: str) -> list[Path]:
+    """Write the weights (safetensors) and a JSON manifest (report, factory, versions) to `directory`."""
+    try:
+        from safetensors.torch import save_model
+    except ImportError as exc:
+        raise RuntimeError("--save needs the safetensors package (pip install safetensors)") from exc
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = directory / "model.safetensors"
+    save_model(model, str(weights))  # tied tensors are stored once and restored tied by load_model
+    manifest = {
+        "format": "kernel_pytorch.optimize/1",
+        "factory": factory,
+        "weights": weights.name,
+        "state_dict_keys": "the original model's (optimize keeps names)",
+        "load": "build the model with the factory, safetensors.torch.load_model(model, weights), "
+                "then kernel_pytorch.optimize(model, inputs) again",
+        "versions": {"kernel_pytorch": kernel_pytorch.__version__, "torch": torch.__version__},
+        "report": report.to_dict(),
+    }
+    path = directory / "optimize.json"
+    path.write_text(json.dumps(manifest, indent=2, default=str))
+    return [weights, path]
+
+
+def _components(text: str) -> Any:
+    if text in ("auto", "none"):
+        return text
+    return [c.strip() for c in text.split(",") if c.strip()]
+
+
+def load(args: argparse.Namespace) -> tuple[nn.Module, Any, str]:
+    """(model, example inputs, what it is) from the factory or the built-in model the args name."""
+    if args.factory and args.model:
+        raise FactoryError("give either FILE.py[:FACTORY] or --model NAME, not both")
+    torch.manual_seed(0)
+    if args.factory:
+        model, inputs = load_factory(args.factory)()
+        return model, inputs, args.factory
+    from kernel_pytorch.models import DEFAULT_DEMO, build_model, list_models
+
+    name = args.model or DEFAULT_DEMO
+    if name not in list_models():
+        raise FactoryError(f"unknown model {name!r}; built-in models: {', '.join(list_models())}")
+    model, inputs = build_model(name)
+    return model, inputs, name
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        model, inputs, target = load(args)
+    except FactoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.device or args.dtype:
+        dtype = DTYPES[args.dtype] if args.dtype else None
+        model.to(device=args.device, dtype=dtype)
+        inputs = move(inputs, args.device, dtype)
+    compile_mode: Any = {"auto": "auto", "on": True, "off": False}[args.compile]
+    options = {"backend": args.backend} if args.backend else None
+    try:
+        model, report = optimize(model, inputs, components=_components(args.components), compile=compile_mode,
+                                 validate=not args.no_validate, compile_options=options,
+                                 seeds=tuple(range(args.seeds)))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.to_json() if args.json else report.summary())
+    if args.save:
+        try:
+            written = save(model, report, Path(args.save), target)
+        except (OSError, RuntimeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for path in written:
+            print(f"wrote {path}", file=sys.stderr)
+    return 0 if report.passed else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "optimize",
+        help="swap in kernel_pytorch's modules and compile fixes, validated; print what changed",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("factory", nargs="?", metavar="FILE.py[:FACTORY]",
+                   help="FILE.py:NAME, module:NAME or FILE.py (Model/get_inputs); default: a built-in model")
+    p.add_argument("--model", metavar="NAME", help="a built-in model (default llama-tiny)")
+    p.add_argument("--components", default="auto",
+                   help="auto, none, or a comma list of rule names / families (e.g. norms,hf_rms_norm)")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="regional compilation: auto (where measured faster, CUDA only), on, off")
+    p.add_argument("--backend", default=None, help="torch.compile backend for --compile on (default inductor)")
+    p.add_argument("--no-validate", action="store_true", help="skip validation (changes are then unchecked)")
+    p.add_argument("--seeds", type=int, default=2, help="validation seeds (default 2)")
+    p.add_argument("--device", default=None, help="move the model and inputs here first (e.g. cuda)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast the model and float inputs first")
+    p.add_argument("--save", default=None, metavar="DIR", help="write model.safetensors and optimize.json")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)

@@ -1,0 +1,189 @@
+"""`optimize(model, example_inputs)`: swap in kernel_pytorch's modules where rules match, apply the
+compile fixes that are measured to help, validate the result against the original, revert what
+fails, and report every change.
+
+Validation compares the model against a copy of itself taken before any change. The copy shares the
+parameter and buffer tensors (only the module objects are copied), so it costs no weight memory, and
+the replacements hold those same `Parameter` objects: an optimizer built before `optimize()` keeps
+working, checkpoints load both ways, ties stay tied.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from kernel_pytorch._errors import short_error
+from kernel_pytorch._tree import as_inputs
+from kernel_pytorch.optimize import swap
+from kernel_pytorch.optimize.compile import CompileMode, compile_model, uncompile
+from kernel_pytorch.optimize.report import OptimizeReport
+from kernel_pytorch.optimize.rules import Rule, default_rules
+from kernel_pytorch.validation import ValidationResult, validate_optimization
+
+
+def select_rules(components: Any) -> list[Rule]:
+    """The rules `components` names: "auto"/True (all built-in), False/None/"none" (none), or a list
+    of rule names ("hf_rms_norm"), family names ("norms") and `Rule` objects."""
+    if components in ("auto", True):
+        return default_rules()
+    if components in (False, None, "none"):
+        return []
+    if isinstance(components, str):
+        components = [components]
+    builtin = default_rules()
+    chosen: list[Rule] = []
+    for c in components:
+        if isinstance(c, str):
+            found = [r for r in builtin if c in (r.name, r.family)]
+            if not found:
+                known = sorted({r.name for r in builtin} | {r.family for r in builtin})
+                raise ValueError(f"no rule or family {c!r}; known: {', '.join(known)}")
+            chosen += [r for r in found if r not in chosen]
+        elif isinstance(c, Rule):
+            chosen.append(c)
+        else:
+            raise TypeError(f"components entries are rule names, families or Rule objects (got {type(c).__name__})")
+    return chosen
+
+
+def _reference_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model`'s module objects sharing its parameter and buffer tensors."""
+    memo: dict[int, Any] = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def _validation_inputs(model: nn.Module, inputs: tuple | dict, report: OptimizeReport) -> tuple | dict:
+    """Inputs for validation: a Hugging Face model is asked not to return its KV cache (a cache object
+    is not a tensor to compare; the logits and gradients are)."""
+    if isinstance(inputs, dict) and "use_cache" not in inputs:
+        try:
+            takes = "use_cache" in inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if takes:
+            report.notes.append("validated with use_cache=False (the KV cache object is not compared)")
+            return {**inputs, "use_cache": False}
+    return inputs
+
+
+def _why(result: ValidationResult) -> str:
+    c = result.correctness_check
+    if c.errors:
+        return c.errors[0]
+    fails = c.failures()
+    if fails:
+        seed, check = fails[0]
+        more = f" (and {len(fails) - 1} more failing tensors)" if len(fails) > 1 else ""
+        return f"seed {seed}: {check.message()}{more}"
+    return "validation failed"
+
+
+def optimize(
+    model: nn.Module,
+    example_inputs: Any = None,
+    *,
+    components: Any = "auto",
+    compile: CompileMode = "auto",
+    validate: bool = True,
+    compile_options: dict[str, Any] | None = None,
+    seeds: Sequence[int] = (0, 1),
+    validate_options: dict[str, Any] | None = None,
+) -> tuple[nn.Module, OptimizeReport]:
+    """Optimize `model` in place with kernel_pytorch's modules and compile fixes, validated.
+
+    Args:
+        model: any nn.Module (a Hugging Face model, a torch model); changed in place and returned.
+        example_inputs: a tuple of positional args, a dict of keyword args
+            (`{"input_ids": ids, "labels": ids}`) or one tensor, as the model is called. Needed to
+            validate; a Hugging Face model without them is validated on its `dummy_inputs`.
+        components: "auto" (every rule), False (none), or rule names / families / `Rule` objects.
+        compile: "auto" (regional compilation where measured faster: CUDA only), True (apply), False.
+        validate: compare outputs and gradients with the original on the inputs and revert failures.
+        compile_options: keyword arguments for each compiled block's `nn.Module.compile`.
+        seeds: validation seeds (the first uses the inputs as given; later ones redraw them).
+        validate_options: more keyword arguments for `validate_optimization` (e.g. `reference="none"`,
+            `check_performance=True`).
+    Returns:
+        (model, report): the same model object with the kept changes; the report lists every change,
+        kept, reverted or skipped, with reasons, and the final validation.
+    Raises:
+        ValueError: validate=True with no inputs to validate on.
+    """
+    report = OptimizeReport()
+    rules = select_rules(components)
+    inputs = as_inputs(example_inputs) if example_inputs is not None else None
+    if inputs is None and isinstance(getattr(model, "dummy_inputs", None), dict):
+        inputs = dict(model.dummy_inputs)
+        report.notes.append(f"no example_inputs: used the model's dummy_inputs ({', '.join(inputs)})")
+    if validate and inputs is None:
+        raise ValueError("optimize(validate=True) needs example_inputs to validate on (or validate=False)")
+    reference = None
+    if validate:
+        try:
+            reference = _reference_copy(model)
+        except Exception as exc:
+            report.notes.append(f"could not copy the model to validate against ({short_error(exc, 300)}); "
+                                "nothing changed")
+            return model, report
+    swaps, skipped = swap.plan(model, rules)
+    report.changes += [s.change for s in swaps] + skipped
+    swap.apply(model, swaps)
+    steps, compiled = compile_model(model, inputs, compile, compile_options)
+    report.compile_steps += steps
+    if not validate:
+        return model, report
+    report.validated = True
+    assert reference is not None and inputs is not None
+    vinputs = _validation_inputs(model, inputs, report)
+    options = dict(check_performance=False, check_compile=False, check_determinism=False)
+    options.update(validate_options or {})
+
+    def check() -> ValidationResult:
+        return validate_optimization(reference, model, vinputs, seeds=tuple(seeds), **options)
+
+    result = check()
+    if not result.passed and compiled:
+        uncompile(compiled)
+        for s in report.compile_steps:
+            if s.name == "regional" and s.status == "applied":
+                s.status, s.reason = "reverted", f"{s.reason}; failed validation: {_why(result)}"
+        result = check()
+    if not result.passed and swaps:
+        result = _bisect(model, swaps, check)
+    report.validation = result
+    if not result.passed:
+        report.notes.append("the model fails validation against an unchanged copy of itself: "
+                            f"{_why(result)} (nothing of ours is in it)")
+    return model, report
+
+
+def _bisect(model: nn.Module, swaps: list[swap.Swap], check: Any) -> ValidationResult:
+    """All swaps failed together: try each rule's swaps alone, revert the rules that fail, then check
+    the survivors together (reverting all if only the combination fails). Returns the last result."""
+    swap.revert(model, swaps, "")
+    by_rule: dict[str, list[swap.Swap]] = {}
+    for s in swaps:
+        by_rule.setdefault(s.change.rule, []).append(s)
+    kept: list[swap.Swap] = []
+    for rule, group in by_rule.items():
+        swap.apply(model, group)
+        result = check()
+        swap.revert(model, group, f"failed validation with the rest of rule {rule}'s swaps: {_why(result)}")
+        if result.passed:
+            kept += group
+    swap.apply(model, kept)
+    for s in kept:
+        s.change.status, s.change.detail = "applied", ""
+    result = check()
+    if not result.passed and kept:
+        swap.revert(model, kept, f"passed rule by rule, failed together: {_why(result)}")
+        result = check()
+    return result
+
+
+__all__ = ["optimize", "select_rules"]

@@ -1,0 +1,135 @@
+"""What `optimize()` returns beside the model: every change it made, kept or reverted, every module a
+rule recognised and left alone, the compile steps, and the final validation. Printable as text
+(`str(report)`) and JSON-able (`report.to_dict()`, `report.to_json()`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from kernel_pytorch.validation import ValidationResult
+
+Status = Literal["applied", "reverted", "skipped"]
+
+
+def _paths(paths: list[str]) -> str:
+    return ", ".join(paths[:4]) + (f", ... ({len(paths)} in all)" if len(paths) > 4 else "")
+
+
+@dataclass
+class Change:
+    """One module a rule looked at: `path` in the model ("model.layers.0.input_layernorm"), the rule,
+    the classes before and after, and what became of it (`status`) and why (`reason`, `detail`)."""
+
+    path: str
+    rule: str
+    family: str
+    before: str
+    after: str | None
+    status: Status
+    reason: str
+    detail: str = ""  # for a revert: the validation failure that caused it
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class CompileStep:
+    """One compile-side fix (regional compilation, mark_dynamic, ...): applied, reverted or skipped,
+    with the measurement that decided it (None when nothing was measured, and `reason` says so)."""
+
+    name: str
+    status: Status
+    reason: str
+    measured: dict[str, float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class OptimizeReport:
+    """Everything `optimize()` did. `changes` holds one entry per module a rule matched."""
+
+    changes: list[Change] = field(default_factory=list)
+    compile_steps: list[CompileStep] = field(default_factory=list)
+    validation: ValidationResult | None = None
+    validated: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def applied(self) -> list[Change]:
+        return [c for c in self.changes if c.status == "applied"]
+
+    def reverted(self) -> list[Change]:
+        return [c for c in self.changes if c.status == "reverted"]
+
+    def skipped(self) -> list[Change]:
+        return [c for c in self.changes if c.status == "skipped"]
+
+    def counts(self) -> dict[str, int]:
+        """rule -> number of modules it replaced (kept changes only)."""
+        out: dict[str, int] = {}
+        for c in self.applied():
+            out[c.rule] = out.get(c.rule, 0) + 1
+        return out
+
+    @property
+    def passed(self) -> bool:
+        """True when the returned model passed validation (or nothing needed validating)."""
+        return self.validation is None or self.validation.passed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "applied": len(self.applied()),
+            "reverted": len(self.reverted()),
+            "skipped": len(self.skipped()),
+            "counts": self.counts(),
+            "changes": [c.to_dict() for c in self.changes],
+            "compile": [s.to_dict() for s in self.compile_steps],
+            "validated": self.validated,
+            "passed": self.passed,
+            "validation": self.validation.to_dict() if self.validation is not None else None,
+            "notes": list(self.notes),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    def summary(self, validation: bool = True) -> str:
+        """The report as text: kept changes grouped by rule, reverts and skips with their reasons,
+        compile steps, notes, and (with `validation`) the validation summary."""
+        lines = [f"optimize: {len(self.applied())} modules replaced, {len(self.reverted())} reverted, "
+                 f"{len(self.skipped())} left alone"]
+        groups: dict[tuple[str, str], list[str]] = {}
+        for c in self.applied():
+            groups.setdefault((c.rule, c.reason), []).append(c.path)
+        for (rule, reason), paths in groups.items():
+            lines.append(f"  [{rule}] {reason}: {_paths(paths)}")
+        for c in self.reverted():
+            lines.append(f"  REVERTED [{c.rule}] {c.path} ({c.before}): {c.detail or c.reason}")
+        alone: dict[tuple[str, str], list[str]] = {}
+        for c in self.skipped():
+            alone.setdefault((c.rule, c.reason), []).append(c.path)
+        for (rule, reason), paths in alone.items():
+            lines.append(f"  left alone [{rule}] {reason}: {_paths(paths)}")
+        for s in self.compile_steps:
+            measured = ""
+            if s.measured:
+                measured = " (" + ", ".join(f"{k} {v:.4g}" for k, v in s.measured.items()) + ")"
+            lines.append(f"  compile {s.name}: {s.status}: {s.reason}{measured}")
+        lines += [f"  note: {n}" for n in self.notes]
+        if not self.validated:
+            lines.append("  validation: not run (validate=False): the changes are unchecked")
+        elif validation and self.validation is not None:
+            lines.append("validation of the returned model against the original:")
+            lines.append(self.validation.summary())
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+__all__ = ["Change", "CompileStep", "OptimizeReport", "Status"]

@@ -1,0 +1,50 @@
+"""The replacement rules behind `optimize()`: one family per file, each rule a small object that looks
+at one module and says whether it replaces it, with what, and why.
+
+A rule never edits the module it is shown, nor any class: it returns a new module (built around the
+same `Parameter` objects, so names, devices, dtypes, `state_dict` keys and ties are kept) or says why
+not. `optimize()` swaps the instance in the model, validates, and reverts what fails.
+
+Families: `norms.py` (torch and Hugging Face norms). The MLP, rotary, attention and loss families get
+their files when their modules exist in `kernel_pytorch.nn`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Match:
+    """A rule's answer for one module: `replacement` (None: recognised but left alone) and `reason`."""
+
+    replacement: nn.Module | None
+    reason: str
+
+
+@runtime_checkable
+class Rule(Protocol):
+    """One replacement: `name` (unique, used in reports and `components=`), `family` ("norms", ...).
+
+    `match(module, name, model)` returns None when the module is not of the rule's kind, else a
+    `Match`: the replacement (a new module holding the same parameters) or None with the reason it is
+    left alone. It must not change `module` or `model`.
+    """
+
+    name: str
+    family: str
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None: ...
+
+
+def default_rules() -> list[Rule]:
+    """Every built-in rule, in the order they are tried (the first rule that matches a module wins)."""
+    from kernel_pytorch.optimize.rules.norms import NORM_RULES
+
+    return [*NORM_RULES]
+
+
+__all__ = ["Match", "Rule", "default_rules"]

@@ -1,0 +1,62 @@
+"""Helpers every rule family uses: guards on what may be swapped, moving parameters into a
+replacement, and a quick behavioural probe that tells which computation a module does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from kernel_pytorch.tolerances import TOLERANCES, compare
+
+
+def blocked(module: nn.Module) -> str | None:
+    """Why `module` must not be swapped whatever it computes, or None: hooks would be lost with the
+    instance, and parameters on the meta device cannot be probed."""
+    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks:
+        return "has forward/backward hooks, which a new instance would not carry"
+    if any(p.is_meta for p in module.parameters(recurse=False)):
+        return "parameters on the meta device (not materialised)"
+    return None
+
+
+def build_on_meta(make: Callable[[], nn.Module], old: nn.Module, names: tuple[str, ...]) -> nn.Module:
+    """`make()` (which should build on the meta device), then hand it `old`'s parameter objects under
+    `names`, so the replacement shares storage, dtype, device, ties and optimizer state with the model."""
+    new = make()
+    for n in names:
+        value = getattr(old, n, None)
+        if value is None or isinstance(value, nn.Parameter):
+            setattr(new, n, value)
+        else:
+            raise TypeError(f"{n} of {type(old).__name__} is a {type(value).__name__}, not a Parameter")
+    new.train(old.training)
+    return new
+
+
+def probe_input(width: int, like: Tensor | None, rows: int = 6) -> Tensor:
+    """A (2, rows // 2, width) probe of `like`'s dtype and device (fp32 where that dtype has no table
+    entry), drawn from a private generator so the caller's RNG stream is untouched."""
+    dtype = like.dtype if like is not None and like.dtype in TOLERANCES else torch.float32
+    device = like.device if like is not None else torch.device("cpu")
+    g = torch.Generator().manual_seed(1234)
+    return torch.randn(2, rows // 2, width, generator=g).to(device=device, dtype=dtype)
+
+
+def same_output(a: Tensor, b: Tensor) -> bool:
+    """Whether `b` is `a` under the tolerance table (shape and dtype included)."""
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        return False
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return compare(b, a).passed
+
+
+def run_probe(module: nn.Module, x: Tensor) -> Tensor | None:
+    """`module(x)` without gradients, or None when it raises (the module is then not of this kind)."""
+    try:
+        with torch.no_grad():
+            return module(x)
+    except Exception:
+        return None

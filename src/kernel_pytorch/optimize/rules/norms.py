@@ -1,0 +1,169 @@
+"""Norm rules: torch.nn.RMSNorm / torch.nn.LayerNorm, and Hugging Face-style RMSNorm modules, to
+`kernel_pytorch.nn.RMSNorm` / `LayerNorm`.
+
+Hugging Face norms are recognised by structure and behaviour, not by class name: a leaf module whose
+only parameter is a 1-D `weight`, with no buffers and an epsilon (`variance_epsilon` or `eps`), that
+computes one of the two RMSNorms on a probe input:
+
+    llama:  (x32 * rstd).to(dtype) * weight        LlamaRMSNorm, Qwen2/3, Mistral, Phi-3 ...
+    gemma:  (x32 * rstd * (1 + weight32)).to(dtype)  GemmaRMSNorm (weight stored zero-centred)
+
+The replacement holds the module's own `weight` Parameter, so `state_dict` keys (`...norm.weight`),
+dtype, device and optimizer state are unchanged. `kernel_pytorch.nn.RMSNorm` rounds as Llama does;
+when it grows a `casting` argument the rules ask for "llama", "gemma" or "torch" by name. Until then a
+Gemma-style norm is recognised, reported, and left alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from kernel_pytorch import nn as kp_nn
+from kernel_pytorch.optimize.rules import Match
+from kernel_pytorch.optimize.rules._common import blocked, build_on_meta, probe_input, run_probe, same_output
+from kernel_pytorch.reference.rms_norm import rms_norm_rstd
+
+_EPS_ATTRS = ("variance_epsilon", "eps")
+
+
+def rms_norm_options(style: str) -> dict[str, Any] | None:
+    """Constructor arguments making `kernel_pytorch.nn.RMSNorm` compute `style` ("llama", "gemma",
+    "torch"), or None when it cannot. Read from its signature, so the rules follow the module."""
+    params = inspect.signature(kp_nn.RMSNorm.__init__).parameters
+    if "casting" in params:
+        options: dict[str, Any] = {"casting": style}
+        if style == "gemma" and "offset" in params:
+            options["offset"] = 1.0
+        return options
+    # without `casting` the module rounds as Llama does (reference/rms_norm.py); torch.nn.RMSNorm rounds
+    # once at the end, a difference of one rounding in bf16/fp16 that validation judges
+    return {} if style in ("llama", "torch") else None
+
+
+def _rms_norm(width: int, eps: float | None, affine: bool, options: dict[str, Any], old: nn.Module) -> nn.Module:
+    return build_on_meta(
+        lambda: kp_nn.RMSNorm(width, eps=eps, elementwise_affine=affine, device="meta", **options),
+        old,
+        ("weight",) if affine else (),
+    )
+
+
+def _own_forward(module: nn.Module, base: type[nn.Module]) -> bool:
+    """Whether `module`'s class computes something other than `base.forward` (a subclass overriding it)."""
+    return type(module).forward is not base.forward
+
+
+class TorchRMSNormRule:
+    """torch.nn.RMSNorm (or a subclass keeping its forward) -> kernel_pytorch.nn.RMSNorm."""
+
+    name = "torch_rms_norm"
+    family = "norms"
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
+        if not isinstance(module, nn.RMSNorm) or isinstance(module, kp_nn.RMSNorm):
+            return None
+        if _own_forward(module, nn.RMSNorm):
+            return Match(None, f"{type(module).__name__} overrides torch.nn.RMSNorm.forward")
+        if (why := blocked(module)) is not None:
+            return Match(None, why)
+        options = rms_norm_options("torch")
+        if options is None:  # pragma: no cover - every version of the module computes this
+            return Match(None, "kernel_pytorch.nn.RMSNorm cannot round as torch does")
+        new = build_on_meta(
+            lambda: kp_nn.RMSNorm(module.normalized_shape, eps=module.eps,
+                                  elementwise_affine=module.elementwise_affine, device="meta", **options),
+            module,
+            ("weight",) if module.elementwise_affine else (),
+        )
+        return Match(new, "torch.nn.RMSNorm -> kernel_pytorch.nn.RMSNorm")
+
+
+class TorchLayerNormRule:
+    """torch.nn.LayerNorm (or a subclass keeping its forward) -> kernel_pytorch.nn.LayerNorm."""
+
+    name = "torch_layer_norm"
+    family = "norms"
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
+        if not isinstance(module, nn.LayerNorm) or isinstance(module, kp_nn.LayerNorm):
+            return None
+        if _own_forward(module, nn.LayerNorm):
+            return Match(None, f"{type(module).__name__} overrides torch.nn.LayerNorm.forward")
+        if (why := blocked(module)) is not None:
+            return Match(None, why)
+        bias = module.bias is not None
+        new = build_on_meta(
+            lambda: kp_nn.LayerNorm(module.normalized_shape, eps=module.eps,
+                                    elementwise_affine=module.elementwise_affine, bias=bias, device="meta"),
+            module,
+            tuple(n for n, p in (("weight", module.weight), ("bias", module.bias)) if p is not None),
+        )
+        return Match(new, "torch.nn.LayerNorm -> kernel_pytorch.nn.LayerNorm")
+
+
+def _hf_rms_shape(module: nn.Module) -> tuple[int, float, str] | None:
+    """(width, eps, eps attribute) when `module` is shaped like an HF RMSNorm, else None."""
+    if isinstance(module, (nn.RMSNorm, nn.LayerNorm)) or next(module.children(), None) is not None:
+        return None
+    params = dict(module.named_parameters(recurse=False))
+    if set(params) != {"weight"} or params["weight"].dim() != 1 or next(module.buffers(), None) is not None:
+        return None
+    for attr in _EPS_ATTRS:
+        eps = getattr(module, attr, None)
+        if isinstance(eps, float) and not isinstance(eps, bool):
+            return params["weight"].shape[0], eps, attr
+    return None
+
+
+def _gemma_style(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return (x32 * rms_norm_rstd(x32, eps).unsqueeze(-1) * (1.0 + weight.float())).to(x.dtype)
+
+
+class HFRMSNormRule:
+    """A Hugging Face-style RMSNorm (any class: recognised by shape and by a probe) ->
+    kernel_pytorch.nn.RMSNorm rounding as the original does."""
+
+    name = "hf_rms_norm"
+    family = "norms"
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
+        found = _hf_rms_shape(module)
+        if found is None:
+            return None
+        width, eps, attr = found
+        if (why := blocked(module)) is not None:
+            return Match(None, why)
+        x = probe_input(width, module.weight)
+        expected = run_probe(module, x)
+        if expected is None:
+            return None  # does not even take (..., D): not a norm
+        kind = type(module).__name__
+        options = rms_norm_options("llama")
+        if options is not None:
+            new = _rms_norm(width, eps, True, options, module)
+            if same_output(expected, run_probe(new, x)):
+                return Match(new, f"{kind} (Llama-style: weight * x_hat in x's dtype, {attr}={eps:g}) "
+                                  "-> kernel_pytorch.nn.RMSNorm")
+        if same_output(expected, _gemma_style(x, module.weight.detach(), eps)):
+            options = rms_norm_options("gemma")
+            if options is None:
+                return Match(None, f"{kind} is Gemma-style ((1 + weight), rounded once); waits for "
+                                   "kernel_pytorch.nn.RMSNorm(casting='gemma')")
+            new = _rms_norm(width, eps, True, options, module)
+            if same_output(expected, run_probe(new, x)):
+                return Match(new, f"{kind} (Gemma-style: (1 + weight), rounded once) -> kernel_pytorch.nn.RMSNorm")
+            return Match(None, f"{kind} is Gemma-style but kernel_pytorch.nn.RMSNorm{options} differs on a probe")
+        if "norm" in kind.lower():
+            return Match(None, f"{kind} has an RMSNorm's parameters but computes neither Llama's nor "
+                               "Gemma's RMSNorm on a probe input")
+        return None
+
+
+NORM_RULES = (TorchRMSNormRule(), TorchLayerNormRule(), HFRMSNormRule())
+
+__all__ = ["NORM_RULES", "HFRMSNormRule", "TorchLayerNormRule", "TorchRMSNormRule", "rms_norm_options"]

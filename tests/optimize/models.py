@@ -1,0 +1,101 @@
+"""Tiny models for the optimize tests: Hugging Face decoders from random configs (no downloads) and
+plain torch models. Each factory returns `(model, example_inputs)`; HF factories import transformers
+inside, so this module imports with torch alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+VOCAB = 96
+DECODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+
+
+def lm_inputs(batch: int = 2, seq: int = 8) -> dict[str, Tensor]:
+    ids = torch.randint(3, VOCAB, (batch, seq))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def llama(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(**{**DECODER, **overrides})).eval(), lm_inputs()
+
+
+def gemma() -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    model = GemmaForCausalLM(GemmaConfig(**DECODER, head_dim=8)).eval()
+    with torch.no_grad():  # Gemma's norm weights start at 0: make them tell (1 + w) from w
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.1)
+    return model, lm_inputs()
+
+
+def qwen2() -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(Qwen2Config(**DECODER)).eval(), lm_inputs()
+
+
+def gpt2() -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, loss_type="ForCausalLM")
+    return GPT2LMHeadModel(config).eval(), lm_inputs()
+
+
+class Block(nn.Module):
+    """Pre-norm residual MLP block."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.fc(torch.relu(self.norm(x)))
+
+
+class Stack(nn.Module):
+    """Repeated blocks, a final RMSNorm and a head; `shared` is one LayerNorm held at two paths."""
+
+    def __init__(self, dim: int = 16, depth: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(depth))
+        self.shared = nn.LayerNorm(dim)
+        self.again = self.shared
+        self.final = nn.RMSNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.final(self.again(self.shared(x))))
+
+
+def stack() -> tuple[nn.Module, tuple[Tensor]]:
+    return Stack(), (torch.randn(4, 5, 16),)
+
+
+class SmallCNN(nn.Module):
+    """Conv, BatchNorm, GroupNorm, pooling: nothing a norm rule of ours takes (no torchvision)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+def cnn() -> tuple[nn.Module, tuple[Tensor]]:
+    return SmallCNN().eval(), (torch.randn(2, 3, 8, 8),)

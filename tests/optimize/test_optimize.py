@@ -1,0 +1,249 @@
+"""optimize() on tiny Hugging Face decoders and plain torch models: the expected modules are swapped
+(by instance), names, state_dicts, ties, modes and generate() survive, validation reverts what fails."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import kernel_pytorch as kp
+from kernel_pytorch.optimize import Match, OptimizeReport, optimize
+from kernel_pytorch.optimize.rules.norms import rms_norm_options
+from kernel_pytorch.tolerances import compare
+from tests.optimize import models
+
+transformers = pytest.importorskip("transformers")
+
+N_NORMS = 5  # two per layer in two layers, and the final norm
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    result = compare(actual, expected)
+    assert result.passed, result.message()
+
+
+@pytest.fixture(scope="module")
+def llama_run() -> dict:
+    torch.manual_seed(0)
+    model, inputs = models.llama(tie_word_embeddings=True)
+    prompt = inputs["input_ids"][:1, :5]
+    before = {
+        "tokens": model.generate(prompt, max_new_tokens=4, do_sample=False),
+        "logits": model(**inputs).logits.detach(),
+        "params": {n: p for n, p in model.named_parameters()},
+        "keys": list(model.state_dict()),
+        "classes": {type(m) for m in model.modules()},
+    }
+    out, report = optimize(model, inputs)
+    return {"model": out, "report": report, "inputs": inputs, "prompt": prompt, "before": before}
+
+
+def test_llama_norms_swapped_by_instance(llama_run: dict) -> None:
+    model, report = llama_run["model"], llama_run["report"]
+    assert report.passed and report.validated
+    assert report.counts() == {"hf_rms_norm": N_NORMS}
+    norms = [m for n, m in model.named_modules() if n.endswith("norm")]
+    assert len(norms) == N_NORMS and all(type(m) is kp.nn.RMSNorm for m in norms)
+    # the transformers class itself is untouched, and still what a fresh model is built from
+    from transformers.models.llama import modeling_llama
+
+    assert modeling_llama.LlamaRMSNorm.forward is not kp.nn.RMSNorm.forward
+    fresh, _ = models.llama()
+    assert type(fresh.model.norm) is modeling_llama.LlamaRMSNorm
+
+
+def test_llama_keeps_parameters_keys_ties_and_outputs(llama_run: dict) -> None:
+    model, before = llama_run["model"], llama_run["before"]
+    # the same Parameter objects under the same names: an optimizer built before keeps working
+    assert {n: id(p) for n, p in model.named_parameters()} == {n: id(p) for n, p in before["params"].items()}
+    assert list(model.state_dict()) == before["keys"]
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    _close(model(**llama_run["inputs"]).logits, before["logits"])
+    assert torch.equal(model.generate(llama_run["prompt"], max_new_tokens=4, do_sample=False), before["tokens"])
+
+
+def test_llama_state_dict_round_trips(llama_run: dict) -> None:
+    model, inputs = llama_run["model"], llama_run["inputs"]
+    fresh, _ = models.llama(tie_word_embeddings=True)
+    fresh.load_state_dict(model.state_dict())  # ours -> transformers'
+    _close(fresh(**inputs).logits, model(**inputs).logits)
+    other, _ = models.llama(tie_word_embeddings=True)
+    model.load_state_dict(other.state_dict())  # transformers' -> ours
+    _close(model(**inputs).logits, other(**inputs).logits)
+
+
+def test_llama_train_eval_reach_the_swapped_modules(llama_run: dict) -> None:
+    model = llama_run["model"]
+    model.train()
+    assert model.model.norm.training
+    loss = model(**llama_run["inputs"]).loss
+    loss.backward()
+    assert model.model.norm.weight.grad is not None
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    assert not model.model.norm.training
+
+
+def test_bf16_llama_rounds_as_transformers() -> None:
+    model, inputs = models.llama()
+    model.to(torch.bfloat16)
+    _, report = optimize(model, inputs, seeds=(0,))
+    assert report.passed and report.counts() == {"hf_rms_norm": N_NORMS}
+    assert model.model.norm.weight.dtype == torch.bfloat16
+
+
+def test_qwen2_norms_swapped() -> None:
+    model, inputs = models.qwen2()
+    _, report = optimize(model, inputs, seeds=(0,))
+    assert report.passed and report.counts() == {"hf_rms_norm": N_NORMS}
+
+
+def test_gemma_norms_wait_for_casting_or_swap() -> None:
+    model, inputs = models.gemma()
+    _, report = optimize(model, inputs, seeds=(0,))
+    assert report.passed
+    if rms_norm_options("gemma") is None:  # kernel_pytorch.nn.RMSNorm cannot round as Gemma does yet
+        assert report.counts() == {} and len(report.skipped()) == N_NORMS
+        assert all("casting='gemma'" in c.reason for c in report.skipped())
+    else:
+        assert report.counts() == {"hf_rms_norm": N_NORMS}
+
+
+def test_gpt2_layer_norms_swapped() -> None:
+    model, inputs = models.gpt2()
+    keys = list(model.state_dict())
+    _, report = optimize(model, inputs, seeds=(0,))
+    assert report.passed and report.counts() == {"torch_layer_norm": N_NORMS}
+    assert type(model.transformer.ln_f) is kp.nn.LayerNorm
+    assert list(model.state_dict()) == keys
+    fresh, _ = models.gpt2()
+    fresh.load_state_dict(model.state_dict())
+
+
+def test_builtin_vit_layer_norms_swapped() -> None:
+    from kernel_pytorch.models import build_model
+
+    model, inputs = build_model("vit-tiny")
+    _, report = optimize(model, inputs, seeds=(0,))
+    assert report.passed and report.counts() == {"torch_layer_norm": N_NORMS}
+
+
+def test_plain_stack_shared_module_stays_shared() -> None:
+    model, inputs = models.stack()
+    expected = model(*inputs)
+    _, report = optimize(model, inputs, seeds=(0,))
+    assert report.counts() == {"torch_layer_norm": 4, "torch_rms_norm": 1}
+    assert model.shared is model.again and type(model.shared) is kp.nn.LayerNorm
+    _close(model(*inputs), expected)
+
+
+def test_cnn_has_nothing_to_swap() -> None:
+    model, inputs = models.cnn()
+    _, report = optimize(model, inputs, seeds=(0,))
+    assert report.passed and report.changes == []
+
+
+def test_hooked_module_left_alone() -> None:
+    model, inputs = models.stack()
+    model.final.register_forward_hook(lambda m, a, out: out)
+    _, report = optimize(model, inputs, components="torch_rms_norm", seeds=(0,))
+    assert type(model.final) is nn.RMSNorm
+    assert [c.reason for c in report.skipped()] == ["has forward/backward hooks, which a new instance would not carry"]
+
+
+class WrongLayerNorm:
+    """A deliberately failing rule: LayerNorm with a far larger eps."""
+
+    name = "wrong_layer_norm"
+    family = "test"
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
+        if type(module) is not nn.LayerNorm:
+            return None
+        new = kp.nn.LayerNorm(module.normalized_shape, eps=0.5)
+        new.weight, new.bias = module.weight, module.bias
+        return Match(new, "LayerNorm with the wrong eps")
+
+
+def test_failing_rule_is_reverted_and_the_rest_kept() -> None:
+    model, inputs = models.stack()
+    expected = model(*inputs)
+    _, report = optimize(model, inputs, components=[WrongLayerNorm(), "torch_rms_norm"], seeds=(0,))
+    assert report.passed
+    assert report.counts() == {"torch_rms_norm": 1}
+    assert {c.path for c in report.reverted()} == {"blocks.0.norm", "blocks.1.norm", "blocks.2.norm", "shared"}
+    assert all("wrong_layer_norm" in c.detail and "MISMATCH" in c.detail for c in report.reverted())
+    assert type(model.blocks[0].norm) is nn.LayerNorm and model.shared is model.again
+    _close(model(*inputs), expected)
+    assert "REVERTED [wrong_layer_norm] blocks.0.norm" in str(report)
+
+
+def test_report_is_text_and_json() -> None:
+    model, inputs = models.stack()
+    _, report = optimize(model, inputs, seeds=(0,))
+    assert isinstance(report, OptimizeReport)
+    data = json.loads(report.to_json())
+    assert data["applied"] == 5 and data["passed"] and data["validation"]["passed"]
+    assert {c["rule"] for c in data["changes"]} == {"torch_layer_norm", "torch_rms_norm"}
+    text = str(report)
+    assert text.startswith("optimize: 5 modules replaced") and "correctness_check: PASS" in text
+    assert "not measured on the CPU" in text  # compile="auto" on the CPU applies nothing, and says so
+
+
+def test_regional_compile_on_request() -> None:
+    model, inputs = models.stack()
+    _, report = optimize(model, inputs, compile=True, compile_options={"backend": "eager"}, seeds=(0,))
+    step = report.compile_steps[0]
+    assert (step.name, step.status) == ("regional", "applied") and report.passed
+    assert all(b._compiled_call_impl is not None for b in model.blocks)
+
+
+def test_arguments() -> None:
+    model, inputs = models.stack()
+    with pytest.raises(ValueError, match="example_inputs"):
+        optimize(model)
+    with pytest.raises(ValueError, match="no rule or family"):
+        optimize(model, inputs, components=["nope"])
+    _, report = optimize(model, validate=False, components="norms", compile=False)
+    assert not report.validated and len(report.applied()) == 5
+    assert "validation: not run" in str(report)
+
+
+def test_public_name_is_the_function_and_the_package() -> None:
+    import kernel_pytorch.optimize.rules  # noqa: F401  (importing a submodule rebinds the attribute)
+
+    model, inputs = models.stack()
+    _, report = kp.optimize(model, inputs, seeds=(0,))
+    assert report.counts()["torch_layer_norm"] == 4
+
+
+class _CastingRMSNorm(kp.nn.RMSNorm):
+    """Stands in for RMSNorm(casting=...) until it lands: Gemma's rounding with an offset."""
+
+    def __init__(self, *args, casting: str = "torch", offset: float = 0.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.casting, self.offset = casting, offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.casting != "gemma":
+            return super().forward(x)
+        x32 = x.float()
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * rstd * (self.offset + self.weight.float())).to(x.dtype)
+
+
+def test_gemma_swapped_once_rms_norm_takes_casting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from kernel_pytorch.optimize.rules import norms
+
+    monkeypatch.setattr(norms, "kp_nn", SimpleNamespace(RMSNorm=_CastingRMSNorm, LayerNorm=kp.nn.LayerNorm))
+    assert norms.rms_norm_options("gemma") == {"casting": "gemma", "offset": 1.0}
+    model, inputs = models.gemma()
+    _, report = optimize(model, inputs, seeds=(0,))
+    assert report.passed and report.counts() == {"hf_rms_norm": N_NORMS}
+    assert model.model.norm.casting == "gemma"
+    assert "Gemma-style" in report.applied()[0].reason
