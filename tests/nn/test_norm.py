@@ -164,3 +164,17 @@ def test_integer_input_error_names_x() -> None:
     """eps=None takes torch.finfo(x.dtype): an int64 x gets our error naming x, not finfo's."""
     with pytest.raises(TypeError, match="x must be a floating-point tensor"):
         kp.nn.RMSNorm(8)(torch.ones(2, 8, dtype=torch.int64, device=DEV))
+
+
+def test_rms_norm_offset_matches_gemma() -> None:
+    """offset=1.0 with casting="gemma": transformers' GemmaRMSNorm, weight starting at zero."""
+    gemma = pytest.importorskip("transformers.models.gemma.modeling_gemma")
+    torch.manual_seed(0)
+    hf = gemma.GemmaRMSNorm(16, eps=1e-6)
+    ours = kp.nn.RMSNorm(16, eps=1e-6, casting="gemma", offset=1.0)
+    assert torch.equal(ours.weight, torch.zeros(16)) and "offset=1.0" in repr(ours)
+    with torch.no_grad():
+        hf.weight.normal_()
+        ours.weight.copy_(hf.weight)
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    torch.testing.assert_close(ours.to(torch.bfloat16)(x), hf.to(torch.bfloat16)(x))

@@ -40,12 +40,14 @@ class RMSNorm(torch.nn.RMSNorm):
 
     Same arguments as torch.nn.RMSNorm, plus keyword-only `casting` ("torch", the default: rounds as
     torch.nn.RMSNorm does; "llama" or "gemma" where it stands in for a Hugging Face norm;
-    functional.rms_norm). forward: x (..., *normalized_shape) -> same shape and dtype.
+    functional.rms_norm) and `offset` (added to the weight: 1.0 for Gemma-style norms, whose weight
+    then starts at 0). forward: x (..., *normalized_shape) -> same shape and dtype.
     `backend` may be set on an instance ("auto", "triton", "reference").
     """
 
     backend: Backend = "auto"
-    casting: Casting = "torch"  # class default too: modules pickled before the argument existed load
+    casting: Casting = "torch"  # class defaults too: modules pickled before the arguments existed load
+    offset: float = 0.0
 
     def __init__(
         self,
@@ -56,10 +58,17 @@ class RMSNorm(torch.nn.RMSNorm):
         dtype: torch.dtype | None = None,
         *,
         casting: Casting = "torch",
+        offset: float = 0.0,
     ) -> None:
         rounds_normed(casting)  # an unknown casting fails here, not at the first forward
+        self.offset = float(offset)  # before super().__init__, which calls reset_parameters
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
         self.casting = casting
+
+    def reset_parameters(self) -> None:
+        """Weight ones, or zeros when an offset of 1 makes (offset + weight) start at one."""
+        if self.weight is not None:
+            torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, x: Tensor) -> Tensor:
         x2, d = _flatten_normalized(x, tuple(self.normalized_shape))
@@ -67,11 +76,14 @@ class RMSNorm(torch.nn.RMSNorm):
         if eps is None:  # torch's default; a non-float x goes on to F.rms_norm, whose error names it
             eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
         weight = self.weight.reshape(-1) if self.weight is not None else x.new_ones(d)
-        return F.rms_norm(x2, weight, eps, casting=self.casting, backend=self.backend).view(x.shape)
+        offset = self.offset if self.weight is not None else 0.0  # no weight: a scale of exactly one
+        out = F.rms_norm(x2, weight, eps, offset=offset, casting=self.casting, backend=self.backend)
+        return out.view(x.shape)
 
     def extra_repr(self) -> str:
         casting = "" if self.casting == "torch" else f", casting={self.casting!r}"
-        return super().extra_repr() + casting
+        offset = f", offset={self.offset}" if self.offset else ""
+        return super().extra_repr() + casting + offset
 
 
 class LayerNorm(torch.nn.LayerNorm):

@@ -36,7 +36,9 @@ def rms_norm_options(style: str) -> dict[str, Any] | None:
     params = inspect.signature(kp_nn.RMSNorm.__init__).parameters
     if "casting" in params:
         options: dict[str, Any] = {"casting": style}
-        if style == "gemma" and "offset" in params:
+        if style == "gemma":
+            if "offset" not in params:  # Gemma's (1 + weight) needs the offset too
+                return None
             options["offset"] = 1.0
         return options
     # without `casting` the module rounds as Llama does (reference/rms_norm.py); torch.nn.RMSNorm rounds
