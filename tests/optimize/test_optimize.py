@@ -101,15 +101,13 @@ def test_qwen2_norms_swapped() -> None:
     assert report.passed and report.counts() == {"hf_rms_norm": N_NORMS}
 
 
-def test_gemma_norms_wait_for_casting_or_swap() -> None:
+def test_gemma_norms_swapped_with_their_rounding() -> None:
     model, inputs = models.gemma()
     _, report = optimize(model, inputs, seeds=(0,))
-    assert report.passed
-    if rms_norm_options("gemma") is None:  # kernel_pytorch.nn.RMSNorm cannot round as Gemma does yet
-        assert report.counts() == {} and len(report.skipped()) == N_NORMS
-        assert all("casting='gemma'" in c.reason for c in report.skipped())
-    else:
-        assert report.counts() == {"hf_rms_norm": N_NORMS}
+    assert report.passed and report.counts() == {"hf_rms_norm": N_NORMS}
+    assert (model.model.norm.casting, model.model.norm.offset) == ("gemma", 1.0)
+    assert "Gemma-style" in report.applied()[0].reason
+    assert rms_norm_options("gemma") == {"casting": "gemma", "offset": 1.0}
 
 
 def test_gpt2_layer_norms_swapped() -> None:
@@ -218,32 +216,3 @@ def test_public_name_is_the_function_and_the_package() -> None:
     model, inputs = models.stack()
     _, report = kp.optimize(model, inputs, seeds=(0,))
     assert report.counts()["torch_layer_norm"] == 4
-
-
-class _CastingRMSNorm(kp.nn.RMSNorm):
-    """Stands in for RMSNorm(casting=...) until it lands: Gemma's rounding with an offset."""
-
-    def __init__(self, *args, casting: str = "torch", offset: float = 0.0, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.casting, self.offset = casting, offset
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.casting != "gemma":
-            return super().forward(x)
-        x32 = x.float()
-        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * rstd * (self.offset + self.weight.float())).to(x.dtype)
-
-
-def test_gemma_swapped_once_rms_norm_takes_casting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from types import SimpleNamespace
-
-    from kernel_pytorch.optimize.rules import norms
-
-    monkeypatch.setattr(norms, "kp_nn", SimpleNamespace(RMSNorm=_CastingRMSNorm, LayerNorm=kp.nn.LayerNorm))
-    assert norms.rms_norm_options("gemma") == {"casting": "gemma", "offset": 1.0}
-    model, inputs = models.gemma()
-    _, report = optimize(model, inputs, seeds=(0,))
-    assert report.passed and report.counts() == {"hf_rms_norm": N_NORMS}
-    assert model.model.norm.casting == "gemma"
-    assert "Gemma-style" in report.applied()[0].reason

@@ -9,14 +9,12 @@ computes one of the two RMSNorms on a probe input:
     gemma:  (x32 * rstd * (1 + weight32)).to(dtype)  GemmaRMSNorm (weight stored zero-centred)
 
 The replacement holds the module's own `weight` Parameter, so `state_dict` keys (`...norm.weight`),
-dtype, device and optimizer state are unchanged. `kernel_pytorch.nn.RMSNorm` rounds as Llama does;
-when it grows a `casting` argument the rules ask for "llama", "gemma" or "torch" by name. Until then a
-Gemma-style norm is recognised, reported, and left alone.
+dtype, device and optimizer state are unchanged. The replacement rounds as the original does
+(`kernel_pytorch.nn.RMSNorm`'s `casting` "llama", "gemma" with offset 1, or "torch").
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -30,20 +28,12 @@ from kernel_pytorch.reference.rms_norm import rms_norm_rstd
 _EPS_ATTRS = ("variance_epsilon", "eps")
 
 
-def rms_norm_options(style: str) -> dict[str, Any] | None:
+def rms_norm_options(style: str) -> dict[str, Any]:
     """Constructor arguments making `kernel_pytorch.nn.RMSNorm` compute `style` ("llama", "gemma",
-    "torch"), or None when it cannot. Read from its signature, so the rules follow the module."""
-    params = inspect.signature(kp_nn.RMSNorm.__init__).parameters
-    if "casting" in params:
-        options: dict[str, Any] = {"casting": style}
-        if style == "gemma":
-            if "offset" not in params:  # Gemma's (1 + weight) needs the offset too
-                return None
-            options["offset"] = 1.0
-        return options
-    # without `casting` the module rounds as Llama does (reference/rms_norm.py); torch.nn.RMSNorm rounds
-    # once at the end, a difference of one rounding in bf16/fp16 that validation judges
-    return {} if style in ("llama", "torch") else None
+    "torch")."""
+    if style not in ("llama", "gemma", "torch"):
+        raise ValueError(f"style must be 'llama', 'gemma' or 'torch' (got {style!r})")
+    return {"casting": "gemma", "offset": 1.0} if style == "gemma" else {"casting": style}
 
 
 def _rms_norm(width: int, eps: float | None, affine: bool, options: dict[str, Any], old: nn.Module) -> nn.Module:
@@ -73,8 +63,6 @@ class TorchRMSNormRule:
         if (why := blocked(module)) is not None:
             return Match(None, why)
         options = rms_norm_options("torch")
-        if options is None:  # pragma: no cover - every version of the module computes this
-            return Match(None, "kernel_pytorch.nn.RMSNorm cannot round as torch does")
         new = build_on_meta(
             lambda: kp_nn.RMSNorm(module.normalized_shape, eps=module.eps,
                                   elementwise_affine=module.elementwise_affine, device="meta", **options),
@@ -145,17 +133,12 @@ class HFRMSNormRule:
         if expected is None:
             return None  # does not even take (..., D): not a norm
         kind = type(module).__name__
-        options = rms_norm_options("llama")
-        if options is not None:
-            new = _rms_norm(width, eps, True, options, module)
-            if same_output(expected, run_probe(new, x)):
-                return Match(new, f"{kind} (Llama-style: weight * x_hat in x's dtype, {attr}={eps:g}) "
-                                  "-> kernel_pytorch.nn.RMSNorm")
+        new = _rms_norm(width, eps, True, rms_norm_options("llama"), module)
+        if same_output(expected, run_probe(new, x)):
+            return Match(new, f"{kind} (Llama-style: weight * x_hat in x's dtype, {attr}={eps:g}) "
+                              "-> kernel_pytorch.nn.RMSNorm")
         if same_output(expected, _gemma_style(x, module.weight.detach(), eps)):
             options = rms_norm_options("gemma")
-            if options is None:
-                return Match(None, f"{kind} is Gemma-style ((1 + weight), rounded once); waits for "
-                                   "kernel_pytorch.nn.RMSNorm(casting='gemma')")
             new = _rms_norm(width, eps, True, options, module)
             if same_output(expected, run_probe(new, x)):
                 return Match(new, f"{kind} (Gemma-style: (1 + weight), rounded once) -> kernel_pytorch.nn.RMSNorm")
