@@ -124,7 +124,9 @@ def _finding(group: list[Instance], bandwidth: Bandwidth) -> Finding:
         f"about {fmt_bytes(saved)} less memory traffic{fewer} per forward, {fmt_seconds(seconds)} at "
         f"{bandwidth.label} (estimated from the example shapes, not measured)"
     )
-    comp = first.match.details.get("component") or _COMPONENT.get(kind)
+    comp = _COMPONENT.get(kind)
+    if kind == "gated-act":
+        comp = "swiglu" if first.match.details.get("act") == "silu" else "geglu"
     return Finding(
         id=f"fusion.{kind}",
         severity=spec.severity,

@@ -237,7 +237,7 @@ def find_manual_attention(g: GraphView) -> list[Match]:
             "qk": qk.name,
             "pv": pv.name,
         }
-        found.append(Match("attention", sm.name, names, g.boundary_bytes(names), details=details))
+        found.append(Match("attention", qk.name, names, g.boundary_bytes(names), details=details))
     return found
 
 
@@ -362,11 +362,13 @@ def find_linear_cross_entropy(g: GraphView) -> list[Match]:
 
 def find_all(g: GraphView) -> list[Match]:
     """Every match of every pattern in one graph."""
-    rms = find_rms_norms(g)
+    layer = find_layer_norms(g)
+    # a LayerNorm's variance is a mean of squares too (of the centred x): that part is no RMSNorm
+    rms = [m for m in find_rms_norms(g) if not any(m.nodes & ln.nodes for ln in layer)]
     attention = find_manual_attention(g)
     return [
         *rms,
-        *find_layer_norms(g),
+        *layer,
         *find_gated_activations(g),
         *find_rotate_half_rope(g),
         *attention,
