@@ -123,8 +123,4 @@ def test_cuda_peak_is_measured() -> None:
     run = measure_step(model, (x,), {})
     assert run.peak is not None and run.peak >= run.activations
     summary = _memory(model, (x,))["memory.summary"]
-    assert summary.data["peak_measured"] is True and summary.data["peak_bytes"] == summary.data["peak_bytes"]
-
-
-def test_checkpoint_code_matches_torch_api() -> None:
-    assert callable(torch.utils.checkpoint.checkpoint)
+    assert summary.data["peak_measured"] is True and summary.data["peak_bytes"] >= summary.data["activations"]

@@ -195,7 +195,11 @@ def _checkpointing(model: nn.Module, run: MemoryRun, peak: int, forward_s: float
         f"largest block) of a {fmt_bytes(peak)} peak. Checkpointed, each keeps only its input and recomputes "
         f"its forward during the backward.",
         suggestion=f"`{code}`"
-        + ("" if code.startswith("model.gradient") else " (with `import functools, torch.utils.checkpoint`)"),
+        + (
+            " (transformers checkpoints in training mode only: `model.train()`)"
+            if code.startswith("model.gradient")
+            else " (with `import functools, torch.utils.checkpoint`)"
+        ),
         estimated_gain=f"about {fmt_bytes(freed)} less peak memory (estimated: saved bytes minus one input per "
         f"block), for about {fmt_seconds(recompute)} more per step (one more forward of the blocks, "
         f"{share:.0%} of the parameters, of a {fmt_seconds(forward_s)} forward measured without hooks)",

@@ -154,7 +154,8 @@ def measure_step(
         return t
 
     hooks = [h for m in names for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
-    cuda = module_device(module).type == "cuda"
+    dev = module_device(module)
+    cuda = dev.type == "cuda"
     run_args, run_kwargs = clone_inputs(args), clone_inputs(kwargs)
     origins = _Origins()
     error, out_bytes, peak, optimizer_state = None, 0, None, None
@@ -163,15 +164,15 @@ def measure_step(
         for p in trainable:
             p.grad = None
         if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            base = torch.cuda.memory_allocated(dev)
         start = time.perf_counter()
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), origins:
             out = module(*run_args, **run_kwargs)
             loss = _loss_of(out)
         if cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(dev)
         fwd = time.perf_counter() - start
         out_bytes = sum(t.numel() * t.element_size() for t in tensors(out))
         if loss is None:
@@ -180,7 +181,7 @@ def measure_step(
             start = time.perf_counter()
             loss.backward()
             if cuda:
-                torch.cuda.synchronize()
+                torch.cuda.synchronize(dev)
             bwd = time.perf_counter() - start
             if optimizer is not None:
                 opt = optimizer(trainable)
@@ -192,8 +193,8 @@ def measure_step(
                     if isinstance(v, torch.Tensor)
                 )
             if cuda:
-                torch.cuda.synchronize()
-                peak = torch.cuda.max_memory_allocated() - base
+                torch.cuda.synchronize(dev)
+                peak = torch.cuda.max_memory_allocated(dev) - base
         grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in trainable if p.grad is not None)
     except Exception as exc:  # the model's own failure: reported, never raised
         error, grad_bytes = f"{type(exc).__name__}: {exc}", 0
