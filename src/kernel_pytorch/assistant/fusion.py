@@ -50,6 +50,16 @@ class Instance:
 
 def analyze_fusion(ctx: AnalysisContext) -> list[Finding]:
     """The fusion opportunities of the component, one finding per pattern and source line."""
+    if not ctx.eager.ok:  # nothing to trace (and tracing would only log the same error again)
+        return [
+            Finding(
+                id="fusion.skipped",
+                severity=Severity.INFO,
+                title="Fusion opportunities not analysed: the model does not run",
+                evidence="The model fails eagerly on its example inputs (see compilation readiness), so there "
+                "is no graph to read",
+            )
+        ]
     graphs = [g for g in ctx.trace.graphs if g.nodes]
     if not graphs:
         why = "Dynamo captured no graph" if not ctx.trace.graphs else "the captured graphs' nodes could not be read"

@@ -34,7 +34,14 @@ def analyze_memory(ctx: AnalysisContext, optimizer: OptimizerFactory | None = No
     """The memory findings of one training step of the component (see the module docstring); `optimizer`
     (else the context's `options.optimizer`) builds the optimizer stepped once, None for no step."""
     ctx.progress("memory: forward + backward with saved-tensor hooks")
-    run = measure_step(ctx.module, ctx.args, ctx.kwargs, optimizer or ctx.options.optimizer)
+    run = (
+        MemoryRun(
+            params=sum(p.numel() * p.element_size() for p in ctx.module.parameters()),
+            error="the model fails eagerly on its example inputs (see compilation readiness)",
+        )
+        if not ctx.eager.ok
+        else measure_step(ctx.module, ctx.args, ctx.kwargs, optimizer or ctx.options.optimizer)
+    )
     if run.error is not None:
         return [
             Finding(
