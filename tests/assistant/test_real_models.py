@@ -469,8 +469,8 @@ def test_sections_not_run_are_said_not_analysed() -> None:
     console = Console(file=io.StringIO(), width=200)
     render_terminal(a.report, console)
     text = console.file.getvalue()
-    assert "No findings: Fusion" not in text and "not analysed" in text
-    assert "## Fusion opportunities\n\nNo findings." not in to_markdown(a.report)
+    assert "No findings: Kernel" not in text and "not analysed" in text
+    assert "## Kernel efficiency\n\nNo findings." not in to_markdown(a.report)
 
 
 # ---------------------------------------------------------------------------------------------------

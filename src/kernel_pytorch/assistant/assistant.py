@@ -21,7 +21,9 @@ from kernel_pytorch.assistant.compile_time import analyze_compile_time
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.dynamo import backend_name
 from kernel_pytorch.assistant.findings import SECTIONS, Finding, Report, Severity, sort_findings
+from kernel_pytorch.assistant.fusion import analyze_fusion
 from kernel_pytorch.assistant.inputs import InputDims, prepare
+from kernel_pytorch.assistant.memory import analyze_memory
 from kernel_pytorch.assistant.readiness import analyze_readiness, nothing_compiled
 from kernel_pytorch.assistant.recompiles import analyze_recompilations
 from kernel_pytorch.assistant.sweep import shape_sweep
@@ -43,12 +45,14 @@ STEPS: tuple[_Step, ...] = (
     _Step("compilation_readiness", "compilation readiness", analyze_readiness),
     _Step("compile_time", "compile time", analyze_compile_time),
     _Step("recompilations", "recompilations", analyze_recompilations, needs_graphs=True),
+    _Step("fusion_opportunities", "fusion opportunities", analyze_fusion),
+    _Step("memory_bottlenecks", "memory bottlenecks", analyze_memory),
 )
 
 
 class CompilerOptimizationAssistant:
     """Analyse a model (or any nn.Module component) for torch.compile: graph breaks, recompilations,
-    compile time.
+    compile time, fusion opportunities, memory of a training step.
 
     Args:
         device: move the module and the inputs' tensors here first (None: leave them where they are).
@@ -65,6 +69,8 @@ class CompilerOptimizationAssistant:
         cold_cache: bypass Inductor's on-disk caches for that compile, to see a first-ever compile.
         vary_scalars: also sweep other values of Python int/float arguments.
         progress: called with a short description before each expensive step.
+        optimizer: builds an optimizer from the trainable parameters (`torch.optim.AdamW`); the memory
+            analysis then measures one step's state (the parameters are restored afterwards).
     """
 
     def __init__(
@@ -82,6 +88,7 @@ class CompilerOptimizationAssistant:
         cold_cache: bool = False,
         vary_scalars: bool = True,
         progress: Callable[[str], None] | None = None,
+        optimizer: Callable[..., Any] | None = None,
     ) -> None:
         self.device = device
         self.dtype = dtype
@@ -96,6 +103,7 @@ class CompilerOptimizationAssistant:
             vary_scalars=vary_scalars,
             measure_compile_time=measure_compile_time,
             cold_cache=cold_cache,
+            optimizer=optimizer,
         )
 
     def context(

@@ -72,6 +72,8 @@ class AnalysisOptions:
         measure_compile_time: run the `backend` compile (the most expensive step).
         cold_cache: measure that compile with Inductor's on-disk caches bypassed (a first compile on a
             fresh machine) instead of as they are.
+        optimizer: builds the optimizer the memory analysis steps once (`torch.optim.AdamW`, called with
+            the trainable parameters); None: no step, its state estimated.
     """
 
     backend: str | Callable[..., Any] = "inductor"
@@ -83,6 +85,7 @@ class AnalysisOptions:
     vary_scalars: bool = True
     measure_compile_time: bool = True
     cold_cache: bool = False
+    optimizer: Callable[..., Any] | None = None
 
 
 class AnalysisContext:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 import torch._inductor.config
 
-from kernel_pytorch.assistant.records import GraphInfo
+from kernel_pytorch.assistant.records import GraphInfo, NodeInfo, NodeRef
 
 
 def backend_name(backend: str | Callable[..., Any]) -> str:
@@ -119,7 +120,7 @@ def counters_diff(before: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str
 
 
 class GraphRecorder:
-    """A torch.compile backend that records each graph's ops, then hands the graph to `inner`."""
+    """A torch.compile backend that records each graph's ops and nodes, then hands the graph to `inner`."""
 
     def __init__(self, inner: str | Callable[..., Any]) -> None:
         from torch._dynamo.backends.registry import lookup_backend
@@ -131,8 +132,75 @@ class GraphRecorder:
         ops = tuple(
             _target_name(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")
         )
-        self.graphs.append(GraphInfo(ops))
+        try:
+            nodes = tuple(node_info(n) for n in gm.graph.nodes)
+        except Exception:  # the node records are extra detail: never let them fail a trace
+            nodes = ()
+        self.graphs.append(GraphInfo(ops, nodes))
         return self.inner(gm, example_inputs)
+
+
+def node_info(node: torch.fx.Node) -> NodeInfo:
+    """`node` as plain data: target, arguments, example value's shape and dtype, module path, stack."""
+    value = node.meta.get("example_value")
+    shape = itemsize = dtype = contiguous = None
+    if isinstance(value, torch.Tensor):
+        shape = tuple(_size(s) for s in value.shape)
+        itemsize, dtype = value.element_size(), str(value.dtype).removeprefix("torch.")
+        try:
+            contiguous = bool(value.is_contiguous())
+        except Exception:  # a symbolic layout Dynamo cannot decide without a guard
+            contiguous = None
+    stack = node.meta.get("nn_module_stack") or {}
+    path, cls = list(stack.values())[-1] if stack else (None, None)
+    return NodeInfo(
+        name=node.name,
+        op=node.op,
+        target=_target_name(node.target),
+        args=tuple(_plain(a) for a in node.args),
+        kwargs={k: _plain(v) for k, v in node.kwargs.items()},
+        shape=shape,
+        itemsize=itemsize or 0,
+        dtype=dtype,
+        contiguous=contiguous,
+        module_path=module_path(path) if path is not None else None,
+        module_type=getattr(cls, "__name__", None) if cls is not None else None,
+        stack=str(node.meta.get("stack_trace") or ""),
+    )
+
+
+def _size(s: Any) -> int | None:
+    """A size as an int: a SymInt by its hint (no guard is added), None where it has none."""
+    if isinstance(s, int):
+        return s
+    hint = getattr(getattr(s, "node", None), "hint", None)
+    return int(hint) if isinstance(hint, int) else None
+
+
+def _plain(value: Any) -> Any:
+    """An FX argument as plain data: nodes by name, containers as tuples, sizes as ints."""
+    if isinstance(value, torch.fx.Node):
+        return NodeRef(value.name)
+    if isinstance(value, (tuple, list)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, slice):
+        return slice(_plain(value.start), _plain(value.stop), _plain(value.step))
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return _size(value)
+    if value is None or value is Ellipsis or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value).removeprefix("torch.")
+    return str(value)
+
+
+def module_path(dynamo_path: str) -> str:
+    """Dynamo's module path ("L['self'].model.layers[0]", "L['self']._modules['mlp']") as
+    `named_modules` names it ("model.layers.0", "mlp"); "" for the root module."""
+    path = re.sub(r"^L\['self'\]|^self\b", "", dynamo_path)
+    path = re.sub(r"\._modules\['([^']+)'\]", r".\1", path)
+    path = re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", path)
+    return path.strip(".")
 
 
 def _target_name(target: Any) -> str:

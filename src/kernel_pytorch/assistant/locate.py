@@ -196,3 +196,49 @@ def definition_location(module: nn.Module) -> Location | None:
     # getsourcelines starts at the first decorator; the finding points at the `def` itself
     offset = next((i for i, text in enumerate(lines) if re.match(r"\s*(async\s+)?def\s", text)), 0)
     return location_of(file, first + offset, fn.__name__) if file else None
+
+
+def parse_stack(text: str) -> list[traceback.FrameSummary]:
+    """The frames of a formatted stack (an FX node's `stack_trace`), outermost first."""
+    return [
+        traceback.FrameSummary(m.group(1), int(m.group(2)), m.group(3), lookup_line=False)
+        for m in _FROM_USER_CODE.finditer(text)
+    ]
+
+
+@functools.lru_cache(maxsize=512)
+def _class_files(cls: type) -> frozenset[str]:
+    """Real paths of the files defining `cls` and its forward (the unwrapped one)."""
+    files = set()
+    for obj in (cls, getattr(cls, "forward", None)):
+        try:
+            file = inspect.getsourcefile(inspect.unwrap(obj)) if obj is not None else None
+        except (OSError, TypeError):
+            file = None
+        if file:
+            files.add(os.path.realpath(file))
+    return frozenset(files)
+
+
+def model_files(model: nn.Module) -> frozenset[str]:
+    """Real paths of the files defining the classes of `model`'s modules, torch's own excluded."""
+    files: set[str] = set()
+    for cls in _module_types(model):
+        files.update(f for f in _class_files(cls) if not _is_torch(f))
+    return frozenset(files)
+
+
+def model_location(frames: Sequence[traceback.FrameSummary], model: nn.Module) -> Location | None:
+    """Where a stack points in the model's own code: its innermost frame in the user's code or in a
+    file defining one of the model's classes, so a library helper the model calls (transformers'
+    attention integrations, loss utilities) is named by the line of the model that called it; a stack
+    with no such frame falls back to `user_location`."""
+    files = model_files(model)
+
+    def mine(fr: traceback.FrameSummary) -> bool:
+        if not is_user_file(fr.filename):
+            return False
+        return not is_library_file(fr.filename) or os.path.realpath(fr.filename) in files
+
+    i = _innermost(frames, mine)
+    return user_location(frames if i is None else frames[: i + 1], model)

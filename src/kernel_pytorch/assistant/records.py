@@ -1,8 +1,8 @@
 """What the analysis runs record: frozen data the analyses read.
 
 The shared runs of `AnalysisContext` return `RunResult` (eager, fullgraph), `TraceResult` (with
-`GraphInfo`, `BreakRecord`, `FailedFrame`) and `CompileProfile`; the recompilation sweep calls
-`Variant`s, applies a `Fix` and returns a `SweepResult` of `CompileRecord`s.
+`GraphInfo` and its `NodeInfo`s, `BreakRecord`, `FailedFrame`) and `CompileProfile`; the recompilation
+sweep calls `Variant`s, applies a `Fix` and returns a `SweepResult` of `CompileRecord`s.
 """
 
 from __future__ import annotations
@@ -31,10 +31,83 @@ class RunResult:
 
 
 @dataclass(frozen=True)
+class NodeRef:
+    """An FX node among another node's arguments, by its name in the graph."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node of a captured FX graph as plain data: what it calls, on what, what it makes, and where.
+
+    Attributes:
+        name: the node's name in its graph (unique there).
+        op: the FX opcode: "placeholder", "call_function", "call_method", "call_module", "get_attr", "output".
+        target: the callee's short name ("mul", "silu", "scaled_dot_product_attention", "pow").
+        args, kwargs: the arguments, other nodes as `NodeRef`, containers as tuples, dtypes and
+            devices as text, sizes as ints (None where Dynamo left a size symbolic without a hint).
+        shape: the example value's shape, None for non-tensors.
+        itemsize: bytes per element of the example value (0 for non-tensors).
+        dtype: the example value's dtype as text ("float32"), None for non-tensors.
+        contiguous: whether the example value is contiguous (None for non-tensors).
+        module_path: the innermost module whose forward made the node ("model.layers.0.mlp"; "" the
+            root module), None when Dynamo recorded none.
+        module_type: that module's class name.
+        stack: the user stack Dynamo recorded for the node (its `stack_trace`, outermost first).
+    """
+
+    name: str
+    op: str
+    target: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    shape: tuple[int | None, ...] | None = None
+    itemsize: int = 0
+    dtype: str | None = None
+    contiguous: bool | None = None
+    module_path: str | None = None
+    module_type: str | None = None
+    stack: str = ""
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Names of the nodes among the arguments, in argument order (nested containers flattened)."""
+        out: list[str] = []
+        _refs((self.args, tuple(self.kwargs.values())), out)
+        return tuple(out)
+
+    @property
+    def numel(self) -> int | None:
+        """Elements of the example value; None for non-tensors or unknown sizes."""
+        if self.shape is None or any(s is None for s in self.shape):
+            return None
+        n = 1
+        for s in self.shape:
+            n *= int(s)  # type: ignore[arg-type]
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the example value (0 when unknown)."""
+        return (self.numel or 0) * self.itemsize
+
+
+def _refs(value: Any, out: list[str]) -> None:
+    if isinstance(value, NodeRef):
+        out.append(value.name)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _refs(v, out)
+
+
+@dataclass(frozen=True)
 class GraphInfo:
-    """One graph Dynamo handed to the backend: its FX ops (call_function/method/module targets)."""
+    """One graph Dynamo handed to the backend: its FX ops (call_function/method/module targets) and,
+    where they could be read, its nodes with their example shapes, module paths and source stacks."""
 
     ops: tuple[str, ...]
+    nodes: tuple[NodeInfo, ...] = ()
 
 
 @dataclass(frozen=True)
