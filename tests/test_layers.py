@@ -12,7 +12,7 @@ from tests.benchmark.test_layering import PKG, _imports
 # Bottom to top. A module may import its own layer and the layers below it. The benchmark package is
 # two layers: its measurement tools sit below the analyser and validation, its suites above them.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_env", "_tree", "_errors"),
+    ("_env", "_tree", "_errors", "tolerances"),
     ("reference",),
     ("ops",),
     ("functional",),

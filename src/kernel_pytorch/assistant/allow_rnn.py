@@ -15,6 +15,7 @@ from kernel_pytorch._tree import flatten
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.dynamo import GraphRecorder, fresh_dynamo
 from kernel_pytorch.assistant.inputs import clone_inputs
+from kernel_pytorch.tolerances import compare_reordered
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,7 @@ class RnnCheck:
 
 
 def _outputs_differ(compiled: object, eager: object) -> str:
-    """"" when every leaf matches; else the first leaf that does not, in words."""
-    # validation sits beside the assistant and imports its locator; imported here, on use, not at load
-    from kernel_pytorch.validation.tolerances import compare_reordered
+    """ "" when every leaf matches; else the first leaf that does not, in words."""
 
     ours, ref = flatten(compiled), flatten(eager)
     if [p for p, _ in ours] != [p for p, _ in ref]:
