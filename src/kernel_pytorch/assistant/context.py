@@ -75,7 +75,8 @@ class AnalysisOptions:
             fresh machine) instead of as they are.
         kernel_profile: time and profile the eager and the compiled model (`runtime`: kernel efficiency,
             the compile verdict); the compiled forward is measured inside that compile.
-        train: the model trains: also time and profile forward+backward (a compile of its own).
+        train: the model trains: also time and profile forward+backward (a compile of its own); None:
+            when the module is in training mode.
         chrome_trace: write the profiled runs as one Chrome trace (Perfetto, chrome://tracing) here.
     """
 
@@ -89,7 +90,7 @@ class AnalysisOptions:
     measure_compile_time: bool = True
     cold_cache: bool = False
     kernel_profile: bool = True
-    train: bool = False
+    train: bool | None = None
     chrome_trace: str | None = None
 
 
@@ -349,9 +350,8 @@ class AnalysisContext:
         )
 
     # ----- profiling runs -------------------------------------------------------------------------
-    # The place for the runs the fusion, memory and kernel-efficiency analyses will share: timed eager
-    # and compiled calls under torch.profiler, each a cached property like the runs above, returning a
-    # frozen record from `records` (the profiler plumbing in a module of its own beside `dynamo`).
+    # The profiling part: timed eager and compiled calls under torch.profiler, the plumbing in
+    # `profile` and `kernel_stats`, shared by the kernel-efficiency analysis and the compile verdict.
 
     @functools.cached_property
     def runtime(self) -> RuntimeProfile:

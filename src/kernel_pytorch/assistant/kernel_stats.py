@@ -34,7 +34,8 @@ _NOT_WORK = frozenset(
 _EXTERN = re.compile(
     r"^(mm|addmm|bmm|baddbmm|_int_mm|_scaled_mm|convolution|_convolution|cudnn_convolution\w*|"
     r"mkldnn_convolution|miopen_convolution\w*|_mkl_linear|mkldnn_linear|_scaled_dot_product\w*|"
-    r"_flash_attention\w*|_efficient_attention\w*|_cudnn_attention\w*|_fused_sdp\w*|convolution_backward)$"
+    r"_flash_attention\w*|_efficient_attention\w*|_cudnn_attention\w*|_fused_sdp\w*|convolution_backward|"
+    r"copy_|zero_|zeros|fill_|full|ones)$"  # (the last: buffers Inductor's wrapper code fills on purpose)
 )
 _COMPILED_REGION = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 _GENERATED_BLOCK = "## Call CompiledFxGraph"

@@ -6,6 +6,9 @@ The compiled forward is measured while the compile-time analysis's compiled mode
 (`AnalysisContext.profile` calls `measure_compiled`), so the model is compiled once for both. The
 forward+backward pass needs a compile of its own (a joint graph); its compile time is the first call's
 cost beyond a steady call.
+
+On the CPU the eager and the compiled step of a pass are timed interleaved (`paired_cpu`: one call of
+each per round), so load from other processes falls on both alike; on CUDA each is timed with events.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from kernel_pytorch.assistant.inputs import clone_inputs
 from kernel_pytorch.assistant.kernel_stats import GpuActivity, KernelStat, cpu_kernels, cuda_kernels
 from kernel_pytorch.benchmark.ceilings import Ceilings, device_name, measure_ceilings
 from kernel_pytorch.benchmark.module import pass_closure
-from kernel_pytorch.benchmark.timer import Timing, time_fn
+from kernel_pytorch.benchmark.timer import Timing, summarize, time_fn
 
 if TYPE_CHECKING:
     from kernel_pytorch.assistant.context import AnalysisContext
@@ -39,6 +42,8 @@ PASSES = ("fwd", "fwd+bwd")
 # CPU timing: seconds `blocked_autorange` measures each run for (a 2-core machine is noisy; the verdict
 # compares the q20-q80 bands, not only the medians)
 CPU_MIN_RUN_S = 0.3
+PAIRED_ROUNDS = (7, 50)  # CPU interleaved timing: at least / at most this many rounds ...
+PAIRED_MIN_S = 1.0  # ... and at least this long in all, when the rounds allow
 CUDA_REP_MS = 200.0
 PROFILE_TARGET_MS = 60.0  # profile about this much of the model per run, at least 2 and at most 10 steps
 
@@ -84,7 +89,8 @@ class RuntimeProfile:
 
     Attributes:
         device_type: "cuda" or "cpu"; device: its name (`benchmark.ceilings.device_name`).
-        ceilings: the copy and matmul ceilings measured on this device (cached per device), or None.
+        ceilings: the copy and matmul ceilings measured on this device (cached per device); None on the
+            CPU (not measured there) or when measuring them failed.
         timings: step times from `benchmark.timer.time_fn`.
         runs: the profiled runs.
         compile_s: per pass, what compiling cost: the first compiled call beyond a steady one.
@@ -178,6 +184,25 @@ def _time(fn: Callable[[], Any], device: torch.device) -> Timing:
                    cpu_min_run_time=CPU_MIN_RUN_S)
 
 
+def paired_cpu(a: Callable[[], Any], b: Callable[[], Any]) -> tuple[Timing, Timing]:
+    """Timings of `a` and `b` called alternately (which goes first alternates too), after two warm
+    calls each: PAIRED_ROUNDS rounds, continuing past the minimum until PAIRED_MIN_S have passed."""
+    for _ in range(2):
+        a(), b()
+    times: tuple[list[float], list[float]] = ([], [])
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < PAIRED_ROUNDS[0] or (rounds < PAIRED_ROUNDS[1] and time.perf_counter() - start < PAIRED_MIN_S):
+        order = ((0, a), (1, b)) if rounds % 2 == 0 else ((1, b), (0, a))
+        for i, fn in order:
+            t0 = time.perf_counter()
+            fn()
+            times[i].append((time.perf_counter() - t0) * 1e3)
+        rounds += 1
+    method = "perf_counter, eager and compiled interleaved (cpu)"
+    return summarize(times[0], method), summarize(times[1], method)
+
+
 def _steps_for(timing: Timing) -> int:
     return max(2, min(10, round(PROFILE_TARGET_MS / max(timing.median_ms, 1e-3))))
 
@@ -196,11 +221,14 @@ def _step_fn(ctx: AnalysisContext, model: Callable[..., Any], pass_name: str) ->
 
 
 def _measure(ctx: AnalysisContext, out: _Runs, label: str, pass_name: str, fn: Callable[[], Any]) -> None:
-    """Time `fn`, then profile it, into `out` under "<label> <pass>"; an error is recorded, not raised."""
+    """Time `fn` (unless a paired timing is in `out` already), then profile it, into `out` under
+    "<label> <pass>"; an error is recorded, not raised."""
     key = f"{label} {pass_name}"
-    ctx.progress(f"timing the {label} model ({pass_name})")
     try:
-        timing = _time(fn, ctx.device)
+        timing = out.timings.get(key)
+        if timing is None:
+            ctx.progress(f"timing the {label} model ({pass_name})")
+            timing = _time(fn, ctx.device)
         out.timings[key] = timing
         ctx.progress(f"profiling the {label} model ({pass_name})")
         out.runs[key] = profile_steps(fn, _steps_for(timing), ctx.device.type, label, pass_name, _trace_dir(ctx))
@@ -208,17 +236,34 @@ def _measure(ctx: AnalysisContext, out: _Runs, label: str, pass_name: str, fn: C
         out.errors[key] = short_error(exc)
 
 
+def _pair(ctx: AnalysisContext, out: _Runs, pass_name: str, eager: Callable[[], Any] | None,
+          compiled: Callable[[], Any]) -> None:
+    """On the CPU, the eager and compiled steps of `pass_name` timed interleaved into `out`."""
+    if ctx.device.type == "cuda" or eager is None:
+        return
+    ctx.progress(f"timing the eager and the compiled model ({pass_name}, interleaved)")
+    try:
+        out.timings[f"eager {pass_name}"], out.timings[f"compiled {pass_name}"] = paired_cpu(eager, compiled)
+    except Exception as exc:
+        out.errors[f"compiled {pass_name}"] = short_error(exc)
+
+
 def measure_compiled(ctx: AnalysisContext, compiled: Callable[..., Any]) -> _Runs:
     """The compiled forward, timed and profiled while the compile-time analysis's compiled model lives
-    (called from `AnalysisContext.profile`, inside its Dynamo scope)."""
+    (called from `AnalysisContext.profile`, inside its Dynamo scope); on the CPU timed interleaved with
+    the eager forward."""
     out = _Runs()
-    _measure(ctx, out, "compiled", "fwd", _step_fn(ctx, compiled, "fwd"))
+    fn = _step_fn(ctx, compiled, "fwd")
+    _pair(ctx, out, "fwd", _step_fn(ctx, ctx.module, "fwd") if ctx.eager.ok else None, fn)
+    if "compiled fwd" not in out.errors:
+        _measure(ctx, out, "compiled", "fwd", fn)
     return out
 
 
-def _compile_and_measure(ctx: AnalysisContext, out: _Runs, pass_name: str) -> None:
-    """Compile the model for `pass_name` (a compile of its own) and measure it; the compile cost is the
-    first step's time beyond the steady step's."""
+def _compile_and_measure(ctx: AnalysisContext, out: _Runs, pass_name: str,
+                         eager: Callable[[], Any] | None = None) -> None:
+    """Compile the model for `pass_name` (a compile of its own) and measure it (on the CPU interleaved
+    with `eager`, the eager step); the compile cost is the first step's time beyond the steady step's."""
     opts = ctx.options
     key = f"compiled {pass_name}"
     ctx.progress(f"compiling for {pass_name} with backend={getattr(opts.backend, '__name__', opts.backend)}")
@@ -236,7 +281,9 @@ def _compile_and_measure(ctx: AnalysisContext, out: _Runs, pass_name: str) -> No
         except Exception as exc:
             out.errors[key] = short_error(exc)
             return
-        _measure(ctx, out, "compiled", pass_name, fn)
+        _pair(ctx, out, pass_name, eager, fn)
+        if key not in out.errors:
+            _measure(ctx, out, "compiled", pass_name, fn)
         if key in out.timings:
             # (for fwd+bwd the first step also ran the forward that sized the upstream gradient: the
             # compile cost is overstated by one forward, well inside a compile's seconds)
@@ -249,7 +296,8 @@ def measure_runtime(ctx: AnalysisContext) -> RuntimeProfile:
     """Time and profile the eager and the compiled model (see the module docstring)."""
     opts = ctx.options
     out = _Runs()
-    passes = ["fwd"] + (["fwd+bwd"] if opts.train else [])
+    train = opts.train if opts.train is not None else ctx.module.training
+    passes = ["fwd"] + (["fwd+bwd"] if train else [])
     compiled_ok = opts.measure_compile_time and ctx.eager.ok
     if compiled_ok:
         profile = ctx.profile  # the compile-time analysis's compile; it measures the compiled forward
@@ -263,7 +311,7 @@ def measure_runtime(ctx: AnalysisContext) -> RuntimeProfile:
                 out.compile_s["fwd"] = max(profile.first_call_s - profile.steady_call_s, 0.0)
                 out.compile_source["fwd"] = "first compiled call beyond a steady one, from the compile-time analysis"
         else:  # that compile ran before the profiling runs were asked for: compile once more
-            _compile_and_measure(ctx, out, "fwd")
+            _compile_and_measure(ctx, out, "fwd", _step_fn(ctx, ctx.module, "fwd"))
     for pass_name in passes:
         if not ctx.eager.ok:
             out.skipped[f"eager {pass_name}"] = "the model does not run eagerly on its example inputs"
@@ -274,20 +322,21 @@ def measure_runtime(ctx: AnalysisContext) -> RuntimeProfile:
             except Exception as exc:  # fwd+bwd of a model with nothing to differentiate
                 out.errors[f"eager {pass_name}"] = short_error(exc)
                 continue
-        _measure(ctx, out, "eager", pass_name, fn)
         if pass_name != "fwd" and compiled_ok:
-            _compile_and_measure(ctx, out, pass_name)
+            _compile_and_measure(ctx, out, pass_name, fn)
+        _measure(ctx, out, "eager", pass_name, fn)
     if not compiled_ok:
         why = ("compile-time measurement is off (--no-compile-time), so nothing was compiled"
                if not opts.measure_compile_time else "the model does not run eagerly")
         for pass_name in passes:
             out.skipped[f"compiled {pass_name}"] = why
     ceilings = None
-    try:
-        ctx.progress("reading the device's copy and matmul ceilings")
-        ceilings = measure_ceilings(ctx.device)
-    except Exception as exc:
-        out.errors["ceilings"] = short_error(exc)
+    if ctx.device.type == "cuda":  # the CPU's are not measured: its op times are reported without roofs
+        try:
+            ctx.progress("reading the device's copy and matmul ceilings")
+            ceilings = measure_ceilings(ctx.device)
+        except Exception as exc:
+            out.errors["ceilings"] = short_error(exc)
     trace_path = _write_trace(ctx, out)
     return RuntimeProfile(
         device_type=ctx.device.type,
