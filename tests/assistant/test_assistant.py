@@ -30,8 +30,8 @@ def test_report_has_every_section_and_names_the_break(report: Report) -> None:
     assert report.compile_time[0].id == "compile-time.skipped"
     assert report.section("fusion_opportunities") == ()  # nothing to fuse in ItemCall
     assert report.memory_bottlenecks[0].id == "memory.summary"
-    for name in ("kernel_efficiency", "optimization_suggestions"):
-        assert report.section(name) == ()
+    assert "kernel.summary" in {f.id for f in report.kernel_efficiency}  # eager only: nothing compiled
+    assert {f.data["source_id"] for f in report.optimization_suggestions} >= {"graph-break.item"}
     assert report.model == "ItemCall"
     assert report.meta["sweep"] == {"batch": [4, 8]}
     assert set(report.meta["seconds"]) >= {"compilation_readiness", "recompilations", "total"}

@@ -55,17 +55,22 @@ USER_MODEL = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str, str]:
-    """`kernel-pytorch analyze --json ... --markdown ...` once: the built-in tiny Llama, Inductor compile."""
+    """`kernel-pytorch analyze --json ... --markdown ... --html ... --trace ...` once: the built-in tiny
+    Llama, Inductor compile, every section."""
     out = tmp_path_factory.mktemp("analyze")
     json_path, md_path = out / "report.json", out / "report.md"
+    html_path, trace_path = out / "report.html", out / "trace.json"
     capture = pytest.MonkeyPatch()
     buffer = io.StringIO()
     capture.setattr(sys, "stdout", buffer)
     try:
-        code = main(["analyze", "--json", str(json_path), "--markdown", str(md_path)])
+        code = main(["analyze", "--json", str(json_path), "--markdown", str(md_path), "--html", str(html_path),
+                     "--trace", str(trace_path)])
     finally:
         capture.undo()
-    return code, json.loads(json_path.read_text()), md_path.read_text(), buffer.getvalue()
+    data = json.loads(json_path.read_text())
+    data["_html"], data["_trace"] = html_path.read_text(), json.loads(trace_path.read_text())
+    return code, data, md_path.read_text(), buffer.getvalue()
 
 
 def test_default_run_analyses_the_tiny_llama(default_run: tuple[int, dict, str, str]) -> None:
@@ -80,6 +85,39 @@ def test_default_run_analyses_the_tiny_llama(default_run: tuple[int, dict, str, 
     assert phases["data"]["backend"] == "inductor" and phases["data"]["total_s"] > 0
     assert "# Compile report: llama-tiny" in markdown
     assert "Compile report: llama-tiny" in printed and "Recompilations" in printed
+
+
+def test_default_run_profiles_kernels_gives_a_verdict_and_ranks_suggestions(default_run: tuple) -> None:
+    code, data, markdown, printed = default_run
+    kernels = data["sections"]["kernel_efficiency"]
+    runs = {f["data"]["run"] for f in kernels if f["id"] == "kernel.summary"}
+    assert runs == {"eager fwd", "compiled fwd"}  # the built-in model is in eval mode: forward only
+    (verdict,) = [f for f in kernels if f["id"] == "verdict.compile"]
+    assert verdict["data"]["passes"][0]["measured"]
+    assert data["headline"]["compile_verdict"] == verdict["data"]["verdict"]
+    # the tiny Llama repeats K/V to the query heads (a finding of its own, at its SDPA line)
+    (gqa,) = [f for f in kernels if f["id"] == "kernel.sdpa-repeat-kv"]
+    assert gqa["location"]["file"].endswith("llama.py") and "enable_gqa=True" in gqa["suggestion"]
+    ranks = [f["data"]["rank"] for f in data["sections"]["optimization_suggestions"]]
+    assert ranks == list(range(1, len(ranks) + 1)) and ranks
+    page = data["_html"]
+    assert page.startswith("<!DOCTYPE html>") and "Kernel time per step" in page and "Roofline" in page
+    assert "## Optimization suggestions" in markdown and "#1: " in markdown
+    assert set(data["_trace"]["otherData"]["runs"]) == {"eager fwd", "compiled fwd"}
+
+
+def test_unknown_sections_exit_2_naming_the_valid_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", "--sections", "compile_time,kernels"]) == 2
+    assert "valid sections: compilation_readiness" in capsys.readouterr().err
+
+
+def test_sections_runs_only_those(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    path = _user_file(tmp_path)
+    args = ["analyze", f"{path}:make", "-q", "--sections", "compilation-readiness", "--json", str(out)]
+    assert main(args) == 0
+    data = json.loads(out.read_text())
+    assert data["meta"]["sections_run"] == ["compilation_readiness"]
 
 
 def _user_file(tmp_path: Path) -> Path:

@@ -5,8 +5,10 @@ from kernel_pytorch.assistant.assistant import STEPS, CompilerOptimizationAssist
 from kernel_pytorch.assistant.compile_time import analyze_compile_time
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.findings import SECTIONS, Finding, Location, Report, Severity
+from kernel_pytorch.assistant.kernel_efficiency import analyze_kernels
 from kernel_pytorch.assistant.readiness import analyze_readiness
 from kernel_pytorch.assistant.recompiles import analyze_recompilations
+from kernel_pytorch.assistant.suggestions import analyze_suggestions
 
 __all__ = [
     "SECTIONS",
@@ -19,6 +21,8 @@ __all__ = [
     "Report",
     "Severity",
     "analyze_compile_time",
+    "analyze_kernels",
     "analyze_readiness",
     "analyze_recompilations",
+    "analyze_suggestions",
 ]

@@ -23,9 +23,11 @@ from kernel_pytorch.assistant.dynamo import backend_name
 from kernel_pytorch.assistant.findings import SECTIONS, Finding, Report, Severity, sort_findings
 from kernel_pytorch.assistant.fusion import analyze_fusion
 from kernel_pytorch.assistant.inputs import InputDims, prepare
+from kernel_pytorch.assistant.kernel_efficiency import analyze_kernels
 from kernel_pytorch.assistant.memory import analyze_memory
 from kernel_pytorch.assistant.readiness import analyze_readiness, nothing_compiled
 from kernel_pytorch.assistant.recompiles import analyze_recompilations
+from kernel_pytorch.assistant.suggestions import analyze_suggestions
 from kernel_pytorch.assistant.sweep import shape_sweep
 
 Analysis = Callable[[AnalysisContext], list[Finding]]
@@ -40,19 +42,38 @@ class _Step:
 
 
 # Report order is fixed by the Report; this is the run order. Compile time runs before the sweep so
-# recompilation findings can quote what one full compile costs.
+# recompilation findings can quote what one full compile costs, and before the kernel profile, which
+# measures the compiled forward inside that compile. The suggestions rank every other section's
+# findings, so they run last.
 STEPS: tuple[_Step, ...] = (
     _Step("compilation_readiness", "compilation readiness", analyze_readiness),
     _Step("compile_time", "compile time", analyze_compile_time),
     _Step("recompilations", "recompilations", analyze_recompilations, needs_graphs=True),
     _Step("fusion_opportunities", "fusion opportunities", analyze_fusion),
     _Step("memory_bottlenecks", "memory bottlenecks", analyze_memory),
+    _Step("kernel_efficiency", "kernel efficiency", analyze_kernels),
+    _Step("optimization_suggestions", "optimization suggestions", analyze_suggestions),
 )
+
+
+def check_sections(names: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The section names as given, checked against `SECTIONS` (None: every section).
+
+    Raises:
+        ValueError: an unknown name; the message lists the valid ones.
+    """
+    if names is None:
+        return None
+    bad = [n for n in names if n not in SECTIONS]
+    if bad:
+        raise ValueError(f"unknown section(s) {', '.join(map(repr, bad))}; valid sections: {', '.join(SECTIONS)}")
+    return tuple(names)
 
 
 class CompilerOptimizationAssistant:
     """Analyse a model (or any nn.Module component) for torch.compile: graph breaks, recompilations,
-    compile time, fusion opportunities, memory of a training step.
+    compile time, fusion opportunities, memory of a training step, kernel efficiency and the compile
+    verdict, and the fixes of all of them ranked.
 
     Args:
         device: move the module and the inputs' tensors here first (None: leave them where they are).
@@ -71,6 +92,10 @@ class CompilerOptimizationAssistant:
         progress: called with a short description before each expensive step.
         optimizer: builds an optimizer from the trainable parameters (`torch.optim.AdamW`); the memory
             analysis then measures one step's state (the parameters are restored afterwards).
+        kernel_profile: time and profile the eager and compiled model (kernel efficiency, the verdict).
+        train: also measure forward+backward (None: when the module is in training mode).
+        chrome_trace: write the profiled runs as one Chrome trace to this path.
+        sections: run only these sections' analyses (names from `SECTIONS`; None: all).
     """
 
     def __init__(
@@ -89,7 +114,12 @@ class CompilerOptimizationAssistant:
         vary_scalars: bool = True,
         progress: Callable[[str], None] | None = None,
         optimizer: Callable[..., Any] | None = None,
+        kernel_profile: bool = True,
+        train: bool | None = None,
+        chrome_trace: str | None = None,
+        sections: Sequence[str] | None = None,
     ) -> None:
+        self.sections = check_sections(sections)
         self.device = device
         self.dtype = dtype
         self.progress = progress
@@ -104,6 +134,10 @@ class CompilerOptimizationAssistant:
             measure_compile_time=measure_compile_time,
             cold_cache=cold_cache,
             optimizer=optimizer,
+            # (the compile-time analysis measures the compiled forward only for the kernel section)
+            kernel_profile=kernel_profile and (self.sections is None or "kernel_efficiency" in self.sections),
+            train=train,
+            chrome_trace=chrome_trace,
         )
 
     def context(
@@ -149,11 +183,14 @@ class CompilerOptimizationAssistant:
         """
         ctx = self.context(module, example_inputs, name=name, extra_inputs=extra_inputs)
         sections: dict[str, list[Finding]] = {}
+        ctx.findings = sections  # the suggestions rank what the analyses before them found
         seconds: dict[str, float] = {}
         training = module.training
         start = time.perf_counter()
         try:
             for step in STEPS:
+                if self.sections is not None and step.section not in self.sections:
+                    continue
                 t0 = time.perf_counter()
                 try:
                     found = [_nothing_compiled(step)] if step.needs_graphs and nothing_compiled(ctx) else step.run(ctx)

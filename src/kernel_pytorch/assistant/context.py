@@ -39,6 +39,7 @@ from kernel_pytorch.assistant.inputs import (
     root_of,
 )
 from kernel_pytorch.assistant.locate import location_of
+from kernel_pytorch.assistant.profile import RuntimeProfile, measure_compiled, measure_runtime
 from kernel_pytorch.assistant.records import (
     PROFILE_FIELDS,
     BreakRecord,
@@ -74,6 +75,11 @@ class AnalysisOptions:
             fresh machine) instead of as they are.
         optimizer: builds the optimizer the memory analysis steps once (`torch.optim.AdamW`, called with
             the trainable parameters); None: no step, its state estimated.
+        kernel_profile: time and profile the eager and the compiled model (`runtime`: kernel efficiency,
+            the compile verdict); the compiled forward is measured inside that compile.
+        train: the model trains: also time and profile forward+backward (a compile of its own); None:
+            when the module is in training mode.
+        chrome_trace: write the profiled runs as one Chrome trace (Perfetto, chrome://tracing) here.
     """
 
     backend: str | Callable[..., Any] = "inductor"
@@ -86,6 +92,9 @@ class AnalysisOptions:
     measure_compile_time: bool = True
     cold_cache: bool = False
     optimizer: Callable[..., Any] | None = None
+    kernel_profile: bool = True
+    train: bool | None = None
+    chrome_trace: str | None = None
 
 
 class AnalysisContext:
@@ -119,6 +128,11 @@ class AnalysisContext:
         self.name = name or type(module).__name__
         self._progress = progress
         self._parts: dict[Hashable, Any] = {}
+        self.compiled_runs: Any = None  # the compiled forward measured inside `profile` (see `runtime`)
+        self.trace_scratch: str | None = None  # per-run Chrome traces before they are merged
+        # the findings of the analyses run so far, by section (filled by the assistant as they run),
+        # for the analyses that build on the others (the ranked suggestions)
+        self.findings: dict[str, list[Any]] = {}
 
     def progress(self, message: str) -> None:
         if self._progress is not None:
@@ -323,6 +337,8 @@ class AnalysisContext:
                     steady = min(times)
                 except Exception as exc:  # a later call may still recompile and fail
                     error = exc
+            if error is None and opts.kernel_profile:  # measured while the compiled model lives
+                self.compiled_runs = measure_compiled(self, compiled)
             records = tuple({f: getattr(rec, f, None) for f in PROFILE_FIELDS} for rec in compilation_metrics())
             timed = {k: float(sum(v)) for k, v in torch._dynamo.utils.compilation_time_metrics.items()}
         return CompileProfile(
@@ -337,6 +353,12 @@ class AnalysisContext:
         )
 
     # ----- profiling runs -------------------------------------------------------------------------
-    # The place for the runs the fusion, memory and kernel-efficiency analyses will share: timed eager
-    # and compiled calls under torch.profiler, each a cached property like the runs above, returning a
-    # frozen record from `records` (the profiler plumbing in a module of its own beside `dynamo`).
+    # The profiling part: timed eager and compiled calls under torch.profiler, the plumbing in
+    # `profile` and `kernel_stats`, shared by the kernel-efficiency analysis and the compile verdict.
+
+    @functools.cached_property
+    def runtime(self) -> RuntimeProfile:
+        """The eager and the compiled model timed (benchmark.timer) and profiled (torch.profiler),
+        forward and, with `options.train`, forward+backward, with the device's measured ceilings; the
+        compiled forward comes from `profile`'s compile (see `assistant.profile`)."""
+        return measure_runtime(self)

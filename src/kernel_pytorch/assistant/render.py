@@ -42,6 +42,11 @@ def headline(report: Report) -> dict[str, Any]:
         if f.id == "recompile.summary":
             out["recompiles_before"] = f.data.get("recompiles_before")
             out["recompiles_after"] = f.data.get("recompiles_after")
+    for f in report.kernel_efficiency:
+        if f.id == "verdict.compile":
+            out["compile_verdict"] = f.data.get("verdict")
+            passes = [p for p in f.data.get("passes", ()) if p["pass"] == f.data.get("pass")]
+            out["compile_speedup"] = passes[0]["speedup"] if passes else None
     for f in report.compile_time:
         if f.id == "compile-time.phases":
             out["compile_s"] = f.data.get("total_s")
@@ -61,6 +66,9 @@ def _headline_text(report: Report) -> str:
         parts.append(f"recompiles {h['recompiles_before']}" + (f" -> {after} with fix" if after is not None else ""))
     if h.get("compile_s") is not None:
         parts.append(f"compile {h['compile_s']:.1f} s" + (" (cached)" if h.get("compile_cache_hit") else " (cold)"))
+    if h.get("compile_verdict") is not None:
+        speed = f" ({h['compile_speedup']:.2f}x)" if h.get("compile_speedup") else ""
+        parts.append(f"verdict: {h['compile_verdict']}{speed}")
     counts = report.counts()
     parts.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info")
     return " · ".join(parts)
@@ -128,7 +136,7 @@ def render_terminal(report: Report, console: Console | None = None) -> None:
     if empty:
         console.print(Text(f"No findings: {', '.join(empty)}", style="dim"))
     if not_run:
-        console.print(Text(f"{', '.join(not_run)}: not analysed (no analysis of these runs yet)", style="dim"))
+        console.print(Text(f"{', '.join(not_run)}: not analysed (not among the sections run)", style="dim"))
 
 
 def _ran(report: Report, section: str) -> bool:
@@ -168,7 +176,7 @@ def to_markdown(report: Report) -> str:
     for name, findings in report.sections():
         out += [f"## {SECTION_TITLES[name]}", ""]
         if not findings:
-            out += ["No findings." if _ran(report, name) else "Not analysed (no analysis of it runs yet).", ""]
+            out += ["No findings." if _ran(report, name) else "Not analysed (not among the sections run).", ""]
             continue
         for f in findings:
             out += [f"### {f.severity.value.upper()}: {_md_escape(f.title)}", ""]

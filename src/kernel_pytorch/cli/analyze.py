@@ -14,6 +14,10 @@ get_inputs() and get_init_inputs() works too.
 named as FILE.py:NAME or module:NAME.
 --fail-on error|warning makes the report a gate for CI: exit 1 when it has a finding of that
 severity or worse.
+--sections a,b runs only those analyses (compilation_readiness, recompilations, compile_time,
+kernel_efficiency, optimization_suggestions, ...; hyphens work too); --html PATH writes one
+self-contained HTML report with a roofline and a kernel-time chart; --trace PATH writes the profiled
+eager and compiled runs as one Chrome trace; --train also measures forward+backward.
 --generate N analyses a Hugging Face model's generate() instead of its forward: N new tokens with
 the forward compiled, recompilations per decode step, the fix verified (exit 2 for a model
 without generate()).
@@ -77,6 +81,18 @@ def parse_dims(text: str) -> dict[int | str, dict[int, str]]:
             dims[int(dim)] = kind
         out[key] = dims
     return out
+
+
+def parse_sections(text: str) -> list[str]:
+    """ "kernel-efficiency,compile_time" -> ["kernel_efficiency", "compile_time"], checked against the
+    report's sections (the error names the valid ones)."""
+    from kernel_pytorch.assistant.findings import SECTIONS
+
+    names = [p.strip().replace("-", "_") for p in text.split(",") if p.strip()]
+    bad = [n for n in names if n not in SECTIONS]
+    if bad or not names:
+        raise UsageError(f"unknown --sections {', '.join(bad) or repr(text)}; valid sections: {', '.join(SECTIONS)}")
+    return names
 
 
 def _default_device() -> str:
@@ -160,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         dims = parse_dims(args.dims) if args.dims else None
         dtype = parse_dtype(args.dtype)
         backend = resolve_backend(args.backend)
+        sections = parse_sections(args.sections) if args.sections else None
         if args.generate is not None and args.generate < 1:
             raise UsageError(f"--generate takes a number of new tokens >= 1, got {args.generate}")
         model, inputs, name, builtin_dims, device = load_target(args)
@@ -180,12 +197,20 @@ def run(args: argparse.Namespace) -> int:
     dynamic = {"auto": None, "true": True, "false": False}[args.dynamic]
 
     start = time.perf_counter()
+    # the phases on stderr, each with its time once done; nothing when stderr is no terminal or --quiet
+    shown = err.is_terminal and not args.quiet
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True,
+        disable=not shown,
     ) as progress:
         task = progress.add_task(f"analysing {name}", total=None)
+        phase: list[Any] = [None, start]
 
         def step(message: str) -> None:
+            now = time.perf_counter()
+            if shown and phase[0] is not None:
+                progress.console.print(f"[dim]  done: {phase[0]} ({now - phase[1]:.1f} s)[/dim]")
+            phase[:] = [message, now]
             progress.update(task, description=f"{name}: {message}")
 
         assistant = CompilerOptimizationAssistant(
@@ -199,6 +224,10 @@ def run(args: argparse.Namespace) -> int:
             measure_compile_time=not args.no_compile_time,
             cold_cache=args.cold_cache,
             progress=step,
+            kernel_profile=not args.no_profile,
+            train=True if args.train else None,
+            chrome_trace=args.trace,
+            sections=sections,
         )
         # the model runs a dozen times; its own prints would bury the report
         printed = io.StringIO()
@@ -222,6 +251,11 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         Path(args.markdown).write_text(to_markdown(report))
         err.print(f"wrote {args.markdown}")
+    if args.html:
+        from kernel_pytorch.assistant.html_report import to_html
+
+        Path(args.html).write_text(to_html(report))
+        err.print(f"wrote {args.html}")
     err.print(f"[dim]analysis took {time.perf_counter() - start:.1f} s[/dim]")
     return _gate(report, args.fail_on, err)
 
@@ -275,7 +309,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cold-cache", action="store_true", help="bypass Inductor's caches for the timed compile")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown")
-    p.add_argument("-q", "--quiet", action="store_true", help="do not print the report")
+    p.add_argument("--html", metavar="PATH", help="also write the report as one self-contained HTML file")
+    p.add_argument("--trace", metavar="PATH", help="write the profiled eager and compiled runs as a Chrome trace")
+    p.add_argument("--sections", metavar="A,B", help="run only these analyses (default: all)")
+    p.add_argument("--train", action="store_true", help="also measure forward+backward (default: if training)")
+    p.add_argument("--no-profile", action="store_true", help="skip the kernel profile and the compile verdict")
+    p.add_argument("-q", "--quiet", action="store_true", help="print neither the report nor the progress")
     p.add_argument(
         "--fail-on",
         choices=_SEVERITIES[:2],

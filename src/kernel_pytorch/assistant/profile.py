@@ -1,0 +1,416 @@
+"""The profiling runs the kernel-efficiency analysis and the compile verdict share: the eager and the
+compiled model, each timed (`kernel_pytorch.benchmark.timer`) and profiled (`torch.profiler`, CPU and
+CUDA activities as available), forward and, when the model trains, forward+backward.
+
+The compiled forward is measured while the compile-time analysis's compiled model is still alive
+(`AnalysisContext.profile` calls `measure_compiled`), so the model is compiled once for both. The
+forward+backward pass needs a compile of its own (a joint graph); its compile time is the first call's
+cost beyond a steady call.
+
+On the CPU the eager and the compiled step of a pass are timed interleaved (`paired_cpu`: one call of
+each per round), so load from other processes falls on both alike; on CUDA each is timed with events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kernel_pytorch._errors import short_error
+from kernel_pytorch._tree import map_tensors, tensors
+from kernel_pytorch.assistant.dynamo import fresh_dynamo, inductor_caches
+from kernel_pytorch.assistant.inputs import clone_inputs
+from kernel_pytorch.assistant.kernel_stats import GpuActivity, KernelStat, cpu_kernels, cuda_kernels
+from kernel_pytorch.benchmark.ceilings import Ceilings, device_name, measure_ceilings
+from kernel_pytorch.benchmark.module import pass_closure
+from kernel_pytorch.benchmark.timer import Timing, summarize, time_fn
+
+if TYPE_CHECKING:
+    from kernel_pytorch.assistant.context import AnalysisContext
+
+PASSES = ("fwd", "fwd+bwd")
+# CPU timing: seconds `blocked_autorange` measures each run for (a 2-core machine is noisy; the verdict
+# compares the q20-q80 bands, not only the medians)
+CPU_MIN_RUN_S = 0.3
+PAIRED_ROUNDS = (7, 50)  # CPU interleaved timing: at least / at most this many rounds ...
+PAIRED_MIN_S = 1.0  # ... and at least this long in all, when the rounds allow
+CUDA_REP_MS = 200.0
+PROFILE_TARGET_MS = 60.0  # profile about this much of the model per run, at least 2 and at most 10 steps
+
+
+@dataclass(frozen=True)
+class ProfiledRun:
+    """One run of several steps under torch.profiler.
+
+    Attributes:
+        label: "eager" or "compiled".
+        pass_name: "fwd" or "fwd+bwd".
+        device_type: "cuda" or "cpu".
+        steps: steps profiled (every number below is per step).
+        wall_ms: wall time per step under the profiler (its overhead included).
+        kernels: the kernels (CPU: the ops doing the work), slowest first; see `kernel_stats`.
+        gpu: how busy the GPU was (CUDA only).
+        trace: the exported Chrome trace, when one was asked for.
+    """
+
+    label: str
+    pass_name: str
+    device_type: str
+    steps: int
+    wall_ms: float
+    kernels: tuple[KernelStat, ...]
+    gpu: GpuActivity | None = None
+    trace: str | None = None
+
+    @property
+    def kernel_count(self) -> float:
+        """Kernels launched per step (CPU: op calls doing work)."""
+        return sum(k.calls for k in self.kernels)
+
+    @property
+    def kernel_ms(self) -> float:
+        """Time per step inside those kernels."""
+        return sum(k.ms for k in self.kernels)
+
+
+@dataclass(frozen=True)
+class RuntimeProfile:
+    """Everything measured about running the model, keyed "eager fwd", "compiled fwd+bwd", ...
+
+    Attributes:
+        device_type: "cuda" or "cpu"; device: its name (`benchmark.ceilings.device_name`).
+        ceilings: the copy and matmul ceilings measured on this device (cached per device); None on the
+            CPU (not measured there) or when measuring them failed.
+        timings: step times from `benchmark.timer.time_fn`.
+        runs: the profiled runs.
+        compile_s: per pass, what compiling cost: the first compiled call beyond a steady one.
+        compile_source: per pass, where that number comes from.
+        errors: per key, a run that raised.
+        skipped: per key, why it was not measured.
+        trace_path: the Chrome trace written (all runs in one file), when asked for.
+    """
+
+    device_type: str
+    device: str
+    ceilings: Ceilings | None
+    timings: Mapping[str, Timing] = field(default_factory=dict)
+    runs: Mapping[str, ProfiledRun] = field(default_factory=dict)
+    compile_s: Mapping[str, float] = field(default_factory=dict)
+    compile_source: Mapping[str, str] = field(default_factory=dict)
+    errors: Mapping[str, str] = field(default_factory=dict)
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    trace_path: str | None = None
+
+    def passes(self) -> list[str]:
+        """The passes with an eager timing, forward first."""
+        return [p for p in PASSES if f"eager {p}" in self.timings]
+
+
+@dataclass
+class _Runs:
+    """What the runs of one model gathered so far (filled in place, frozen into a RuntimeProfile)."""
+
+    timings: dict[str, Timing] = field(default_factory=dict)
+    runs: dict[str, ProfiledRun] = field(default_factory=dict)
+    compile_s: dict[str, float] = field(default_factory=dict)
+    compile_source: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def _trace_dir(ctx: AnalysisContext) -> str | None:
+    """A scratch folder for the per-run traces when a Chrome trace was asked for (merged at the end)."""
+    if not ctx.options.chrome_trace:
+        return None
+    if ctx.trace_scratch is None:
+        ctx.trace_scratch = tempfile.mkdtemp(prefix="kp_trace_")
+    return ctx.trace_scratch
+
+
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    # Kineto prints a profiler_start/profiler_stop line on stderr per run unless told otherwise; a
+    # value the user set is kept
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    yield
+
+
+def profile_steps(fn: Callable[[], Any], steps: int, device_type: str, label: str, pass_name: str,
+                  trace_dir: str | None = None) -> ProfiledRun:
+    """`steps` calls of `fn` under torch.profiler (record_shapes=True), reduced to kernel statistics.
+
+    Args:
+        fn: one step, already warm (compiled, first calls done).
+        steps: how many steps to profile; every number of the result is per step.
+        device_type: "cuda" adds CUDA activity (kernels on the GPU).
+        label, pass_name: what the run is ("eager"/"compiled", "fwd"/"fwd+bwd").
+        trace_dir: write the Chrome trace there as "<label> <pass>.json".
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    with _quiet_kineto(), profile(activities=activities, record_shapes=True) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) * 1e3 / steps
+    events = prof.events()
+    gpu = None
+    if device_type == "cuda":
+        kernels, gpu = cuda_kernels(events, steps)
+    else:
+        kernels = cpu_kernels(events, steps)
+    trace = None
+    if trace_dir is not None:
+        trace = os.path.join(trace_dir, f"{label} {pass_name}.json")
+        prof.export_chrome_trace(trace)
+    return ProfiledRun(label, pass_name, device_type, steps, wall, kernels, gpu, trace)
+
+
+def _time(fn: Callable[[], Any], device: torch.device) -> Timing:
+    return time_fn(fn, device=device, warmup_ms=25.0, rep_ms=CUDA_REP_MS, flush_l2=False,
+                   cpu_min_run_time=CPU_MIN_RUN_S)
+
+
+def paired_cpu(a: Callable[[], Any], b: Callable[[], Any]) -> tuple[Timing, Timing]:
+    """Timings of `a` and `b` called alternately (which goes first alternates too), after two warm
+    calls each: PAIRED_ROUNDS rounds, continuing past the minimum until PAIRED_MIN_S have passed."""
+    for _ in range(2):
+        a(), b()
+    times: tuple[list[float], list[float]] = ([], [])
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < PAIRED_ROUNDS[0] or (rounds < PAIRED_ROUNDS[1] and time.perf_counter() - start < PAIRED_MIN_S):
+        order = ((0, a), (1, b)) if rounds % 2 == 0 else ((1, b), (0, a))
+        for i, fn in order:
+            t0 = time.perf_counter()
+            fn()
+            times[i].append((time.perf_counter() - t0) * 1e3)
+        rounds += 1
+    method = "perf_counter, eager and compiled interleaved (cpu)"
+    return summarize(times[0], method), summarize(times[1], method)
+
+
+def _steps_for(timing: Timing) -> int:
+    return max(2, min(10, round(PROFILE_TARGET_MS / max(timing.median_ms, 1e-3))))
+
+
+def _step_fn(ctx: AnalysisContext, model: Callable[..., Any], pass_name: str) -> Callable[[], Any]:
+    """One step of `model` on a private copy of the example inputs (never the example itself: a model
+    that writes into its inputs must not change what the other analyses see)."""
+    args, kwargs = clone_inputs(ctx.args), clone_inputs(ctx.kwargs)
+    if pass_name == "fwd":
+        return pass_closure(lambda: model(*args, **kwargs), (), "fwd")
+    grad = lambda t: t.detach().requires_grad_(True) if t.is_floating_point() else t  # noqa: E731
+    args, kwargs = map_tensors(grad, args), map_tensors(grad, kwargs)
+    wrt = [t for t in tensors((args, kwargs)) if t.requires_grad]
+    wrt += [p for p in ctx.module.parameters() if p.requires_grad]
+    return pass_closure(lambda: model(*args, **kwargs), wrt, "fwd+bwd")
+
+
+def _measure(ctx: AnalysisContext, out: _Runs, label: str, pass_name: str, fn: Callable[[], Any]) -> None:
+    """Time `fn` (unless a paired timing is in `out` already), then profile it, into `out` under
+    "<label> <pass>"; an error is recorded, not raised."""
+    key = f"{label} {pass_name}"
+    try:
+        timing = out.timings.get(key)
+        if timing is None:
+            ctx.progress(f"timing the {label} model ({pass_name})")
+            timing = _time(fn, ctx.device)
+        out.timings[key] = timing
+        ctx.progress(f"profiling the {label} model ({pass_name})")
+        out.runs[key] = profile_steps(fn, _steps_for(timing), ctx.device.type, label, pass_name, _trace_dir(ctx))
+    except Exception as exc:  # a model that runs once may still fail when timed (memory, state)
+        out.errors[key] = short_error(exc)
+
+
+def _pair(ctx: AnalysisContext, out: _Runs, pass_name: str, eager: Callable[[], Any] | None,
+          compiled: Callable[[], Any]) -> None:
+    """On the CPU, the eager and compiled steps of `pass_name` timed interleaved into `out`."""
+    if ctx.device.type == "cuda" or eager is None:
+        return
+    ctx.progress(f"timing the eager and the compiled model ({pass_name}, interleaved)")
+    try:
+        out.timings[f"eager {pass_name}"], out.timings[f"compiled {pass_name}"] = paired_cpu(eager, compiled)
+    except Exception as exc:
+        out.errors[f"compiled {pass_name}"] = short_error(exc)
+
+
+def measure_compiled(ctx: AnalysisContext, compiled: Callable[..., Any]) -> _Runs:
+    """The compiled forward, timed and profiled while the compile-time analysis's compiled model lives
+    (called from `AnalysisContext.profile`, inside its Dynamo scope); on the CPU timed interleaved with
+    the eager forward."""
+    out = _Runs()
+    fn = _step_fn(ctx, compiled, "fwd")
+    _pair(ctx, out, "fwd", _step_fn(ctx, ctx.module, "fwd") if ctx.eager.ok else None, fn)
+    if "compiled fwd" not in out.errors:
+        _measure(ctx, out, "compiled", "fwd", fn)
+    return out
+
+
+def _compile_and_measure(ctx: AnalysisContext, out: _Runs, pass_name: str,
+                         eager: Callable[[], Any] | None = None) -> None:
+    """Compile the model for `pass_name` (a compile of its own) and measure it (on the CPU interleaved
+    with `eager`, the eager step); the compile cost is the first step's time beyond the steady step's."""
+    opts = ctx.options
+    key = f"compiled {pass_name}"
+    ctx.progress(f"compiling for {pass_name} with backend={getattr(opts.backend, '__name__', opts.backend)}")
+    kwargs: dict[str, Any] = {"backend": opts.backend, "dynamic": opts.dynamic}
+    if opts.mode is not None:
+        kwargs["mode"] = opts.mode
+    with fresh_dynamo(), inductor_caches(enabled=not opts.cold_cache), torch.enable_grad():
+        try:
+            start = time.perf_counter()
+            fn = _step_fn(ctx, torch.compile(ctx.module, **kwargs), pass_name)
+            fn()
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            first = time.perf_counter() - start
+        except Exception as exc:
+            out.errors[key] = short_error(exc)
+            return
+        _pair(ctx, out, pass_name, eager, fn)
+        if key not in out.errors:
+            _measure(ctx, out, "compiled", pass_name, fn)
+        if key in out.timings:
+            # (for fwd+bwd the first step also ran the forward that sized the upstream gradient: the
+            # compile cost is overstated by one forward, well inside a compile's seconds)
+            steady = out.timings[key].median_ms / 1e3
+            out.compile_s[pass_name] = max(first - steady, 0.0)
+            out.compile_source[pass_name] = "first compiled step beyond a steady step, measured here"
+
+
+def measure_runtime(ctx: AnalysisContext) -> RuntimeProfile:
+    """Time and profile the eager and the compiled model (see the module docstring)."""
+    opts = ctx.options
+    out = _Runs()
+    train = opts.train if opts.train is not None else ctx.module.training
+    passes = ["fwd"] + (["fwd+bwd"] if train else [])
+    compiled_ok = opts.measure_compile_time and ctx.eager.ok
+    if compiled_ok:
+        profile = ctx.profile  # the compile-time analysis's compile; it measures the compiled forward
+        measured = ctx.compiled_runs
+        if profile.error is not None:
+            out.errors["compiled fwd"] = short_error(profile.error)
+        elif measured is not None:
+            for name in ("timings", "runs", "errors"):
+                getattr(out, name).update(getattr(measured, name))
+            if profile.steady_call_s is not None:
+                out.compile_s["fwd"] = max(profile.first_call_s - profile.steady_call_s, 0.0)
+                out.compile_source["fwd"] = "first compiled call beyond a steady one, from the compile-time analysis"
+        else:  # that compile ran before the profiling runs were asked for: compile once more
+            _compile_and_measure(ctx, out, "fwd", _step_fn(ctx, ctx.module, "fwd"))
+    for pass_name in passes:
+        if not ctx.eager.ok:
+            out.skipped[f"eager {pass_name}"] = "the model does not run eagerly on its example inputs"
+            continue
+        with torch.no_grad() if pass_name == "fwd" else torch.enable_grad():
+            try:
+                fn = _step_fn(ctx, ctx.module, pass_name)
+            except Exception as exc:  # fwd+bwd of a model with nothing to differentiate
+                out.errors[f"eager {pass_name}"] = short_error(exc)
+                continue
+        if pass_name != "fwd" and compiled_ok:
+            _compile_and_measure(ctx, out, pass_name, fn)
+        _measure(ctx, out, "eager", pass_name, fn)
+    if not compiled_ok:
+        why = ("compile-time measurement is off (--no-compile-time), so nothing was compiled"
+               if not opts.measure_compile_time else "the model does not run eagerly")
+        for pass_name in passes:
+            out.skipped[f"compiled {pass_name}"] = why
+    ceilings = None
+    if ctx.device.type == "cuda":  # the CPU's are not measured: its op times are reported without roofs
+        try:
+            ctx.progress("reading the device's copy and matmul ceilings")
+            ceilings = measure_ceilings(ctx.device)
+        except Exception as exc:
+            out.errors["ceilings"] = short_error(exc)
+    trace_path = _write_trace(ctx, out)
+    return RuntimeProfile(
+        device_type=ctx.device.type,
+        device=device_name(ctx.device),
+        ceilings=ceilings,
+        timings=dict(out.timings),
+        runs=dict(out.runs),
+        compile_s=dict(out.compile_s),
+        compile_source=dict(out.compile_source),
+        errors=dict(out.errors),
+        skipped=dict(out.skipped),
+        trace_path=trace_path,
+    )
+
+
+def _write_trace(ctx: AnalysisContext, out: _Runs) -> str | None:
+    """Every profiled run's Chrome trace in one file (`options.chrome_trace`), one process per run."""
+    path = ctx.options.chrome_trace
+    parts = [(key, run.trace) for key, run in out.runs.items() if run.trace]
+    if not path:
+        return None
+    try:
+        merged = merge_traces([(key, json.loads(Path(t).read_text())) for key, t in parts])
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(merged, f)
+    except (OSError, ValueError) as exc:
+        out.errors["trace"] = short_error(exc)
+        path = None
+    finally:
+        if ctx.trace_scratch is not None:
+            shutil.rmtree(ctx.trace_scratch, ignore_errors=True)
+            ctx.trace_scratch = None
+    return path
+
+
+def merge_traces(traces: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """Several Chrome traces as one: each run's processes renamed "<run>: <process>" and given ids of
+    their own, and the runs laid one after another in time (a 1 ms gap), so Perfetto or
+    chrome://tracing shows them side by side.
+
+    Args:
+        traces: (run name, the trace as torch.profiler exports it: {"traceEvents": [...], ...}).
+    """
+    events: list[dict[str, Any]] = []
+    offset = 0.0
+    for i, (name, trace) in enumerate(traces):
+        evs = [dict(e) for e in trace.get("traceEvents", []) if isinstance(e, dict)]
+        times = [float(e["ts"]) for e in evs if isinstance(e.get("ts"), (int, float))]
+        start = min(times) if times else 0.0
+        end = max((float(e["ts"]) + float(e.get("dur", 0) or 0) for e in evs if isinstance(e.get("ts"), (int, float))),
+                  default=start)
+        shift = offset - start
+        pids: dict[Any, int] = {}
+        for e in evs:
+            pid = e.get("pid", 0)
+            pids.setdefault(pid, (i + 1) * 1_000_000 + len(pids))
+            e["pid"] = pids[pid]
+            if isinstance(e.get("ts"), (int, float)):
+                e["ts"] = float(e["ts"]) + shift
+            if e.get("ph") in ("s", "f", "t") and "id" in e:  # flow arrows: ids of their own per run
+                e["id"] = f"{i}:{e['id']}"
+            if e.get("ph") == "M" and e.get("name") == "process_name":
+                e["args"] = {"name": f"{name}: {(e.get('args') or {}).get('name', '')}".rstrip(": ")}
+        named = {e["pid"] for e in evs if e.get("ph") == "M" and e.get("name") == "process_name"}
+        for old, new in pids.items():
+            if new not in named:
+                evs.append({"ph": "M", "name": "process_name", "pid": new, "args": {"name": f"{name}: {old}"}})
+            evs.append({"ph": "M", "name": "process_sort_index", "pid": new, "args": {"sort_index": new}})
+        events.extend(evs)
+        offset += (end - start) + 1000.0
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"runs": [name for name, _ in traces], "producer": "kernel-pytorch analyze"}}
+
+
+__all__ = ["PASSES", "ProfiledRun", "RuntimeProfile", "measure_compiled", "measure_runtime", "merge_traces",
+           "profile_steps"]
