@@ -25,6 +25,17 @@ not installed), "triton" raises saying so.
 """
 
 from kernel_pytorch.functional._dispatch import Backend
+from kernel_pytorch.functional.attention import AttentionBackend, attention, prepare_mask, seq_ids_from_cu_seqlens
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
 
-__all__ = ["ATEN_LAYER_NORM_MAX_NUMEL", "Backend", "add_rms_norm", "layer_norm", "rms_norm"]
+__all__ = [
+    "ATEN_LAYER_NORM_MAX_NUMEL",
+    "AttentionBackend",
+    "Backend",
+    "add_rms_norm",
+    "attention",
+    "layer_norm",
+    "prepare_mask",
+    "rms_norm",
+    "seq_ids_from_cu_seqlens",
+]
