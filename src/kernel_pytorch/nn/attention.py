@@ -168,13 +168,18 @@ class Attention(nn.Module):
 
 
 def _save_split(module: Attention, state_dict: dict, prefix: str, local_metadata: dict) -> None:
-    """state_dict post-hook: qkv_proj.{weight,bias} -> q_proj / k_proj / v_proj (transformers' names)."""
+    """state_dict post-hook: qkv_proj.{weight,bias} -> q_proj / k_proj / v_proj (transformers' names),
+    placed before o_proj as transformers orders them."""
+    later = {key: state_dict.pop(key) for key in list(state_dict) if key.startswith(f"{prefix}o_proj.")}
+    parts = {}
     for kind in ("weight", "bias"):
         fused = state_dict.pop(f"{prefix}qkv_proj.{kind}", None)
-        if fused is None:
-            continue
-        for name, part in zip(_SPLIT, fused.split(module._sizes, dim=0)):
-            state_dict[f"{prefix}{name}.{kind}"] = part
+        if fused is not None:
+            parts[kind] = fused.split(module._sizes, dim=0)
+    for i, name in enumerate(_SPLIT):
+        for kind, split in parts.items():
+            state_dict[f"{prefix}{name}.{kind}"] = split[i]
+    state_dict.update(later)
 
 
 def _load_split(module: Attention, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
