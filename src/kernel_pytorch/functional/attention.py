@@ -182,9 +182,11 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bo
     if block_mask is None:
         if seq_ids is not None:
             seq_ids = seq_ids.expand(b, kv_len)
+        # a mask the same for every head (or batch row) gives a block mask broadcast over them
         block_mask = _flex.block_mask(
             q_len, kv_len, is_causal=is_causal, window=window, seq_ids=seq_ids, keep=keep,
-            batch=b if keep is not None else None, heads=hq if keep is not None else None, device=q.device,
+            batch=b if keep is not None and mask.shape[0] > 1 else None,
+            heads=hq if keep is not None and mask.dim() == 4 and mask.shape[1] > 1 else None, device=q.device,
         )
     score = _flex.score_mod(q_len, kv_len, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias)
     return _flex.flex(q, k, v, mask=block_mask, score=score, scale=scale)
