@@ -28,7 +28,20 @@ not installed), "triton" raises saying so.
 """
 
 from kernel_pytorch.functional._dispatch import Backend
+from kernel_pytorch.functional.attention import AttentionBackend, attention, prepare_mask, seq_ids_from_cu_seqlens
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
 from kernel_pytorch.reference.rms_norm import CASTINGS, Casting
 
-__all__ = ["ATEN_LAYER_NORM_MAX_NUMEL", "CASTINGS", "Backend", "Casting", "add_rms_norm", "layer_norm", "rms_norm"]
+__all__ = [
+    "ATEN_LAYER_NORM_MAX_NUMEL",
+    "CASTINGS",
+    "AttentionBackend",
+    "Backend",
+    "Casting",
+    "add_rms_norm",
+    "attention",
+    "layer_norm",
+    "prepare_mask",
+    "rms_norm",
+    "seq_ids_from_cu_seqlens",
+]

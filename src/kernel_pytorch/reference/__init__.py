@@ -1,6 +1,7 @@
 """Pure-torch specifications of every op: fp32 math, CPU-runnable, no Triton."""
 
 from kernel_pytorch.reference.add_rms_norm import add_rms_norm, add_rms_norm_backward
+from kernel_pytorch.reference.attention import attention
 from kernel_pytorch.reference.bias_act import bias_act, bias_act_backward
 from kernel_pytorch.reference.cross_entropy import cross_entropy, cross_entropy_backward
 from kernel_pytorch.reference.embedding import embedding, embedding_backward
@@ -40,6 +41,7 @@ __all__ = [
     "add_rms_norm",
     "add_rms_norm_backward",
     "alibi_bias",
+    "attention",
     "alibi_slopes",
     "bias_act",
     "bias_act_backward",

@@ -1,0 +1,62 @@
+"""The attention suite: transformers' eager code and our block match the reference, the chunked reference
+is the reference, byte counts, and a quick CPU run end to end (the smoke path of scripts/gpu_check.sh)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernel_pytorch import reference
+from kernel_pytorch.benchmark.ceilings import Ceilings
+from kernel_pytorch.benchmark.suites import attention as A
+from kernel_pytorch.benchmark.suites import get_suite, runner, suite_names
+from kernel_pytorch.tolerances import tolerance_for
+
+SHAPE = A.attn_shape(2, 4, 2, 24, 16, "test")
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    tol = tolerance_for(b.dtype)
+    torch.testing.assert_close(a, b, atol=tol.atol, rtol=tol.rtol)
+
+
+def test_registry_and_shapes() -> None:
+    assert "attention" in suite_names() and get_suite("attention") is A
+    big = A.CUDA_SHAPES[0]
+    assert big.sizes == [4, 32, 8, 4096, 128] and big.config
+    assert A.SUITE.ops == ("attention", "attention_block", "attention_documents")
+    assert all(spec.liger is None for spec in A.SPECS.values())  # Liger has no attention
+
+
+def test_eager_code_and_ours_match_the_reference_in_fp32() -> None:
+    t = A.ATTENTION.make_inputs(SHAPE, torch.float32, torch.device("cpu"), 0)
+    want = reference.attention(t["q"], t["k"], t["v"], is_causal=True)
+    _close(A.chunked_reference(t["q"], t["k"], t["v"], is_causal=True), want)
+    for spec in (A.ATTENTION,):
+        _close(spec.eager(*t.values()), want)
+        _close(spec.ours(*t.values(), backend="auto"), want)
+    b = A.ATTENTION_BLOCK.make_inputs(SHAPE, torch.float32, torch.device("cpu"), 0)
+    want = A.ATTENTION_BLOCK.reference(*b.values())
+    _close(A.ATTENTION_BLOCK.eager(*b.values()), want)
+    _close(A.ATTENTION_BLOCK.ours(*b.values(), backend="auto"), want)
+    docs = A.ATTENTION_DOCUMENTS
+    _close(docs.eager(*t.values()), docs.reference(*t.values()))
+
+
+def test_minimum_bytes() -> None:
+    q = 4 * 32 * 4096 * 128
+    kv = 4 * 8 * 4096 * 128
+    fwd, bwd = A.ATTENTION.min_bytes(A.CUDA_SHAPES[0], 2)
+    assert (fwd, bwd) == ((2 * q + 2 * kv) * 2, (5 * q + 4 * kv) * 2)
+
+
+def test_quick_cpu_run() -> None:
+    ceilings = Ceilings(device="cpu", copy_gbps=10.0, copy_bytes=1, matmul_tflops=0.1, matmul_shape=(1, 1, 1),
+                        matmul_dtype="float32", torch_version=torch.__version__, measured_at="now")
+    r = runner.run(A.SUITE, device="cpu", providers=("ours", "ours-flex", "sdpa-flash", "eager", "liger"),
+                     quick=True, ceilings=ceilings)
+    for op in A.SUITE.ops:
+        for provider in ("ours", "eager"):
+            rows = r.find(op=op, provider=provider)
+            assert rows and all(row.ok for row in rows), [row.note for row in rows]
+    assert not r.find(provider="ours-flex") and not r.find(provider="sdpa-flash")  # CUDA only
+    assert all(row.status == "not available" for row in r.find(provider="liger"))
