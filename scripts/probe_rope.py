@@ -27,7 +27,7 @@ from triton.testing import do_bench
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
 from kernel_pytorch.ops import embedding as emb_ops
 from kernel_pytorch.ops import rope as rope_ops
-from kernel_pytorch.ops.embedding import embedding_bwd
+from kernel_pytorch.ops.embedding import embedding_grad
 from kernel_pytorch.ops.rope import rope_bwd, rope_fwd
 from kernel_pytorch.reference.rope import rope as rope_ref
 from kernel_pytorch.reference.rope import rope_backward as rope_ref_bwd
@@ -343,7 +343,7 @@ def embedding(args) -> None:
                 for key, val in {**defaults, **cfg}.items():
                     setattr(emb_ops, key, val)
                 label = f"ours {mode} {cfg or 'default'}"
-                fn = lambda: embedding_bwd(dy, idx, VOCAB, mode=mode, eager=True)
+                fn = lambda: embedding_grad(dy, idx, VOCAB, mode=mode, eager=True)
                 out = soft(label, fn)
                 if out is None:
                     continue
