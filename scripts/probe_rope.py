@@ -12,7 +12,8 @@ Usage: PYTHONPATH=src python3 scripts/probe_rope.py [--sections check,rope,decod
   variants   launch-parameter sweep of our kernel (heads per tile x warps), in place, table form,
              graph replay, plus registers/spills of the binaries
   pairs      how the tile kernel forms its pairs (PAIRS_ROTATE_HALF / PAIRS_INTERLEAVED) and the
-             per-token kernel (SCHEDULE="token"), fwd and bwd in graph replay: picks the defaults
+             per-token kernel (SCHEDULE="token"; the defaults are ops/rope.py's SCHEDULES), fwd and bwd
+             in graph replay: the data that picks the defaults
   embedding  vocab 128256 x hidden 4096, 16384 tokens, bf16: ours (rows/segments, variants) vs torch's
              embedding backward, uniform and Zipf token streams, bitwise reruns
 Every measurement fails soft: an error prints one line and the rest runs. A summary table ends the run.

@@ -26,7 +26,17 @@ its heads. How a tile forms its pairs (PAIRS_*; the probe times each):
                rotate-half: the two halves as a [2, r/2] tile, transposed)
     "halves"   rotate-half only: two half-row loads per head (the first kernel's way)
 The first kernel (one program per token, all heads; ops/_rope_token.py) stays selectable as
-SCHEDULE = "token". Traffic is q and k read once and written once (the copy bound); an out-of-range
+SCHEDULE = "token".
+
+Which kernel runs (SCHEDULES, by convention), from the first GPU round (H100, q (4, 32, 4096, 128) +
+k (4, 8, 4096, 128) bf16, benchmarks/results/probes/probe_rope.log), which measured the per-token
+kernel only: interleaved pairs (one contiguous load, split in registers) reached 90.1% of the copy
+bandwidth in fwd+bwd graph replay, ahead of torch.compile (86.7%), so interleaved keeps that measured
+kernel; rotate-half (two half-row loads) reached 86.2% against compile's 91.9%, so rotate-half runs
+the tile kernel, whose whole-row loads are the candidate fix -- not yet measured on a GPU
+(scripts/probe_rope.py --sections pairs times every combination).
+
+Traffic is q and k read once and written once (the copy bound); an out-of-range
 position id gives NaN rows instead of reading outside the table.
 
 hf_rounding=True: each product rounded to the input dtype before the sum, cos/sin taken in it:
@@ -47,13 +57,14 @@ from kernel_pytorch.ops._register import Impl, register_op
 from kernel_pytorch.reference.rope import rope, rope_backward
 
 # Elements of q or k per program (8 KiB of bf16), tokens per tile where a head's tokens are contiguous,
-# warps (4 beat 8 by 5-9 points in the first GPU round), how tiles form pairs, which kernel.
+# warps (4 beat 8 by 5-9 points in the first GPU round), how tiles form pairs, which kernel runs.
 TILE_ELEMENTS = 4096
 TOKENS_PER_TILE = 8
 NUM_WARPS = 4
 PAIRS_ROTATE_HALF = "partner"
 PAIRS_INTERLEAVED = "split"
-SCHEDULE = "tile"
+SCHEDULE: str | None = None  # None: SCHEDULES[interleaved]; "tile" or "token" forces one (tests, probe)
+SCHEDULES = {False: "tile", True: "token"}  # rotate-half, interleaved (module docstring)
 _PAIRS = {"halves": 0, "split": 1, "partner": 2}
 
 
@@ -274,7 +285,7 @@ def _launch(
     strides = (*sq, *_bthd_strides(k, unsqueeze_dim), *_bthd_strides(qo, unsqueeze_dim),
                *_bthd_strides(ko, unsqueeze_dim), scb, sct, ssb, sst, spb, spt)
     n_positions = cos.shape[0] if table else 0
-    if SCHEDULE == "token":
+    if (SCHEDULE or SCHEDULES[interleaved]) == "token":
         _rope_token.launch(tensors, strides, batch, seq_len, heads_q, heads_k, half, n_pass, n_positions,
                            interleaved=interleaved, has_pos=table, copy_pass=copy_pass, backward=backward,
                            hf_rounding=hf_rounding, num_warps=NUM_WARPS, eager=eager)
