@@ -88,6 +88,30 @@ def test_inplace_function_of_the_eager_path() -> None:
         assert_close(a, b, "grad")
 
 
+def test_inplace_eager_path_on_fused_qkv_views(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eager CUDA path (forced here; its launchers run under the interpreter) on views of one fused
+    projection: without gradients the in-place Function, with them the out-of-place kernel and a copy
+    (autograd lets no Function dirty two views); both right, gradients included."""
+    monkeypatch.setattr(rope_mod, "_resolve", lambda *args: "eager")
+    b, t, hq, hk, d = 1, 3, 2, 1, 8
+    cos, sin = rotation_rows(torch.arange(t)[None], d, torch.float32)
+    for grad in (False, True):
+        w = randn(d * (hq + 2 * hk), 16).requires_grad_(grad)
+        x = randn(b, t, 16)
+        qkv = (x @ w.T).view(b, t, hq + 2 * hk, d)
+        q, k = qkv[:, :, :hq], qkv[:, :, hq:hq + hk]
+        want = R.rope(q.detach(), k.detach(), cos, sin, unsqueeze_dim=2)
+        qo, ko = F.apply_rotary(q, k, cos, sin, unsqueeze_dim=2, inplace=True)
+        assert qo.data_ptr() == q.data_ptr()
+        assert_close(qkv[:, :, :hq], want[0], "q"), assert_close(qkv[:, :, hq:hq + hk], want[1], "k")
+        if grad:
+            (got,) = torch.autograd.grad(qo.sum() + 2 * ko.sum(), (w,))
+            w2 = w.detach().requires_grad_()
+            qkv2 = (x @ w2.T).view(b, t, hq + 2 * hk, d)
+            q2, k2 = R.rope(qkv2[:, :, :hq], qkv2[:, :, hq:hq + hk], cos, sin, unsqueeze_dim=2)
+            assert_close(got, torch.autograd.grad(q2.sum() + 2 * k2.sum(), (w2,))[0], "dw")
+
+
 def test_compile_fullgraph_no_breaks() -> None:
     case = RopeCase(1, 4, 2, 1, 8, 8, "bthd")
     q, k = make_heads(case, 2, torch.float32, "cpu").requires_grad_(), make_heads(case, 1, torch.float32, "cpu")

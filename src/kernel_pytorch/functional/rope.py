@@ -7,14 +7,15 @@ every family (functional/_dispatch.py).
 
 In place. The registered op `kernel_pytorch::rope_fwd` is out of place: it returns new tensors, so
 compile and export see a functional op and no aliasing needs declaring. `inplace=True` writes the
-rotation back into q and k: on the eager CUDA path through `_RopeInplace` below, a plain
-autograd.Function that launches the kernel in place (no new tensors, `mark_dirty` so autograd versions
-q and k); on every other path (the registered op under compile/export and on CPU, the reference) as the
-out-of-place result copied into q and k, which is what a functionalised graph does with an in-place op
-anyway. It is not a registered op because a torch op that mutates two inputs, which may be views of
-one fused QKV tensor, would have to declare both in `mutates_args`, and the functionalisation of two
-overlapping mutated views is not something the op could guarantee; the copy path above has none of
-those questions.
+rotation back into q and k. On the eager CUDA path that is `_RopeInplace` below, a plain
+autograd.Function that launches the kernel in place (no new tensors; `mark_dirty`, so autograd
+versions q and k), except for views that record gradients: autograd lets no Function dirty two view
+inputs, so those (q and k of a fused QKV projection) take the out-of-place kernel and a copy. On every
+other path (the registered op under compile/export and on CPU, the reference) the out-of-place result
+is copied into q and k, which is what a functionalised graph does with an in-place op anyway. The
+in-place variant is not a registered op because an op that mutates two inputs, possibly overlapping
+views of one fused QKV tensor, would have to declare both in `mutates_args`, and two mutated views of
+one base are beyond what such an op can promise under functionalisation; the copy has no such question.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class _RopeInplace(torch.autograd.Function):
         cos, sin, position_ids = ctx.saved_tensors
         dq, dk = kernels().rope.rope_bwd(dq, dk, cos, sin, position_ids, *ctx.options, eager=True)
         return dq, dk, None, None, None, None, None, None
+
+
+def _records_grad(q: Tensor, k: Tensor) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
 
 
 def apply_rotary(
@@ -94,9 +99,12 @@ def apply_rotary(
             check_position_range(position_ids, shape.n_positions)
     path = _resolve(backend, "apply_rotary", q, compiling)
     if path == "eager":
-        if inplace:
+        if inplace and not (_records_grad(q, k) and (q._is_view() or k._is_view())):
             return _RopeInplace.apply(q, k, cos, sin, position_ids, interleaved, unsqueeze_dim, hf_rounding)
-        return kernels().rope_eager(q, k, cos, sin, position_ids, interleaved, unsqueeze_dim, hf_rounding)
+        # a Function that dirties a view input may return only one tensor (autograd's rule), so views
+        # that record gradients (q and k of a fused QKV projection) take the out-of-place kernel and a copy
+        qo, ko = kernels().rope_eager(q, k, cos, sin, position_ids, interleaved, unsqueeze_dim, hf_rounding)
+        return (q.copy_(qo), k.copy_(ko)) if inplace else (qo, ko)
     if path == "op":
         qo, ko = torch.ops.kernel_pytorch.rope_fwd(
             q, k, cos, sin, position_ids, interleaved, unsqueeze_dim, hf_rounding
