@@ -17,4 +17,7 @@ python3 scripts/probe_norms.py --sweep 2>&1 | grep -v Warning | tee "$out/sweep.
 # OUT is this script's own directory: a second run into it replaces the first run's results
 python3 benchmarks/bench_norms.py --out "$out" --overwrite 2>&1 | tee "$out/bench_norms.log" | tail -40 || status=1
 python3 benchmarks/bench_attention.py --out "$out" --overwrite 2>&1 | tee "$out/bench_attention.log" | tail -40 || status=1
+# RoPE: how the tile kernel forms its pairs (decides PAIRS_* in ops/rope.py), then the suite
+python3 scripts/probe_rope.py --sections pairs 2>&1 | grep -v Warning | tee "$out/probe_rope_pairs.log" || status=1
+python3 benchmarks/bench_rope.py --out "$out" --overwrite 2>&1 | tee "$out/bench_rope.log" | tail -40 || status=1
 exit $status

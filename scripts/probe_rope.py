@@ -1,7 +1,7 @@
 # ruff: noqa: B023, E731  (lambdas are timed immediately, inside the loop that binds them)
 """GPU probe of the rotary-embedding kernel and the deterministic embedding backward.
 
-Usage: PYTHONPATH=src python3 scripts/probe_rope.py [--sections check,rope,decode,variants,embedding] [--quick]
+Usage: PYTHONPATH=src python3 scripts/probe_rope.py [--sections check,rope,decode,variants,pairs,embedding] [--quick]
 
   check      correctness at the benchmark shapes (both layouts, both conventions, train and decode):
              ours vs the reference, vs transformers' eager formula (tolerance table and fp64 budget),
@@ -11,6 +11,9 @@ Usage: PYTHONPATH=src python3 scripts/probe_rope.py [--sections check,rope,decod
   decode     B=32, one token, 32/8 heads: eager host time decides (target: ours <= eager median)
   variants   launch-parameter sweep of our kernel (heads per tile x warps), in place, table form,
              graph replay, plus registers/spills of the binaries
+  pairs      how the tile kernel forms its pairs (PAIRS_ROTATE_HALF / PAIRS_INTERLEAVED) and the
+             per-token kernel (SCHEDULE="token"; the defaults are ops/rope.py's SCHEDULES), fwd and bwd
+             in graph replay: the data that picks the defaults
   embedding  vocab 128256 x hidden 4096, 16384 tokens, bf16: ours (rows/segments, variants) vs torch's
              embedding backward, uniform and Zipf token streams, bitwise reruns
 Every measurement fails soft: an error prints one line and the rest runs. A summary table ends the run.
@@ -27,7 +30,7 @@ from triton.testing import do_bench
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
 from kernel_pytorch.ops import embedding as emb_ops
 from kernel_pytorch.ops import rope as rope_ops
-from kernel_pytorch.ops.embedding import embedding_bwd
+from kernel_pytorch.ops.embedding import embedding_grad
 from kernel_pytorch.ops.rope import rope_bwd, rope_fwd
 from kernel_pytorch.reference.rope import rope as rope_ref
 from kernel_pytorch.reference.rope import rope_backward as rope_ref_bwd
@@ -310,6 +313,35 @@ def variants(args) -> None:
                 print(f"  regs: {exc}")
 
 
+def pairs(args) -> None:
+    """How a tile forms its pairs (ops/rope.py's PAIRS_*), and the per-token kernel (SCHEDULE), at the
+    train shape in graph replay: the data that picks the defaults."""
+    print("\n== pairs: how tiles form pairs (PAIRS_*) and SCHEDULE, graph replay, train shape")
+    ceil = args.ceiling
+    saved = (rope_ops.PAIRS_ROTATE_HALF, rope_ops.PAIRS_INTERLEAVED, rope_ops.SCHEDULE)
+    for layout in ("bhtd", "bthd"):
+        for il in (False, True):
+            ud = 1 if layout == "bhtd" else 2
+            q, k, cos, sin, _ = make_inputs(TRAIN, layout, il)
+            nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
+            kw = dict(interleaved=il, unsqueeze_dim=ud)
+            methods = ("split", "partner") if il else ("halves", "split", "partner")
+            for schedule, method in [("tile", m) for m in methods] + [("token", "-")]:
+                rope_ops.SCHEDULE = schedule
+                if method != "-":
+                    setattr(rope_ops, "PAIRS_INTERLEAVED" if il else "PAIRS_ROTATE_HALF", method)
+                cells = []
+                for key, fn in (("fwd", lambda: rope_fwd(q, k, cos, sin, **kw)),
+                                ("bwd", lambda: rope_bwd(q, k, cos, sin, **kw))):
+                    ms = soft(f"{layout} {schedule} {method} {key}", graph_ms, fn)
+                    cells.append(f"{key} " + ("--" if ms is None else
+                                              f"{ms * 1e3:6.1f}us {nbytes / ms / 1e6 / ceil * 100:5.1f}%"))
+                label = f"{layout} {'il' if il else 'half'} {schedule} {method}"
+                print(f"  {label:28s}: " + " | ".join(cells))
+                SUMMARY.append(f"pairs {label}: " + " | ".join(cells))
+            rope_ops.PAIRS_ROTATE_HALF, rope_ops.PAIRS_INTERLEAVED, rope_ops.SCHEDULE = saved
+
+
 def embedding(args) -> None:
     print(f"\n== embedding backward: vocab {VOCAB} x hidden {HIDDEN}, {TOKENS} tokens, bf16")
     ceil = args.ceiling
@@ -343,7 +375,7 @@ def embedding(args) -> None:
                 for key, val in {**defaults, **cfg}.items():
                     setattr(emb_ops, key, val)
                 label = f"ours {mode} {cfg or 'default'}"
-                fn = lambda: embedding_bwd(dy, idx, VOCAB, mode=mode, eager=True)
+                fn = lambda: embedding_grad(dy, idx, VOCAB, mode=mode, eager=True)
                 out = soft(label, fn)
                 if out is None:
                     continue
@@ -363,7 +395,8 @@ def _print_emb(stream, label, ms, gms, nbytes, ceil, extra) -> None:
     print(f"  {stream:7s} {label:44s} do_bench {fmt(ms)} graph {fmt(gms)} {extra}")
 
 
-SECTIONS = {"check": check, "rope": rope_timing, "decode": decode, "variants": variants, "embedding": embedding}
+SECTIONS = {"check": check, "rope": rope_timing, "decode": decode, "variants": variants, "pairs": pairs,
+            "embedding": embedding}
 
 
 def main() -> None:

@@ -82,6 +82,9 @@ CHECKS = textwrap.dedent(
     dy = torch.randn(2, 3, 16)
     rms, ln = kp.nn.RMSNorm(16, eps=1e-6), kp.nn.LayerNorm(16)
     w = torch.randn(16, requires_grad=True)
+    q, k = x.view(2, 3, 1, 16), r.view(2, 3, 1, 16)
+    cos, sin = kp.nn.RotaryEmbedding(16)(x, torch.arange(3)[None])
+    emb, idx = kp.nn.Embedding(7, 16), torch.tensor([[1, 2, 2], [6, 0, 2]])
     cases = {
         "RMSNorm": (lambda: rms(x), lambda: R.rms_norm(x, rms.weight, 1e-6), (x, rms.weight)),
         "LayerNorm": (lambda: ln(x), lambda: R.layer_norm(x, ln.weight, ln.bias, 1e-5), (x, ln.weight, ln.bias)),
@@ -90,6 +93,12 @@ CHECKS = textwrap.dedent(
             lambda: sum(R.add_rms_norm(x, r, w, 1e-6)),
             (x, r, w),
         ),
+        "apply_rotary": (
+            lambda: sum(o.view(2, 3, 16) for o in kp.functional.apply_rotary(q, k, cos, sin, unsqueeze_dim=2)),
+            lambda: sum(o.view(2, 3, 16) for o in R.rope(q, k, cos, sin, unsqueeze_dim=2)),
+            (x, r),
+        ),
+        "Embedding": (lambda: emb(idx), lambda: R.embedding(idx, emb.weight), (emb.weight,)),
     }
     for name, (ours, ref, wrt) in cases.items():
         for run in (ours, torch.compile(ours, fullgraph=True, backend="aot_eager")):
@@ -106,6 +115,8 @@ CHECKS = textwrap.dedent(
         lambda: kp.functional.rms_norm(x, w, backend="triton"),
         lambda: kp.functional.layer_norm(x, backend="triton"),
         lambda: kp.functional.add_rms_norm(x, r, w, backend="triton"),
+        lambda: kp.functional.apply_rotary(q, k, cos, sin, unsqueeze_dim=2, backend="triton"),
+        lambda: kp.functional.embedding(idx, emb.weight, backend="triton"),
     ):
         with pytest.raises(ValueError, match="backend='triton' cannot run .*: triton is not installed"):
             call()

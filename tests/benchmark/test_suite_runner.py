@@ -18,7 +18,7 @@ from kernel_pytorch.benchmark.module import PASSES
 from kernel_pytorch.benchmark.suites import SUITES, get_suite, run_suite, runner
 from kernel_pytorch.benchmark.suites import gate as G
 from kernel_pytorch.benchmark.suites.providers import Impl, load_peer, resolve
-from kernel_pytorch.benchmark.suites.spec import ExtraProvider, OpBench, Shape, Suite, generator
+from kernel_pytorch.benchmark.suites.spec import ExtraProvider, ModulePeer, OpBench, Shape, Suite, generator
 from kernel_pytorch.benchmark.timer import summarize
 
 # ---- the suite: what a new family's file holds ---------------------------------------------------
@@ -137,6 +137,20 @@ def test_module_peers_load_by_target_and_liger_runs_only_on_cuda() -> None:
     assert resolve(SCALED_MUL, "liger", torch.device("cpu"))[1:] == ("not available", "Liger-Kernel has no counterpart")
     # a provider of another op of the suite: nothing to run here, no rows
     assert resolve(SCALED_MUL, "ours-auto", torch.device("cpu")) == (None, "same", "")
+
+
+def test_a_peer_function_that_writes_its_inputs_passes_the_gate() -> None:
+    """A peer given as a function (Liger's liger_rotary_pos_emb) is called with the `call` inputs; one
+    that overwrites its inputs (Liger's rope, in place) is still judged against the inputs as drawn."""
+
+    def overwrites(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        y = _reference(x.clone(), scale)
+        x.data.fill_(7.0)
+        return y
+
+    peer = ModulePeer(target="toy:overwrites", init_args=lambda t: (), call=("x", "scale"))
+    checks, _ = G.gate(SCALED_MUL, Impl(overwrites, peer), QUICK, torch.float32, torch.device("cpu"), None)
+    assert all(c.passed for c in checks), [c.message() for c in checks if not c.passed]
 
 
 def test_cuda_graph_rows_replay_rotated_input_copies(monkeypatch: pytest.MonkeyPatch) -> None:

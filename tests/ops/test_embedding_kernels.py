@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernel_pytorch.ops import embedding as emb_ops
-from kernel_pytorch.ops.embedding import embedding_bwd
+from kernel_pytorch.ops.embedding import embedding_grad
 from kernel_pytorch.reference.embedding import embedding_backward
 from tests.grid import DTYPES, Poisoned, device_under_test, randn
 from tests.ops.norm_helpers import assert_budget, assert_close
@@ -39,7 +39,7 @@ def test_kernels_match_reference(mode: str, dtype: torch.dtype, small_blocks) ->
     idx = _indices(23, vocab).reshape(1, 23)
     dy = randn(1, 23, h, dtype=dtype, device=DEV)
     with Poisoned():
-        dw = embedding_bwd(dy, idx, vocab, mode=mode)
+        dw = embedding_grad(dy, idx, vocab, mode=mode)
     assert dw.shape == (vocab, h) and dw.dtype == dtype
     assert_close(dw, embedding_backward(dy, idx, vocab), "dweight")
 
@@ -52,7 +52,7 @@ def test_padding_and_frequency_scaling(mode: str, padding_idx: int, scale_grad_b
     idx = _indices(17, vocab, hot=3)
     dy = randn(17, h, dtype=torch.bfloat16, device=DEV)
     with Poisoned():
-        dw = embedding_bwd(dy, idx, vocab, padding_idx, scale_grad_by_freq, mode=mode)
+        dw = embedding_grad(dy, idx, vocab, padding_idx, scale_grad_by_freq, mode=mode)
     expected = embedding_backward(dy, idx, vocab, padding_idx, scale_grad_by_freq)
     assert torch.equal(dw[padding_idx], torch.zeros_like(dw[padding_idx]))
     assert_close(dw, expected, "dweight")
@@ -64,7 +64,7 @@ def test_fp32_gradient_from_bf16_and_strided_rows(mode: str) -> None:
     vocab, h = 6, 16
     idx = _indices(10, vocab)
     dy = randn(10, h + 3, dtype=torch.bfloat16, device=DEV)[:, :h]
-    dw = embedding_bwd(dy, idx, vocab, out_dtype=torch.float32, mode=mode)
+    dw = embedding_grad(dy, idx, vocab, out_dtype=torch.float32, mode=mode)
     assert dw.dtype == torch.float32
     assert_close(dw, embedding_backward(dy, idx, vocab, out_dtype=torch.float32), "dweight")
 
@@ -74,7 +74,7 @@ def test_long_run_within_fp64_budget_of_torch() -> None:
     embedding backward."""
     idx = torch.full((64,), 2, device=DEV)
     dy = randn(64, 8, dtype=torch.bfloat16, device=DEV, scale=2.0)
-    dw = embedding_bwd(dy, idx, 4)
+    dw = embedding_grad(dy, idx, 4)
     torch_bf16 = torch.ops.aten.embedding_dense_backward(dy, idx, 4, -1, False)
     assert_budget(dw, torch_bf16, embedding_backward(dy.double(), idx, 4), "dweight")
 
@@ -82,12 +82,12 @@ def test_long_run_within_fp64_budget_of_torch() -> None:
 def test_no_tokens() -> None:
     dy, idx = randn(0, 8, device=DEV), torch.zeros(0, dtype=torch.long, device=DEV)
     for mode in MODES:
-        assert torch.equal(embedding_bwd(dy, idx, 5, mode=mode), torch.zeros(5, 8, device=DEV))
+        assert torch.equal(embedding_grad(dy, idx, 5, mode=mode), torch.zeros(5, 8, device=DEV))
 
 
 def test_unknown_mode() -> None:
     with pytest.raises(ValueError, match="mode must be"):
-        embedding_bwd(randn(2, 4, device=DEV), torch.zeros(2, dtype=torch.long, device=DEV), 3, mode="atomic")
+        embedding_grad(randn(2, 4, device=DEV), torch.zeros(2, dtype=torch.long, device=DEV), 3, mode="atomic")
 
 
 @pytest.mark.cuda
@@ -103,8 +103,8 @@ def test_cuda_benchmark_shape_and_bitwise_reruns(mode: str, skewed: bool) -> Non
     else:
         idx = torch.randint(0, vocab, (n,), device="cuda")
     dy = randn(n, h, dtype=torch.bfloat16, device="cuda")
-    a = embedding_bwd(dy, idx, vocab, mode=mode)
-    b = embedding_bwd(dy, idx, vocab, mode=mode)
+    a = embedding_grad(dy, idx, vocab, mode=mode)
+    b = embedding_grad(dy, idx, vocab, mode=mode)
     assert torch.equal(a, b)
     expected = torch.ops.aten.embedding_dense_backward(dy.float(), idx, vocab, -1, False).bfloat16()
     assert_close(a, expected, "dweight")

@@ -1,12 +1,14 @@
 """Rotary embedding kernels against the reference: both conventions, both layouts, partial rotary, GQA,
-rows and position-id tables, fused-QKV views in place, head tiles, bad positions, transformers' eager
-rounding; on the GPU the benchmark shapes, bitwise parity with transformers and determinism."""
+rows and position-id tables, fused-QKV views in place, tiles cut short, bad positions, transformers'
+eager rounding; every pair method of the tile kernel and the per-token kernel; on the GPU the benchmark
+shapes, bitwise parity with transformers and determinism."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from kernel_pytorch.ops import _rope_token
 from kernel_pytorch.ops import rope as rope_ops
 from kernel_pytorch.ops.rope import rope_bwd, rope_fwd
 from kernel_pytorch.reference.rope import rope, rope_backward
@@ -15,6 +17,25 @@ from tests.ops.norm_helpers import assert_close
 from tests.ops.rope_helpers import RopeCase, make_heads, make_rows, rotation_rows, rotation_table
 
 DEV = device_under_test()
+
+# (schedule, rotate-half pairs, interleaved pairs): the default first
+VARIANTS = {
+    "tile": ("tile", "partner", "split"),
+    "tile-split-partner": ("tile", "split", "partner"),
+    "tile-halves": ("tile", "halves", "split"),
+    "token": ("token", "partner", "split"),
+}
+
+
+@pytest.fixture(params=list(VARIANTS))
+def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test on each kernel variant (ops/rope.py's SCHEDULE and PAIRS_*)."""
+    schedule, half, interleaved = VARIANTS[request.param]
+    monkeypatch.setattr(rope_ops, "SCHEDULE", schedule)
+    monkeypatch.setattr(rope_ops, "PAIRS_ROTATE_HALF", half)
+    monkeypatch.setattr(rope_ops, "PAIRS_INTERLEAVED", interleaved)
+    return request.param
+
 
 CASES = (
     RopeCase(1, 1, 1, 1, 2, 2, "bhtd", "2d"),  # every size 1, the smallest head
@@ -41,7 +62,7 @@ def _check(q, k, cos, sin, pos, interleaved, unsqueeze_dim, hf_rounding=False, i
 @pytest.mark.parametrize("case", CASES, ids=str)
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_kernels_match_reference(case: RopeCase, interleaved: bool, dtype: torch.dtype) -> None:
+def test_kernels_match_reference(case: RopeCase, interleaved: bool, dtype: torch.dtype, variant: str) -> None:
     q, k = make_heads(case, case.hq, dtype, DEV), make_heads(case, case.hk, dtype, DEV)
     cos, sin = make_rows(case, dtype, DEV)
     _check(q, k, cos, sin, None, interleaved, case.unsqueeze_dim)
@@ -51,7 +72,7 @@ def test_kernels_match_reference(case: RopeCase, interleaved: bool, dtype: torch
     "pos_kind", ["batch_offsets", "shared_1d", "shared_2d_int32"], ids=str
 )
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
-def test_position_ids_index_the_table(pos_kind: str, interleaved: bool) -> None:
+def test_position_ids_index_the_table(pos_kind: str, interleaved: bool, variant: str) -> None:
     """Packed/left-padded/decoding position ids: any rows of an fp32 table for bf16 q and k."""
     case = RopeCase(2, 2, 2, 1, 10, 8, "bthd")
     q, k = make_heads(case, 2, torch.bfloat16, DEV), make_heads(case, 1, torch.bfloat16, DEV)
@@ -65,7 +86,7 @@ def test_position_ids_index_the_table(pos_kind: str, interleaved: bool) -> None:
 
 
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
-def test_fused_qkv_views_in_place(interleaved: bool) -> None:
+def test_fused_qkv_views_in_place(interleaved: bool, variant: str) -> None:
     """q and k as views of one (B, T, Hq + 2 Hk, D) projection, rotated in place: no copy, v untouched,
     the same values as the reference; the backward in place too."""
     b, t, hq, hk, d = 1, 3, 2, 1, 8
@@ -94,24 +115,64 @@ def test_in_place_leaves_the_pass_through_features() -> None:
     _check(q, k, cos, sin, None, False, 1, inplace=True)
 
 
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
-def test_head_tiles_loop_with_a_partial_tile(interleaved: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two heads per tile: 5 q heads take three tiles, the last one short."""
-    monkeypatch.setattr(rope_ops, "TILE_ELEMENTS", 16)
-    case = RopeCase(1, 2, 5, 3, 8, 8, "bhtd")
-    assert rope_ops.heads_per_tile(case.hq, case.r // 2) == 2
+def test_tiles_cut_short(layout: str, interleaved: bool, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small tiles on a small shape: several token blocks (the last one short) and head blocks (the last
+    one short) for the tile kernel; a loop over head tiles, the last one short, for the per-token one."""
+    monkeypatch.setattr(rope_ops, "TILE_ELEMENTS", 32)
+    monkeypatch.setattr(rope_ops, "TOKENS_PER_TILE", 2)
+    monkeypatch.setattr(_rope_token, "TILE_ELEMENTS", 16)
+    case = RopeCase(2, 5, 5, 3, 8, 8, layout)
+    bt, bhq, bhk = rope_ops.tile_shape(case.t, case.hq, case.hk, 8, layout == "bthd")
+    assert (case.t % bt, case.hq % bhq, case.hk % bhk) != (0, 0, 0) and bt < case.t and bhq < case.hq
+    assert _rope_token.heads_per_tile(case.hq, case.r // 2) == 2
     q, k = make_heads(case, 5, torch.float32, DEV), make_heads(case, 3, torch.float32, DEV)
     cos, sin = make_rows(case, torch.float32, DEV)
-    _check(q, k, cos, sin, None, interleaved, 1)
+    _check(q, k, cos, sin, None, interleaved, case.unsqueeze_dim)
+
+
+def test_tile_shape_follows_the_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(B, H, T, D): tokens first, TOKENS_PER_TILE of them; (B, T, H, D): a token's heads first; one token
+    (decoding): every head it can hold; about TILE_ELEMENTS elements either way."""
+    assert rope_ops.tile_shape(4096, 32, 8, 128, False) == (8, 4, 4)
+    assert rope_ops.tile_shape(4096, 32, 8, 128, True) == (1, 32, 8)
+    assert rope_ops.tile_shape(1, 32, 8, 128, False) == (1, 32, 8)
+    assert rope_ops.tile_shape(4096, 1, 1, 64, False) == (64, 1, 1)  # one head: all tokens
+    assert rope_ops.tile_shape(3, 2, 1, 128, True) == (4, 2, 1)
+
+
+def test_default_schedules_follow_the_probe() -> None:
+    """Interleaved keeps the per-token kernel the first GPU round measured at 90.1%; rotate-half runs the
+    tile kernel (ops/rope.py's docstring)."""
+    assert rope_ops.SCHEDULE is None and rope_ops.SCHEDULES == {False: "tile", True: "token"}
+
+
+def test_unknown_pair_method(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rope_ops, "SCHEDULE", "tile")
+    monkeypatch.setattr(rope_ops, "PAIRS_INTERLEAVED", "halves")
+    q, k = randn(1, 1, 2, 4, device=DEV), randn(1, 1, 2, 4, device=DEV)
+    with pytest.raises(ValueError, match="no pair method 'halves' for interleaved"):
+        rope_fwd(q, k, randn(1, 2, 4, device=DEV), randn(1, 2, 4, device=DEV), interleaved=True)
 
 
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
-def test_hf_rounding(interleaved: bool) -> None:
-    """transformers' eager rounding (products in the input dtype) against the reference's."""
-    case = RopeCase(1, 3, 2, 1, 8, 8, "bhtd")
-    q, k = make_heads(case, 2, torch.bfloat16, DEV, 3.0), make_heads(case, 1, torch.bfloat16, DEV, 3.0)
-    cos, sin = rotation_rows(torch.arange(3, device=DEV)[None] + 100, case.r, torch.bfloat16, interleaved)
-    _check(q, k, cos, sin, None, interleaved, 1, hf_rounding=True)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_hf_rounding(interleaved: bool, dtype: torch.dtype, variant: str) -> None:
+    """transformers' eager rounding (each product rounded to the dtype, then the sum) against the
+    reference's: bitwise for fp32 and fp16. Triton's CPU interpreter truncates fp32 -> bf16 rather than
+    rounding to nearest, so bf16 is held to the table here (bitwise on the GPU: test_cuda_hf_rounding...)."""
+    case = RopeCase(1, 3, 2, 1, 12, 8, "bthd")
+    q, k = make_heads(case, 2, dtype, DEV, 3.0), make_heads(case, 1, dtype, DEV, 3.0)
+    cos, sin = rotation_rows(torch.arange(3, device=DEV)[None] + 100, case.r, torch.float32, interleaved)
+    kw = dict(interleaved=interleaved, unsqueeze_dim=2, hf_rounding=True)
+    if dtype == torch.bfloat16:
+        _check(q, k, cos, sin, None, interleaved, 2, hf_rounding=True)
+        return
+    outs = (*rope_fwd(q, k, cos, sin, **kw), *rope_bwd(q, k, cos, sin, **kw))
+    expected = (*rope(q, k, cos, sin, **kw), *rope_backward(q, k, cos, sin, **kw))
+    for a, b in zip(outs, expected):
+        assert torch.equal(a, b)
 
 
 def test_backward_inverts_forward() -> None:
@@ -190,9 +251,31 @@ def test_cuda_benchmark_shapes(shape, layout: str, interleaved: bool) -> None:
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_cuda_variants_agree_at_the_train_shape(layout: str, interleaved: bool, monkeypatch) -> None:
+    """Every kernel variant gives the default's values at the benchmark's train shape (the products may
+    round differently where one variant fuses an FMA another does not: the table, not bitwise)."""
+    b, t, hq, hk, d = BENCH[0]
+    case = RopeCase(b, t, hq, hk, d, d, layout)
+    q, k = make_heads(case, hq, torch.bfloat16, "cuda"), make_heads(case, hk, torch.bfloat16, "cuda")
+    cos, sin = rotation_rows(torch.arange(t, device="cuda")[None], d, torch.bfloat16, interleaved)
+    kw = dict(interleaved=interleaved, unsqueeze_dim=case.unsqueeze_dim)
+    expected = (*rope_fwd(q, k, cos, sin, **kw), *rope_bwd(q, k, cos, sin, **kw))
+    for schedule, half, inter in list(VARIANTS.values())[1:]:
+        monkeypatch.setattr(rope_ops, "SCHEDULE", schedule)
+        monkeypatch.setattr(rope_ops, "PAIRS_ROTATE_HALF", half)
+        monkeypatch.setattr(rope_ops, "PAIRS_INTERLEAVED", inter)
+        got = (*rope_fwd(q, k, cos, sin, **kw), *rope_bwd(q, k, cos, sin, **kw))
+        for a, e in zip(got, expected):
+            assert_close(a, e, f"{schedule} {half} {inter}")
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_cuda_hf_rounding_is_bitwise_transformers(dtype: torch.dtype) -> None:
-    """hf_rounding=True: bitwise transformers' eager forward and autograd backward on the GPU."""
+def test_cuda_hf_rounding_is_bitwise_transformers(dtype: torch.dtype, variant: str) -> None:
+    """hf_rounding=True: bitwise transformers' eager forward and autograd backward on the GPU, fp32
+    included (no product fused into an FMA; see ops/rope.py's _products)."""
     pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -205,7 +288,4 @@ def test_cuda_hf_rounding_is_bitwise_transformers(dtype: torch.dtype) -> None:
     gq, gk = torch.autograd.grad((hq, hk), (q, k), (dq, dk))
     qo, ko = rope_fwd(q.detach(), k.detach(), cos, sin, hf_rounding=True)
     bq, bk = rope_bwd(dq, dk, cos, sin, hf_rounding=True)
-    if dtype != torch.float32:  # fp32: the kernel may fuse a product into an FMA (not bitwise there)
-        assert torch.equal(qo, hq) and torch.equal(ko, hk) and torch.equal(bq, gq) and torch.equal(bk, gk)
-    for a, b in ((qo, hq), (ko, hk), (bq, gq), (bk, gk)):
-        assert_close(a, b, "vs transformers")
+    assert torch.equal(qo, hq) and torch.equal(ko, hk) and torch.equal(bq, gq) and torch.equal(bk, gk)

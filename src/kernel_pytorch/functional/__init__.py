@@ -1,5 +1,5 @@
-"""Functional entry points, one module per family (norm.py): validate the arguments once (eager only),
-pick a backend, dispatch.
+"""Functional entry points, one module per family (norm.py, rope.py, embedding.py): validate the
+arguments once (eager only), pick a backend, dispatch.
 
 backend:
     "auto"      Triton kernels on CUDA; on CPU the registered op's reference kernel; the pure-torch
@@ -29,7 +29,9 @@ not installed), "triton" raises saying so.
 
 from kernel_pytorch.functional._dispatch import Backend
 from kernel_pytorch.functional.attention import AttentionBackend, attention, prepare_mask, seq_ids_from_cu_seqlens
+from kernel_pytorch.functional.embedding import embedding
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
+from kernel_pytorch.functional.rope import apply_rotary
 from kernel_pytorch.reference.rms_norm import CASTINGS, Casting
 
 __all__ = [
@@ -39,7 +41,9 @@ __all__ = [
     "Backend",
     "Casting",
     "add_rms_norm",
+    "apply_rotary",
     "attention",
+    "embedding",
     "layer_norm",
     "prepare_mask",
     "rms_norm",

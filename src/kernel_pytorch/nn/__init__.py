@@ -7,15 +7,22 @@ from kernel_pytorch.nn.attention import (
     StandardAttention,
     StaticKVCache,
 )
+from kernel_pytorch.nn.embedding import ALiBi, Embedding, LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
 from kernel_pytorch.nn.norm import FusedAddRMSNorm, LayerNorm, RMSNorm
+from kernel_pytorch.nn.rope import RotaryEmbedding
 
 __all__ = [
+    "ALiBi",
     "Attention",
+    "Embedding",
     "FusedAddRMSNorm",
     "LayerNorm",
+    "LearnedPositionalEmbedding",
     "LoopAttention",
     "MemoryEfficientAttention",
     "RMSNorm",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEmbedding",
     "StandardAttention",
     "StaticKVCache",
 ]

@@ -1,4 +1,5 @@
-"""Rotary position embedding kernels: q and k rotated in one launch, forward and backward.
+"""Rotary position embedding kernels, registered as `kernel_pytorch::rope_fwd` / `_bwd`: q and k rotated
+in one launch.
 
 Math (reference/rope.py is the specification): for each token's heads of q (Hq) and k (Hk), rotary
 width r <= D, a pair (x1, x2) of features -- (i, i + r/2) for rotate-half, (2i, 2i + 1) interleaved --
@@ -6,26 +7,41 @@ with that pair's cos/sin entries (c1, c2), (s1, s2):
 
     forward:  y1 = x1 * c1 - x2 * s1,   y2 = x2 * c2 + x1 * s2          # fp32, rounded once
     backward: dx1 = dy1 * c1 + dy2 * s2, dx2 = dy2 * c2 - dy1 * s1      # the transpose (inverse rotation)
-    features r.. D - 1 pass through (copied out-of-place, untouched in place)
+    features r .. D - 1 pass through (copied out of place, untouched in place)
 
-The backward is the forward with (s1, s2) -> (-s2, -s1): one kernel, a BACKWARD flag.
+Per feature j with partner p(j) (the other member of its pair): y[j] = x[j] c[j] -+ x[p] s[j] forward,
+dx[j] = dy[j] c[j] +- dy[p] s[p] backward (minus on the first member of a pair going forward).
 
 Design. q/k/outputs are addressed through (batch, token, head, feature) strides, so (B, H, T, D),
-(B, T, H, D) and views of one fused QKV projection run without a copy. Grid: one program per
-(batch, token). The program reads that token's cos/sin row once -- from (B or 1, T, r) rows, or
-row position_ids[b, t] of a (P, r) table -- and rotates all Hq + Hk heads with it, BLOCK_H heads at a
-time ([BLOCK_H, r/2] tiles, so registers stay bounded for any head count). Rotate-half loads each
-head's two halves as two contiguous vectors; interleaved loads the head's r features contiguously and
-splits even/odd in registers (tl.split), never a stride-2 load. cos/sin rows are tiny next to q and k
-(r values each vs (Hq + Hk) * D) and shared by all heads, so the traffic is q and k read once and
-written once: the copy bound. An out-of-range position id gives NaN rows instead of reading outside
-the table (the eager check in reference/rope_checks.py reports it by name).
+(B, T, H, D) and views of one fused QKV projection run without a copy. Grid (batch x token blocks,
+head blocks of q then of k): each program rotates one [BLOCK_T tokens, BLOCK_H heads, r] tile of q or
+of k, about TILE_ELEMENTS elements, all loaded at once. The tile follows the memory: (B, H, T, D)
+keeps tokens contiguous within a head, so a tile takes TOKENS_PER_TILE tokens of a few heads (2 KiB
+runs); (B, T, H, D) keeps a token's heads contiguous, so a tile takes a token's heads. cos/sin rows
+(B or 1, T, r), or rows position_ids[b, t] of a (P, r) table, are read once per tile and shared by
+its heads. How a tile forms its pairs (PAIRS_*; the probe times each):
+    "partner"  each head's rotary features in one contiguous load, and a second load of every
+               feature's partner from the same cache lines (L1/L2 hits, no DRAM traffic)
+    "split"    one contiguous load, the pairs separated in registers (interleaved: even/odd lanes;
+               rotate-half: the two halves as a [2, r/2] tile, transposed)
+    "halves"   rotate-half only: two half-row loads per head (the first kernel's way)
+The first kernel (one program per token, all heads; ops/_rope_token.py) stays selectable as
+SCHEDULE = "token".
 
-HF_ROUNDING (hf_rounding=True): products rounded to the input dtype before the sum, bitwise
-transformers' eager result (and its autograd gradient) for parity checks; the default rounds once.
+Which kernel runs (SCHEDULES, by convention), from the first GPU round (H100, q (4, 32, 4096, 128) +
+k (4, 8, 4096, 128) bf16, benchmarks/results/probes/probe_rope.log), which measured the per-token
+kernel only: interleaved pairs (one contiguous load, split in registers) reached 90.1% of the copy
+bandwidth in fwd+bwd graph replay, ahead of torch.compile (86.7%), so interleaved keeps that measured
+kernel; rotate-half (two half-row loads) reached 86.2% against compile's 91.9%, so rotate-half runs
+the tile kernel, whose whole-row loads are the candidate fix -- not yet measured on a GPU
+(scripts/probe_rope.py --sections pairs times every combination).
 
-Saved for backward: nothing but cos/sin (or the table and position ids), which the model keeps anyway.
-In place (inplace=True) the outputs are q and k themselves and the pass-through features are not read.
+Traffic is q and k read once and written once (the copy bound); an out-of-range
+position id gives NaN rows instead of reading outside the table.
+
+hf_rounding=True: each product rounded to the input dtype before the sum, cos/sin taken in it:
+transformers' eager result and autograd gradient bit for bit, for parity checks (see `_products`).
+Saved for backward: cos, sin (and position ids), which the model keeps anyway.
 """
 
 from __future__ import annotations
@@ -35,76 +51,138 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops import _rope_token
 from kernel_pytorch.ops._launch import Launcher, next_power_of_2
+from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.reference.rope import rope, rope_backward
 
-# Elements of q/k a program holds per head block (both halves): 32 heads of 128 in one tile. Bounds the
-# registers for wide models; the probe (scripts/probe_rope.py) sweeps it with the warps.
+# Elements of q or k per program (8 KiB of bf16), tokens per tile where a head's tokens are contiguous,
+# warps (4 beat 8 by 5-9 points in the first GPU round), how tiles form pairs, which kernel runs.
 TILE_ELEMENTS = 4096
+TOKENS_PER_TILE = 8
 NUM_WARPS = 4
+PAIRS_ROTATE_HALF = "partner"
+PAIRS_INTERLEAVED = "split"
+SCHEDULE: str | None = None  # None: SCHEDULES[interleaved]; "tile" or "token" forces one (tests, probe)
+SCHEDULES = {False: "tile", True: "token"}  # rotate-half, interleaved (module docstring)
+_PAIRS = {"halves": 0, "split": 1, "partner": 2}
 
 
 @triton.jit
-def _rotate_pair(x1, x2, c1, c2, s1, s2, DTYPE: tl.constexpr, HF_ROUNDING: tl.constexpr):
-    # (y1, y2) = (x1 c1 - x2 s1, x2 c2 + x1 s2) in fp32; HF_ROUNDING rounds each product to DTYPE
-    # first, as transformers' eager code does (an fp32 product of two DTYPE values is exact, and the
-    # rounded products cannot be fused into an FMA: bitwise the eager result)
+def _products(a, n, c, e, z, DTYPE: tl.constexpr, HF_ROUNDING: tl.constexpr):
+    # a * c + n * e in fp32. HF_ROUNDING rounds each product to DTYPE before the sum, as eager
+    # transformers does. Each product is then fma(., ., z) with z = -0.0 given at run time: the
+    # product rounded to fp32 (exact for bf16/fp16 operands), and an addend the compiler cannot see
+    # stops it from narrowing the product to DTYPE and fusing it with the sum into one FMA, which
+    # skips the product's rounding (the first kernel's plain `(a * c).to(DTYPE)` was not bitwise
+    # eager on the GPU for that reason)
     if HF_ROUNDING:
-        y1 = (x1 * c1).to(DTYPE).to(tl.float32) - (x2 * s1).to(DTYPE).to(tl.float32)
-        y2 = (x2 * c2).to(DTYPE).to(tl.float32) + (x1 * s2).to(DTYPE).to(tl.float32)
+        y = tl.fma(a, c, z).to(DTYPE).to(tl.float32) + tl.fma(n, e, z).to(DTYPE).to(tl.float32)
     else:
-        y1 = x1 * c1 - x2 * s1
-        y2 = x2 * c2 + x1 * s2
+        y = a * c + n * e
+    return y
+
+
+@triton.jit
+def _pair_outputs(x1, x2, c1, c2, s1, s2, z, DTYPE: tl.constexpr, BACKWARD: tl.constexpr,
+                  HF_ROUNDING: tl.constexpr):
+    if BACKWARD:  # the transpose
+        y1 = _products(x1, x2, c1, s2, z, DTYPE, HF_ROUNDING)
+        y2 = _products(x2, -x1, c2, s1, z, DTYPE, HF_ROUNDING)
+    else:
+        y1 = _products(x1, -x2, c1, s1, z, DTYPE, HF_ROUNDING)
+        y2 = _products(x2, x1, c2, s2, z, DTYPE, HF_ROUNDING)
     return y1, y2
 
 
 @triton.jit
-def _rotate_heads(
-    X, XO, x_base, o_base, stride_h, stride_d, stride_oh, stride_od, n_heads, half, n_pass,
-    c1, c2, s1, s2,
-    BLOCK_H: tl.constexpr, BLOCK_R2: tl.constexpr, BLOCK_P: tl.constexpr,
-    INTERLEAVED: tl.constexpr, COPY_PASS: tl.constexpr, HF_ROUNDING: tl.constexpr,
-):
-    # rotate heads 0 .. n_heads - 1 of one token, BLOCK_H at a time; c*/s* are [1, BLOCK_R2] fp32
-    i = tl.arange(0, BLOCK_R2)[None, :]
-    for h0 in range(0, n_heads, BLOCK_H):
-        h = (h0 + tl.arange(0, BLOCK_H))[:, None]
-        h_ok = h < n_heads
-        row = X + x_base + h.to(tl.int64) * stride_h
-        out = XO + o_base + h.to(tl.int64) * stride_oh
-        if INTERLEAVED:
-            j = tl.arange(0, 2 * BLOCK_R2)[None, :]
-            ok = h_ok & (j < 2 * half)
-            x = tl.load(row + j * stride_d, mask=ok, other=0.0).to(tl.float32)
-            x1, x2 = tl.split(tl.reshape(x, [BLOCK_H, BLOCK_R2, 2]))
-            y1, y2 = _rotate_pair(x1, x2, c1, c2, s1, s2, XO.dtype.element_ty, HF_ROUNDING)
-            y = tl.reshape(tl.join(y1, y2), [BLOCK_H, 2 * BLOCK_R2])
-            tl.store(out + j * stride_od, y.to(XO.dtype.element_ty), mask=ok)
-        else:
-            ok = h_ok & (i < half)
-            x1 = tl.load(row + i * stride_d, mask=ok, other=0.0).to(tl.float32)
-            x2 = tl.load(row + (i + half) * stride_d, mask=ok, other=0.0).to(tl.float32)
-            y1, y2 = _rotate_pair(x1, x2, c1, c2, s1, s2, XO.dtype.element_ty, HF_ROUNDING)
-            tl.store(out + i * stride_od, y1.to(XO.dtype.element_ty), mask=ok)
-            tl.store(out + (i + half) * stride_od, y2.to(XO.dtype.element_ty), mask=ok)
-        if COPY_PASS:
-            p = tl.arange(0, BLOCK_P)[None, :]
-            ok = h_ok & (p < n_pass)
-            v = tl.load(row + (2 * half + p) * stride_d, mask=ok)
-            tl.store(out + (2 * half + p) * stride_od, v, mask=ok)
+def _cs(v, DTYPE_IN: tl.constexpr, HF_ROUNDING: tl.constexpr):
+    # cos/sin in fp32; transformers multiplies by them in q's dtype
+    if HF_ROUNDING:
+        v = v.to(DTYPE_IN)
+    return v.to(tl.float32)
 
 
 @triton.jit
-def _load_pair(ROW, half, limit, i, INTERLEAVED: tl.constexpr, BLOCK_R2: tl.constexpr):
-    # a cos/sin row as its (first, second)-of-pair entries, [1, BLOCK_R2] fp32 each; features past
-    # `limit` pairs read NaN (limit is 0 for a position outside the table: NaN rows, no stray read)
-    if INTERLEAVED:
-        j = tl.arange(0, 2 * BLOCK_R2)[None, :]
-        v = tl.load(ROW + j, mask=j < 2 * limit, other=float("nan")).to(tl.float32)
-        a, b = tl.split(tl.reshape(v, [1, BLOCK_R2, 2]))
-    else:
-        a = tl.load(ROW + i, mask=i < limit, other=float("nan")).to(tl.float32)
-        b = tl.load(ROW + half + i, mask=i < limit, other=float("nan")).to(tl.float32)
-    return a, b
+def _rope_tile(
+    X, XO, x_base, o_base, h0, n_heads, sxh, sxd, soh, sod, t_ok, c_row, s_row, limit, half, n_pass, z,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R2: tl.constexpr, BLOCK_P: tl.constexpr,
+    PAIRS: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_PASS: tl.constexpr, BACKWARD: tl.constexpr,
+    HF_ROUNDING: tl.constexpr,
+):
+    # one [BLOCK_T, BLOCK_H, features] tile of q or k; x_base, o_base, c_row, s_row, limit (pairs of
+    # cos/sin to read: 0 past the tokens or outside the table) are [BLOCK_T, 1, 1]
+    h = h0 + tl.arange(0, BLOCK_H)[None, :, None]
+    ok = t_ok & (h < n_heads)
+    row = X + x_base + h.to(tl.int64) * sxh
+    out = XO + o_base + h.to(tl.int64) * soh
+    DTYPE_IN = X.dtype.element_ty
+    DTYPE = XO.dtype.element_ty
+    if PAIRS == 2:  # partner: the row, then each feature's partner from the same lines
+        j = tl.arange(0, 2 * BLOCK_R2)[None, None, :]
+        if INTERLEAVED:
+            first = (j % 2) == 0
+            p = j ^ 1
+        else:
+            first = j < half
+            p = tl.where(first, j + half, j - half)
+        m = ok & (j < 2 * half)
+        x = tl.load(row + j * sxd, mask=m, other=0.0).to(tl.float32)
+        xp = tl.load(row + p * sxd, mask=m, other=0.0).to(tl.float32)
+        cm = j < 2 * limit
+        c = _cs(tl.load(c_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+        if BACKWARD:  # dx[j] = dy[j] c[j] +- dy[p] s[p]
+            s = _cs(tl.load(s_row + p, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+            xp = tl.where(first, xp, -xp)
+        else:  # y[j] = x[j] c[j] -+ x[p] s[j]
+            s = _cs(tl.load(s_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+            xp = tl.where(first, -xp, xp)
+        y = _products(x, xp, c, s, z, DTYPE, HF_ROUNDING)
+        tl.store(out + j * sod, y.to(DTYPE), mask=m)
+    elif PAIRS == 1 and INTERLEAVED:  # split: even/odd lanes of one contiguous load
+        j = tl.arange(0, 2 * BLOCK_R2)[None, None, :]
+        m = ok & (j < 2 * half)
+        x = tl.load(row + j * sxd, mask=m, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, BLOCK_R2, 2]))
+        cm = j < 2 * limit
+        c1, c2 = tl.split(tl.reshape(_cs(tl.load(c_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING),
+                                     [BLOCK_T, 1, BLOCK_R2, 2]))
+        s1, s2 = tl.split(tl.reshape(_cs(tl.load(s_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING),
+                                     [BLOCK_T, 1, BLOCK_R2, 2]))
+        y1, y2 = _pair_outputs(x1, x2, c1, c2, s1, s2, z, DTYPE, BACKWARD, HF_ROUNDING)
+        y = tl.reshape(tl.join(y1, y2), [BLOCK_T, BLOCK_H, 2 * BLOCK_R2])
+        tl.store(out + j * sod, y.to(DTYPE), mask=m)
+    elif PAIRS == 1:  # split, rotate-half: both halves as one [2, r/2] tile per head, transposed
+        i = tl.arange(0, BLOCK_R2)[None, None, None, :]
+        f = tl.arange(0, 2)[None, None, :, None] * half + i
+        m = tl.expand_dims(ok, 3) & (i < half)
+        x = tl.load(tl.expand_dims(row, 3) + f * sxd, mask=m, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(tl.permute(x, (0, 1, 3, 2)))
+        cm = i < tl.expand_dims(limit, 3)
+        c1, c2 = tl.split(tl.permute(_cs(tl.load(tl.expand_dims(c_row, 3) + f, mask=cm, other=float("nan")), DTYPE_IN,
+                                         HF_ROUNDING), (0, 1, 3, 2)))
+        s1, s2 = tl.split(tl.permute(_cs(tl.load(tl.expand_dims(s_row, 3) + f, mask=cm, other=float("nan")), DTYPE_IN,
+                                         HF_ROUNDING), (0, 1, 3, 2)))
+        y1, y2 = _pair_outputs(x1, x2, c1, c2, s1, s2, z, DTYPE, BACKWARD, HF_ROUNDING)
+        y = tl.permute(tl.join(y1, y2), (0, 1, 3, 2))
+        tl.store(tl.expand_dims(out, 3) + f * sod, y.to(DTYPE), mask=m)
+    else:  # halves: two half-row loads per head
+        i = tl.arange(0, BLOCK_R2)[None, None, :]
+        m = ok & (i < half)
+        x1 = tl.load(row + i * sxd, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(row + (i + half) * sxd, mask=m, other=0.0).to(tl.float32)
+        cm = i < limit
+        c1 = _cs(tl.load(c_row + i, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+        c2 = _cs(tl.load(c_row + half + i, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+        s1 = _cs(tl.load(s_row + i, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+        s2 = _cs(tl.load(s_row + half + i, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+        y1, y2 = _pair_outputs(x1, x2, c1, c2, s1, s2, z, DTYPE, BACKWARD, HF_ROUNDING)
+        tl.store(out + i * sod, y1.to(DTYPE), mask=m)
+        tl.store(out + (i + half) * sod, y2.to(DTYPE), mask=m)
+    if COPY_PASS:
+        f = 2 * half + tl.arange(0, BLOCK_P)[None, None, :]
+        m = ok & (f < 2 * half + n_pass)
+        tl.store(out + f * sod, tl.load(row + f * sxd, mask=m), mask=m)
 
 
 @triton.jit
@@ -113,32 +191,33 @@ def _rope_kernel(
     sqb, sqt, sqh, sqd, skb, skt, skh, skd,
     soqb, soqt, soqh, soqd, sokb, sokt, sokh, sokd,
     scb, sct, ssb, sst, spb, spt,
-    seq_len, heads_q, heads_k, half, n_pass, n_positions,
-    BLOCK_R2: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-    INTERLEAVED: tl.constexpr, HAS_POS: tl.constexpr, COPY_PASS: tl.constexpr, BACKWARD: tl.constexpr,
-    HF_ROUNDING: tl.constexpr,
+    seq_len, heads_q, heads_k, half, n_pass, n_positions, neg_zero, q_blocks,
+    BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_R2: tl.constexpr,
+    BLOCK_P: tl.constexpr, PAIRS: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_POS: tl.constexpr,
+    COPY_PASS: tl.constexpr, BACKWARD: tl.constexpr, HF_ROUNDING: tl.constexpr,
 ):
+    token_blocks = tl.cdiv(seq_len, BLOCK_T)
     pid = tl.program_id(0)
-    b = (pid // seq_len).to(tl.int64)
-    t = (pid % seq_len).to(tl.int64)
-    i = tl.arange(0, BLOCK_R2)[None, :]
+    b = (pid // token_blocks).to(tl.int64)
+    t = (pid % token_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None, None]
+    t_ok = t < seq_len
+    t = t.to(tl.int64)
     if HAS_POS:
-        pos = tl.load(POS + b * spb + t * spt).to(tl.int64)
-        limit = tl.where((pos >= 0) & (pos < n_positions), half, 0)
-        c1, c2 = _load_pair(COS + pos * sct, half, limit, i, INTERLEAVED, BLOCK_R2)
-        s1, s2 = _load_pair(SIN + pos * sst, half, limit, i, INTERLEAVED, BLOCK_R2)
+        pos = tl.load(POS + b * spb + t * spt, mask=t_ok, other=0).to(tl.int64)
+        limit = tl.where((pos >= 0) & (pos < n_positions) & t_ok, half, 0)
+        c_row, s_row = COS + pos * sct, SIN + pos * sst
     else:
-        c1, c2 = _load_pair(COS + b * scb + t * sct, half, half, i, INTERLEAVED, BLOCK_R2)
-        s1, s2 = _load_pair(SIN + b * ssb + t * sst, half, half, i, INTERLEAVED, BLOCK_R2)
-    if HF_ROUNDING:  # transformers multiplies by cos/sin in q's dtype
-        c1, c2 = c1.to(Q.dtype.element_ty).to(tl.float32), c2.to(Q.dtype.element_ty).to(tl.float32)
-        s1, s2 = s1.to(Q.dtype.element_ty).to(tl.float32), s2.to(Q.dtype.element_ty).to(tl.float32)
-    if BACKWARD:  # the transpose: (s1, s2) -> (-s2, -s1)
-        s1, s2 = -s2, -s1
-    _rotate_heads(Q, QO, b * sqb + t * sqt, b * soqb + t * soqt, sqh, sqd, soqh, soqd, heads_q, half, n_pass,
-                  c1, c2, s1, s2, BLOCK_HQ, BLOCK_R2, BLOCK_P, INTERLEAVED, COPY_PASS, HF_ROUNDING)
-    _rotate_heads(K, KO, b * skb + t * skt, b * sokb + t * sokt, skh, skd, sokh, sokd, heads_k, half, n_pass,
-                  c1, c2, s1, s2, BLOCK_HK, BLOCK_R2, BLOCK_P, INTERLEAVED, COPY_PASS, HF_ROUNDING)
+        limit = tl.where(t_ok, half, 0)
+        c_row, s_row = COS + b * scb + t * sct, SIN + b * ssb + t * sst
+    hb = tl.program_id(1)
+    if hb < q_blocks:
+        _rope_tile(Q, QO, b * sqb + t * sqt, b * soqb + t * soqt, hb * BLOCK_HQ, heads_q, sqh, sqd, soqh, soqd,
+                   t_ok, c_row, s_row, limit, half, n_pass, neg_zero, BLOCK_T, BLOCK_HQ, BLOCK_R2, BLOCK_P,
+                   PAIRS, INTERLEAVED, COPY_PASS, BACKWARD, HF_ROUNDING)
+    else:
+        _rope_tile(K, KO, b * skb + t * skt, b * sokb + t * sokt, (hb - q_blocks) * BLOCK_HK, heads_k, skh, skd,
+                   sokh, sokd, t_ok, c_row, s_row, limit, half, n_pass, neg_zero, BLOCK_T, BLOCK_HK, BLOCK_R2,
+                   BLOCK_P, PAIRS, INTERLEAVED, COPY_PASS, BACKWARD, HF_ROUNDING)
 
 
 _kernel = Launcher(_rope_kernel)
@@ -160,20 +239,35 @@ def _row_strides(t: Tensor, table: bool) -> tuple[Tensor, int, int]:
     return t, (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
 
 
-def heads_per_tile(heads: int, block_r2: int) -> int:
-    """Heads a program rotates at once: all of them up to TILE_ELEMENTS elements, a power of two."""
-    return max(1, min(next_power_of_2(heads), next_power_of_2(max(1, TILE_ELEMENTS // (2 * block_r2)))))
+def tile_shape(seq_len: int, heads_q: int, heads_k: int, width: int, heads_contiguous: bool) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_HQ, BLOCK_HK): tokens and q/k heads of a tile of about TILE_ELEMENTS elements.
+
+    Args:
+        width: the tile's features (the rotary width rounded up to a power of two).
+        heads_contiguous: a token's heads lie closer together than a head's tokens ((B, T, H, D)):
+            the tile takes heads first; else tokens first, up to TOKENS_PER_TILE.
+    """
+    rows = max(1, TILE_ELEMENTS // width)
+    tokens = next_power_of_2(seq_len)
+    if heads_contiguous:
+        block_hq = min(next_power_of_2(heads_q), rows)
+        block_t = min(tokens, max(1, rows // block_hq))
+    else:
+        block_t = min(tokens, TOKENS_PER_TILE, rows)
+        block_hq = min(next_power_of_2(heads_q), max(1, rows // block_t))
+        block_t = min(tokens, max(block_t, rows // block_hq))  # few heads: more tokens instead
+    return block_t, block_hq, min(next_power_of_2(heads_k), max(1, rows // block_t))
 
 
 def _launch(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None,
-    interleaved: bool, unsqueeze_dim: int, inplace: bool, hf_rounding: bool, backward: bool, eager: bool,
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None, interleaved: bool,
+    unsqueeze_dim: int, hf_rounding: bool, inplace: bool, backward: bool, eager: bool,
 ) -> tuple[Tensor, Tensor]:
     qo = q if inplace else torch.empty_like(q)
     ko = k if inplace else torch.empty_like(k)
-    t_dim = 3 - unsqueeze_dim
-    batch, seq_len, d = q.shape[0], q.shape[t_dim], q.shape[-1]
-    if batch * seq_len == 0:
+    batch, seq_len, d = q.shape[0], q.shape[3 - unsqueeze_dim], q.shape[-1]
+    heads_q, heads_k = q.shape[unsqueeze_dim], k.shape[unsqueeze_dim]
+    if batch * seq_len * (heads_q + heads_k) == 0:
         return qo, ko
     table = position_ids is not None
     cos, scb, sct = _row_strides(cos, table)
@@ -186,26 +280,36 @@ def _launch(
     half = cos.shape[-1] // 2
     n_pass = d - 2 * half
     copy_pass = not inplace and n_pass > 0
+    sq = _bthd_strides(q, unsqueeze_dim)
+    tensors = (q, k, qo, ko, cos, sin, pos)
+    strides = (*sq, *_bthd_strides(k, unsqueeze_dim), *_bthd_strides(qo, unsqueeze_dim),
+               *_bthd_strides(ko, unsqueeze_dim), scb, sct, ssb, sst, spb, spt)
+    n_positions = cos.shape[0] if table else 0
+    if (SCHEDULE or SCHEDULES[interleaved]) == "token":
+        _rope_token.launch(tensors, strides, batch, seq_len, heads_q, heads_k, half, n_pass, n_positions,
+                           interleaved=interleaved, has_pos=table, copy_pass=copy_pass, backward=backward,
+                           hf_rounding=hf_rounding, num_warps=NUM_WARPS, eager=eager)
+        return qo, ko
+    pairs = PAIRS_INTERLEAVED if interleaved else PAIRS_ROTATE_HALF
+    if pairs not in _PAIRS or (interleaved and pairs == "halves"):
+        raise ValueError(f"no pair method {pairs!r} for {'interleaved' if interleaved else 'rotate-half'} pairs")
     block_r2 = next_power_of_2(half)
-    heads_q, heads_k = q.shape[unsqueeze_dim], k.shape[unsqueeze_dim]
+    block_t, block_hq, block_hk = tile_shape(seq_len, heads_q, heads_k, 2 * block_r2, sq[2] < sq[1])
+    q_blocks = triton.cdiv(heads_q, block_hq)
+    grid = (batch * triton.cdiv(seq_len, block_t), q_blocks + triton.cdiv(heads_k, block_hk))
     _kernel(
-        (batch * seq_len,), q, k, qo, ko, cos, sin, pos,
-        *_bthd_strides(q, unsqueeze_dim), *_bthd_strides(k, unsqueeze_dim),
-        *_bthd_strides(qo, unsqueeze_dim), *_bthd_strides(ko, unsqueeze_dim),
-        scb, sct, ssb, sst, spb, spt,
-        seq_len, heads_q, heads_k, half, n_pass, cos.shape[0] if table else 0,
-        BLOCK_R2=block_r2, BLOCK_P=next_power_of_2(n_pass) if copy_pass else 1,
-        BLOCK_HQ=heads_per_tile(heads_q, block_r2), BLOCK_HK=heads_per_tile(heads_k, block_r2),
-        INTERLEAVED=interleaved, HAS_POS=table, COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding,
+        grid, *tensors, *strides, seq_len, heads_q, heads_k, half, n_pass, n_positions, -0.0, q_blocks,
+        BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_R2=block_r2,
+        BLOCK_P=next_power_of_2(n_pass) if copy_pass else 1, PAIRS=_PAIRS[pairs], INTERLEAVED=interleaved,
+        HAS_POS=table, COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding,
         num_warps=NUM_WARPS, eager=eager,
     )
     return qo, ko
 
 
 def rope_fwd(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None,
-    *, interleaved: bool = False, unsqueeze_dim: int = 1, inplace: bool = False, hf_rounding: bool = False,
-    eager: bool = False,
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None, interleaved: bool = False,
+    unsqueeze_dim: int = 1, hf_rounding: bool = False, *, inplace: bool = False, eager: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Rotate q and k in one launch (arguments checked by reference/rope_checks.check_rope_args).
 
@@ -216,22 +320,61 @@ def rope_fwd(
         cos, sin: (B or 1, T, r) or (T, r) rows; with position_ids, (P, r) tables. Any float dtype.
         position_ids: None or integer (T,), (1, T), (B, T).
         interleaved: pairs (2i, 2i + 1) instead of (i, i + r/2).
-        inplace: write into q and k (returned) instead of new tensors.
         hf_rounding: round each product to q's dtype as transformers' eager code does (bitwise its
             result) instead of fp32 math rounded once.
+        inplace: write into q and k (returned) instead of new tensors.
         eager: launch directly rather than through wrap_triton.
     Returns:
         (q_embed, k_embed): q's and k's shapes and dtypes; new tensors laid out like q and k
         (torch.empty_like), or q and k themselves in place.
     """
-    return _launch(q, k, cos, sin, position_ids, interleaved, unsqueeze_dim, inplace, hf_rounding, False, eager)
+    return _launch(q, k, cos, sin, position_ids, interleaved, unsqueeze_dim, hf_rounding, inplace, False, eager)
 
 
 def rope_bwd(
-    dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None,
-    *, interleaved: bool = False, unsqueeze_dim: int = 1, inplace: bool = False, hf_rounding: bool = False,
-    eager: bool = False,
+    dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None, interleaved: bool = False,
+    unsqueeze_dim: int = 1, hf_rounding: bool = False, *, inplace: bool = False, eager: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Gradients for q and k from the upstream (dq_embed, dk_embed): the inverse rotation, same
     arguments as `rope_fwd` (inplace overwrites dq and dk). Returns (dq, dk)."""
-    return _launch(dq, dk, cos, sin, position_ids, interleaved, unsqueeze_dim, inplace, hf_rounding, True, eager)
+    return _launch(dq, dk, cos, sin, position_ids, interleaved, unsqueeze_dim, hf_rounding, inplace, True, eager)
+
+
+def _fwd_reference(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None, interleaved: bool,
+    unsqueeze_dim: int, hf_rounding: bool,
+) -> tuple[Tensor, Tensor]:
+    qo, ko = rope(q, k, cos, sin, position_ids, interleaved=interleaved, unsqueeze_dim=unsqueeze_dim,
+                  hf_rounding=hf_rounding)
+    return torch.empty_like(q).copy_(qo), torch.empty_like(k).copy_(ko)  # the launcher's layout
+
+
+def _bwd_reference(
+    dq_embed: Tensor, dk_embed: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None, interleaved: bool,
+    unsqueeze_dim: int, hf_rounding: bool,
+) -> tuple[Tensor, Tensor]:
+    dq, dk = rope_backward(dq_embed, dk_embed, cos, sin, position_ids, interleaved=interleaved,
+                           unsqueeze_dim=unsqueeze_dim, hf_rounding=hf_rounding)
+    return torch.empty_like(dq_embed).copy_(dq), torch.empty_like(dk_embed).copy_(dk)
+
+
+def _fake(
+    a: Tensor, b: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None, interleaved: bool,
+    unsqueeze_dim: int, hf_rounding: bool,
+) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(a), torch.empty_like(b)
+
+
+# kernel_pytorch::rope_fwd (q, k, cos, sin, position_ids?, interleaved, unsqueeze_dim, hf_rounding) ->
+# (q_embed, k_embed) and rope_bwd (dq_embed, dk_embed, cos, sin, position_ids?, interleaved,
+# unsqueeze_dim, hf_rounding) -> (dq, dk); rope_eager(same arguments as rope_fwd) -> (q_embed, k_embed).
+# The in-place variant is functional/rope.py's (an op may not return its inputs).
+rope_fwd_op, rope_bwd_op, rope_eager = register_op(
+    "rope",
+    Impl(rope_fwd, _fwd_reference, _fake, outputs=("q_embed", "k_embed")),
+    Impl(rope_bwd, _bwd_reference, _fake, outputs=("dq", "dk")),
+    differentiable=("q_embed", "k_embed"),
+    save=("cos", "sin", "position_ids"),
+    keep=("interleaved", "unsqueeze_dim", "hf_rounding"),
+    grads={"q": "dq", "k": "dk"},
+)

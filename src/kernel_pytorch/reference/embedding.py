@@ -23,9 +23,12 @@ from torch import Tensor
 from kernel_pytorch.reference._math import acc_dtype
 
 
-def embedding(indices: Tensor, weight: Tensor) -> Tensor:
-    """weight[indices]: indices.shape + (H,) of weight's dtype."""
-    return F.embedding(indices, weight)
+def embedding(
+    indices: Tensor, weight: Tensor, padding_idx: int | None = None, scale_grad_by_freq: bool = False
+) -> Tensor:
+    """weight[indices]: indices.shape + (H,) of weight's dtype. padding_idx and scale_grad_by_freq shape
+    the gradient autograd gives weight (torch's, as `embedding_backward` specifies it)."""
+    return F.embedding(indices, weight, padding_idx, scale_grad_by_freq=scale_grad_by_freq)
 
 
 def segments(indices: Tensor, num_embeddings: int) -> tuple[Tensor, Tensor]:

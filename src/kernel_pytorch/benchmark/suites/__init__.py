@@ -24,6 +24,7 @@ from kernel_pytorch.benchmark.results import BenchmarkResults
 SUITES: dict[str, str] = {
     "norms": "kernel_pytorch.benchmark.suites.norms",
     "attention": "kernel_pytorch.benchmark.suites.attention",
+    "rope": "kernel_pytorch.benchmark.suites.rope",
 }
 
 

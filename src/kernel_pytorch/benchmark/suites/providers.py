@@ -29,7 +29,8 @@ SAME = "same"  # runs exactly what another provider runs here: no rows
 
 @dataclass(frozen=True)
 class Impl:
-    """One provider's code: a callable taking the inputs positionally, or (with `peer`) a module class."""
+    """One provider's code: a callable taking the inputs positionally, or (with `peer`) the peer's module
+    class or function."""
 
     fn: Callable[..., Any]
     peer: ModulePeer | None = None
@@ -71,6 +72,9 @@ def bind(spec: OpBench, impl: Impl, t: Mapping[str, Tensor], grad: bool) -> Boun
         fn = impl.fn
         return Bound(lambda: fn(*(args[n] for n in spec.arg_names)), [args[n] for n in spec.grad_names])
     peer = impl.peer
+    if not inspect.isclass(impl.fn):  # a peer function (Liger's liger_rotary_pos_emb): called as it is
+        fn, kwargs = impl.fn, dict(peer.init_kwargs)
+        return Bound(lambda: fn(*(args[n] for n in peer.call), **kwargs), [args[n] for n in spec.grad_names])
     first = args[peer.call[0]]
     module = impl.fn(*peer.init_args(args), **peer.init_kwargs, **peer_kwargs(peer, impl.fn))
     module = module.to(device=first.device, dtype=first.dtype)

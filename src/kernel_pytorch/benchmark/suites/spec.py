@@ -81,7 +81,10 @@ class ModulePeer:
     """How to build and call a peer library's module (Liger-Kernel's) for one op.
 
     Attributes:
-        target: "package.module:Class", imported only when the provider runs.
+        target: "package.module:Class", imported only when the provider runs. It may name a function
+            instead ("liger_kernel.transformers.rope:liger_rotary_pos_emb"): that is called with the
+            `call` inputs and `init_kwargs` as keywords; init_args, optional_kwargs and params are
+            then unused.
         init_args: constructor positional arguments from the inputs, e.g. `lambda t: (t["x"].shape[-1],)`.
         init_kwargs: constructor keyword arguments always passed (eps=...).
         optional_kwargs: passed only when the constructor takes them (in_place=False, bias=True).
