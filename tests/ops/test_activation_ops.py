@@ -26,12 +26,14 @@ def _gated(dtype=torch.float32, grad=False, lead=(3, 5), cols=24):
 
 
 def test_schemas() -> None:
-    assert str(OPS.gated_act_fwd.default._schema) == "kernel_pytorch::gated_act_fwd(Tensor gate, Tensor up, str act) -> Tensor"
+    assert str(OPS.gated_act_fwd.default._schema) == (
+        "kernel_pytorch::gated_act_fwd(Tensor gate, Tensor up, str act) -> Tensor")
     assert str(OPS.gated_act_bwd.default._schema) == (
         "kernel_pytorch::gated_act_bwd(Tensor dh, Tensor gate, Tensor up, str act) -> (Tensor, Tensor)")
     assert str(OPS.gated_act_packed_bwd.default._schema) == (
         "kernel_pytorch::gated_act_packed_bwd(Tensor dh, Tensor gate_up, str act) -> Tensor")
-    assert str(OPS.bias_act_fwd.default._schema) == "kernel_pytorch::bias_act_fwd(Tensor x, Tensor? bias, str act) -> Tensor"
+    assert str(OPS.bias_act_fwd.default._schema) == (
+        "kernel_pytorch::bias_act_fwd(Tensor x, Tensor? bias, str act) -> Tensor")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -1,5 +1,5 @@
-"""Functional entry points, one module per family (norm.py): validate the arguments once (eager only),
-pick a backend, dispatch.
+"""Functional entry points, one module per family (norm.py, activation.py, mlp.py): validate the
+arguments once (eager only), pick a backend, dispatch.
 
 backend:
     "auto"      Triton kernels on CUDA; on CPU the registered op's reference kernel; the pure-torch
@@ -25,6 +25,28 @@ not installed), "triton" raises saying so.
 """
 
 from kernel_pytorch.functional._dispatch import Backend
+from kernel_pytorch.functional.activation import (
+    bias_act,
+    gated_act,
+    gated_act_packed,
+    geglu,
+    geglu_packed,
+    swiglu,
+    swiglu_packed,
+)
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
 
-__all__ = ["ATEN_LAYER_NORM_MAX_NUMEL", "Backend", "add_rms_norm", "layer_norm", "rms_norm"]
+__all__ = [
+    "ATEN_LAYER_NORM_MAX_NUMEL",
+    "Backend",
+    "add_rms_norm",
+    "bias_act",
+    "gated_act",
+    "gated_act_packed",
+    "geglu",
+    "geglu_packed",
+    "layer_norm",
+    "rms_norm",
+    "swiglu",
+    "swiglu_packed",
+]
