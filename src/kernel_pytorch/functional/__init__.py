@@ -34,6 +34,7 @@ from kernel_pytorch.functional.activation import (
     swiglu,
     swiglu_packed,
 )
+from kernel_pytorch.functional.mlp import bias_act_mlp, gated_mlp, gated_mlp_packed
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
 
 __all__ = [
@@ -41,10 +42,13 @@ __all__ = [
     "Backend",
     "add_rms_norm",
     "bias_act",
+    "bias_act_mlp",
     "gated_act",
     "gated_act_packed",
     "geglu",
     "geglu_packed",
+    "gated_mlp",
+    "gated_mlp_packed",
     "layer_norm",
     "rms_norm",
     "swiglu",
