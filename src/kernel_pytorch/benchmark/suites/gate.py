@@ -113,7 +113,9 @@ def gate(spec: OpBench, impl: Impl | Callable[..., Any], shape: Shape, dtype: to
     impl = impl if isinstance(impl, Impl) else Impl(impl)
     op = spec.name
     t = spec.make_inputs(shape, dtype, device, seed)
-    bound = bind(spec, impl, t, grad=True)
+    # the provider gets copies: an in-place backward (Liger's SwiGLU, ours with inplace_backward) writes
+    # its gradients over its inputs, which the reference below must still read
+    bound = bind(spec, impl, {k: v.clone() for k, v in t.items()}, grad=True)
     with torch.enable_grad():
         outs = tensors(bound.call())
     ups = upstream_gradients(outs, seed)
