@@ -11,7 +11,8 @@ Providers (suites/providers.py; the runner is suites/runner.py):
                   Phi3MLP's chunk, GemmaMLP with gelu_pytorch_tanh; the block as LlamaMLP.forward).
     compile       torch.compile(fullgraph=True, dynamic=False) of that eager code.
     liger         Liger-Kernel 0.8.5: LigerSiLUMulFunction / LigerGELUMulFunction (in-place backward,
-                  as Liger always runs them) for the activations, LigerSwiGLUMLP for the block.
+                  as Liger always runs them) and LigerFusedGateUpSiLUMulFunction (packed; its default
+                  in_place=False) for the activations, LigerSwiGLUMLP for the block.
 
 Bytes are the minimum each pass must move (E = tokens * I elements, s = element size):
     activations   fwd: read gate, up; write h                        3E s
@@ -177,7 +178,9 @@ SWIGLU_PACKED = OpBench(
     reference=lambda gate_up: reference.gated_act_packed(gate_up, "silu"),
     eager=hf_gated_packed,
     ours=lambda gate_up, *, backend: kpf.swiglu_packed(gate_up, backend=backend),
-    liger=None,  # Liger's Phi-3 MLP chunks gate_up and runs its split SwiGLU
+    liger=ModulePeer(target="liger_kernel.ops:LigerFusedGateUpSiLUMulFunction", init_args=lambda t: (),
+                     call=("gate_up",), function=True,
+                     note="LigerFusedGateUpSiLUMulFunction with its default in_place=False"),
     extras=(ExtraProvider("ours-inplace", _inplace(
         lambda gate_up: kpf.swiglu_packed(gate_up, inplace_backward=True, backend="triton"))),),
     **_ACT,
