@@ -20,4 +20,5 @@ python3 benchmarks/bench_attention.py --out "$out" --overwrite 2>&1 | tee "$out/
 # RoPE: how the tile kernel forms its pairs (decides PAIRS_* in ops/rope.py), then the suite
 python3 scripts/probe_rope.py --sections pairs 2>&1 | grep -v Warning | tee "$out/probe_rope_pairs.log" || status=1
 python3 benchmarks/bench_rope.py --out "$out" --overwrite 2>&1 | tee "$out/bench_rope.log" | tail -40 || status=1
+python3 benchmarks/bench_mlp.py --out "$out" --overwrite 2>&1 | tee "$out/bench_mlp.log" | tail -40 || status=1
 exit $status

@@ -85,6 +85,7 @@ CHECKS = textwrap.dedent(
     q, k = x.view(2, 3, 1, 16), r.view(2, 3, 1, 16)
     cos, sin = kp.nn.RotaryEmbedding(16)(x, torch.arange(3)[None])
     emb, idx = kp.nn.Embedding(7, 16), torch.tensor([[1, 2, 2], [6, 0, 2]])
+    gmlp, fused, mlp = kp.nn.GatedMLP(16, 24), kp.nn.GatedMLP(16, 24, "gelu_tanh", fuse_gate_up=True), kp.nn.MLP(16, 24)
     cases = {
         "RMSNorm": (lambda: rms(x), lambda: R.rms_norm(x, rms.weight, 1e-6), (x, rms.weight)),
         "LayerNorm": (lambda: ln(x), lambda: R.layer_norm(x, ln.weight, ln.bias, 1e-5), (x, ln.weight, ln.bias)),
@@ -99,9 +100,26 @@ CHECKS = textwrap.dedent(
             (x, r),
         ),
         "Embedding": (lambda: emb(idx), lambda: R.embedding(idx, emb.weight), (emb.weight,)),
+        "GatedMLP": (
+            lambda: gmlp(x),
+            lambda: R.gated_mlp(x, gmlp.gate_proj.weight, gmlp.up_proj.weight, gmlp.down_proj.weight, "silu"),
+            (x, *gmlp.parameters()),
+        ),
+        "GatedMLP fused": (
+            lambda: fused(x),
+            lambda: R.gated_mlp_packed(x, fused.gate_up_proj.weight, fused.down_proj.weight, "gelu_tanh"),
+            (x, *fused.parameters()),
+        ),
+        "MLP": (
+            lambda: mlp(x),
+            lambda: R.mlp(x, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias, "gelu"),
+            (x, *mlp.parameters()),
+        ),
     }
+    eager_only = {"GatedMLP", "MLP"}  # their compiled graphs add nothing GatedMLP fused's does not (time)
     for name, (ours, ref, wrt) in cases.items():
-        for run in (ours, torch.compile(ours, fullgraph=True, backend="aot_eager")):
+        runs = (ours,) if name in eager_only else (ours, torch.compile(ours, fullgraph=True, backend="aot_eager"))
+        for run in runs:
             out, want = run(), ref()
             torch.testing.assert_close(out, want, msg=name)
             for got, expected in zip(torch.autograd.grad(out, wrt, dy), torch.autograd.grad(want, wrt, dy)):

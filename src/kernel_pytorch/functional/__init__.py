@@ -1,4 +1,5 @@
-"""Functional entry points, one module per family (norm.py, rope.py, embedding.py): validate the
+"""Functional entry points, one module per family (norm.py, activation.py, mlp.py, rope.py, embedding.py,
+attention.py): validate the
 arguments once (eager only), pick a backend, dispatch.
 
 backend:
@@ -28,8 +29,18 @@ not installed), "triton" raises saying so.
 """
 
 from kernel_pytorch.functional._dispatch import Backend
+from kernel_pytorch.functional.activation import (
+    bias_act,
+    gated_act,
+    gated_act_packed,
+    geglu,
+    geglu_packed,
+    swiglu,
+    swiglu_packed,
+)
 from kernel_pytorch.functional.attention import AttentionBackend, attention, prepare_mask, seq_ids_from_cu_seqlens
 from kernel_pytorch.functional.embedding import embedding
+from kernel_pytorch.functional.mlp import bias_act_mlp, gated_mlp, gated_mlp_packed
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
 from kernel_pytorch.functional.rope import apply_rotary
 from kernel_pytorch.reference.rms_norm import CASTINGS, Casting
@@ -43,9 +54,19 @@ __all__ = [
     "add_rms_norm",
     "apply_rotary",
     "attention",
+    "bias_act",
+    "bias_act_mlp",
     "embedding",
+    "gated_act",
+    "gated_act_packed",
+    "gated_mlp",
+    "gated_mlp_packed",
+    "geglu",
+    "geglu_packed",
     "layer_norm",
     "prepare_mask",
     "rms_norm",
     "seq_ids_from_cu_seqlens",
+    "swiglu",
+    "swiglu_packed",
 ]

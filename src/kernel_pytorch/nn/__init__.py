@@ -8,14 +8,17 @@ from kernel_pytorch.nn.attention import (
     StaticKVCache,
 )
 from kernel_pytorch.nn.embedding import ALiBi, Embedding, LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
+from kernel_pytorch.nn.mlp import MLP, GatedMLP
 from kernel_pytorch.nn.norm import FusedAddRMSNorm, LayerNorm, RMSNorm
 from kernel_pytorch.nn.rope import RotaryEmbedding
 
 __all__ = [
+    "MLP",
     "ALiBi",
     "Attention",
     "Embedding",
     "FusedAddRMSNorm",
+    "GatedMLP",
     "LayerNorm",
     "LearnedPositionalEmbedding",
     "LoopAttention",

@@ -5,9 +5,27 @@ Importing this package imports Triton and registers every op; call them as
 imports it on first use of a kernel), so the pure-torch reference runs where Triton is missing.
 """
 
-from kernel_pytorch.ops import add_rms_norm, embedding, layer_norm, rms_norm, rope  # noqa: F401  (registration)
+from kernel_pytorch.ops import (  # noqa: F401  (registration)
+    add_rms_norm,
+    bias_act,
+    embedding,
+    gated_act,
+    gated_act_packed,
+    layer_norm,
+    rms_norm,
+    rope,
+)
 from kernel_pytorch.ops.add_rms_norm import add_rms_norm_eager
+from kernel_pytorch.ops.bias_act import bias_act_bwd, bias_act_eager, bias_act_fwd
 from kernel_pytorch.ops.embedding import embedding_eager
+from kernel_pytorch.ops.gated_act import (
+    gated_act_bwd,
+    gated_act_eager,
+    gated_act_fwd,
+    gated_act_packed_bwd,
+    gated_act_packed_fwd,
+)
+from kernel_pytorch.ops.gated_act_packed import gated_act_packed_eager
 from kernel_pytorch.ops.layer_norm import layer_norm_eager
 from kernel_pytorch.ops.rms_norm import rms_norm_eager
 from kernel_pytorch.ops.rope import rope_eager
@@ -17,6 +35,18 @@ __all__ = [
     "add_rms_norm_eager",
     "embedding",
     "embedding_eager",
+    "bias_act",
+    "bias_act_bwd",
+    "bias_act_eager",
+    "bias_act_fwd",
+    "gated_act",
+    "gated_act_bwd",
+    "gated_act_eager",
+    "gated_act_fwd",
+    "gated_act_packed",
+    "gated_act_packed_bwd",
+    "gated_act_packed_eager",
+    "gated_act_packed_fwd",
     "layer_norm",
     "layer_norm_eager",
     "rms_norm",

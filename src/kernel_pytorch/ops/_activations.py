@@ -56,9 +56,28 @@ def _exp(x, PRECISE: tl.constexpr):
 
 @triton.jit
 def _div(a, b, PRECISE: tl.constexpr):
-    # Triton's `/` is the approximate div.full.f32 (2 ulp); torch's kernels divide IEEE-rounded
+    """a / b in fp32 for b >= 1 or b = +inf (the activations' denominators); IEEE-rounded with PRECISE.
+
+    Triton's `/` is the approximate div.full.f32 (2 ulp); torch's kernels divide IEEE-rounded. PTX's
+    IEEE division (div.rn.f32, which tl.div_rn emits) checks its operands and calls a software slow
+    path for those whose quotient may be denormal and for infinite or NaN ones: a cost that depends on
+    the data. The first GPU round timed the in-place backward on inputs that earlier iterations had
+    overwritten with gradients (by then mostly zeros, denormals and NaN) at half the bandwidth of the
+    same kernel on fresh inputs, while Liger's approximate sigmoid kept full speed; that slow path is
+    the one data-dependent cost in these kernels (benchmarks/NOTES.md). So the IEEE quotient is formed
+    here without branches, as the fast path of CUDA's own division does: the approximate reciprocal,
+    one Newton step on it and two on the quotient, with selects where a step would turn an exact answer
+    into NaN (b = inf, whose quotient is +-0; a = +-inf) or lose the sign of a zero.
+    """
     if PRECISE:
-        return tl.div_rn(a, b)
+        r = 1.0 / b
+        e = tl.fma(-b, r, 1.0)
+        r = tl.where(e == e, tl.fma(e, r, r), r)  # e is NaN only for b = inf, where r = 0 is exact
+        q = a * r
+        rem = tl.fma(-b, q, a)  # exact; 0 where q is, NaN where a or b is infinite (q is the answer)
+        q = tl.where((rem == rem) & (rem != 0.0), tl.fma(rem, r, q), q)
+        rem = tl.fma(-b, q, a)
+        return tl.where((rem == rem) & (rem != 0.0), tl.fma(rem, r, q), q)
     else:
         return a / b
 
@@ -138,12 +157,13 @@ def strides(t2d: torch.Tensor) -> tuple[int, int]:
     return (sr if rows > 1 else cols), (sc if cols > 1 else 1)
 
 
-def flat_if_dense(*ts: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
-    """(1, numel) views of tensors that are all contiguous (one dense range each), else None: the
-    kernels then stream each as a single row, with no masked columns at odd widths."""
-    if all(t.is_contiguous() for t in ts):
-        return tuple(t.view(1, -1) for t in ts)
-    return None
+def dense(*ts: torch.Tensor) -> bool:
+    """Whether every tensor is contiguous: the kernels then stream each as one flat row of numel
+    elements (no masked columns at odd widths, and no view to build: the kernel needs the pointer)."""
+    for t in ts:
+        if not t.is_contiguous():
+            return False
+    return True
 
 
 # Elements per program tile, and per thread. Tunables (scripts/probe_mlp.py sweeps them): 4096-element

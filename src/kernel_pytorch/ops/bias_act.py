@@ -13,6 +13,12 @@ partial row of dbias for its group. The partials (groups x D, a few MiB at most)
 fixed order by ops/_partials.sum_partials: no float atomics, bitwise-reproducible. Groups are chosen
 so that column blocks x groups fill the device (PROGRAMS_PER_SM). Only x is saved for the backward
 (z is recomputed from x and bias), as eager saves its pre-activation.
+
+Registered as `kernel_pytorch::bias_act_fwd` (x, bias?, act) -> y and `bias_act_bwd` (dy, x, bias?,
+act) -> (dx, dbias), out of place; without a bias, dbias is an empty tensor in the op and None in
+autograd. Host cost per eager call: forward one allocation and one launch; backward, with a bias, the
+kernel and the partials' sum (two launches, three allocations: dx, the partials, dbias), without one a
+single launch and dx.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from kernel_pytorch.ops._activations import (
 )
 from kernel_pytorch.ops._launch import Launcher, device_programs
 from kernel_pytorch.ops._partials import sum_partials
+from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.reference.bias_act import bias_act, bias_act_backward
 
 # Backward programs per SM (column blocks x row groups): enough loads in flight per SM with the
 # in-loop prefetch, few enough partial rows. A tunable (scripts/probe_mlp.py --sweep).
@@ -171,3 +179,33 @@ def bias_act_bwd(
         return dx, None
     # second reduction over a fixed number of partials in a fixed order: deterministic
     return dx, sum_partials(parts, (bias.dtype,), eager=eager)[0]
+
+
+def _fwd_reference(x: Tensor, bias: Tensor | None, act: str) -> Tensor:
+    return bias_act(x, bias, act).contiguous()
+
+
+def _bwd_reference(dy: Tensor, x: Tensor, bias: Tensor | None, act: str) -> tuple[Tensor, Tensor | None]:
+    dx, dbias = bias_act_backward(dy, x, bias, act)
+    return dx.contiguous(), dbias
+
+
+def _fwd_fake(x: Tensor, bias: Tensor | None, act: str) -> Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _bwd_fake(dy: Tensor, x: Tensor, bias: Tensor | None, act: str) -> tuple[Tensor, Tensor | None]:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(bias) if bias is not None else None
+
+
+# kernel_pytorch::bias_act_fwd (x, bias?, act) -> y and bias_act_bwd (dy, x, bias?, act) -> (dx, dbias);
+# bias_act_eager(x, bias, act) -> y, differentiable, saving x and bias
+bias_act_fwd_op, bias_act_bwd_op, bias_act_eager = register_op(
+    "bias_act",
+    Impl(bias_act_fwd, _fwd_reference, _fwd_fake, outputs=("y",)),
+    Impl(bias_act_bwd, _bwd_reference, _bwd_fake, outputs=("dx", "dbias")),
+    differentiable=("y",),
+    save=("x", "bias"),
+    keep=("act",),
+    grads={"x": "dx", "bias": "dbias"},
+)

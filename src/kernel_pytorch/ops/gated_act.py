@@ -29,6 +29,14 @@ Liger-Kernel does: that saves two activation-sized buffers and is safe only when
 or up after the backward (not a leaf the user keeps, not saved by another autograd node, no other view
 of them alive). The backward can also recompute h (`with_h`, into a new buffer or into dh's), which a
 whole-MLP autograd function needs for the down-projection's weight gradient without saving h.
+
+Host cost per call (the eager path at launch-bound sizes): contiguous operands are passed as they are
+(no view is built), so a forward is one allocation and one launch, a backward two allocations (none
+when the gradient is written in place) and one launch.
+
+Registered here: the split layout, `kernel_pytorch::gated_act_fwd` / `_bwd`, out of place (a registered
+op may not alias its outputs with its inputs without declaring them mutated). The packed layout is
+registered in ops/gated_act_packed.py with these launchers.
 """
 
 from __future__ import annotations
@@ -43,12 +51,14 @@ from kernel_pytorch.ops._activations import (
     act_fwd_grad,
     as_2d,
     as_2d_out,
-    flat_if_dense,
+    dense,
     precise_math,
     strides,
     tiles,
 )
 from kernel_pytorch.ops._launch import Launcher
+from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.reference.gated_act import gated_act, gated_act_backward
 
 
 @triton.jit
@@ -98,36 +108,40 @@ _fwd_kernel = Launcher(_gated_act_fwd_kernel)
 _bwd_kernel = Launcher(_gated_act_bwd_kernel)
 
 
-def _launch_fwd(g2: Tensor, u2: Tensor, h2: Tensor, act: str, eager: bool) -> None:
-    n_rows, n_cols = g2.shape
+def _launch_fwd(g: Tensor, u: Tensor, h: Tensor, n_rows: int, n_cols: int, st: tuple[int, ...], act: str,
+                eager: bool) -> None:
+    """One launch over (n_rows, n_cols) elements; `st` holds each operand's (row, column) strides."""
     if n_rows == 0 or n_cols == 0:
         return
     t = tiles(n_rows, n_cols)
     _fwd_kernel(
-        (t.row_tiles * t.col_tiles,), g2, u2, h2, n_rows, n_cols, t.col_tiles,
-        *strides(g2), *strides(u2), *strides(h2),
-        ACT=act, PRECISE=precise_math(g2), BLOCK_R=t.block_r, BLOCK_C=t.block_c, num_warps=t.num_warps, eager=eager,
+        (t.row_tiles * t.col_tiles,), g, u, h, n_rows, n_cols, t.col_tiles, *st,
+        ACT=act, PRECISE=precise_math(g), BLOCK_R=t.block_r, BLOCK_C=t.block_c, num_warps=t.num_warps, eager=eager,
     )
 
 
 def _launch_bwd(
-    dh2: Tensor, g2: Tensor, u2: Tensor, dg2: Tensor, du2: Tensor, h2: Tensor | None, act: str, eager: bool
+    dh: Tensor, g: Tensor, u: Tensor, dg: Tensor, du: Tensor, h: Tensor | None, n_rows: int, n_cols: int,
+    st: tuple[int, ...], act: str, eager: bool,
 ) -> None:
-    n_rows, n_cols = g2.shape
+    """One launch; `st` holds (row, column) strides of dh, g, u, dg, du and h (dg's where h is None)."""
     if n_rows == 0 or n_cols == 0:
         return
     t = tiles(n_rows, n_cols)
-    h_arg = h2 if h2 is not None else dg2  # never written without HAS_H
     _bwd_kernel(
-        (t.row_tiles * t.col_tiles,), dh2, g2, u2, dg2, du2, h_arg, n_rows, n_cols, t.col_tiles,
-        *strides(dh2), *strides(g2), *strides(u2), *strides(dg2), *strides(du2), *strides(h_arg),
-        ACT=act, PRECISE=precise_math(g2), HAS_H=h2 is not None, BLOCK_R=t.block_r, BLOCK_C=t.block_c,
+        (t.row_tiles * t.col_tiles,), dh, g, u, dg, du, h if h is not None else dg, n_rows, n_cols, t.col_tiles,
+        *st, ACT=act, PRECISE=precise_math(g), HAS_H=h is not None, BLOCK_R=t.block_r, BLOCK_C=t.block_c,
         num_warps=t.num_warps, eager=eager,
     )
 
 
+def _flat(n: int, operands: int) -> tuple[int, ...]:
+    """Strides of `operands` contiguous tensors streamed as one row of n elements."""
+    return (n, 1) * operands
+
+
 def gated_act_fwd(gate: Tensor, up: Tensor, act: str, *, out: Tensor | None = None, eager: bool = False) -> Tensor:
-    """Launch the forward on the split layout.
+    """Launch the forward on the split layout: one allocation (h, unless `out` is given), one launch.
 
     Args:
         gate, up: (..., I) CUDA tensors (or CPU under TRITON_INTERPRET=1) of one fp32/bf16/fp16 dtype,
@@ -139,8 +153,12 @@ def gated_act_fwd(gate: Tensor, up: Tensor, act: str, *, out: Tensor | None = No
         h of gate's shape and dtype (contiguous unless `out` is given).
     """
     h = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) if out is None else out
-    views = flat_if_dense(gate, up, h) or (as_2d(gate), as_2d(up), as_2d_out(h, "out"))
-    _launch_fwd(*views, act, eager)
+    if dense(gate, up, h):
+        n = gate.numel()
+        _launch_fwd(gate, up, h, 1, n, _flat(n, 3), act, eager)
+    else:
+        g2, u2, h2 = as_2d(gate), as_2d(up), as_2d_out(h, "out")
+        _launch_fwd(g2, u2, h2, *g2.shape, (*strides(g2), *strides(u2), *strides(h2)), act, eager)
     return h
 
 
@@ -149,7 +167,7 @@ def gated_act_bwd(
     d_gate: Tensor | None = None, d_up: Tensor | None = None, h: Tensor | None = None,
     with_h: bool = False, eager: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Launch the backward on the split layout.
+    """Launch the backward on the split layout: one launch; allocations only for outputs not given.
 
     Args:
         dh, gate, up: (..., I), one dtype, any strides.
@@ -160,19 +178,22 @@ def gated_act_bwd(
     Returns:
         (d_gate, d_up, h or None), of gate's shape and dtype.
     """
-    new = lambda: torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)  # noqa: E731
-    d_gate = new() if d_gate is None else d_gate
-    d_up = new() if d_up is None else d_up
-    if with_h and h is None:
-        h = new()
-    elif not with_h:
+    if d_gate is None:
+        d_gate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if d_up is None:
+        d_up = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if not with_h:
         h = None
-    ops = (dh, gate, up, d_gate, d_up) + ((h,) if h is not None else ())
-    views = flat_if_dense(*ops) or (
-        as_2d(dh), as_2d(gate), as_2d(up), as_2d_out(d_gate, "d_gate"), as_2d_out(d_up, "d_up"),
-        *((as_2d_out(h, "h"),) if h is not None else ()),
-    )
-    _launch_bwd(*views[:5], views[5] if h is not None else None, act, eager)
+    elif h is None:
+        h = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if dense(dh, gate, up, d_gate, d_up) and (h is None or h.is_contiguous()):
+        n = gate.numel()
+        _launch_bwd(dh, gate, up, d_gate, d_up, h, 1, n, _flat(n, 6), act, eager)
+    else:
+        views = (as_2d(dh), as_2d(gate), as_2d(up), as_2d_out(d_gate, "d_gate"), as_2d_out(d_up, "d_up"))
+        h2 = as_2d_out(h, "h") if h is not None else None
+        st = tuple(s for v in (*views, h2 if h2 is not None else views[3]) for s in strides(v))
+        _launch_bwd(*views, h2, *views[1].shape, st, act, eager)
     return d_gate, d_up, h
 
 
@@ -181,8 +202,14 @@ def _halves(t2: Tensor) -> tuple[Tensor, Tensor]:
     return t2[:, :half], t2[:, half:]
 
 
+def _packed_views(gate_up: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
+    """The gate and up halves of gate_up as (rows, I) views, and their strides."""
+    g2, u2 = _halves(as_2d(gate_up))
+    return g2, u2, (*strides(g2), *strides(u2))
+
+
 def gated_act_packed_fwd(gate_up: Tensor, act: str, *, out: Tensor | None = None, eager: bool = False) -> Tensor:
-    """Launch the forward on the packed layout.
+    """Launch the forward on the packed layout: one allocation (h, unless `out` is given), one launch.
 
     Args:
         gate_up: (..., 2I) tensor [gate | up], any strides.
@@ -192,7 +219,9 @@ def gated_act_packed_fwd(gate_up: Tensor, act: str, *, out: Tensor | None = None
     """
     shape = gate_up.shape[:-1] + (gate_up.shape[-1] // 2,)
     h = torch.empty(shape, dtype=gate_up.dtype, device=gate_up.device) if out is None else out
-    _launch_fwd(*_halves(as_2d(gate_up)), as_2d_out(h, "out"), act, eager)
+    g2, u2, st = _packed_views(gate_up)
+    h2 = as_2d_out(h, "out")
+    _launch_fwd(g2, u2, h2, *g2.shape, (*st, *strides(h2)), act, eager)
     return h
 
 
@@ -200,7 +229,7 @@ def gated_act_packed_bwd(
     dh: Tensor, gate_up: Tensor, act: str, *, out: Tensor | None = None, h: Tensor | None = None,
     with_h: bool = False, eager: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Launch the backward on the packed layout.
+    """Launch the backward on the packed layout: one launch; allocations only for outputs not given.
 
     Args:
         dh: (..., I); gate_up: (..., 2I) [gate | up].
@@ -210,10 +239,46 @@ def gated_act_packed_bwd(
         ([d_gate | d_up] of gate_up's shape and dtype, h or None).
     """
     d = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device) if out is None else out
-    if with_h and h is None:
-        h = torch.empty(dh.shape, dtype=gate_up.dtype, device=gate_up.device)
-    elif not with_h:
+    if not with_h:
         h = None
+    elif h is None:
+        h = torch.empty(dh.shape, dtype=gate_up.dtype, device=gate_up.device)
+    dh2 = as_2d(dh)
+    g2, u2, st = _packed_views(gate_up)
+    dg2, du2 = _halves(as_2d_out(d, "out"))
     h2 = as_2d_out(h, "h") if h is not None else None
-    _launch_bwd(as_2d(dh), *_halves(as_2d(gate_up)), *_halves(as_2d_out(d, "out")), h2, act, eager)
+    st = (*strides(dh2), *st, *strides(dg2), *strides(du2), *strides(h2 if h2 is not None else dg2))
+    _launch_bwd(dh2, g2, u2, dg2, du2, h2, *g2.shape, st, act, eager)
     return d, h
+
+
+def _fwd_reference(gate: Tensor, up: Tensor, act: str) -> Tensor:
+    return gated_act(gate, up, act).contiguous()
+
+
+def _bwd_reference(dh: Tensor, gate: Tensor, up: Tensor, act: str) -> tuple[Tensor, Tensor]:
+    d_gate, d_up = gated_act_backward(dh, gate, up, act)
+    return d_gate.contiguous(), d_up.contiguous()
+
+
+def _fwd_fake(gate: Tensor, up: Tensor, act: str) -> Tensor:
+    return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+
+
+def _bwd_fake(dh: Tensor, gate: Tensor, up: Tensor, act: str) -> tuple[Tensor, Tensor]:
+    return (torch.empty(gate.shape, dtype=gate.dtype, device=gate.device),
+            torch.empty(gate.shape, dtype=gate.dtype, device=gate.device))
+
+
+# kernel_pytorch::gated_act_fwd (gate, up, act) -> h and gated_act_bwd (dh, gate, up, act) -> (d_gate,
+# d_up), both out of place (the in-place gradient is an eager-only variant in functional/activation.py);
+# gated_act_eager(gate, up, act) -> h, differentiable, saving gate and up only
+gated_act_fwd_op, gated_act_bwd_op, gated_act_eager = register_op(
+    "gated_act",
+    Impl(gated_act_fwd, _fwd_reference, _fwd_fake, outputs=("h",)),
+    Impl(gated_act_bwd, _bwd_reference, _bwd_fake, outputs=("d_gate", "d_up")),
+    differentiable=("h",),
+    save=("gate", "up"),
+    keep=("act",),
+    grads={"gate": "d_gate", "up": "d_up"},
+)

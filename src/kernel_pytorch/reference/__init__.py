@@ -18,6 +18,7 @@ from kernel_pytorch.reference.gated_act import (
     swiglu,
 )
 from kernel_pytorch.reference.layer_norm import layer_norm, layer_norm_backward
+from kernel_pytorch.reference.mlp import gated_mlp, gated_mlp_packed, mlp
 from kernel_pytorch.reference.positions import (
     alibi_bias,
     alibi_slopes,
@@ -58,11 +59,14 @@ __all__ = [
     "gated_act_backward",
     "gated_act_packed",
     "gated_act_packed_backward",
+    "gated_mlp",
+    "gated_mlp_packed",
     "geglu",
     "inv_freq_and_scaling",
     "layer_norm",
     "layer_norm_backward",
     "learned_positions",
+    "mlp",
     "position_ids_from_attention_mask",
     "rms_norm",
     "rms_norm_backward",

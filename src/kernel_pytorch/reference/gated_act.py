@@ -65,7 +65,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 
 def geglu(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
     """gelu(gate) * up with HF rounding; approximate "none" (HF "gelu") or "tanh" ("gelu_pytorch_tanh")."""
-    return gated_act(gate, up, _gelu_name(approximate))
+    return gated_act(gate, up, gelu_name(approximate))
 
 
 def split_packed(gate_up: Tensor) -> tuple[Tensor, Tensor]:
@@ -85,7 +85,8 @@ def gated_act_packed_backward(dh: Tensor, gate_up: Tensor, act: str) -> Tensor:
     return torch.cat(gated_act_backward(dh, *split_packed(gate_up), act), dim=-1)
 
 
-def _gelu_name(approximate: str) -> str:
+def gelu_name(approximate: str) -> str:
+    """Our activation name for torch's GELU `approximate` argument ("none" or "tanh")."""
     if approximate == "none":
         return "gelu"
     if approximate == "tanh":

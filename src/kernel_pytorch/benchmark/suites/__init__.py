@@ -25,6 +25,7 @@ SUITES: dict[str, str] = {
     "norms": "kernel_pytorch.benchmark.suites.norms",
     "attention": "kernel_pytorch.benchmark.suites.attention",
     "rope": "kernel_pytorch.benchmark.suites.rope",
+    "mlp": "kernel_pytorch.benchmark.suites.mlp",
 }
 
 

@@ -113,8 +113,9 @@ def gate(spec: OpBench, impl: Impl | Callable[..., Any], shape: Shape, dtype: to
     impl = impl if isinstance(impl, Impl) else Impl(impl)
     op = spec.name
     t = spec.make_inputs(shape, dtype, device, seed)
-    # the reference sees the inputs as drawn: a provider may write into its inputs (Liger's rope
-    # rotates q and k in place where they are (B, T, H, D) memory)
+    # the provider gets copies and the reference sees the inputs as drawn: a provider may write into its
+    # inputs (Liger's rope rotates q and k in place; an in-place backward, Liger's SwiGLU or ours with
+    # inplace_backward, writes its gradients over them)
     bound = bind(spec, impl, {k: v.clone() for k, v in t.items()}, grad=True)
     with torch.enable_grad():
         outs = tensors(bound.call())

@@ -72,19 +72,20 @@ def bind(spec: OpBench, impl: Impl, t: Mapping[str, Tensor], grad: bool) -> Boun
         fn = impl.fn
         return Bound(lambda: fn(*(args[n] for n in spec.arg_names)), [args[n] for n in spec.grad_names])
     peer = impl.peer
-    if not inspect.isclass(impl.fn):  # a peer function (Liger's liger_rotary_pos_emb): called as it is
-        fn, kwargs = impl.fn, dict(peer.init_kwargs)
+    if peer.function or not inspect.isclass(impl.fn):  # a function or autograd.Function: no module
+        fn, kwargs = getattr(impl.fn, "apply", impl.fn), dict(peer.init_kwargs)
         return Bound(lambda: fn(*(args[n] for n in peer.call), **kwargs), [args[n] for n in spec.grad_names])
     first = args[peer.call[0]]
     module = impl.fn(*peer.init_args(args), **peer.init_kwargs, **peer_kwargs(peer, impl.fn))
     module = module.to(device=first.device, dtype=first.dtype)
     # the benchmark's own parameter values, so its outputs and gradients are comparable
+    params = {name: module.get_parameter(peer.param_paths.get(name, name)) for name in peer.params}
     with torch.no_grad():
-        for name in peer.params:
-            getattr(module, name).copy_(args[name])
-    for name in peer.params:
-        getattr(module, name).requires_grad_(grad)
-    wrt = [getattr(module, n) if n in peer.params else args[n] for n in spec.grad_names]
+        for name, p in params.items():
+            p.copy_(args[name])
+    for p in params.values():
+        p.requires_grad_(grad)
+    wrt = [params[n] if n in params else args[n] for n in spec.grad_names]
     return Bound(lambda: module(*(args[n] for n in peer.call)), wrt)
 
 

@@ -78,18 +78,21 @@ Counts = Callable[..., tuple[int, int]]
 
 @dataclass(frozen=True, eq=False)
 class ModulePeer:
-    """How to build and call a peer library's module (Liger-Kernel's) for one op.
+    """How to build and call a peer library's module (Liger-Kernel's) for one op, or its function.
 
     Attributes:
         target: "package.module:Class", imported only when the provider runs. It may name a function
             instead ("liger_kernel.transformers.rope:liger_rotary_pos_emb"): that is called with the
             `call` inputs and `init_kwargs` as keywords; init_args, optional_kwargs and params are
             then unused.
+        function: the target is an autograd.Function (called through `.apply`) or a function taking
+            the `call` inputs, not a module class: no construction and no parameters.
         init_args: constructor positional arguments from the inputs, e.g. `lambda t: (t["x"].shape[-1],)`.
         init_kwargs: constructor keyword arguments always passed (eps=...).
         optional_kwargs: passed only when the constructor takes them (in_place=False, bias=True).
-        params: inputs copied into the module's parameters of the same name (weight, bias); the
-            benchmark differentiates those parameters in their place.
+        params: inputs copied into the module's parameters of the same name (weight, bias), or of the
+            dotted path `param_paths` gives (gate_weight -> gate_proj.weight); the benchmark
+            differentiates those parameters in their place.
         call: inputs passed positionally to the module's forward.
         note: what the results table says about this peer's set-up.
     """
@@ -101,6 +104,8 @@ class ModulePeer:
     init_kwargs: Mapping[str, Any] = field(default_factory=dict)
     optional_kwargs: Mapping[str, Any] = field(default_factory=dict)
     note: str = ""
+    function: bool = False
+    param_paths: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)

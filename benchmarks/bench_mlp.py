@@ -1,0 +1,22 @@
+"""SwiGLU, GEGLU, packed SwiGLU and the whole gated MLP vs eager, torch.compile and Liger-Kernel.
+
+    python benchmarks/bench_mlp.py                                      # a fresh bench-results/mlp-<device>-<time>/
+    python benchmarks/bench_mlp.py --out benchmarks/results --overwrite  # replace the committed results (on a GPU)
+
+The suite itself lives in kernel_pytorch.benchmark.suites.mlp (also `kernel-pytorch bench mlp`);
+this script only forwards its arguments to the CLI, which refuses to replace results already in --out
+unless --overwrite is given.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# run from a source checkout without installing: put src/ first on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from kernel_pytorch.cli.main import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", "mlp", *sys.argv[1:]]))

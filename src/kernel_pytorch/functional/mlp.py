@@ -1,0 +1,227 @@
+"""MLP blocks: the gated MLP (split or packed gate/up projections) and Linear -> activation -> Linear.
+
+gated_mlp(x, ...) = down_proj(act(gate_proj(x)) * up_proj(x)), HF's eager MLP (reference/mlp.py).
+
+The whole-block path (eager CUDA, recording gradients, x and every parameter of one dtype and device,
+no autocast): one autograd.Function runs the projections (cuBLAS, as torch's Linear does) and the
+gated-activation kernels, and saves only x and the gate/up projections' outputs (gate_up: one (N, 2I)
+buffer; split: two (N, I)). Its backward
+
+    dh = dy @ W_down                                      (N, I), a new buffer
+    [d_gate | d_up] written over gate/up, h written over dh      one kernel, no allocation
+    dW_down = dy.T @ h;  dx = d_gate @ W_gate + d_up @ W_up;  dW_gate_up = [d_gate | d_up].T @ x
+
+recomputes h instead of keeping it, and writes the activation's gradients over buffers it owns: the
+gate/up outputs exist only inside this function (nothing else holds them), and dh is made by the
+backward itself. So what lives from forward to backward is x and gate/up alone, where eager keeps
+gate, up, act(gate) and h, and the backward's peak adds one (N, I) buffer to them. A second backward
+through the same graph raises (the saved buffers' versions are bumped after the write).
+
+Anywhere else (CPU, compile, export, autocast, mixed dtypes, inference) the block is composed of
+torch's Linear and the gated activation (`functional.gated_act`, registered op under compile), whose
+gate/up inputs are this call's own temporaries, so its eager backward writes its gradients over them.
+
+bias_act_mlp(x, ...) = fc2(act(fc1(x))) with fc1's bias added by the fused bias + activation (one pass instead
+of two; its gradient written over fc1's bias-free output, which this call owns).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kernel_pytorch.functional._dispatch import Backend, _check_float, _check_same_device, _resolve, kernels
+from kernel_pytorch.functional.activation import _records_grad, bias_act, gated_act, gated_act_packed
+from kernel_pytorch.reference._act_checks import check_activation
+
+_increment_version = torch.autograd.graph.increment_version
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - torch < 2.4 takes no device type (and means CUDA)
+        return torch.is_autocast_enabled() if device_type == "cuda" else False
+
+
+def _one_kind(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
+    """Whether every given parameter has x's dtype and device (what the block function computes in)."""
+    for p in params:
+        if p is not None and (p.dtype != x.dtype or p.device != x.device):
+            return False
+    return True
+
+
+class _GatedMLPBlock(torch.autograd.Function):
+    """The whole-block autograd function (module docstring). Inputs: act, x, W_down, b_down, then
+    (W_gate_up, b_gate_up) for the packed layout or (W_gate, b_gate, W_up, b_up) for the split one."""
+
+    @staticmethod
+    def forward(ctx, act: str, x: Tensor, w_down: Tensor, b_down: Tensor | None,  # type: ignore[override]
+                *in_params: Tensor | None) -> Tensor:
+        k = kernels()
+        x2 = x.reshape(-1, x.shape[-1])
+        weights = in_params[0::2]
+        if len(weights) == 1:
+            gate_up = F.linear(x2, in_params[0], in_params[1])
+            acts: tuple[Tensor, ...] = (gate_up,)
+            h = k.gated_act_packed_fwd(gate_up, act, eager=True)
+        else:
+            acts = (F.linear(x2, in_params[0], in_params[1]), F.linear(x2, in_params[2], in_params[3]))
+            h = k.gated_act_fwd(acts[0], acts[1], act, eager=True)
+        y = F.linear(h, w_down, b_down)
+        ctx.save_for_backward(x2, w_down, *acts, *weights)
+        ctx.act, ctx.n_acts, ctx.x_shape = act, len(acts), x.shape
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        k = kernels()
+        x2, w_down, *rest = ctx.saved_tensors
+        acts, weights = rest[: ctx.n_acts], rest[ctx.n_acts:]
+        needs = ctx.needs_input_grad  # act, x, W_down, b_down, then weight, bias per input projection
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dh = dy2 @ w_down
+        want_h = needs[2]
+        if len(acts) == 1:
+            d_gate_up, h = k.gated_act_packed_bwd(dh, acts[0], ctx.act, out=acts[0], h=dh, with_h=want_h, eager=True)
+            d_acts: tuple[Tensor, ...] = (d_gate_up,)
+        else:
+            d_gate, d_up, h = k.gated_act_bwd(dh, acts[0], acts[1], ctx.act, d_gate=acts[0], d_up=acts[1], h=dh,
+                                              with_h=want_h, eager=True)
+            d_acts = (d_gate, d_up)
+        for t in acts:
+            _increment_version(t)
+        dw_down = dy2.t() @ h if want_h else None
+        db_down = dy2.sum(0) if needs[3] else None
+        del dh, h  # before dx and the weight gradients: the backward's peak is gate/up + one (N, I)
+        dx = None
+        if needs[1]:
+            dx = d_acts[0] @ weights[0]
+            for d, w in zip(d_acts[1:], weights[1:]):
+                dx.addmm_(d, w)
+            dx = dx.view(ctx.x_shape)
+        grads: list[Tensor | None] = []
+        for i, d in enumerate(d_acts):
+            grads.append(d.t() @ x2 if needs[4 + 2 * i] else None)
+            grads.append(d.sum(0) if needs[5 + 2 * i] else None)
+        return (None, dx, dw_down, db_down, *grads)
+
+
+def _check_linear(name: str, weight: Tensor, bias: Tensor | None, in_features: int, x: Tensor) -> int:
+    """A (out, in_features) weight and an optional (out,) bias on x's device; returns out."""
+    _check_float(name, weight)
+    if weight.dim() != 2 or weight.shape[1] != in_features:
+        raise ValueError(f"{name} must have shape (out_features, {in_features}) (got {tuple(weight.shape)})")
+    bias_name = name.replace("weight", "bias")
+    if bias is not None:
+        _check_float(bias_name, bias)
+        if bias.shape != weight.shape[:1]:
+            raise ValueError(f"{bias_name} must have shape ({weight.shape[0]},) (got {tuple(bias.shape)})")
+    _check_same_device("x", x, **{name: weight, bias_name: bias})
+    return weight.shape[0]
+
+
+def _check_x(x: Tensor) -> None:
+    _check_float("x", x)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (got a scalar)")
+
+
+def gated_mlp(
+    x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor, activation: str = "silu", *,
+    gate_bias: Tensor | None = None, up_bias: Tensor | None = None, down_bias: Tensor | None = None,
+    backend: Backend = "auto",
+) -> Tensor:
+    """The gated MLP block down_proj(act(gate_proj(x)) * up_proj(x)) (module docstring for its paths).
+
+    Args:
+        x: (..., H) input.
+        gate_weight, up_weight: (I, H) projections; down_weight: (H_out, I).
+        activation: "silu" (SwiGLU), "gelu", "gelu_tanh" (GEGLU), "relu", or transformers' names.
+        gate_bias, up_bias: optional (I,); down_bias: optional (H_out,).
+        backend: "auto", "triton" or "reference" (kernel_pytorch.functional's docstring).
+    Returns:
+        (..., H_out) tensor of x's dtype.
+    """
+    act = check_activation(activation)
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        _check_x(x)
+        inter = _check_linear("gate_weight", gate_weight, gate_bias, x.shape[-1], x)
+        if _check_linear("up_weight", up_weight, up_bias, x.shape[-1], x) != inter:
+            raise ValueError(f"up_weight must have gate_weight's shape {tuple(gate_weight.shape)} "
+                             f"(got {tuple(up_weight.shape)})")
+        _check_linear("down_weight", down_weight, down_bias, inter, x)
+    path = _resolve(backend, "gated_mlp", x, compiling)
+    params = (down_weight, down_bias, gate_weight, gate_bias, up_weight, up_bias)
+    if path == "eager" and _block(x, params):
+        return _GatedMLPBlock.apply(act, x, *params)
+    gate, up = F.linear(x, gate_weight, gate_bias), F.linear(x, up_weight, up_bias)
+    # gate and up are this call's own: their gradient may be written over them
+    h = gated_act(gate, up, act, inplace_backward=True, backend=backend)
+    return F.linear(h, down_weight, down_bias)
+
+
+def gated_mlp_packed(
+    x: Tensor, gate_up_weight: Tensor, down_weight: Tensor, activation: str = "silu", *,
+    gate_up_bias: Tensor | None = None, down_bias: Tensor | None = None, backend: Backend = "auto",
+) -> Tensor:
+    """The gated MLP with one gate_up projection (2I, H) = [W_gate; W_up], as Phi-3 stores it.
+
+    Args:
+        x: (..., H) input.
+        gate_up_weight: (2I, H), gate rows first; down_weight: (H_out, I).
+        activation, backend: as in `gated_mlp`.
+        gate_up_bias: optional (2I,); down_bias: optional (H_out,).
+    Returns:
+        (..., H_out) tensor of x's dtype.
+    """
+    act = check_activation(activation)
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        _check_x(x)
+        inter2 = _check_linear("gate_up_weight", gate_up_weight, gate_up_bias, x.shape[-1], x)
+        if inter2 % 2:
+            raise ValueError(f"gate_up_weight holds [gate; up] rows, so an even number of them (got {inter2})")
+        _check_linear("down_weight", down_weight, down_bias, inter2 // 2, x)
+    path = _resolve(backend, "gated_mlp", x, compiling)
+    params = (down_weight, down_bias, gate_up_weight, gate_up_bias)
+    if path == "eager" and _block(x, params):
+        return _GatedMLPBlock.apply(act, x, *params)
+    gate_up = F.linear(x, gate_up_weight, gate_up_bias)
+    h = gated_act_packed(gate_up, act, inplace_backward=True, backend=backend)
+    return F.linear(h, down_weight, down_bias)
+
+
+def _block(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
+    """Whether an eager-path call takes the whole-block function: it records a gradient, and x and
+    the parameters share a dtype and device with autocast off (the block runs its GEMMs as given)."""
+    return _records_grad(x, *params) and _one_kind(x, params) and not _autocast_on(x.device.type)
+
+
+def bias_act_mlp(
+    x: Tensor, fc1_weight: Tensor, fc1_bias: Tensor | None, fc2_weight: Tensor, fc2_bias: Tensor | None,
+    activation: str, *, backend: Backend = "auto",
+) -> Tensor:
+    """Linear -> activation -> Linear, fc1's bias added by the fused bias + activation.
+
+    Args:
+        x: (..., H) input.
+        fc1_weight: (I, H); fc1_bias: (I,) or None; fc2_weight: (H_out, I); fc2_bias: (H_out,) or None.
+        activation: "gelu", "gelu_tanh", "silu", "relu", or transformers' names.
+        backend: "auto", "triton" or "reference".
+    Returns:
+        (..., H_out) tensor of x's dtype (of autocast's dtype under autocast).
+    """
+    act = check_activation(activation)
+    if not torch.compiler.is_compiling():
+        _check_x(x)
+        inter = _check_linear("fc1_weight", fc1_weight, fc1_bias, x.shape[-1], x)
+        _check_linear("fc2_weight", fc2_weight, fc2_bias, inter, x)
+    z = F.linear(x, fc1_weight)
+    if fc1_bias is not None and fc1_bias.dtype != z.dtype:  # autocast: the Linear's output dtype
+        fc1_bias = fc1_bias.to(z.dtype)
+    # z is this call's own: its gradient may be written over it
+    return F.linear(bias_act(z, fc1_bias, act, inplace_backward=True, backend=backend), fc2_weight, fc2_bias)

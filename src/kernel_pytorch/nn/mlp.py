@@ -1,0 +1,262 @@
+"""MLP modules: the gated MLP of Llama/Mistral/Qwen2/Gemma/Phi-3 and Linear -> activation -> Linear.
+
+`GatedMLP` keeps transformers' parameter names (`gate_proj`, `up_proj`, `down_proj`), so the MLP part
+of a Llama, Mistral, Qwen2 or Gemma checkpoint loads into it unchanged. With `fuse_gate_up=True` it
+holds one `gate_up_proj` Linear of (2I, H) = [W_gate; W_up] and runs gate and up as one GEMM, while
+its state_dict still carries the split names (state-dict hooks translate both ways), so checkpoints
+stay interchangeable with the unfused module and with transformers'. Phi-3's packed `gate_up_proj`
+checkpoints load into either form too; `state_dict_layout="packed"` saves in that layout.
+
+`MLP` is the plain `fc1 -> activation -> fc2` block (CLIP, SigLIP, Phi-2 names) whose fc1 bias is
+added by the fused bias + activation kernel.
+
+Neither module has a torch class to subclass (STYLE rule 4): the modules they replace are
+transformers', matched by parameter names. `backend` may be set on an instance as on the norms.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from kernel_pytorch import functional as F
+from kernel_pytorch.functional import Backend
+from kernel_pytorch.reference._act_checks import check_activation
+
+_GATE, _UP, _PACKED = "gate_proj.", "up_proj.", "gate_up_proj."
+
+
+def _layout_check(layout: str) -> str:
+    if layout not in ("split", "packed"):
+        raise ValueError(f"state_dict_layout must be 'split' or 'packed' (got {layout!r})")
+    return layout
+
+
+def _keep_down_last(state_dict: dict, prefix: str) -> None:
+    """Move down_proj's entries behind the gate/up ones just rewritten (the module's own order)."""
+    if hasattr(state_dict, "move_to_end"):
+        for key in [k for k in state_dict if k.startswith(prefix + "down_proj.")]:
+            state_dict.move_to_end(key)
+
+
+def _save_hook(module: GatedMLP, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+    """state_dict post-hook: write the gate/up projections in `module.state_dict_layout`, in the order
+    transformers' modules list them (gate weight, gate bias, up weight, up bias, then down_proj)."""
+    fused = module.fuse_gate_up
+    if (module.state_dict_layout == "split") != fused:
+        return  # the parameters already carry the names of the layout asked for
+    fields = ("weight", "bias")
+    if fused:
+        packed = {f: state_dict.pop(prefix + _PACKED + f, None) for f in fields}
+        # copies, not views: safetensors refuses tensors that share memory
+        halves = {f: t.chunk(2, dim=0) for f, t in packed.items() if t is not None}
+        for i, name in enumerate((_GATE, _UP)):
+            for f, pair in halves.items():
+                state_dict[prefix + name + f] = pair[i].clone()
+    else:
+        split = {f: (state_dict.pop(prefix + _GATE + f, None), state_dict.pop(prefix + _UP + f, None))
+                 for f in fields}
+        for f, (gate, up) in split.items():
+            if gate is not None and up is not None:
+                state_dict[prefix + _PACKED + f] = torch.cat([gate, up], dim=0)
+    _keep_down_last(state_dict, prefix)
+
+
+def _load_hook(module: GatedMLP, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
+               missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+    """load_state_dict pre-hook: accept the split names and the packed one, whichever the module holds."""
+    for name in ("weight", "bias"):
+        gate_key, up_key, packed_key = (prefix + p + name for p in (_GATE, _UP, _PACKED))
+        if module.fuse_gate_up and packed_key not in state_dict and gate_key in state_dict and up_key in state_dict:
+            state_dict[packed_key] = torch.cat([state_dict.pop(gate_key), state_dict.pop(up_key)], dim=0)
+        elif not module.fuse_gate_up and packed_key in state_dict and gate_key not in state_dict:
+            packed = state_dict.pop(packed_key)
+            if packed.shape[0] % 2:
+                error_msgs.append(f"{packed_key} holds [gate; up] rows, so an even number of them "
+                                  f"(got shape {tuple(packed.shape)})")
+                continue
+            state_dict[gate_key], state_dict[up_key] = packed.chunk(2, dim=0)
+
+
+class GatedMLP(torch.nn.Module):
+    """down_proj(act(gate_proj(x)) * up_proj(x)), transformers' LlamaMLP, on kernel_pytorch's kernels.
+
+    Args:
+        hidden_size: H.
+        intermediate_size: I.
+        activation: "silu" (SwiGLU), "gelu", "gelu_tanh" (GEGLU), "relu", or transformers' names
+            ("swish", "gelu_pytorch_tanh").
+        bias: biases on all three projections (Llama's `mlp_bias`).
+        fuse_gate_up: hold gate and up as one (2I, H) `gate_up_proj` and run them as one GEMM.
+        state_dict_layout: "split" (gate_proj/up_proj, Llama) or "packed" (gate_up_proj, Phi-3): the
+            names state_dict() writes. load_state_dict() accepts either.
+        device, dtype: of the parameters.
+    forward: x (..., H) -> (..., H) of x's dtype. While recording gradients on CUDA only x and the
+    gate/up outputs stay alive for the backward (functional/mlp.py).
+    """
+
+    backend: Backend = "auto"
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        activation: str = "silu",
+        bias: bool = False,
+        fuse_gate_up: bool = False,
+        state_dict_layout: Literal["split", "packed"] = "split",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.activation = check_activation(activation)
+        self.state_dict_layout = _layout_check(state_dict_layout)
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.fuse_gate_up = bool(fuse_gate_up)
+        kw = {"bias": bias, "device": device, "dtype": dtype}
+        if self.fuse_gate_up:
+            self.gate_up_proj = torch.nn.Linear(hidden_size, 2 * intermediate_size, **kw)
+        else:
+            self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
+            self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, **kw)
+        self.register_state_dict_post_hook(_save_hook)
+        self.register_load_state_dict_pre_hook(_load_hook)
+
+    def forward(self, x: Tensor) -> Tensor:
+        down = self.down_proj
+        if self.fuse_gate_up:
+            gu = self.gate_up_proj
+            return F.gated_mlp_packed(x, gu.weight, down.weight, self.activation, gate_up_bias=gu.bias,
+                                      down_bias=down.bias, backend=self.backend)
+        gate, up = self.gate_proj, self.up_proj
+        return F.gated_mlp(x, gate.weight, up.weight, down.weight, self.activation, gate_bias=gate.bias,
+                           up_bias=up.bias, down_bias=down.bias, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+                f"activation={self.activation!r}, fuse_gate_up={self.fuse_gate_up}")
+
+    @classmethod
+    def from_module(cls, mlp: torch.nn.Module, activation: str | None = None) -> GatedMLP:
+        """A GatedMLP computing what an HF-style gated MLP computes, SHARING its parameters.
+
+        Recognised by structure, not class: `gate_proj` + `up_proj` + `down_proj` Linears (LlamaMLP,
+        MistralMLP, Qwen2MLP, GemmaMLP) or `gate_up_proj` + `down_proj` (Phi3MLP: ours is then
+        fused and saves in the packed layout). The activation is `activation` if given, else the
+        source's activation module when it is torch's (nn.SiLU, nn.GELU, nn.ReLU), else its
+        `config.hidden_act`. The returned module holds the very Parameter objects of `mlp` (same
+        device, dtype and storage: training either trains both); copy them for an independent one.
+
+        Raises:
+            TypeError: `mlp` lacks those projections, or one is not a torch.nn.Linear.
+            ValueError: shapes that do not form a gated MLP, or an activation we do not run.
+        """
+        packed = hasattr(mlp, "gate_up_proj")
+        names = ("gate_up_proj", "down_proj") if packed else ("gate_proj", "up_proj", "down_proj")
+        projs = [_linear(mlp, n) for n in names]
+        hidden = projs[0].in_features
+        inter = projs[0].out_features // 2 if packed else projs[0].out_features
+        if packed and projs[0].out_features % 2:
+            raise ValueError(f"gate_up_proj holds [gate; up] rows, so an even number (got {projs[0].out_features})")
+        if not packed and (projs[1].in_features, projs[1].out_features) != (hidden, inter):
+            raise ValueError(f"up_proj must map {hidden} -> {inter} as gate_proj does "
+                             f"(got {projs[1].in_features} -> {projs[1].out_features})")
+        if (projs[-1].in_features, projs[-1].out_features) != (inter, hidden):
+            raise ValueError(f"down_proj must map {inter} -> {hidden} (got {projs[-1].in_features} -> "
+                             f"{projs[-1].out_features})")
+        biased = {p.bias is not None for p in projs}
+        if len(biased) != 1:
+            raise ValueError("the projections must all have a bias or all have none")
+        act = activation if activation is not None else _activation_of(mlp, ("act_fn", "activation_fn", "act"))
+        ours = cls(hidden, inter, act, bias=biased.pop(), fuse_gate_up=packed,
+                   state_dict_layout="packed" if packed else "split", device="meta")
+        for name, src in zip(names, projs):
+            dst = getattr(ours, name)
+            dst.weight = src.weight
+            if src.bias is not None:
+                dst.bias = src.bias
+        return ours
+
+
+class MLP(torch.nn.Module):
+    """fc2(act(fc1(x))) with fc1's bias added by the fused bias + activation kernel.
+
+    Args:
+        hidden_size: H.
+        intermediate_size: I.
+        activation: "gelu", "gelu_tanh", "silu", "relu" (or transformers' names).
+        bias: biases on fc1 and fc2.
+        device, dtype: of the parameters.
+    forward: x (..., H) -> (..., H) of x's dtype. Parameter names fc1/fc2 as CLIP's, SigLIP's and
+    Phi-2's MLPs have them.
+    """
+
+    backend: Backend = "auto"
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "gelu", bias: bool = True,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.activation = check_activation(activation)
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.fc1 = torch.nn.Linear(hidden_size, intermediate_size, bias=bias, device=device, dtype=dtype)
+        self.fc2 = torch.nn.Linear(intermediate_size, hidden_size, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.bias_act_mlp(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, self.activation,
+                              backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+                f"activation={self.activation!r}")
+
+    @classmethod
+    def from_module(cls, mlp: torch.nn.Module, activation: str | None = None) -> MLP:
+        """An MLP sharing the parameters of a module with `fc1`/`fc2` Linears (CLIPMLP, SiglipMLP,
+        PhiMLP); activation as in `GatedMLP.from_module` (its module `activation_fn`/`act`/`act_fn`)."""
+        fc1, fc2 = _linear(mlp, "fc1"), _linear(mlp, "fc2")
+        if (fc2.in_features, fc2.out_features) != (fc1.out_features, fc1.in_features):
+            raise ValueError(f"fc2 must map {fc1.out_features} -> {fc1.in_features} "
+                             f"(got {fc2.in_features} -> {fc2.out_features})")
+        if (fc1.bias is None) != (fc2.bias is None):
+            raise ValueError("fc1 and fc2 must both have a bias or both have none")
+        act = activation if activation is not None else _activation_of(mlp, ("activation_fn", "act", "act_fn"))
+        ours = cls(fc1.in_features, fc1.out_features, act, bias=fc1.bias is not None, device="meta")
+        for name, src in (("fc1", fc1), ("fc2", fc2)):
+            dst = getattr(ours, name)
+            dst.weight = src.weight
+            if src.bias is not None:
+                dst.bias = src.bias
+        return ours
+
+
+def _linear(mlp: torch.nn.Module, name: str) -> torch.nn.Linear:
+    """mlp.<name>, which must be a torch.nn.Linear with a floating (out, in) weight."""
+    proj = getattr(mlp, name, None)
+    if not isinstance(proj, torch.nn.Linear):
+        got = "nothing" if proj is None else type(proj).__name__
+        raise TypeError(f"{type(mlp).__name__}.{name} must be a torch.nn.Linear (got {got})")
+    w = proj.weight
+    if not w.is_floating_point() or tuple(w.shape) != (proj.out_features, proj.in_features):
+        raise TypeError(f"{type(mlp).__name__}.{name}.weight must be a floating ({proj.out_features}, "
+                        f"{proj.in_features}) tensor (got {w.dtype}, {tuple(w.shape)}): a quantized Linear?")
+    return proj
+
+
+def _activation_of(mlp: torch.nn.Module, attrs: tuple[str, ...]) -> str:
+    """Our name for the activation `mlp` applies: torch's activation module, else config.hidden_act."""
+    for attr in attrs:
+        fn = getattr(mlp, attr, None)
+        if isinstance(fn, torch.nn.SiLU):
+            return "silu"
+        if isinstance(fn, torch.nn.ReLU):
+            return "relu"
+        if isinstance(fn, torch.nn.GELU):
+            return "gelu_tanh" if fn.approximate == "tanh" else "gelu"
+    hidden_act = getattr(getattr(mlp, "config", None), "hidden_act", None)
+    if isinstance(hidden_act, str):
+        return check_activation(hidden_act)
+    raise ValueError(f"cannot tell {type(mlp).__name__}'s activation (no torch activation module and no "
+                     f"config.hidden_act); pass activation=")

@@ -1,0 +1,192 @@
+"""kernel_pytorch.functional's MLP blocks: argument errors, every backend against the reference (output and
+every gradient), the whole-block function (forced onto the interpreter here) against the reference and
+HF's eager composition, what it saves for the backward, frozen parameters, a second backward, and the
+paths that compose the block instead (inference, autocast, mixed dtypes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as TF
+
+from kernel_pytorch import functional as F
+from kernel_pytorch import reference as R
+from kernel_pytorch.functional import activation
+from kernel_pytorch.functional import mlp as mlp_mod
+from tests.grid import device_under_test, randn
+from tests.ops.norm_helpers import assert_close
+
+DEV = device_under_test()
+N, H, I = 6, 16, 24  # tokens, hidden, intermediate  # noqa: E741
+
+
+@pytest.fixture
+def eager_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eager launcher path of CUDA (the whole-block function), run on the interpreter on CPU."""
+    for module in (mlp_mod, activation):
+        monkeypatch.setattr(module, "_resolve", lambda backend, op, x, compiling: "eager")
+
+
+def _params(dtype=torch.float32, bias=False, packed=False):
+    scale = H ** -0.5
+    p = {"x": randn(2, N // 2, H, dtype=dtype, device=DEV)}
+    if packed:
+        p["gate_up_weight"] = randn(2 * I, H, dtype=dtype, device=DEV, scale=scale)
+    else:
+        p["gate_weight"] = randn(I, H, dtype=dtype, device=DEV, scale=scale)
+        p["up_weight"] = randn(I, H, dtype=dtype, device=DEV, scale=scale)
+    p["down_weight"] = randn(H, I, dtype=dtype, device=DEV, scale=I ** -0.5)
+    if bias:
+        for name in [k for k in p if k.endswith("_weight")]:
+            p[name.replace("weight", "bias")] = randn(p[name].shape[0], dtype=dtype, device=DEV, scale=0.1)
+    return {k: v.requires_grad_() for k, v in p.items()}
+
+
+def _ours(p, act="silu", backend="auto"):
+    kw = {k: v for k, v in p.items() if k.endswith("_bias")}
+    if "gate_up_weight" in p:
+        return F.gated_mlp_packed(p["x"], p["gate_up_weight"], p["down_weight"], act, backend=backend, **kw)
+    return F.gated_mlp(p["x"], p["gate_weight"], p["up_weight"], p["down_weight"], act, backend=backend, **kw)
+
+
+def _reference(p, act="silu"):
+    kw = {k: v for k, v in p.items() if k.endswith("_bias")}
+    if "gate_up_weight" in p:
+        return R.gated_mlp_packed(p["x"], p["gate_up_weight"], p["down_weight"], act, **kw)
+    return R.gated_mlp(p["x"], p["gate_weight"], p["up_weight"], p["down_weight"], act, **kw)
+
+
+def _hf_eager(p, act="silu"):
+    """transformers' LlamaMLP / Phi3MLP forward, written out."""
+    fn = {"silu": TF.silu, "gelu": TF.gelu, "gelu_tanh": lambda t: TF.gelu(t, approximate="tanh")}[act]
+    if "gate_up_weight" in p:
+        gate, up = TF.linear(p["x"], p["gate_up_weight"], p.get("gate_up_bias")).chunk(2, dim=-1)
+        return TF.linear(up * fn(gate), p["down_weight"], p.get("down_bias"))
+    gate = TF.linear(p["x"], p["gate_weight"], p.get("gate_bias"))
+    up = TF.linear(p["x"], p["up_weight"], p.get("up_bias"))
+    return TF.linear(fn(gate) * up, p["down_weight"], p.get("down_bias"))
+
+
+def _assert_same_function(p, ours_fn, want_fn, what: str) -> None:
+    names = list(p)
+    out, want = ours_fn(), want_fn()
+    assert_close(out, want, f"{what} y")
+    dy = randn(*out.shape, dtype=out.dtype, device=DEV)
+    want_grads = torch.autograd.grad(want, [p[n] for n in names], dy)
+    got = torch.autograd.grad(out, [p[n] for n in names], dy)
+    for n, g, e in zip(names, got, want_grads):
+        assert_close(g, e, f"{what} d{n}")
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["split", "packed"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_backends_compute_the_reference(backend: str, bias: bool, packed: bool) -> None:
+    p = _params(bias=bias, packed=packed)
+    _assert_same_function(p, lambda: _ours(p, "gelu_tanh", backend), lambda: _reference(p, "gelu_tanh"), backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("packed", [False, True], ids=["split", "packed"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_block_function_matches_reference_and_hf_eager(eager_path, bias: bool, packed: bool, dtype) -> None:
+    """bf16 against the reference (fp32 math, each Linear rounded once); against HF's eager composition in
+    fp32, where its GEMMs' roundings are below the table (in bf16 they are not, on CPU, for eager itself)."""
+    p = _params(dtype, bias=bias, packed=packed)
+    _assert_same_function(p, lambda: _ours(p), lambda: _reference(p), "vs reference")
+    if dtype == torch.float32:
+        _assert_same_function(p, lambda: _ours(p), lambda: _hf_eager(p), "vs HF eager")
+
+
+def _saved_activations(fn) -> list[tuple[int, ...]]:
+    """Shapes of the tensors with N token rows that autograd keeps from the forward for the backward."""
+    shapes = []
+
+    def pack(t):
+        if t.dim() >= 2 and t.numel() // t.shape[-1] == N:
+            shapes.append(tuple(t.reshape(-1, t.shape[-1]).shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sorted(shapes)
+
+
+def test_block_saves_x_and_the_gate_up_outputs_only(eager_path) -> None:
+    p = _params(packed=True)
+    assert _saved_activations(lambda: _ours(p)) == [(N, H), (N, 2 * I)]
+    split = _params()
+    assert _saved_activations(lambda: _ours(split)) == [(N, H), (N, I), (N, I)]
+    # HF's eager MLP keeps more: x (twice, once per projection), gate, up, act(gate), h
+    assert len(_saved_activations(lambda: _hf_eager(split))) > 3
+
+
+def test_frozen_parameters_get_no_gradient(eager_path) -> None:
+    p = _params(bias=True, packed=True)
+    for name in ("gate_up_weight", "down_bias"):
+        p[name].requires_grad_(False)
+    out = _ours(p)
+    names = [n for n in p if p[n].requires_grad]
+    got = torch.autograd.grad(out, [p[n] for n in names], torch.ones_like(out))
+    want = torch.autograd.grad(_reference(p), [p[n] for n in names], torch.ones_like(out))
+    for n, g, e in zip(names, got, want):
+        assert_close(g, e, f"d{n}")
+
+
+def test_a_second_backward_raises(eager_path) -> None:
+    p = _params()
+    out = _ours(p)
+    torch.autograd.grad(out.sum(), [p["x"]], retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(out.sum(), [p["x"]])
+
+
+def test_other_eager_calls_compose_the_block(eager_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inference, mixed dtypes and autocast take the composed path: same function, no block."""
+    calls = []
+    monkeypatch.setattr(mlp_mod._GatedMLPBlock, "apply", lambda *a: calls.append(a))
+    p = _params()
+    with torch.no_grad():
+        assert_close(_ours(p), _reference(p), "no_grad")
+    mixed = dict(p, down_weight=p["down_weight"].detach().double().requires_grad_())
+    assert not mlp_mod._block(mixed["x"], (mixed["down_weight"],))
+    monkeypatch.setattr(mlp_mod, "_autocast_on", lambda device_type: True)
+    _assert_same_function(p, lambda: _ours(p), lambda: _reference(p), "autocast flag")
+    assert not calls
+
+
+def test_mlp_matches_the_reference(eager_path) -> None:
+    x = randn(2, 3, H, device=DEV).requires_grad_()
+    w1, b1 = randn(I, H, device=DEV, scale=H ** -0.5).requires_grad_(), randn(I, device=DEV).requires_grad_()
+    w2, b2 = randn(H, I, device=DEV, scale=I ** -0.5).requires_grad_(), randn(H, device=DEV).requires_grad_()
+    p = {"x": x, "w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    _assert_same_function(p, lambda: F.bias_act_mlp(x, w1, b1, w2, b2, "gelu"),
+                          lambda: R.mlp(x, w1, b1, w2, b2, "gelu"), "mlp")
+    p.pop("b1")
+    _assert_same_function(p, lambda: F.bias_act_mlp(x, w1, None, w2, b2, "relu"),
+                          lambda: R.mlp(x, w1, None, w2, b2, "relu"), "mlp without fc1 bias")
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda p: F.gated_mlp(p["x"], p["gate_weight"][:, :3], p["up_weight"], p["down_weight"]), ValueError,
+         r"gate_weight must have shape \(out_features, 16\)"),
+        (lambda p: F.gated_mlp(p["x"], p["gate_weight"], p["up_weight"][:5], p["down_weight"]), ValueError,
+         "up_weight must have gate_weight's shape"),
+        (lambda p: F.gated_mlp(p["x"], p["gate_weight"], p["up_weight"], p["down_weight"][:, :5]), ValueError,
+         r"down_weight must have shape \(out_features, 24\)"),
+        (lambda p: F.gated_mlp(p["x"], p["gate_weight"], p["up_weight"], p["down_weight"], gate_bias=randn(3)),
+         ValueError, r"gate_bias must have shape \(24,\)"),
+        (lambda p: F.gated_mlp_packed(p["x"], p["gate_weight"][:7], p["down_weight"]), ValueError,
+         "even number"),
+        (lambda p: F.gated_mlp(p["x"], p["gate_weight"], p["up_weight"], p["down_weight"], "tanh"), ValueError,
+         "activation must be one of"),
+        (lambda p: F.bias_act_mlp(p["x"], p["gate_weight"], None, p["down_weight"].to("meta"), None, "gelu"),
+         ValueError, "fc2_weight is on meta"),
+    ],
+)
+def test_errors_name_the_argument(call, error, match) -> None:
+    p = {k: v.detach() for k, v in _params().items()}
+    with pytest.raises(error, match=match):
+        call(p)

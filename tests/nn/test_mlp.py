@@ -1,0 +1,161 @@
+"""MLP modules against transformers' own: LlamaMLP, GemmaMLP (GEGLU, tanh) and Phi3MLP (packed gate_up_proj)
+from tiny random configs, and CLIPMLP for the bias + activation MLP: outputs and every gradient within the
+tolerance table, state dicts loading both ways in both layouts, parameters shared by from_module,
+torch.compile(fullgraph=True) without graph breaks, and the errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernel_pytorch as kp
+from kernel_pytorch.functional import activation as act_mod
+from kernel_pytorch.functional import mlp as mlp_mod
+from tests.grid import compile_and_count_breaks, randn
+from tests.ops.norm_helpers import assert_close
+
+transformers = pytest.importorskip("transformers")
+
+H, I = 16, 24  # noqa: E741
+DIMS = {"hidden_size": H, "intermediate_size": I, "num_attention_heads": 2, "num_key_value_heads": 2}
+
+
+def _hf(kind: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "llama":
+        from transformers.models.llama.modeling_llama import LlamaConfig, LlamaMLP
+        return LlamaMLP(LlamaConfig(**DIMS)).to(dtype)
+    if kind == "llama_bias":
+        from transformers.models.llama.modeling_llama import LlamaConfig, LlamaMLP
+        return LlamaMLP(LlamaConfig(**DIMS, mlp_bias=True)).to(dtype)
+    if kind == "gemma":
+        from transformers.models.gemma.modeling_gemma import GemmaConfig, GemmaMLP
+        return GemmaMLP(GemmaConfig(**DIMS, hidden_act="gelu_pytorch_tanh", head_dim=8)).to(dtype)
+    from transformers.models.phi3.modeling_phi3 import Phi3Config, Phi3MLP
+    return Phi3MLP(Phi3Config(**DIMS)).to(dtype)
+
+
+def _same_function(ours: torch.nn.Module, theirs: torch.nn.Module, dtype: torch.dtype, what: str) -> None:
+    """Output, dx and every parameter gradient of `ours` against `theirs` for one input and upstream grad."""
+    x = randn(2, 3, H, dtype=dtype).requires_grad_()
+    y, want = ours(x), theirs(x)
+    assert_close(y, want, f"{what} y")
+    dy = randn(*y.shape, dtype=dtype)
+    got = torch.autograd.grad(y, [x, *ours.parameters()], dy)
+    exp = torch.autograd.grad(want, [x, *theirs.parameters()], dy)
+    assert_close(got[0], exp[0], f"{what} dx")
+    ours_grads = dict(zip([n for n, _ in ours.named_parameters()], got[1:]))
+    for (name, _), e in zip(theirs.named_parameters(), exp[1:]):
+        if name.startswith(("gate_proj.", "up_proj.")) and name not in ours_grads:  # ours fused
+            half = 0 if name.startswith("gate_proj.") else 1
+            g = ours_grads["gate_up_proj." + name.split(".")[1]].chunk(2, dim=0)[half]
+        elif name.startswith("gate_up_proj.") and name not in ours_grads:  # theirs packed, ours split
+            field = name.split(".")[1]
+            g = torch.cat([ours_grads["gate_proj." + field], ours_grads["up_proj." + field]])
+        else:
+            g = ours_grads[name]
+        assert_close(g, e, f"{what} d{name}")
+
+
+@pytest.mark.parametrize("kind,dtype", [("llama", torch.float32), ("llama_bias", torch.float32),
+                                        ("gemma", torch.bfloat16), ("phi3", torch.float32)])
+def test_from_module_shares_parameters_and_matches(kind: str, dtype: torch.dtype) -> None:
+    hf = _hf(kind, dtype)
+    ours = kp.nn.GatedMLP.from_module(hf)
+    assert ours.activation == ("gelu_tanh" if kind == "gemma" else "silu")
+    assert ours.fuse_gate_up == (kind == "phi3")
+    for (name, p), (hf_name, q) in zip(ours.named_parameters(), hf.named_parameters()):
+        assert name == hf_name and p is q  # the very Parameter objects: shared, not copied
+    _same_function(ours, hf, dtype, kind)
+    assert list(ours.state_dict()) == list(hf.state_dict())  # Phi-3's source saves packed
+
+
+@pytest.mark.parametrize("kind", ["llama_bias", "gemma", "phi3"])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_state_dicts_load_both_ways(kind: str, fuse: bool) -> None:
+    """An HF checkpoint loads into ours (either form), ours matches it, and ours' checkpoint loads into HF."""
+    hf = _hf(kind)
+    act = "gelu_pytorch_tanh" if kind == "gemma" else "silu"
+    layout = "packed" if kind == "phi3" else "split"
+    ours = kp.nn.GatedMLP(H, I, act, bias=kind == "llama_bias", fuse_gate_up=fuse, state_dict_layout=layout)
+    ours.load_state_dict(hf.state_dict())
+    _same_function(ours, hf, torch.float32, f"{kind} fuse={fuse}")
+    sd = ours.state_dict()
+    assert list(sd) == list(hf.state_dict())
+    fresh = _hf(kind)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.add_(1.0)
+    fresh.load_state_dict(sd)
+    for (name, a), b in zip(fresh.state_dict().items(), hf.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_fused_split_checkpoints_are_copies_in_the_module_order() -> None:
+    ours = kp.nn.GatedMLP(H, I, bias=True, fuse_gate_up=True)
+    sd = ours.state_dict()
+    assert list(sd) == ["gate_proj.weight", "gate_proj.bias", "up_proj.weight", "up_proj.bias",
+                        "down_proj.weight", "down_proj.bias"]
+    w = ours.gate_up_proj.weight
+    assert torch.equal(torch.cat([sd["gate_proj.weight"], sd["up_proj.weight"]]), w)
+    assert sd["gate_proj.weight"].untyped_storage().data_ptr() != w.untyped_storage().data_ptr()
+    nested = torch.nn.Sequential(kp.nn.GatedMLP(H, I, fuse_gate_up=True))
+    nested.load_state_dict({"0." + k: v for k, v in kp.nn.GatedMLP(H, I).state_dict().items()})
+    assert sorted(nested.state_dict()) == ["0.down_proj.weight", "0.gate_proj.weight", "0.up_proj.weight"]
+
+
+def test_block_path_of_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA eager path (whole-block function, launchers on the interpreter here) of a fused module."""
+    for module in (mlp_mod, act_mod):
+        monkeypatch.setattr(module, "_resolve", lambda backend, op, x, compiling: "eager")
+    hf = _hf("phi3")
+    _same_function(kp.nn.GatedMLP.from_module(hf), hf, torch.float32, "block")
+
+
+def test_modules_compile_without_breaks() -> None:
+    """One graph for both GatedMLP forms (one compile keeps the test short; the bias + activation MLP's
+    op compiles in tests/functional/test_activation.py)."""
+    model = torch.nn.Sequential(kp.nn.GatedMLP(H, I, "gelu_tanh"), kp.nn.GatedMLP(H, I, fuse_gate_up=True, bias=True))
+    x = randn(4, H)
+    out, breaks = compile_and_count_breaks(model, x)
+    assert breaks == 0
+    assert_close(out, model(x), "compiled")
+
+
+def test_bias_act_mlp_matches_clip_mlp() -> None:
+    from transformers.models.clip.modeling_clip import CLIPMLP, CLIPVisionConfig
+
+    torch.manual_seed(0)
+    hf = CLIPMLP(CLIPVisionConfig(hidden_size=H, intermediate_size=I, hidden_act="gelu", num_attention_heads=2))
+    ours = kp.nn.MLP.from_module(hf)
+    assert ours.fc1.weight is hf.fc1.weight and ours.activation == "gelu"
+    _same_function(ours, hf, torch.float32, "clip")
+    fresh = kp.nn.MLP(H, I, "gelu")
+    fresh.load_state_dict(hf.state_dict())
+    _same_function(fresh, hf, torch.float32, "clip loaded")
+
+
+def test_activation_from_a_torch_module_and_errors() -> None:
+    class Plain(torch.nn.Module):
+        def __init__(self, act: torch.nn.Module) -> None:
+            super().__init__()
+            self.gate_proj, self.up_proj = torch.nn.Linear(H, I, bias=False), torch.nn.Linear(H, I, bias=False)
+            self.down_proj, self.act_fn = torch.nn.Linear(I, H, bias=False), act
+
+    assert kp.nn.GatedMLP.from_module(Plain(torch.nn.GELU("tanh"))).activation == "gelu_tanh"
+    assert kp.nn.GatedMLP.from_module(Plain(torch.nn.Tanh()), activation="relu").activation == "relu"
+    with pytest.raises(ValueError, match="pass activation="):
+        kp.nn.GatedMLP.from_module(Plain(torch.nn.Tanh()))
+    bad = Plain(torch.nn.SiLU())
+    bad.up_proj = torch.nn.Linear(H, I + 1, bias=False)
+    with pytest.raises(ValueError, match="up_proj"):
+        kp.nn.GatedMLP.from_module(bad)
+    with pytest.raises(TypeError, match="gate_proj must be a torch.nn.Linear"):
+        kp.nn.GatedMLP.from_module(torch.nn.Module())
+    with pytest.raises(ValueError, match="activation"):
+        kp.nn.GatedMLP(H, I, "quick_gelu")
+    with pytest.raises(ValueError, match="state_dict_layout"):
+        kp.nn.GatedMLP(H, I, state_dict_layout="fused")
+    with pytest.raises(RuntimeError, match="gate_up_proj.weight holds"):
+        kp.nn.GatedMLP(H, I).load_state_dict({"gate_up_proj.weight": torch.zeros(2 * I + 1, H),
+                                             "down_proj.weight": torch.zeros(H, I)})
