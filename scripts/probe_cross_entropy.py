@@ -444,9 +444,11 @@ def compile_report(variants: list[str]) -> None:
     for fname, (hw, sm, cap) in flag_sets.items():
         one(ce._cross_entropy_bwd_kernel, bwd_sig, dict(BLOCK=ce.BWD_BLOCK, HAS_WEIGHT=hw, SMOOTH=sm, HAS_CAP=cap,
                                                         MEAN=False), ce.BWD_WARPS, f"bwd {fname}")
-    one(_scale._scale_unless_one_kernel, {"G": ptr, "S": "*fp32", "n_rows": i32, "n_cols": i32, "inner": i32,
-                                          "s0": i32, "s1": i32}, dict(BLOCK=_scale.SCALE_BLOCK), _scale.SCALE_WARPS,
-        "scale")
+    scale_sig = {"G": ptr, "OUT": ptr, "S": "*fp32", "n_rows": i32, "n_cols": i32, "inner": i32, "s0": i32,
+                 "s1": i32, "o_inner": i32, "o_s0": i32, "o_s1": i32, "stride_s": i32}
+    for in_place in (True, False):
+        one(_scale._scale_kernel, scale_sig, dict(BLOCK=_scale.SCALE_BLOCK, IN_PLACE=in_place), _scale.SCALE_WARPS,
+            f"scale {'in place' if in_place else 'into a new buffer'}")
     one(_cross_entropy_stats._ce_stats_kernel, {"T": "*i64", "W": "*fp32", "STATS": "*fp32", "n_rows": i32,
                                                 "n_cols": i32, "ignore_index": i32},
         dict(HAS_WEIGHT=True, BLOCK=_cross_entropy_stats.STATS_BLOCK), 4, "stats")
