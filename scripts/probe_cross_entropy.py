@@ -36,7 +36,7 @@ from kernel_pytorch.ops.fused_linear_cross_entropy import (
     fp32_accumulate_in_place,
     fused_linear_cross_entropy_fwd,
 )
-from kernel_pytorch.validation.tolerances import fp64_budget
+from kernel_pytorch.tolerances import fp64_budget
 
 IGNORE = -100
 DEVICE = "cuda"

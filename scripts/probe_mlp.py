@@ -38,7 +38,7 @@ from kernel_pytorch.ops.gated_act import (
     gated_act_packed_bwd,
     gated_act_packed_fwd,
 )
-from kernel_pytorch.validation.tolerances import compare, fp64_budget
+from kernel_pytorch.tolerances import compare, fp64_budget
 
 try:
     from liger_kernel.ops.swiglu import LigerSiLUMulFunction

@@ -341,7 +341,8 @@ class KwargsWrapped(nn.Module):
 
     @_returns_dict
     def forward(self, x: Tensor, scale: float = 1.0) -> Tensor:
-        return self.proj(x) * scale  # CORPUS:kwargs
+        # x may come in another dtype (the bf16 extra input): cast at the boundary, a dtype guard remains
+        return self.proj(x.to(self.proj.weight.dtype)) * scale  # CORPUS:kwargs
 
 
 def kwargs_wrapped() -> tuple[nn.Module, dict[str, Any]]:

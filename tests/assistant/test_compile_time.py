@@ -105,3 +105,91 @@ def test_mode_advice() -> None:
     assert cpu_graphs is not None and cpu_graphs.severity is Severity.WARNING
     assert mode_advice(None, "cuda", 0.0, 5.0) is not None
     assert mode_advice(None, "cpu", 0.0, 5.0) is None
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(x)
+
+
+class _Stages(torch.nn.Module):
+    """`stages[1].blocks`: a digit in the path, a first block that differs, and a small head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stages = torch.nn.ModuleList(
+            [torch.nn.Identity(), torch.nn.Module()]  # the second holds the blocks
+        )
+        self.stages[1].blocks = torch.nn.Sequential(_Block(8), _Block(), _Block(), _Block())
+        self.head = torch.nn.Linear(16, 2)
+
+
+def _compiled(blocks: list[torch.nn.Module]) -> list[bool]:
+    return [getattr(b, "_compiled_call_impl", None) is not None for b in blocks]
+
+
+@pytest.mark.parametrize(
+    "model, code, compiled",
+    [
+        (torch.nn.Sequential(_Block(), _Block(), _Block()), "for block in model: block.compile()", [True] * 3),
+        (_Stages(), "for block in model.stages[1].blocks[1:4]: block.compile()", [False, True, True, True]),
+        (
+            torch.nn.Sequential(_Block(), torch.nn.ReLU(), _Block(), torch.nn.ReLU(), _Block()),
+            "for block in (model[0], model[2], model[4]): block.compile()",
+            [True, False, True, False, True],
+        ),
+    ],
+    ids=["root", "digit-path-slice", "listed"],
+)
+def test_regional_code_runs_and_compiles_exactly_the_repeated_blocks(
+    model: torch.nn.Module, code: str, compiled: list[bool]
+) -> None:
+    blocks = find_repeated_blocks(model)
+    assert blocks is not None and blocks.code() == code
+    exec(blocks.code(), {"model": model})  # as printed
+    container = model if not blocks.path else model.get_submodule(blocks.path)
+    assert _compiled(list(container)) == compiled
+
+
+def test_no_regional_advice_for_siblings_or_a_small_share() -> None:
+    class Siblings(torch.nn.Module):  # two identical LayerNorms held by the root, not by a container
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = torch.nn.LayerNorm(64), torch.nn.LayerNorm(64)
+            self.mlp = torch.nn.Linear(64, 64)
+
+    assert find_repeated_blocks(Siblings()) is None
+    small = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Sequential(_Block(4), _Block(4)))
+    assert find_repeated_blocks(small) is None  # 2 blocks, well under a quarter of the parameters
+    # MobileNet-like: two alike stages among different ones, 40% of the parameters but not a stack of blocks
+    lin = torch.nn.Linear
+    pipeline = torch.nn.Sequential(lin(64, 65), lin(65, 64), _Block(64), _Block(64), lin(64, 63))
+    assert find_repeated_blocks(pipeline) is None
+    stack = torch.nn.Sequential(lin(64, 65), lin(65, 64), *(_Block(64) for _ in range(3)))
+    assert find_repeated_blocks(stack) is not None
+
+
+def test_slowest_phase_advice_leaves_out_regional_compilation_without_repeated_blocks() -> None:
+    findings = _compile_time(zoo.Clean(), torch.randn(4, 16), backend="eager")
+    assert "Regional" not in _get(findings, "compile-time.slowest-phase").suggestion
+    assert not [f for f in findings if f.id == "compile-time.regional"]
+
+
+def test_nothing_compiled_is_one_finding_without_advice() -> None:
+    class Gru(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = torch.nn.GRU(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.rnn(x)[0]
+
+    if torch._dynamo.config.allow_rnn:  # pragma: no cover - a torch that traces RNNs by default
+        pytest.skip("this torch traces nn.GRU")
+    findings = _compile_time(Gru(), torch.randn(5, 2, 8), backend="eager")
+    assert [f.id for f in findings] == ["compile-time.nothing-compiled"]
+    assert not findings[0].suggestion and findings[0].data["frames"] >= 1

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
-from kernel_pytorch.assistant.inputs import clone_inputs, infer_input_dims, resize
+from kernel_pytorch.assistant.inputs import clone_inputs, infer_input_dims, resize, with_input
 from kernel_pytorch.assistant.locate import resumed_function
 from kernel_pytorch.assistant.records import CompileRecord
 from kernel_pytorch.assistant.sweep import ShapeSweep, default_sizes, shape_sweep
@@ -74,3 +74,41 @@ def test_resume_frames_are_named_after_their_function() -> None:
     assert resumed_function("torch_dynamo_resume_in_forward_at_12") == "forward"
     assert resumed_function("forward") is None and resumed_function(None) is None
     assert CompileRecord("1/0", "v", None, co_name="torch_dynamo_resume_in_forward_at_12").after_graph_break
+
+
+def test_guard_names_resolve_to_inputs_in_every_form() -> None:
+    batch = {"x": torch.randn(2, 4), "pair": (torch.randn(2), 3)}
+    ctx = AnalysisContext(zoo.Clean(), (torch.randn(2, 16),), {"batch": batch, "scale": 0.5})
+    assert ctx.resolve_input("x") == 0 and ctx.resolve_input("L['x']") == 0 and ctx.resolve_input("args[0]") == 0
+    for name in ("scale", "kwargs['scale']", "L['kwargs']['scale']", 'L["kwargs"]["scale"]'):
+        assert ctx.resolve_input(name) == "scale", name
+    for name in ("L['batch']['x']", "kwargs['batch']['x']", "L['kwargs']['batch']['x']", "batch.x"):
+        assert ctx.resolve_input(name) == ("batch", "['x']"), name
+    assert ctx.resolve_input("L['batch']['pair'][0]") == ("batch", "['pair'][0]")
+    assert ctx.resolve_input("L['self'].proj") is None and ctx.resolve_input("kwargs['nope']") is None
+    assert ctx.input_name(("batch", "['pair'][0]")) == "batch['pair'][0]"
+    assert torch.equal(ctx.input_value(("batch", "['x']")), batch["x"])
+
+
+def test_nested_tensors_get_dims_and_are_replaced_in_a_copy() -> None:
+    x, mask = torch.randn(2, 8, 16), torch.ones(2, 8, dtype=torch.bool)
+    args = ({"x": x, "mask": mask},)
+    assert infer_input_dims(args, {}) == {(0, "['x']"): {0: "batch", 1: "seq"}, (0, "['mask']"): {0: "batch", 1: "seq"}}
+    new_args, _ = with_input(args, {}, (0, "['x']"), resize(x, 0, 4))
+    assert new_args[0]["x"].shape == (4, 8, 16) and new_args[0]["mask"] is mask
+    assert args[0]["x"] is x  # the example is left as it was
+    sweep = shape_sweep(_ctx(nn.Identity(), {"x": x, "mask": mask}))
+    assert {v.label for v in sweep.variants} >= {"batch=4", "seq=4"}
+
+
+def test_sequence_first_rnn_inputs_have_the_batch_at_dim_1() -> None:
+    gru = nn.GRU(8, 16)  # batch_first=False: (T, B, F)
+    assert infer_input_dims((torch.randn(16, 2, 8),), {}, gru) == {0: {0: "seq", 1: "batch"}}
+    tagger = nn.Sequential(nn.Embedding(10, 8), nn.LSTM(8, 8))
+    ids = torch.zeros(16, 2, dtype=torch.long)
+    assert infer_input_dims((ids,), {}, tagger) == {0: {0: "seq", 1: "batch"}}
+    # batch-first recurrent layers, or features of another size, keep the (B, T, ...) reading
+    assert infer_input_dims((torch.randn(2, 16, 8),), {}, nn.GRU(8, 16, batch_first=True)) == {
+        0: {0: "batch", 1: "seq"}
+    }
+    assert infer_input_dims((torch.randn(2, 16, 4),), {}, gru) == {0: {0: "batch", 1: "seq"}}

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
+import traceback
 from pathlib import Path
 
 import pytest
+import rich.console
 import torch
 
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
-from kernel_pytorch.assistant.findings import Finding, Severity
-from kernel_pytorch.assistant.readiness import analyze_readiness, classify_break
+from kernel_pytorch.assistant.findings import Finding, Location, Severity
+from kernel_pytorch.assistant.graph_breaks import library_fix
+from kernel_pytorch.assistant.readiness import analyze_readiness, classify_break, dedupe_breaks, torch_explanation
+from kernel_pytorch.assistant.records import BreakRecord
 from tests.assistant import zoo
 
 ZOO_FILE = str(Path(zoo.__file__).resolve())
@@ -140,3 +145,104 @@ def test_a_backend_that_raises_is_a_finding_not_a_crash() -> None:
 )
 def test_classification_of_torch_messages(reason: str, code: str, kind: str) -> None:
     assert classify_break(reason, code).kind == kind
+
+
+@pytest.mark.parametrize(
+    "reason, kind",
+    [
+        ("Attempted to wrap RNN, GRU, or LSTM\n  Explanation: Dynamo does not support RNN, GRU, or LSTM.", "rnn"),
+        ("step_unsupported", "nested-break"),
+    ],
+)
+def test_classification_of_rnn_and_nested_breaks(reason: str, kind: str) -> None:
+    found = classify_break(reason, "h, _ = self.rnn(x)")
+    assert found.kind == kind
+    assert "allow_rnn = True" in found.fix if kind == "rnn" else "inside the function" in found.fix
+
+
+def test_an_unknown_break_takes_torchs_hint_as_its_fix() -> None:
+    reason = "Something new\n  Explanation: torch cannot do this.\n  Hint: Use torch.foo() instead."
+    assert classify_break(reason, "weird()").fix == "Use torch.foo() instead."
+
+
+def _record(reason: str, *frames: tuple[str, int, str]) -> BreakRecord:
+    return BreakRecord(reason, tuple(traceback.FrameSummary(f, line, name) for f, line, name in frames))
+
+
+def test_a_caller_stopped_by_a_break_it_inlined_is_merged_into_that_break() -> None:
+    """GPT-2 with labels: a logging call inside an inlined library property breaks the graph, and
+    Dynamo reports the caller's line once more as `step_unsupported`."""
+    caller = (ZOO_FILE, zoo.line_of("helper-print") + 8, "forward")
+    inner = (ZOO_FILE, zoo.line_of("helper-print"), "_chatty")
+    logging_break = "logging.Logger method not supported\n  Explanation: logging.Logger methods are not supported."
+    breaks = dedupe_breaks([_record(logging_break, caller, inner), _record("step_unsupported", caller)])
+    assert [b.kind.kind for b in breaks] == ["print"]  # the helper's line is a print
+    assert [c.line for c in breaks[0].callers] == [caller[1]]
+
+
+def test_a_logging_break_in_library_code_gets_the_ignore_setting() -> None:
+    library = inspect.getsourcefile(rich.console) or ""
+    reason = (
+        "logging.Logger method not supported for non-export cases\n  Explanation: logging.Logger methods are not "
+        "supported.\n  Developer debug context: method: <Logger transformers.modeling_utils (WARNING)>.warning_once, "
+        "args: [ConstantVariable(str: '`loss_type=None` was set in the config but it is unrecognized.')]"
+    )
+    (brk,) = dedupe_breaks([_record(reason, (ZOO_FILE, zoo.line_of("print"), "forward"), (library, 10, "print"))])
+    assert brk.location is not None and brk.location.file == library
+    assert brk.location.via is not None and brk.location.via.line == zoo.line_of("print")
+    fix = library_fix(brk.kind, brk.reason, brk.location)
+    assert fix is not None and "torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)" in fix
+    assert 'model.loss_type = "ForCausalLM"' in fix
+    assert library_fix(brk.kind, brk.reason, Location(ZOO_FILE, zoo.line_of("print"))) is None  # the user's own code
+
+
+class _Gru(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.GRU(8, 8, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(x)[0]
+
+
+def test_an_rnn_frame_fallback_names_the_frame_and_the_verified_allow_rnn_fix() -> None:
+    findings = _readiness(_Gru(), torch.randn(2, 5, 8))
+    rnn = [f for f in findings if f.data.get("kind") == "rnn"]
+    assert len(rnn) == 1 and rnn[0].id in ("readiness.frame-fallback", "graph-break.rnn")
+    assert "torch._dynamo.config.allow_rnn = True" in rnn[0].suggestion
+    assert rnn[0].data["verified"] is True and rnn[0].data["graphs_after"] == 1
+    if rnn[0].id == "readiness.frame-fallback":
+        assert "`_Gru.forward`" in rnn[0].title
+        graphs = next(f for f in findings if f.id == "readiness.graphs")
+        assert graphs.data["graph_count"] == 0 and graphs.title.startswith("Nothing was compiled")
+        fullgraph = next(f for f in findings if f.id == "readiness.fullgraph")
+        assert "see above" in fullgraph.title and "Attempted" not in fullgraph.evidence  # said once, above
+
+
+def test_a_passing_fullgraph_check_carries_no_fix() -> None:
+    fullgraph = next(f for f in _readiness(zoo.Clean(), torch.randn(4, 16)) if f.id == "readiness.fullgraph")
+    assert fullgraph.data["fullgraph"] is True and not fullgraph.suggestion
+
+
+def test_torchs_words_carry_no_raw_reprs() -> None:
+    reason = (
+        "Unsupported method call\n  Explanation: Dynamo does not know how to trace method `keys` of class "
+        "<class 'my.Config'> on <my.Config object at 0x7f3a2b1c0d90>.\n  Hint: Avoid <class 'my.Config'> here."
+    )
+    text, hints = torch_explanation(reason)
+    assert "<class" not in text and "object at 0x" not in text and "my.Config on my.Config" in text
+    assert hints == ["Avoid my.Config here."]
+
+
+class _GruThenPrint(_Gru):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.rnn(x)[0]
+        print("hidden", y.shape)  # fullgraph=True rejects this even with allow_rnn
+        return y
+
+
+def test_allow_rnn_that_does_not_verify_says_why() -> None:
+    rnn = [f for f in _readiness(_GruThenPrint(), torch.randn(2, 5, 8)) if f.data.get("kind") == "rnn"]
+    assert len(rnn) == 1 and rnn[0].data["verified"] is False
+    assert rnn[0].data["unverified_reason"] and "Not verified here" in rnn[0].suggestion
+    assert rnn[0].estimated_gain is None

@@ -93,9 +93,6 @@ _SPECIALISED = "Sizes 0 and 1 are always specialised"
 # ---------------------------------------------------------------------------------------------------
 
 _HF = ("llama", "mistral", "qwen2", "gemma", "gpt2", "bert", "t5", "whisper")
-_KWARGS_GUARD = (
-    "#18: a guard on kwargs['...'] (forward behind a (*args, **kwargs) decorator) is not parsed: cause `other`"
-)
 
 KNOWN: dict[tuple[str, str], str] = {}
 
@@ -279,85 +276,8 @@ def _location_problems(a: Analysed) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Known defects, by test
+# Known defects, by test (none left: each `_known(test, models, reason)` marks one as a strict xfail)
 # ---------------------------------------------------------------------------------------------------
-
-_known("test_no_unclassified_cause", _HF, _KWARGS_GUARD)
-_known("test_no_unclassified_cause", ["kwargs_wrapped"], _KWARGS_GUARD)
-_known(
-    "test_every_cause_is_verified_or_says_why",
-    _HF,
-    "#18: an unclassified (kwargs) cause is neither fixed nor verified; its evidence says 'no automatic fix applies'",
-)
-_known(
-    "test_every_cause_is_verified_or_says_why",
-    ["kwargs_wrapped"],
-    "#18: the kwargs['x'] dtype and size causes are `other`: nothing verified, no reason given",
-)
-_known(
-    "test_every_cause_is_verified_or_says_why",
-    ["qkv_attention"],
-    "#18: the targeted fix marks only k (q and v co-vary) and dynamic=True keeps 1 recompile (B == H == 2 duck-sized); "
-    "no fix verified and no reason",
-)
-_known(
-    "test_locations_are_executed_code_lines",
-    _HF,
-    "#18: definition_location mixes files: getsourcefile(wrapper) is transformers/utils/generic.py but getsourcelines "
-    "unwraps to modeling_*.py's line, so a docstring/unrelated line of generic.py is shown",
-)
-_known(
-    "test_locations_are_executed_code_lines",
-    ["wrong_shape_torch"],
-    "#18: an eager error with no user frame is located in the analyser's own assistant/context.py",
-)
-_known(
-    "test_co_varying_inputs_are_marked_together",
-    [*_HF, "cross_entropy", "qkv_attention"],
-    "#18: the targeted fix marks only the input the first failed guard names, not every input sharing the dim",
-)
-_known(
-    "test_stderr_stays_quiet",
-    ["cross_entropy", "qkv_attention"],
-    "#18: marking one of several co-varying inputs makes Dynamo log a ConstraintViolationError dump",
-)
-_known(
-    "test_regional_compilation_code_runs",
-    ["mobilenet_v3"],
-    "#18: regional compilation is suggested for 2 identical InvertedResidual blocks holding 7% of the parameters, "
-    "and `for block in model.features` compiles every (different) block of `features`",
-)
-_known(
-    "test_regional_compilation_code_runs",
-    ["sibling_convs", "resnet18", "two_norms"],
-    "#18: regional compilation is suggested for sibling modules: `model.stage.1` is a SyntaxError, `model.model` "
-    "(the root) an AttributeError, and two LayerNorms are no real share of the work",
-)
-_known(
-    "test_text_reads_well",
-    ["param_free"],
-    "#18: meta dtype 'None' for a parameter-free model",
-)
-_known(
-    "test_text_reads_well",
-    [*_HF, "kwargs_wrapped"],
-    "#18: the unclassified cause reads 'Recompiles on a other change' with the fix 'See the failed guard'",
-)
-_known(
-    "test_unverified_fix_is_not_recommended",
-    ["qkv_attention"],
-    "#18: 'the fixes tried did not remove it' and then 'fix: mark_dynamic(k, 0)' for the fix that failed",
-)
-_known(
-    "test_passing_checks_carry_no_fix",
-    [n for n in RUNS if n not in ("lstm", "gru")],  # nothing compiles there: no passing check has a fix
-    "#18: the passing readiness.fullgraph check carries a 'fix:' line",
-)
-_known(
-    "test_specialisation_note_said_once",
-    ["two_norms"],
-    "#18: the 0/1-specialisation sentence is repeated in every dynamic-dim finding",
-)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -470,7 +390,6 @@ def test_specialisation_note_said_once(name: str) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="#18: LSTM/GRU are a generic frame fallback, no allow_rnn fix")
 @pytest.mark.parametrize("name", ["lstm", "gru"])
 def test_rnn_is_classified_with_the_verified_allow_rnn_fix(name: str) -> None:
     a = _analysed(name)
@@ -481,7 +400,6 @@ def test_rnn_is_classified_with_the_verified_allow_rnn_fix(name: str) -> None:
     assert rnn[0].location is not None and rnn[0].location.line == rm.marker_line(name)
 
 
-@pytest.mark.xfail(strict=True, reason="#18: a frame fallback is named `forward` (no class), its fix generic")
 def test_frame_fallback_says_which_frame_why_and_what_to_do() -> None:
     a = _analysed("lstm")
     (fallback,) = a.report.by_id("readiness.frame-fallback")
@@ -490,7 +408,6 @@ def test_frame_fallback_says_which_frame_why_and_what_to_do() -> None:
     assert "allow_rnn" in fallback.suggestion
 
 
-@pytest.mark.xfail(strict=True, reason="#18: nothing compiled, yet 'No recompilation' and compile-time advice")
 def test_nothing_compiled_is_said_so() -> None:
     a = _analysed("lstm")
     graphs = a.one("readiness.graphs")
@@ -500,7 +417,6 @@ def test_nothing_compiled_is_said_so() -> None:
     assert not a.report.by_id("compile-time.slowest-phase") and not a.report.by_id("compile-time.regional")
 
 
-@pytest.mark.xfail(strict=True, reason="#18: the GRU's (T, B, F) input (batch_first=False) gets dim 0 (T) called batch")
 def test_rnn_sequence_first_input_dims() -> None:
     a = _analysed("gru")
     assert a.report.meta["sweep"]["batch"][0] == rm.BATCH
@@ -514,7 +430,6 @@ def test_eager_error_in_user_forward_is_located_at_the_user_line() -> None:
     assert Path(err.location.file).resolve() == CORPUS_FILE
 
 
-@pytest.mark.xfail(strict=True, reason="#18: an error inside torch, no user frame: located in assistant/context.py")
 def test_eager_error_inside_torch_names_torch_op_not_the_analyser() -> None:
     a = _analysed("wrong_shape_torch")
     (err,) = a.report.by_id("readiness.eager-failed")
@@ -529,7 +444,6 @@ def test_conv3d_groupnorm_fix_is_verified() -> None:
     assert summary is not None and summary.data["recompiles_after"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="#18: kwargs['x'] guards are `other`: size, scalar and dtype causes lost")
 def test_keyword_inputs_behind_a_wrapper_are_classified_and_fixed() -> None:
     a = _analysed("kwargs_wrapped")
     kinds = {f.data.get("kind"): f for f in a.causes()}
@@ -538,7 +452,6 @@ def test_keyword_inputs_behind_a_wrapper_are_classified_and_fixed() -> None:
     assert kinds["python-scalar"].data["input"] == "scale" and kinds["python-scalar"].data["recompiles_after"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="#18: tensors inside a dict argument are not swept (top-level tensors only)")
 def test_nested_inputs_are_swept_and_named() -> None:
     a = _analysed("nested_batch")
     assert "batch" in a.report.meta["sweep"]
@@ -547,7 +460,6 @@ def test_nested_inputs_are_swept_and_named() -> None:
     assert all(f.data.get("recompiles_after") == 0 for f in causes)
 
 
-@pytest.mark.xfail(strict=True, reason="#18: sections that never run are rendered as 'No findings', not 'not analysed'")
 def test_sections_not_run_are_said_not_analysed() -> None:
     from rich.console import Console
 
@@ -575,7 +487,6 @@ def test_cli_runs_a_corpus_factory(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["headline"]["recompiles_before"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="#18: `analyze --generate N` does not exist yet")
 def test_cli_generate_reports_recompiles_per_decode_step(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from kernel_pytorch.cli.main import main
@@ -586,9 +497,11 @@ def test_cli_generate_reports_recompiles_per_decode_step(tmp_path: Path) -> None
     data = json.loads(out.read_text())
     (gen,) = [f for f in data["sections"]["recompilations"] if f["id"].startswith("generate.")]
     assert gen["data"]["recompiles_per_step"] and gen["data"]["recompiles_after"] is not None
+    # the static cache keeps every decode step after the first on one graph, verified by a second generate()
+    assert gen["data"]["fix"] == 'model.generate(..., cache_implementation="static")'
+    assert gen["data"]["attempts"]["static cache"]["recompiles_per_step"][2:] == [0]
 
 
-@pytest.mark.xfail(strict=True, reason="#18: `analyze --generate N` does not exist yet (no generate(): say so)")
 def test_cli_generate_on_a_model_without_generate_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     from kernel_pytorch.cli.main import main
 

@@ -73,6 +73,9 @@ def test_batch_of_one_costs_at_most_one_recompile_after_the_fix() -> None:
     summary = _one(findings, "recompile.summary")
     assert summary.data["recompiles_before"] == 3  # batch 1, 4 and 8 after the example's 2
     assert summary.data["recompiles_after"] <= 1
+    # said once, in the summary, because a size of 1 is swept
+    said = [f.id for f in findings if "Sizes 0 and 1 are always specialised" in f.evidence + f.suggestion]
+    assert said == ["recompile.summary"]
 
 
 def test_python_scalar_is_named_at_its_line_and_tensorised() -> None:
@@ -196,3 +199,42 @@ def test_failed_guard_parsing() -> None:
 def test_guard_classification(reason: str, kind: str) -> None:
     ctx = AnalysisContext(zoo.Clean(), (torch.randn(2, 16),), options=AnalysisOptions(measure_compile_time=False))
     assert classify_recompile(CompileRecord("0/1", "v", reason), ctx).kind == kind
+
+
+@pytest.mark.parametrize(
+    "guard, kind, name, dim",
+    [
+        ("tensor 'kwargs['ids']' size mismatch at index 1. expected 16, actual 8", "dynamic-dim", "kwargs['ids']", 1),
+        ("tensor 'L['kwargs']['ids']' size mismatch at index 0. expected 2", "dynamic-dim", "L['kwargs']['ids']", 0),
+        ("tensor 'kwargs['x']' dtype mismatch. expected Float, actual BFloat16", "dtype", "kwargs['x']", None),
+        ("tensor 'L['batch']['x']' stride mismatch at index 0. expected 16, actual 1", "stride", "L['batch']['x']", 0),
+        ("kwargs['scale'] == 0.5", "python-scalar", "kwargs['scale']", None),
+        ("L['kwargs']['scale'] == 0.5", "python-scalar", "L['kwargs']['scale']", None),
+    ],
+)
+def test_keyword_and_nested_guards_are_classified(guard: str, kind: str, name: str, dim: int | None) -> None:
+    ctx = AnalysisContext(zoo.ScalarArg(), (), {"x": torch.randn(2, 16), "scale": 0.5})
+    cause = classify_recompile(CompileRecord("0/1", "v", f"0/0: {guard}"), ctx)
+    assert (cause.kind, cause.name, cause.dim) == (kind, name, dim)  # quotes inside the name kept
+
+
+def test_a_guard_of_another_frame_is_not_resolved_to_an_input() -> None:
+    ctx = AnalysisContext(zoo.ScalarArg(), (torch.randn(2, 16), 0.5))
+    reason = "1/0: tensor 'x' size mismatch at index 0. expected 2, actual 4"
+    inner = classify_recompile(CompileRecord("1/1", "batch=4", reason, co_name="loss_fn"), ctx, root_frame=0)
+    assert inner.kind == "dynamic-dim" and not inner.root and inner.frame == "loss_fn"
+    root = classify_recompile(CompileRecord("0/1", "batch=4", reason, co_name="forward"), ctx, root_frame=0)
+    assert root.root and root.variant == "batch=4"
+    # a number compared in another frame is still a Python scalar; a module attribute is not
+    scalar = classify_recompile(CompileRecord("1/1", "v", "1/0: alpha == 0.25", co_name="f"), ctx, root_frame=0)
+    attr = classify_recompile(CompileRecord("1/1", "v", "1/0: L['self'].p == 0.25", co_name="f"), ctx, root_frame=0)
+    assert (scalar.kind, attr.kind) == ("python-scalar", "object-identity")
+
+
+def test_each_recompile_is_named_by_what_its_call_changed() -> None:
+    # compiled static: each batch size is a new entry, and torch reports the guard that fails against
+    # the newest one; the sweep moves the example's entry to the front first, so the scalar calls are
+    # named by the scalar, not by the batch size of the call before them
+    findings = _analyze(zoo.ScalarArg(), (torch.randn(4, 16), 0.5), dynamic=False, shapes={"batch": (4, 8, 12)})
+    assert _one(findings, "recompile.dynamic-dim").data["recompiles_before"] == 2
+    assert _one(findings, "recompile.python-scalar").data["recompiles_before"] == 2

@@ -11,7 +11,7 @@ from kernel_pytorch.benchmark.results import OK
 from kernel_pytorch.benchmark.suites import gate as G
 from kernel_pytorch.benchmark.suites import get_suite, suite_names
 from kernel_pytorch.benchmark.suites import norms as N
-from kernel_pytorch.validation.tolerances import TOLERANCES
+from kernel_pytorch.tolerances import TOLERANCES
 from tests.grid import randn
 
 STATUSES = {OK, "failed", "error", "not installed", "not available"}

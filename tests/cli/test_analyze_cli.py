@@ -127,6 +127,8 @@ def test_builtin_by_name_with_dims(tmp_path: Path) -> None:
         ["analyze", "--shapes", "width=3"],
         ["analyze", "--dims", "0:0=height"],
         ["analyze", "--model", "llama-tiny", "--device", "no-such-device"],
+        ["analyze", "--generate", "0"],
+        ["analyze", "--model", "llama-tiny", "--generate", "2"],  # the built-in Llama has no generate()
     ],
 )
 def test_unusable_arguments_exit_2(argv: list[str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernel_pytorch.validation.tolerances import compare, fp64_budget
+from kernel_pytorch.tolerances import compare, fp64_budget
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:

@@ -13,7 +13,7 @@ from kernel_pytorch.reference.positions import (
     position_ids_from_attention_mask,
     sinusoidal_positions,
 )
-from kernel_pytorch.validation.tolerances import compare
+from kernel_pytorch.tolerances import compare
 from tests.grid import randn
 
 transformers = pytest.importorskip("transformers")

@@ -15,7 +15,7 @@ from kernel_pytorch.reference.rotary_tables import (
     inv_freq_and_scaling,
     rotary_config,
 )
-from kernel_pytorch.validation.tolerances import compare
+from kernel_pytorch.tolerances import compare
 
 transformers = pytest.importorskip("transformers")
 from transformers import CohereConfig, GPTNeoXConfig, LlamaConfig, Phi3Config  # noqa: E402

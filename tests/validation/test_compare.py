@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kernel_pytorch._tree import flatten, map_tensors
+from kernel_pytorch.tolerances import TOLERANCES
 from kernel_pytorch.validation.compare import check_tensor, compare_named, compare_trees
-from kernel_pytorch.validation.tolerances import TOLERANCES
 from tests.grid import DTYPES, randn
 
 

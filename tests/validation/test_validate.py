@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import kernel_pytorch as kp
+from kernel_pytorch.tolerances import TOLERANCES
 from kernel_pytorch.validation import validate_optimization
-from kernel_pytorch.validation.tolerances import TOLERANCES
 from tests.grid import randn
 
 FAST = dict(check_performance=False, compile_backend="eager")

@@ -16,13 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernel_pytorch._tree import as_inputs, move, split_inputs
+from kernel_pytorch._tree import as_inputs, move, split_inputs, tensors
 from kernel_pytorch.assistant.compile_time import analyze_compile_time
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.dynamo import backend_name
-from kernel_pytorch.assistant.findings import Finding, Report, Severity, sort_findings
+from kernel_pytorch.assistant.findings import SECTIONS, Finding, Report, Severity, sort_findings
 from kernel_pytorch.assistant.inputs import InputDims, prepare
-from kernel_pytorch.assistant.readiness import analyze_readiness
+from kernel_pytorch.assistant.readiness import analyze_readiness, nothing_compiled
 from kernel_pytorch.assistant.recompiles import analyze_recompilations
 from kernel_pytorch.assistant.sweep import shape_sweep
 
@@ -34,6 +34,7 @@ class _Step:
     section: str
     name: str
     run: Analysis
+    needs_graphs: bool = False  # skipped, and said why, when Dynamo compiled nothing
 
 
 # Report order is fixed by the Report; this is the run order. Compile time runs before the sweep so
@@ -41,7 +42,7 @@ class _Step:
 STEPS: tuple[_Step, ...] = (
     _Step("compilation_readiness", "compilation readiness", analyze_readiness),
     _Step("compile_time", "compile time", analyze_compile_time),
-    _Step("recompilations", "recompilations", analyze_recompilations),
+    _Step("recompilations", "recompilations", analyze_recompilations, needs_graphs=True),
 )
 
 
@@ -147,7 +148,7 @@ class CompilerOptimizationAssistant:
             for step in STEPS:
                 t0 = time.perf_counter()
                 try:
-                    found = step.run(ctx)
+                    found = [_nothing_compiled(step)] if step.needs_graphs and nothing_compiled(ctx) else step.run(ctx)
                 except Exception as exc:  # an analyser bug must not hide the other sections
                     found = [_analysis_failed(step, exc)]
                 finally:
@@ -158,7 +159,7 @@ class CompilerOptimizationAssistant:
             module.train(training)
         meta = {
             "device": str(ctx.device),
-            "dtype": str(_param_dtype(ctx.module)).replace("torch.", ""),
+            "dtype": _dtype_text(ctx),
             "torch": torch.__version__,
             "backend": backend_name(self.options.backend),
             "mode": self.options.mode,
@@ -167,12 +168,33 @@ class CompilerOptimizationAssistant:
             "inputs": _describe_inputs(ctx),
             "sweep": {k: list(v) for k, v in shape_sweep(ctx).sizes.items()},
             "seconds": {**seconds, "total": round(time.perf_counter() - start, 3)},
+            "sections_run": [name for name in SECTIONS if name in sections],
         }
         return Report(
             model=ctx.name,
             meta=meta,
             **{section: sort_findings(found) for section, found in sections.items()},
         )
+
+    def analyze_generate(
+        self, module: nn.Module, example_inputs: Any, *, max_new_tokens: int = 8, name: str | None = None
+    ) -> Report:
+        """Recompilations of a Hugging Face model's `generate()` for `max_new_tokens` new tokens, per
+        decode step, with the fix (a static KV cache, else dynamic=True) verified by generating again.
+
+        Args:
+            module: a model with `generate()` (a transformers `GenerationMixin`).
+            example_inputs: the prompt, as for `analyze_component` (`labels` is dropped).
+        Returns:
+            A Report with one `generate.*` finding in its recompilations section.
+        Raises:
+            TypeError: the module has no `generate()`.
+        """
+        from kernel_pytorch.assistant.generate import generate_report, has_generate, no_generate_message
+
+        if not has_generate(module):
+            raise TypeError(no_generate_message(module))
+        return generate_report(self.context(module, example_inputs, name=name), max_new_tokens)
 
 
 def _analysis_failed(step: _Step, exc: Exception) -> Finding:
@@ -185,11 +207,30 @@ def _analysis_failed(step: _Step, exc: Exception) -> Finding:
     )
 
 
+def _nothing_compiled(step: _Step) -> Finding:
+    prefix = {"recompilations": "recompile"}.get(step.section, step.section)
+    return Finding(
+        id=f"{prefix}.skipped",
+        severity=Severity.INFO,
+        title=f"{step.name.capitalize()} not analysed: nothing was compiled",
+        evidence="Dynamo gave up on every frame, so the model runs eagerly (see compilation readiness); "
+        "there is nothing to recompile until a frame compiles",
+    )
+
+
 def _param_dtype(module: nn.Module) -> torch.dtype | None:
     for p in module.parameters():
         if p.is_floating_point():
             return p.dtype
     return None
+
+
+def _dtype_text(ctx: AnalysisContext) -> str:
+    """The parameters' floating dtype; for a model without any, the inputs' ("no parameters" if none)."""
+    dtype = _param_dtype(ctx.module)
+    if dtype is None:
+        dtype = next((t.dtype for t in tensors((ctx.args, ctx.kwargs)) if t.is_floating_point()), None)
+    return str(dtype).replace("torch.", "") if dtype is not None else "no parameters"
 
 
 def _describe_inputs(ctx: AnalysisContext) -> dict[str, str]:

@@ -17,14 +17,12 @@ so the phases add up to the frame total.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch._inductor.config
-from torch import nn
 
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.context import AnalysisContext
@@ -32,6 +30,9 @@ from kernel_pytorch.assistant.dynamo import backend_name
 from kernel_pytorch.assistant.findings import Finding, Severity
 from kernel_pytorch.assistant.locate import error_location
 from kernel_pytorch.assistant.records import CompileProfile
+from kernel_pytorch.assistant.regional import RepeatedBlocks, find_repeated_blocks, regional_finding
+
+__all__ = ["Phase", "RepeatedBlocks", "analyze_compile_time", "find_repeated_blocks", "mode_advice", "phases"]
 
 
 @dataclass(frozen=True)
@@ -101,66 +102,33 @@ def phases(profile: CompileProfile, device_type: str = "cpu") -> tuple[list[Phas
 
 
 _ADVICE: dict[str, str] = {
-    "dynamo": "Dynamo traces Python bytecode once per frame and per recompilation. Fewer graph breaks mean "
-    "fewer frames; regional compilation (compile the repeated block, not the whole model) traces one "
-    "block instead of all of them.",
+    "dynamo": "Dynamo traces Python bytecode once per frame and per recompilation: fewer graph breaks mean "
+    "fewer frames, and `torch._dynamo.mark_dynamic` on the sizes that vary avoids tracing again per shape.",
     "cache_keys": "Hashing torch's and Triton's sources for the cache keys is paid once per process; a "
     "long-lived process (a server, a training job) pays it once.",
     "aot_autograd": "AOTAutograd traces through torch's dispatcher. Run inference under torch.no_grad() or "
-    "torch.inference_mode() (no joint forward-backward graph), compile the repeated block instead of "
-    "the model, and keep the AOTAutograd cache on (torch._functorch.config.enable_autograd_cache).",
-    "inductor_lowering": "Inductor's lowering and scheduling scale with graph size. Regional compilation "
-    "lowers one block instead of N identical ones; mode='max-autotune' adds benchmarking here, so use "
-    "the default mode while iterating.",
+    "torch.inference_mode() (no joint forward-backward graph), and keep the AOTAutograd cache on "
+    "(`torch._functorch.config.enable_autograd_cache = True`).",
+    "inductor_lowering": "Inductor's lowering and scheduling scale with graph size; mode='max-autotune' adds "
+    "benchmarking here, so use the default mode while iterating.",
     "autotune": "Autotuning benchmarks kernel choices (mode='max-autotune'). Use the default mode while "
     "iterating, or 'max-autotune-no-cudagraphs'; keep TORCHINDUCTOR_CACHE_DIR on persistent disk so "
     "the tuned choices are reused.",
-    "inductor_codegen": "Generating and loading kernel source scales with the number of distinct kernels. "
-    "Regional compilation emits each block's kernels once; the FX graph cache "
-    "(torch._inductor.config.fx_graph_cache, on by default) skips this on warm starts.",
+    "inductor_codegen": "Generating and loading kernel source scales with the number of distinct kernels; the "
+    "FX graph cache (`torch._inductor.config.fx_graph_cache = True`, the default) skips this on warm starts.",
     "kernel_compile": "Compiling the generated kernels dominates. Warm starts skip it through the FX graph "
     "and Triton caches (keep TORCHINDUCTOR_CACHE_DIR on persistent disk; ship them with "
     "torch.compiler.save_cache_artifacts / load_cache_artifacts); "
     "torch._inductor.config.compile_threads sets the parallelism.",
 }
 
-
-@dataclass(frozen=True)
-class RepeatedBlocks:
-    """The largest run of structurally identical child modules: where regional compilation pays."""
-
-    path: str  # qualified name of the container, e.g. "model.layers"
-    block_type: str
-    count: int
-    param_fraction: float  # share of the model's parameters inside these blocks
-
-
-def _signature(module: nn.Module) -> tuple[Any, ...]:
-    return (type(module), tuple((n, tuple(p.shape), p.dtype) for n, p in module.named_parameters()))
-
-
-def find_repeated_blocks(module: nn.Module) -> RepeatedBlocks | None:
-    """The container (ModuleList/Sequential/any module) with the most parameters held in >= 2
-    structurally identical children (same class, same parameter names and shapes), or None."""
-    total = sum(p.numel() for p in module.parameters()) or 1
-    best: RepeatedBlocks | None = None
-    for path, parent in module.named_modules():
-        children = list(parent.children())
-        if len(children) < 2:
-            continue
-        groups = Counter(_signature(c) for c in children)
-        sig, count = groups.most_common(1)[0]
-        if count < 2:
-            continue
-        members = [c for c in children if _signature(c) == sig]
-        fraction = sum(p.numel() for c in members for p in c.parameters()) / total
-        # blocks without parameters (activations) repeat trivially; they are not what costs compile time
-        if fraction == 0.0:
-            continue
-        candidate = RepeatedBlocks(path or "(root)", sig[0].__name__, count, fraction)
-        if best is None or candidate.param_fraction > best.param_fraction:
-            best = candidate
-    return best
+# what regional compilation (advised below the phases when the model has repeated blocks) saves per phase
+_REGIONAL: dict[str, str] = {
+    "dynamo": "Regional compilation (below) traces one repeated block instead of every copy.",
+    "aot_autograd": "Regional compilation (below) traces one block instead of every copy.",
+    "inductor_lowering": "Regional compilation (below) lowers one block instead of N identical ones.",
+    "inductor_codegen": "Regional compilation (below) emits each block's kernels once.",
+}
 
 
 def analyze_compile_time(ctx: AnalysisContext) -> list[Finding]:
@@ -178,14 +146,17 @@ def analyze_compile_time(ctx: AnalysisContext) -> list[Finding]:
                 severity=Severity.ERROR,
                 title=f"torch.compile(backend={backend!r}) fails on this model",
                 evidence=short_error(profile.error),
-                location=error_location(profile.error),
+                location=error_location(profile.error, ctx.module),
                 suggestion="If tracing works (see compilation readiness) the backend is failing: compare "
                 "backend='aot_eager' (no Inductor) to locate it; Inductor on CPU needs a working C++ "
                 "compiler, on GPU a working Triton.",
                 data={"error_type": type(profile.error).__name__},
             )
         ]
+    if profile.records and all(r.get("fail_type") for r in profile.records):
+        return [_nothing_compiled(profile)]
     ps, total = phases(profile, ctx.device.type)
+    blocks = find_repeated_blocks(ctx.module)
     findings: list[Finding] = []
     frames = len(profile.records)
     run_s = max(profile.first_call_s - total, 0.0)
@@ -222,6 +193,7 @@ def analyze_compile_time(ctx: AnalysisContext) -> list[Finding]:
     if total > 0:
         slowest = max(ps, key=lambda p: p.seconds)
         share = slowest.seconds / total
+        regional = f" {_REGIONAL[slowest.key]}" if blocks and slowest.key in _REGIONAL else ""
         findings.append(
             Finding(
                 id="compile-time.slowest-phase",
@@ -229,7 +201,7 @@ def analyze_compile_time(ctx: AnalysisContext) -> list[Finding]:
                 title=f"Slowest phase: {slowest.label}, {slowest.seconds:.1f} s ({100 * share:.0f}%)",
                 evidence=f"of {total:.1f} s total compile time with backend={backend}"
                 + (f", mode={profile.mode}" if profile.mode else ""),
-                suggestion=_ADVICE[slowest.key],
+                suggestion=_ADVICE[slowest.key] + regional,
                 data={"phase": slowest.key, "seconds": round(slowest.seconds, 4), "share": round(share, 4)},
             )
         )
@@ -238,10 +210,30 @@ def analyze_compile_time(ctx: AnalysisContext) -> list[Finding]:
     mode = mode_advice(profile.mode, ctx.device.type, autotune, total)
     if mode is not None:
         findings.append(mode)
-    regional = _regional_finding(ctx, ps, total)
-    if regional is not None:
-        findings.append(regional)
+    if blocks is not None:
+        findings.append(regional_finding(blocks, sum(p.seconds for p in ps if p.key != "cache_keys"), total))
     return findings
+
+
+def _nothing_compiled(profile: CompileProfile) -> Finding:
+    """Dynamo gave up on every frame: the seconds it spent, and no advice (there is no compile to cut)."""
+    backend = backend_name(profile.backend)
+    spent = _sum(profile.records, "dynamo_cumulative_compile_time_us", "entire_frame_compile_time_s")
+    steady = f"; steady-state call {1e3 * profile.steady_call_s:.1f} ms" if profile.steady_call_s else ""
+    return Finding(
+        id="compile-time.nothing-compiled",
+        severity=Severity.INFO,
+        title=f"Nothing compiled with {backend}: every frame fell back to eager",
+        evidence=f"Dynamo spent {spent:.2f} s on {len(profile.records)} frame(s) before giving up (see "
+        f"compilation readiness). First call {profile.first_call_s:.2f} s{steady}, all of it eager.",
+        data={
+            "backend": backend,
+            "frames": len(profile.records),
+            "dynamo_s": round(spent, 4),
+            "first_call_s": round(profile.first_call_s, 4),
+            "steady_call_s": round(profile.steady_call_s, 6) if profile.steady_call_s else None,
+        },
+    )
 
 
 _HITS = (("inductor", "fxgraph_cache_hit"), ("aot_autograd", "autograd_cache_hit"))
@@ -293,40 +285,6 @@ def _cache_finding(profile: CompileProfile) -> Finding:
         evidence=evidence,
         suggestion=suggestion,
         data=data,
-    )
-
-
-def _regional_finding(ctx: AnalysisContext, ps: Sequence[Phase], total: float) -> Finding | None:
-    blocks = find_repeated_blocks(ctx.module)
-    if blocks is None:
-        return None
-    # Dynamo, AOTAutograd and Inductor work grows with the graph; compiling one block in place of the
-    # whole model keeps about 1/count of the blocks' share of it (an estimate from parameter share).
-    scalable = sum(p.seconds for p in ps if p.key not in ("cache_keys",))
-    saved = scalable * blocks.param_fraction * (1 - 1 / blocks.count)
-    nested = (
-        " or mark the block with `torch.compiler.nested_compile_region` and keep compiling the whole model"
-        if hasattr(torch.compiler, "nested_compile_region")
-        else ""
-    )
-    path = blocks.path if blocks.path != "(root)" else "model"
-    return Finding(
-        id="compile-time.regional",
-        severity=Severity.INFO,
-        title=f"{blocks.count} identical `{blocks.block_type}` blocks in `{path}`: compile one, reuse it",
-        evidence=f"the blocks hold {100 * blocks.param_fraction:.0f}% of the parameters; torch.compile of "
-        "the whole model traces, lowers and generates code for every copy",
-        suggestion=f"Regional compilation: `for block in model.{path}: block.compile()` instead of "
-        f"`torch.compile(model)`{nested}. Identical blocks then share one compiled graph.",
-        estimated_gain=f"about {saved:.1f} s of {total:.1f} s compile time (estimate: the blocks' "
-        f"parameter share x (1 - 1/{blocks.count}) of the traced phases; not measured)",
-        data={
-            "container": blocks.path,
-            "block_type": blocks.block_type,
-            "count": blocks.count,
-            "param_fraction": round(blocks.param_fraction, 4),
-            "estimated_saving_s": round(saved, 3),
-        },
     )
 
 

@@ -29,7 +29,15 @@ from kernel_pytorch.assistant.dynamo import (
     fresh_dynamo,
     inductor_caches,
 )
-from kernel_pytorch.assistant.inputs import InputDims, InputKey, clone_inputs, infer_input_dims
+from kernel_pytorch.assistant.inputs import (
+    InputDims,
+    InputKey,
+    clone_inputs,
+    get_input,
+    infer_input_dims,
+    leaves,
+    root_of,
+)
 from kernel_pytorch.assistant.locate import location_of
 from kernel_pytorch.assistant.records import (
     PROFILE_FIELDS,
@@ -57,8 +65,9 @@ class AnalysisOptions:
         shapes: sizes to sweep per dimension kind, e.g. {"batch": (1, 2, 4), "seq": (16, 32)}; kinds
             not given are derived from the example inputs.
         input_dims: which dims of which input are batch / seq / spatial, {input: {dim: kind}} with input
-            a positional index or keyword name; None infers them (dim 0 batch; dim 1 seq for (B, T)
-            integer and (B, T, C) floating inputs).
+            a positional index, a keyword name, or (index or name, path) for a tensor inside an argument
+            (`(0, "['x']")`); None infers them (dim 0 batch; dim 1 seq for (B, T) integer and (B, T, C)
+            floating inputs; sequence-first inputs of recurrent layers).
         vary_scalars: also call with other values of Python int/float arguments.
         measure_compile_time: run the `backend` compile (the most expensive step).
         cold_cache: measure that compile with Inductor's on-disk caches bypassed (a first compile on a
@@ -143,10 +152,10 @@ class AnalysisContext:
     # ----- input names and dims -------------------------------------------------------------------
 
     @functools.cached_property
-    def input_names(self) -> dict[InputKey, str]:
-        """{input key: the forward parameter it binds to}; positional ones beyond the signature keep
-        Dynamo's `args[i]` name."""
-        names: dict[InputKey, str] = {k: k for k in self.kwargs}
+    def input_names(self) -> dict[int | str, str]:
+        """{argument key: the forward parameter it binds to}; positional ones beyond the signature keep
+        Dynamo's `args[i]` name. Whole arguments only; `input_name` names any input key."""
+        names: dict[int | str, str] = {k: k for k in self.kwargs}
         try:
             params = list(inspect.signature(self.module.forward).parameters.values())
         except (TypeError, ValueError):
@@ -156,33 +165,62 @@ class AnalysisContext:
             names[i] = positional[i].name if i < len(positional) else f"args[{i}]"
         return names
 
+    def input_name(self, key: InputKey) -> str:
+        """How reports name an input: its parameter name, plus the access path for a tensor inside an
+        argument (`batch['x']`)."""
+        if isinstance(key, tuple):
+            return self.input_names.get(key[0], str(key[0])) + key[1]
+        return self.input_names.get(key, str(key))
+
+    @functools.cached_property
+    def _leaf_keys(self) -> dict[tuple[int | str, str], InputKey]:
+        """{(argument, access path): input key} of every input, "" the path of a whole argument."""
+        return {(root_of(k), k[1] if isinstance(k, tuple) else ""): k for k, _ in leaves(self.args, self.kwargs)}
+
     def resolve_input(self, name: str) -> InputKey | None:
-        """The input key a name in a guard refers to: "x", "L['x']", "args[0]", "kwargs['x']"."""
+        """The input key a name in a guard refers to, None if it is no input of the component.
+
+        Takes Dynamo's source names as its guards print them: "x", "L['x']", "args[0]", "kwargs['x']",
+        "L['kwargs']['x']" (a forward behind a `(*args, **kwargs)` wrapper), and paths into an argument:
+        "L['batch']['x']", "kwargs['batch'].mask", "L['xs'][0]".
+        """
+        name = re.sub(r'\["([^"\'\\]*)"\]', r"['\1']", name.strip())  # ["x"] -> ['x']
         m = re.fullmatch(r"L\['([^']+)'\](.*)", name)
         if m:
             name = m.group(1) + m.group(2)
-        m = re.fullmatch(r"args\[(\d+)\]", name)
+        root: int | str | None = None
+        m = re.fullmatch(r"args\[(\d+)\](.*)", name)
         if m and int(m.group(1)) < len(self.args):
-            return int(m.group(1))
-        m = re.fullmatch(r"kwargs\['([^']+)'\]", name)
-        if m and m.group(1) in self.kwargs:
-            return m.group(1)
-        for key, pname in self.input_names.items():
-            if pname == name:
+            root, rest = int(m.group(1)), m.group(2)
+        m = re.fullmatch(r"kwargs\['([^']+)'\](.*)", name)
+        if root is None and m and m.group(1) in self.kwargs:
+            root, rest = m.group(1), m.group(2)
+        if root is None:
+            m = re.fullmatch(r"(\w+)(.*)", name)
+            if not m:
+                return None
+            root = next((k for k, pname in self.input_names.items() if pname == m.group(1)), None)
+            if root is None:
+                return None
+            rest = m.group(2)
+        for path in (rest, re.sub(r"\.(\w+)", r"['\1']", rest), re.sub(r"\['(\w+)'\]", r".\1", rest)):
+            key = self._leaf_keys.get((root, path))
+            if key is not None:
                 return key
         return None
 
     def input_value(self, key: InputKey) -> Any:
-        """The example input at `key` (a position or a keyword)."""
-        return self.args[key] if isinstance(key, int) else self.kwargs[key]
+        """The example input at `key` (a position, a keyword, or a tensor inside an argument)."""
+        return get_input(self.args, self.kwargs, key)
 
     @functools.cached_property
     def input_dims(self) -> dict[InputKey, dict[int, str]]:
-        """{input: {dim: kind}}: options.input_dims if given, else inferred from the example inputs."""
+        """{input: {dim: kind}}: options.input_dims if given, else inferred from the example inputs (and
+        the module's recurrent layers: sequence-first inputs)."""
         given = self.options.input_dims
         if given is not None:
             return {k: dict(v) for k, v in given.items()}
-        return infer_input_dims(self.args, self.kwargs)
+        return infer_input_dims(self.args, self.kwargs, self.module)
 
     # ----- shared runs ----------------------------------------------------------------------------
 

@@ -69,19 +69,27 @@ def fresh_dynamo(**config: Any) -> Iterator[None]:
         torch._dynamo.reset()
 
 
+# loggers that report, at ERROR and with a traceback, what the analysis provokes on purpose: a dim marked
+# dynamic that the code specialises (ConstraintViolationError while building a guard). The error also
+# reaches the caller, which reports it; the log would only repeat it on stderr
+_SHOUTING_LOGGERS = ("torch._guards", "torch._dynamo.guards", "torch.fx.experimental.symbolic_shapes")
+
+
 @contextlib.contextmanager
 def _quiet_dynamo() -> Iterator[None]:
     """Silence Dynamo's log warnings and Python warnings about graph breaks and recompile limits for a
     while: the analysis provokes them on purpose and reports them as findings."""
-    dynamo_log = logging.getLogger("torch._dynamo")
-    level = dynamo_log.level
-    dynamo_log.setLevel(logging.ERROR)
+    levels = {name: logging.getLogger(name).level for name in ("torch._dynamo", *_SHOUTING_LOGGERS)}
+    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
+    for name in _SHOUTING_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", module=r"torch\._dynamo")
             yield
     finally:
-        dynamo_log.setLevel(level)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 @contextlib.contextmanager

@@ -29,18 +29,26 @@ class Severity(str, Enum):
 
 @dataclass(frozen=True)
 class Location:
-    """A place in the user's source: file, 1-based line, enclosing function and the line's text."""
+    """A place in the source: file, 1-based line, enclosing function and the line's text.
+
+    `via` is set when the place is inside a library (transformers, torch, timm): the nearest frame of
+    the user's code, or of the model class's forward, whose call led there.
+    """
 
     file: str
     line: int
     function: str | None = None
     code: str | None = None
+    via: Location | None = None
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "function": self.function, "code": self.code}
+        out: dict[str, Any] = {"file": self.file, "line": self.line, "function": self.function, "code": self.code}
+        if self.via is not None:  # only where there is one: a location in the user's code has none
+            out["via"] = self.via.to_dict()
+        return out
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,21 @@
-"""Locating user code: which file:line of the user's code a graph break, a guard or an error points at.
+"""Locating code: which file:line a graph break, a guard or an error points at.
 
-Torch's own files, the standard library and synthetic frames are never the answer: a finding points at
-the line the user can change.
+A location is the innermost frame a reader can open: the user's code, or a library's (transformers,
+timm, torch's own modules) when that is where it happened. Then `Location.via` names the nearest frame
+of the user's code, or of the model class's forward, whose call led there. The standard library,
+synthetic frames and the analyser's own files are never the answer.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import linecache
 import os
 import re
 import sysconfig
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -20,19 +23,47 @@ from torch import nn
 from kernel_pytorch.assistant.findings import Location
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_TORCH_REAL = os.path.realpath(_TORCH_DIR) + os.sep
 _STDLIB_DIRS = tuple(
     os.path.realpath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
 )
+# kernel_pytorch: its model code (modules, models, ops) is library code a model runs; the rest (this
+# analyser, validation, benchmarks, the CLI) calls the model and is never where something happened
+_PACKAGE_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_PACKAGE_MODEL_CODE = tuple(
+    os.path.join(_PACKAGE_DIR, d) + os.sep for d in ("nn", "models", "functional", "ops", "reference", "optimize")
+)
+_INSTALLED = re.compile(r"[\\/](site|dist)-packages[\\/]")
+
+
+def _is_torch(filename: str) -> bool:
+    return filename.startswith(_TORCH_DIR) or os.path.realpath(filename).startswith(_TORCH_REAL)
+
+
+def _is_analyser(real: str) -> bool:
+    return real.startswith(_PACKAGE_DIR) and not real.startswith(_PACKAGE_MODEL_CODE)
 
 
 def is_user_file(filename: str) -> bool:
-    """False for torch's own files, the standard library and synthetic frames (`<frozen ...>`)."""
-    if not filename or filename.startswith("<"):
+    """False for torch's own files, the standard library, synthetic frames (`<frozen ...>`) and the
+    analyser's own files; True for the user's code and installed libraries (transformers, timm)."""
+    if not filename or filename.startswith("<") or _is_torch(filename):
         return False
     real = os.path.realpath(filename)
-    if filename.startswith(_TORCH_DIR) or real.startswith(os.path.realpath(_TORCH_DIR)):
+    if _is_analyser(real):
         return False
     return not any(real.startswith(d) and "site-packages" not in real[len(d) :] for d in _STDLIB_DIRS)
+
+
+def is_library_file(filename: str) -> bool:
+    """True for code the user did not write but the model runs: torch, installed packages
+    (site-packages: transformers, timm, torchvision) and kernel_pytorch's own modules."""
+    if not filename or filename.startswith("<"):
+        return False
+    if _is_torch(filename) or _INSTALLED.search(filename):
+        return True
+    real = os.path.realpath(filename)
+    return real.startswith(_PACKAGE_MODEL_CODE) or bool(_INSTALLED.search(real))
 
 
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+?)_at_\d+$")
@@ -55,40 +86,113 @@ def location_of(filename: str, lineno: int | None, function: str | None = None) 
     return Location(file=filename, line=int(lineno), function=function, code=code)
 
 
-def user_location(frames: Sequence[traceback.FrameSummary]) -> Location | None:
-    """The innermost frame of `frames` in the user's code, else the innermost frame at all."""
-    for fr in reversed(frames):
-        if is_user_file(fr.filename):
-            return location_of(fr.filename, fr.lineno, fr.name)
-    if frames:
-        fr = frames[-1]
-        return location_of(fr.filename, fr.lineno, fr.name)
+def _frame_location(fr: traceback.FrameSummary) -> Location | None:
+    return location_of(fr.filename, fr.lineno, fr.name)
+
+
+def _innermost(frames: Sequence[traceback.FrameSummary], test: Callable[[traceback.FrameSummary], bool]) -> int | None:
+    """Index of the innermost (last) frame passing `test`, or None."""
+    return next((i for i in reversed(range(len(frames))) if test(frames[i])), None)
+
+
+def user_location(frames: Sequence[traceback.FrameSummary], model: nn.Module | None = None) -> Location | None:
+    """Where a stack points: its innermost frame in the user's code or a library's (torch excluded),
+    else its innermost torch frame in a module's `forward` (the op the model called), else its
+    innermost frame. A frame inside a library carries `via`: the nearest outer frame in the user's
+    code, else in the forward of `model`'s class, when the stack holds one.
+
+    Args:
+        frames: outermost first, as `traceback.extract_tb` and Dynamo's user stacks give them.
+        model: the model under analysis; its class's forward is where a library's stack entered.
+    """
+    frames = [fr for fr in frames if not _is_analyser(os.path.realpath(fr.filename or "<"))]
+    i = _innermost(frames, lambda fr: is_user_file(fr.filename))
+    if i is None:
+        i = _innermost(frames, lambda fr: fr.name == "forward" and _is_torch(fr.filename))
+    if i is None and frames:
+        i = len(frames) - 1
+    if i is None:
+        return None
+    loc = _frame_location(frames[i])
+    if loc is None or not is_library_file(loc.file):
+        return loc
+    outer = frames[:i]
+    j = _innermost(outer, lambda fr: is_user_file(fr.filename) and not is_library_file(fr.filename))
+    if j is None and model is not None:
+        j = _innermost(outer, lambda fr: _in_forward_of(type(model), fr.filename, fr.lineno))
+    via = _frame_location(outer[j]) if j is not None else None
+    if via is None or (via.file, via.line) == (loc.file, loc.line):
+        return loc
+    return Location(loc.file, loc.line, loc.function, loc.code, via=via)
+
+
+@functools.lru_cache(maxsize=512)
+def _forward_code(cls: type) -> tuple[str, int, int] | None:
+    """(file, first line, last line) of `cls.forward` unwrapped from its decorators."""
+    try:
+        fn = inspect.unwrap(cls.forward)  # type: ignore[attr-defined]
+        file = inspect.getsourcefile(fn)
+        lines, first = inspect.getsourcelines(fn)
+    except (AttributeError, OSError, TypeError, ValueError):
+        return None
+    return (os.path.realpath(file), first, first + len(lines) - 1) if file else None
+
+
+def _in_forward_of(cls: type, filename: str | None, lineno: int | None) -> bool:
+    span = _forward_code(cls)
+    if span is None or not filename or lineno is None:
+        return False
+    return os.path.realpath(filename) == span[0] and span[1] <= lineno <= span[2]
+
+
+def _module_types(model: nn.Module) -> Iterator[type]:
+    seen: set[type] = set()
+    for m in model.modules():
+        if type(m) not in seen:
+            seen.add(type(m))
+            yield type(m)
+
+
+def forward_owner(model: nn.Module, loc: Location) -> str | None:
+    """The class among `model`'s modules whose forward holds `loc`, as a reader names it
+    ("torch.nn.Linear", "LlamaAttention"), or None."""
+    for cls in _module_types(model):
+        if _in_forward_of(cls, loc.file, loc.line):
+            public = getattr(nn, cls.__name__, None) is cls and cls.__module__.startswith("torch.")
+            return f"torch.nn.{cls.__name__}" if public else cls.__qualname__
     return None
+
+
+def describe(loc: Location) -> str:
+    """`file.py:line` with the file's base name, for a sentence."""
+    return f"{os.path.basename(loc.file)}:{loc.line}"
 
 
 _FROM_USER_CODE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
-def error_location(exc: BaseException) -> Location | None:
-    """Where in the user's code `exc` arose: Dynamo's "from user code" frames, else the traceback."""
+def error_location(exc: BaseException, model: nn.Module | None = None) -> Location | None:
+    """Where `exc` arose: Dynamo's "from user code" frames, else the traceback (see `user_location`)."""
     frames = getattr(exc, "real_stack", None)
     if frames:
-        loc = user_location(list(frames))
+        loc = user_location(list(frames), model)
         if loc is not None and is_user_file(loc.file):
             return loc
     hits = [m for m in _FROM_USER_CODE.finditer(str(exc)) if is_user_file(m.group(1))]
     if hits:
-        m = hits[-1]
-        return location_of(m.group(1), int(m.group(2)), m.group(3))
-    return user_location(traceback.extract_tb(exc.__traceback__)) if exc.__traceback__ else None
+        return user_location([traceback.FrameSummary(m.group(1), int(m.group(2)), m.group(3)) for m in hits], model)
+    return user_location(traceback.extract_tb(exc.__traceback__), model) if exc.__traceback__ else None
 
 
 def definition_location(module: nn.Module) -> Location | None:
-    """The `def forward` line of the module's class."""
-    fn = type(module).forward
+    """The `def forward` line of the module's class: file and line of the same function, the one a
+    decorator (`functools.wraps`, transformers' `can_return_tuple`) wraps, not the decorator's."""
     try:
+        fn = inspect.unwrap(type(module).forward)
         file = inspect.getsourcefile(fn)
-        _, line = inspect.getsourcelines(fn)
-    except (OSError, TypeError):
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError, ValueError):
         return None
-    return location_of(file, line, "forward") if file else None
+    # getsourcelines starts at the first decorator; the finding points at the `def` itself
+    offset = next((i for i, text in enumerate(lines) if re.match(r"\s*(async\s+)?def\s", text)), 0)
+    return location_of(file, first + offset, fn.__name__) if file else None

@@ -20,10 +20,16 @@ class Cause:
         kind: "dynamic-dim", "python-scalar", "dtype", "device", "requires-grad", "grad-mode",
             "type-change", "stride", "rank", "container-length", "shape-guard", "object-identity" or
             "other".
-        name: the input as torch names it in the guard ("x", "args[0]"), when there is one.
+        name: the input as torch names it in the guard ("x", "args[0]", "kwargs['x']"), when there is one.
         dim: the dimension, for shape causes.
         guard: the failed guard, as torch printed it.
         location: the user line torch attributes the guard to, when it does.
+        after_graph_break: the frame is code Dynamo resumes after a graph break.
+        variant: the label of the sweep call that recompiled ("batch=4").
+        frame: the code name of the frame that recompiled (`forward`, `wrapper`, `loss_function`).
+        root: the frame is the component's own entry frame, so the names in its guards are the
+            component's inputs; in any other frame (resumed after a graph break, or a function Dynamo
+            compiled on its own) they are that frame's locals, which may merely share a name.
     """
 
     kind: str
@@ -32,30 +38,37 @@ class Cause:
     guard: str
     location: Location | None = None
     after_graph_break: bool = False
+    variant: str | None = None
+    frame: str | None = None
+    root: bool = True
 
 
 _ENTRY = re.compile(r"^\s*\d+/(\d+): ", re.M)
 _USER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
 
 # (kind, pattern); the first group is the input name, the second (if any) the dim
+# names are matched lazily up to the quote before the guard's words, so they may hold quotes themselves:
+# tensor 'kwargs['input_ids']' size mismatch ... names `kwargs['input_ids']`
 _TENSOR_GUARDS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("dynamic-dim", re.compile(r"tensor '([^']+)' size mismatch at index (\d+)")),
-    ("stride", re.compile(r"tensor '([^']+)' stride mismatch at index (\d+)")),
-    ("dtype", re.compile(r"tensor '([^']+)' dtype mismatch")),
-    ("device", re.compile(r"tensor '([^']+)' (?:device|dispatch ?key ?set) mismatch", re.I)),
-    ("requires-grad", re.compile(r"tensor '([^']+)' requires_grad mismatch")),
-    ("rank", re.compile(r"tensor '([^']+)' (?:rank|dim|ndim) mismatch")),
-    ("type-change", re.compile(r"expected type of '([^']+)' to be a tensor type")),
+    ("dynamic-dim", re.compile(r"tensor '(.+?)' size mismatch at index (\d+)")),
+    ("stride", re.compile(r"tensor '(.+?)' stride mismatch at index (\d+)")),
+    ("dtype", re.compile(r"tensor '(.+?)' dtype mismatch")),
+    ("device", re.compile(r"tensor '(.+?)' (?:device|dispatch ?key ?set) mismatch", re.I)),
+    ("requires-grad", re.compile(r"tensor '(.+?)' requires_grad mismatch")),
+    ("rank", re.compile(r"tensor '(.+?)' (?:rank|dim|ndim) mismatch")),
+    ("type-change", re.compile(r"expected type of '(.+?)' to be a tensor type")),
     ("container-length", re.compile(r"len\(([^)]+)\) == \d+")),
 )
 
 
 def failed_guard(reason: str) -> str:
-    """The guard that failed against the frame's first compile ("N/0"), user stack trimmed.
+    """The guard that failed against the oldest cache entry the reason lists, user stack trimmed.
 
-    Torch lists one failed guard per cached entry, newest first. Each sweep call differs from the
-    example in one thing only, so the failure against the first entry, compiled for the example,
-    names that thing; failures against later entries may name earlier changes instead.
+    Torch 2.13 lists the failure against the newest entry only (older versions one per entry, newest
+    first), and a call that hits an entry moves it to the front. The sweep calls the example before
+    each variant, so the entry the reason lists is the example's, and the variant differs from the
+    example in one thing only: the failed guard names that thing. Where several entries are listed,
+    the oldest is the example's; failures against later entries may name earlier changes instead.
     """
     pieces = _ENTRY.split(reason.strip())
     # re.split with a group: [text before the first entry, attempt, block, attempt, block, ...]
@@ -66,31 +79,48 @@ def failed_guard(reason: str) -> str:
     return "\n".join(re.sub(r"\s{2,}#.*$", "", line).rstrip() for line in block.splitlines()).strip()
 
 
-def classify_recompile(record: CompileRecord, ctx: AnalysisContext) -> Cause:
-    """The cause of one recompilation, from the guard text torch recorded for it."""
+_NUMBER = re.compile(r"-?(?:\d+\.?\d*(?:e-?\d+)?|inf|nan)", re.I)
+# `scale == 0.5`, `L['scale'] == 0.5`, `kwargs['scale'] == 0.5`: a Python value specialised as a constant
+_EQUALS = re.compile(r"""^\s*([A-Za-z_][\w.\[\]'"]*)\s*==\s*([^\s#]+)""")
+
+
+def classify_recompile(record: CompileRecord, ctx: AnalysisContext, root_frame: int | None = None) -> Cause:
+    """The cause of one recompilation, from the guard text torch recorded for it.
+
+    Args:
+        record: the compile.
+        ctx: the context (for the types of the inputs a guard names).
+        root_frame: Dynamo's index of the component's entry frame in this sweep (the frame of its first
+            compile); a record of another frame gets `root=False`. None: every frame counts as the root.
+    """
     reason = record.recompile_reason or ""
     guard = failed_guard(reason)
     frame = _USER_FRAME.search(reason)
     loc = location_of(frame.group(1), int(frame.group(2)), frame.group(3)) if frame else None
+    root = not record.after_graph_break and (root_frame is None or record.frame in (None, root_frame))
+    where = {"variant": record.variant, "frame": record.co_name, "root": root}
     for kind, pattern in _TENSOR_GUARDS:
         m = pattern.search(guard)
         if m:
             dim = int(m.group(2)) if m.lastindex and m.lastindex >= 2 else None
-            return Cause(kind, m.group(1), dim, guard, loc, record.after_graph_break)
+            return Cause(kind, m.group(1), dim, guard, loc, record.after_graph_break, **where)
     if re.search(r"grad_mode|GradMode|grad mode", guard):
-        return Cause("grad-mode", None, None, guard, loc)
-    # `scale == 0.5` or `L['scale'] == 0.5`: a Python value specialised as a constant
-    m = re.match(r"^\s*((?:L\['[^']+'\])|[A-Za-z_][\w.\[\]']*)\s*==\s*([^\s#]+)", guard)
+        return Cause("grad-mode", None, None, guard, loc, record.after_graph_break, **where)
+    m = _EQUALS.match(guard)
     if m:
-        key = ctx.resolve_input(m.group(1))
-        if key is not None and isinstance(ctx.input_value(key), (int, float)):
-            return Cause("python-scalar", m.group(1), None, guard, loc)
-        return Cause("object-identity", m.group(1), None, guard, loc)
+        if root:
+            key = ctx.resolve_input(m.group(1))
+            scalar = key is not None and isinstance(ctx.input_value(key), (int, float))
+        else:  # a local of another frame: a number compared with a name that is not an attribute
+            scalar = _NUMBER.fullmatch(m.group(2)) is not None and not re.match(r"L\[.self.\]|self\b", m.group(1))
+        if scalar:
+            return Cause("python-scalar", m.group(1), None, guard, loc, record.after_graph_break, **where)
+        return Cause("object-identity", m.group(1), None, guard, loc, record.after_graph_break, **where)
     if re.search(r"___check_obj_id|___check_type_id|ID_MATCH|TYPE_MATCH|id\(", guard):
-        return Cause("object-identity", None, None, guard, loc)
+        return Cause("object-identity", None, None, guard, loc, record.after_graph_break, **where)
     if re.search(r"\bs\d+\b|size\(\)\[\d+\]|\bEq\(|\bNe\(|<=|>=", guard):
-        return Cause("shape-guard", None, None, guard, loc)
-    return Cause("other", None, None, guard, loc)
+        return Cause("shape-guard", None, None, guard, loc, record.after_graph_break, **where)
+    return Cause("other", None, None, guard, loc, record.after_graph_break, **where)
 
 
 # causes that dynamic=True removes: sizes and Python numbers become symbols instead of constants

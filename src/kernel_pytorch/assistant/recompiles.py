@@ -3,64 +3,31 @@ recompilation with the guard that failed, name the cause, and check the fix by r
 
 The sweep changes one thing at a time (batch sizes, then sequence lengths, then each Python scalar),
 so every recompilation has one cause. The fix for shape causes is `torch._dynamo.mark_dynamic` on the
-named dims (or `dynamic=True` when that is not enough); for Python scalars, passing a 0-dim tensor.
-The verification sweep reports the recompile count before and after.
+named dims and every input dim that changes with them (or `dynamic=True` when that is not enough); for
+Python scalars, passing a 0-dim tensor. The verification sweep reports the recompile count before and
+after.
 
-The sweeps run in `sweep`, the causes are named in `recompile_causes`; this module turns them into
-fixes to try and findings.
+The sweeps run in `sweep`, the causes are named in `recompile_causes`, the fixes chosen and tried in
+`recompile_fixes`, one finding per cause written in `recompile_findings`; this module puts them together
+with the summary and the recompile-limit finding.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from kernel_pytorch._env import recompile_limit, recompile_limit_name
 from kernel_pytorch.assistant.context import AnalysisContext
-from kernel_pytorch.assistant.dynamo import backend_name
 from kernel_pytorch.assistant.findings import Finding, Severity
-from kernel_pytorch.assistant.inputs import InputKey
 from kernel_pytorch.assistant.locate import definition_location
-from kernel_pytorch.assistant.recompile_causes import SHAPE_LIKE, Cause, classify_recompile
+from kernel_pytorch.assistant.recompile_causes import Cause, classify_recompile
+from kernel_pytorch.assistant.recompile_findings import CauseContext, cause_finding, group_causes
+from kernel_pytorch.assistant.recompile_fixes import Attempt, best_attempt, describe_fix, explain_error, try_fixes
 from kernel_pytorch.assistant.records import CompileRecord, Fix, SweepResult
 from kernel_pytorch.assistant.sweep import shape_sweep
 
-
-@dataclass(frozen=True)
-class _Attempt:
-    label: str
-    fix: Fix
-    result: SweepResult
-
-
-def _plan(causes: Sequence[Cause], ctx: AnalysisContext) -> Fix:
-    """The targeted fix: mark the dims that recompiled dynamic, pass the scalars that did as tensors."""
-    marks: list[tuple[InputKey, int]] = []
-    scalars: list[InputKey] = []
-    for c in causes:
-        key = ctx.resolve_input(c.name) if c.name else None
-        if key is None:
-            continue
-        if c.kind == "dynamic-dim" and c.dim is not None and (key, c.dim) not in marks:
-            marks.append((key, c.dim))
-        elif c.kind == "python-scalar" and key not in scalars:
-            scalars.append(key)
-    return Fix(mark_dynamic=tuple(marks), tensorize=tuple(scalars))
-
-
-def _describe_fix(fix: Fix, ctx: AnalysisContext) -> str:
-    parts = [f"torch._dynamo.mark_dynamic({ctx.input_names.get(k, k)}, {d})" for k, d in fix.mark_dynamic]
-    parts += [f"pass {ctx.input_names.get(k, k)} as torch.tensor(value)" for k in fix.tensorize]
-    if fix.dynamic is not None:
-        parts.append(f"torch.compile(..., dynamic={fix.dynamic})")
-    if fix.recompile_limit is not None:
-        parts.append(f"torch._dynamo.config.{recompile_limit_name()} = {fix.recompile_limit}")
-    return "; ".join(parts) or "nothing"
-
-
-def _new_errors(attempt: SweepResult, baseline: SweepResult) -> list[tuple[str, str]]:
-    old = {label for label, _ in baseline.errors}
-    return [(label, err) for label, err in attempt.errors if label not in old]
+# said once per report, in the summary, when a size of 1 is among the sizes swept
+SPECIALISED_NOTE = "Sizes 0 and 1 are always specialised, so a first call with size 1 still costs one recompile."
 
 
 def _sweep_summary(ctx: AnalysisContext) -> str:
@@ -76,38 +43,9 @@ def _sweep_summary(ctx: AnalysisContext) -> str:
     return "; ".join(parts) or "the example only"
 
 
-def _group_key(c: Cause) -> tuple[str, str | None, int | None]:
-    return (c.kind, c.name, c.dim)
-
-
-def _dim_label(ctx: AnalysisContext, key: InputKey, dim: int | None) -> str:
-    """How a finding names a dim of an input: its kind when known ("seq (dim 1)"), else "dim 1"."""
-    kind = ctx.input_dims.get(key, {}).get(dim)
-    return f"{kind} (dim {dim})" if kind else f"dim {dim}"
-
-
-_ADVICE: dict[str, str] = {
-    "stride": "An input arrives with different strides (a transposed or sliced view). Pass contiguous "
-    "inputs (`x.contiguous()`) so every call has the same layout.",
-    "dtype": "The input dtype changes between calls; each dtype is its own graph. Cast inputs at the "
-    "model boundary (`x.to(torch.bfloat16)`) or expect one compile per dtype.",
-    "device": "The input moves between devices; each device is its own graph. Keep inputs on one device.",
-    "requires-grad": "Inputs alternate between requiring grad and not. Call consistently: "
-    "`x.detach()` for inference, or the same requires_grad every time.",
-    "grad-mode": "Calls alternate between grad modes. Run inference under `torch.inference_mode()` "
-    "(or `torch.no_grad()`) every time.",
-    "type-change": "The same argument is sometimes an nn.Parameter (or a tensor subclass) and sometimes "
-    "a plain tensor; each type is its own graph. Pass `p.detach()` or always the same type.",
-    "rank": "The number of dims of an input changes; each rank is its own graph. Reshape to a fixed rank "
-    "at the boundary.",
-    "container-length": "A list or tuple argument changes length; each length is its own graph. Stack "
-    "the items into one tensor and mark the stacked dim dynamic.",
-    "shape-guard": "The model's code specialises on a size (a branch on `x.shape[...]`, a size turned "
-    "into a Python int). Compile with `dynamic=True` and remove the size-dependent branch.",
-    "object-identity": "A non-tensor argument or module attribute changes between calls (a config "
-    "object, a flag, `self.training`). Keep it fixed while compiled, or pass it as a tensor.",
-    "other": "See the failed guard; `TORCH_LOGS=recompiles` prints every one.",
-}
+def root_frame(result: SweepResult) -> int | None:
+    """Dynamo's index of the component's entry frame in a sweep: the frame of its first compile."""
+    return result.compiles[0].frame if result.compiles else None
 
 
 def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
@@ -158,55 +96,32 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
                 title=f"The compiled model fails on {len(compiled_errors)} call(s) the eager model accepts",
                 evidence="; ".join(f"{label}: {err}" for label, err in compiled_errors),
                 location=definition_location(ctx.module),
-                suggestion="A torch.compile bug or a guard the model relies on; compile with "
-                "dynamic=False for these shapes or report it with the error above.",
+                suggestion="`torch.compile(model, dynamic=False)` for these shapes; the error is a torch.compile "
+                "bug or a guard the model relies on: report it to torch with the error above.",
                 data={"failed": [label for label, _ in compiled_errors]},
             )
         )
 
     recompiles = baseline.recompiles
-    causes = [classify_recompile(r, ctx) for r in recompiles]
+    root = root_frame(baseline)
+    causes = [classify_recompile(r, ctx, root) for r in recompiles]
     limit_hit = [r for r in baseline.compiles if r.hit_limit]
     n_before = len(recompiles)
 
-    attempts: list[_Attempt] = []
-    plan = _plan(causes, ctx)
-    if not plan.is_empty():
-        attempts.append(_Attempt("targeted", plan, sweep.run(plan)))
-    # mark_dynamic reaches only the model's own inputs; a size passed across a graph break or a guard
-    # the code itself adds needs dynamic=True
-    unreachable = any(c.kind in SHAPE_LIKE and (c.name is None or ctx.resolve_input(c.name) is None) for c in causes)
-    needs_dynamic = any(c.kind in SHAPE_LIKE for c in causes) and (
-        unreachable
-        or not attempts
-        or len(attempts[0].result.recompiles) > 1
-        or _new_errors(attempts[0].result, baseline)
-    )
-    if needs_dynamic and ctx.options.dynamic is not True:
-        fix = Fix(dynamic=True)
-        attempts.append(_Attempt("dynamic=True", fix, sweep.run(fix)))
-    valid = [a for a in attempts if not _new_errors(a.result, baseline)]
-    best = min(valid, key=lambda a: len(a.result.recompiles), default=None)
-    if best is not None and len(best.result.recompiles) >= n_before:
-        best = None  # tried, verified, and no better: say so rather than recommend it
-
+    attempts = try_fixes(ctx, causes, baseline)
+    best = best_attempt(attempts, n_before)
     findings.append(_summary(ctx, sweep_text, baseline, n_before, best, attempts, baseline_causes=causes))
 
-    groups: dict[tuple[str, str | None, int | None], list[Cause]] = {}
-    for c in causes:
-        groups.setdefault(_group_key(c), []).append(c)
-    after_causes = [classify_recompile(r, ctx) for r in best.result.recompiles] if best else []
-    compile_s = _full_compile_seconds(ctx) if causes else None
-    for (kind, name, dim), members in groups.items():
-        key = ctx.resolve_input(name) if name else None
-        remaining = sum(1 for c in after_causes if _group_key(c) == (kind, name, dim))
-        findings.append(_cause_finding(ctx, kind, name, dim, key, members, remaining, best, compile_s))
+    after = [classify_recompile(r, ctx, root_frame(best.result)) for r in best.result.recompiles] if best else []
+    shared = CauseContext(attempts, best, after, root, _full_compile_seconds(ctx) if causes else None)
+    for key, members in group_causes(ctx, causes).items():
+        findings.append(cause_finding(ctx, key, members, shared))
     if limit_hit:
         findings.append(_limit_finding(ctx, limit_hit, best))
     return findings
 
 
-def _limit_finding(ctx: AnalysisContext, limit_hit: Sequence[CompileRecord], best: _Attempt | None) -> Finding:
+def _limit_finding(ctx: AnalysisContext, limit_hit: Sequence[CompileRecord], best: Attempt | None) -> Finding:
     """The recompile limit was reached. When no verified fix keeps the calls under it, check that a
     raised limit does: one compile per distinct call of the sweep."""
     limit = recompile_limit()
@@ -216,7 +131,7 @@ def _limit_finding(ctx: AnalysisContext, limit_hit: Sequence[CompileRecord], bes
     fixed = best is not None and not any(c.hit_limit for c in best.result.compiles)
     if fixed:
         assert best is not None
-        verdict = f"with `{_describe_fix(best.fix, ctx)}` no call reaches it (verified)"
+        verdict = f"with `{describe_fix(best.fix, ctx)}` no call reaches it (verified)"
         suggestion = f"Apply the fix above; raising `torch._dynamo.config.{name}` only hides the cost."
     else:
         raised = max(2 * limit, len(sweep.variants) + 1)
@@ -263,19 +178,18 @@ def _summary(
     sweep_text: str,
     baseline: SweepResult,
     n_before: int,
-    best: _Attempt | None,
-    attempts: Sequence[_Attempt],
+    best: Attempt | None,
+    attempts: Sequence[Attempt],
     baseline_causes: Sequence[Cause],
 ) -> Finding:
-    variants = shape_sweep(ctx).variants
+    sweep = shape_sweep(ctx)
+    variants = sweep.variants
     data = {
         "calls": len(variants),
         "recompiles_before": n_before,
-        "recompiles_after": len(best.result.recompiles) if best else None,
-        "fix": _describe_fix(best.fix, ctx) if best else None,
-        "attempts": {
-            a.label: {"fix": _describe_fix(a.fix, ctx), "recompiles": len(a.result.recompiles)} for a in attempts
-        },
+        "recompiles_after": best.recompiles if best else None,
+        "fix": describe_fix(best.fix, ctx) if best else None,
+        "attempts": {a.label: _attempt_data(a, ctx) for a in attempts},
         "causes": sorted({c.kind for c in baseline_causes}),
         "sweep_seconds": round(baseline.seconds, 3),
     }
@@ -288,15 +202,18 @@ def _summary(
             data=data,
         )
     after = data["recompiles_after"]
-    tried = "; ".join(f"{a.label} ({_describe_fix(a.fix, ctx)}): {len(a.result.recompiles)}" for a in attempts)
+    tried = "; ".join(_attempt_text(a, ctx) for a in attempts)
+    note = f" {SPECIALISED_NOTE}" if any(1 in sizes for sizes in sweep.sizes.values()) else ""
     return Finding(
         id="recompile.summary",
         severity=Severity.WARNING,
         title=f"{n_before} recompilation(s) across {len(variants)} calls"
         + (f"; {after} after the fix (verified)" if after is not None else "; no automatic fix verified"),
         evidence=f"swept {sweep_text} with dynamic={ctx.options.dynamic}. Recompiles per fix tried: "
-        + (tried or "none applicable"),
-        suggestion=_describe_fix(best.fix, ctx) if best else "see the causes below",
+        + (tried or "none applicable")
+        + "."
+        + note,
+        suggestion=_summary_fix(ctx, best, attempts),
         estimated_gain=(f"{n_before} -> {after} recompiles, measured by re-running the sweep")
         if after is not None
         else None,
@@ -304,83 +221,26 @@ def _summary(
     )
 
 
-def _cause_finding(
-    ctx: AnalysisContext,
-    kind: str,
-    name: str | None,
-    dim: int | None,
-    key: InputKey | None,
-    members: Sequence[Cause],
-    remaining: int,
-    best: _Attempt | None,
-    compile_s: float | None,
-) -> Finding:
-    shown = ctx.input_names.get(key, name) if key is not None else name
-    location = next((c.location for c in members if c.location), None) or definition_location(ctx.module)
-    n = len(members)
-    guard = members[0].guard
-    # the verified fix covers this cause when it marked this dim, tensorised this scalar, or is dynamic=True
-    verified = best is not None and (
-        (kind == "dynamic-dim" and (key, dim) in best.fix.mark_dynamic)
-        or (kind == "python-scalar" and key in best.fix.tensorize)
-        or (best.fix.dynamic is True and kind in SHAPE_LIKE)
-    )
-    after_text = (
-        f"after `{_describe_fix(best.fix, ctx)}`: {remaining} (re-run with the fix applied)"
-        if verified and best
-        else "the fixes tried did not remove it (see the summary)"
-        if kind in SHAPE_LIKE
-        else "no automatic fix applies; not re-run"
-    )
-    backend = backend_name(ctx.options.backend)
-    cost = f"; each full compile with {backend} took {compile_s:.1f} s here" if compile_s else ""
-    gain = f"{n} -> {remaining} recompiles (verified){cost}" if verified else None
-    data = {"kind": kind, "input": shown, "dim": dim, "recompiles_before": n, "guard": guard}
-    if verified:
-        data["recompiles_after"] = remaining
+def _attempt_data(a: Attempt, ctx: AnalysisContext) -> dict[str, object]:
+    out: dict[str, object] = {"fix": describe_fix(a.fix, ctx), "recompiles": a.recompiles}
+    if a.new_errors:
+        out["errors"] = [f"{label}: {err}" for label, err in a.new_errors]
+    return out
 
-    if kind == "dynamic-dim" and key is None:
-        where = " (a value live across a graph break)" if any(c.after_graph_break for c in members) else ""
-        title = f"Recompiles when dim {dim} of `{shown}`{where} changes"
-        suggestion = (
-            "`torch.compile(model, dynamic=True)` makes every size symbolic, including "
-            "values handed across graph breaks, which mark_dynamic on the inputs does not reach; "
-            "fixing the graph break removes the extra frame altogether."
-        )
-    elif kind == "dynamic-dim":
-        what = _dim_label(ctx, key, dim)
-        dynamic_first = best is not None and best.fix.dynamic is True and not best.fix.mark_dynamic
-        mark = f"torch._dynamo.mark_dynamic({shown}, {dim})"
-        how = (
-            f"`torch.compile(model, dynamic=True)` (what the verification found best here; `{mark}` "
-            "before the first call marks only this dim)"
-            if dynamic_first
-            else f"`{mark}` before the first compiled call (or `torch.compile(model, dynamic=True)` for every dim)"
-        )
-        title = f"Recompiles when {what} of `{shown}` changes"
-        suggestion = (
-            f"{how} compiles one graph for every size. Sizes 0 and 1 are always specialised, "
-            "so a first call with size 1 still costs one recompile."
-        )
-    elif kind == "python-scalar":
-        title = f"Recompiles when the Python scalar `{shown}` changes value"
-        suggestion = (
-            f"Pass `{shown}` as a tensor: `model(x, torch.tensor({shown}))` (a 0-dim tensor "
-            "is an input to the graph, not a constant baked into it); or `dynamic=True`."
-        )
-    else:
-        title = f"Recompiles on a {kind.replace('-', ' ')} change" + (f" of `{shown}`" if shown else "")
-        suggestion = _ADVICE.get(kind, _ADVICE["other"])
-    return Finding(
-        id=f"recompile.{kind}",
-        severity=Severity.WARNING,
-        title=title,
-        evidence=f"{n} recompile(s); failed guard: {guard}; {after_text}",
-        location=location,
-        suggestion=suggestion,
-        estimated_gain=gain,
-        data=data,
-    )
+
+def _attempt_text(a: Attempt, ctx: AnalysisContext) -> str:
+    if a.valid:
+        return f"{a.label} ({describe_fix(a.fix, ctx)}): {a.recompiles}"
+    label, err = a.new_errors[0]
+    return f"{a.label} ({describe_fix(a.fix, ctx)}): the call {label} raised: {explain_error(err, ctx)}"
+
+
+def _summary_fix(ctx: AnalysisContext, best: Attempt | None, attempts: Sequence[Attempt]) -> str:
+    """The fix line of the summary: the verified fix, else the setting that prints every recompile (the
+    causes below say why each stays)."""
+    if best is not None:
+        return describe_fix(best.fix, ctx)
+    return '`TORCH_LOGS="recompiles"` prints every recompilation with its guard; no fix tried removes them'
 
 
 def _skipped(why: str) -> Finding:

@@ -153,15 +153,24 @@ class Fix:
         tensorize: inputs that are Python scalars, passed as 0-dim tensors instead.
         dynamic: overrides the `dynamic=` of torch.compile when not None.
         recompile_limit: overrides Dynamo's per-frame compile limit when not None.
+        duck_shape: overrides `torch.fx.experimental._config.use_duck_shape` when not None (False: equal
+            sizes of the first call get symbols of their own instead of one shared symbol).
     """
 
     mark_dynamic: tuple[tuple[InputKey, int], ...] = ()
     tensorize: tuple[InputKey, ...] = ()
     dynamic: bool | None = None
     recompile_limit: int | None = None
+    duck_shape: bool | None = None
 
     def is_empty(self) -> bool:
-        return not (self.mark_dynamic or self.tensorize or self.dynamic is not None or self.recompile_limit)
+        return not (
+            self.mark_dynamic
+            or self.tensorize
+            or self.dynamic is not None
+            or self.recompile_limit
+            or self.duck_shape is not None
+        )
 
 
 @dataclass(frozen=True)
@@ -180,6 +189,12 @@ class CompileRecord:
     def after_graph_break(self) -> bool:
         """True for the code Dynamo resumes after a graph break (its inputs are the break's live locals)."""
         return resumed_function(self.co_name) is not None
+
+    @property
+    def frame(self) -> int | None:
+        """Dynamo's index of the compiled frame (the F of compile id "F/A"); None when unknown."""
+        m = re.search(r"(\d+)/(\d+)", self.compile_id)
+        return int(m.group(1)) if m else None
 
     @property
     def is_recompile(self) -> bool:

@@ -85,11 +85,14 @@ def _finding_renderable(f: Finding) -> Group:
     title = Text(f"{_MARK[f.severity]} ", style=_STYLE[f.severity])
     title.append(f.title, style="bold")
     lines.append(title)
-    if f.location is not None:
-        where = Text("    at ", style="dim")
-        where.append(_where(f.location), style="magenta")
-        if f.location.code:
-            where.append(f"  {f.location.code}", style="dim italic")
+    loc = f.location
+    for label, place in (("at", loc), ("via", loc.via if loc is not None else None)):
+        if place is None:
+            continue
+        where = Text(f"    {label} ", style="dim")
+        where.append(_where(place), style="magenta")
+        if place.code:
+            where.append(f"  {place.code}", style="dim italic")
         lines.append(where)
     if f.evidence:
         lines.append(Text(f"    {f.evidence}", style="dim"))
@@ -114,16 +117,24 @@ def render_terminal(report: Report, console: Console | None = None) -> None:
             expand=True,
         )
     )
-    empty = []
+    empty, not_run = [], []
     for name, findings in report.sections():
         if not findings:
-            empty.append(SECTION_TITLES[name])
+            (empty if _ran(report, name) else not_run).append(SECTION_TITLES[name])
             continue
         console.print(Rule(f"[bold]{SECTION_TITLES[name]}[/bold]", align="left"))
         for f in findings:
             console.print(_finding_renderable(f))
     if empty:
         console.print(Text(f"No findings: {', '.join(empty)}", style="dim"))
+    if not_run:
+        console.print(Text(f"{', '.join(not_run)}: not analysed (no analysis of these runs yet)", style="dim"))
+
+
+def _ran(report: Report, section: str) -> bool:
+    """Whether an analysis of `section` ran (`meta["sections_run"]`; a report without it: all did)."""
+    run = report.meta.get("sections_run")
+    return run is None or section in run
 
 
 def to_json(report: Report) -> str:
@@ -137,6 +148,10 @@ def to_json(report: Report) -> str:
 
 def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
+
+
+def _md_place(loc: Location) -> str:
+    return f"`{_where(loc)}`" + (f" `{loc.code}`" if loc.code else "")
 
 
 def to_markdown(report: Report) -> str:
@@ -153,13 +168,13 @@ def to_markdown(report: Report) -> str:
     for name, findings in report.sections():
         out += [f"## {SECTION_TITLES[name]}", ""]
         if not findings:
-            out += ["No findings.", ""]
+            out += ["No findings." if _ran(report, name) else "Not analysed (no analysis of it runs yet).", ""]
             continue
         for f in findings:
             out += [f"### {f.severity.value.upper()}: {_md_escape(f.title)}", ""]
             if f.location is not None:
-                code = f" `{f.location.code}`" if f.location.code else ""
-                out.append(f"- **Where:** `{_where(f.location)}`{code}")
+                via = f", via {_md_place(f.location.via)}" if f.location.via else ""
+                out.append(f"- **Where:** {_md_place(f.location)}{via}")
             if f.evidence:
                 out.append(f"- **Evidence:** {f.evidence}")
             if f.suggestion:

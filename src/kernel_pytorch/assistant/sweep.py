@@ -7,17 +7,20 @@ One `ShapeSweep` per context (`shape_sweep(ctx)`): its calls are checked eagerly
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.fx.experimental._config  # noqa: F401  (use_duck_shape, patched by a Fix)
 
 from kernel_pytorch._env import recompile_limit_name
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.dynamo import compilation_metrics, fresh_dynamo, metrics_room
-from kernel_pytorch.assistant.inputs import InputKey, clone_inputs, resize, with_input
+from kernel_pytorch.assistant.inputs import InputKey, clone_inputs, get_input, resize, with_input
 from kernel_pytorch.assistant.records import CompileRecord, Fix, SweepResult, Variant
 
 _NO_FIX = Fix()  # the baseline sweep: the model compiled and called as given
@@ -45,7 +48,7 @@ class ShapeSweep:
         ctx = self.ctx
         examples: dict[str, int] = {}
         for key, dims in ctx.input_dims.items():
-            value = ctx.input_value(key)
+            value = _example(ctx, key)
             for dim, kind in dims.items():
                 if isinstance(value, torch.Tensor) and dim < value.dim():
                     examples.setdefault(kind, int(value.shape[dim]))
@@ -57,10 +60,11 @@ class ShapeSweep:
         return out
 
     def _resized(self, kind: str, size: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The example inputs with every dim of `kind` cut or tiled to `size`."""
+        """The example inputs with every dim of `kind` cut or tiled to `size` (tensors inside container
+        arguments included)."""
         args, kwargs = self.ctx.args, dict(self.ctx.kwargs)
         for key, dims in self.ctx.input_dims.items():
-            value = self.ctx.input_value(key)  # each key once: earlier keys' changes do not touch it
+            value = _example(self.ctx, key)  # each key once: earlier keys' changes do not touch it
             if not isinstance(value, torch.Tensor):
                 continue
             for dim, k in dims.items():
@@ -74,15 +78,15 @@ class ShapeSweep:
         """(calls of the sweep, (label, error) of candidate calls the eager model rejected).
 
         One dim kind changes at a time, so each recompilation has a single cause; then each Python
-        int/float argument takes two other values. Every candidate runs eagerly first: a size the
-        model cannot take (a sequence longer than its position table) is left out, not blamed on
-        torch.compile.
+        int/float argument takes two other values; the extra inputs come last. Torch's recompile reason
+        names the guard that failed against the newest compiled entry, so a call whose change is the
+        newest one (a dtype after the sizes, not before) is named by what it changed. Every candidate
+        runs eagerly first: a size the model cannot take (a sequence longer than its position table)
+        is left out, not blamed on torch.compile.
         """
         ctx = self.ctx
         ctx.progress("preparing the shape sweep")
         candidates = [Variant("example", "example", ctx.args, ctx.kwargs)]
-        for i, (args, kwargs) in enumerate(ctx.extra_inputs):
-            candidates.append(Variant(f"extra_inputs[{i}]", "given", args, kwargs))
         for kind, sizes in self.sizes.items():
             for size in sizes[1:]:
                 args, kwargs = self._resized(kind, size)
@@ -95,6 +99,8 @@ class ShapeSweep:
                 for new in _other_values(value):
                     args, kwargs = with_input(ctx.args, ctx.kwargs, key, new)
                     candidates.append(Variant(f"{name}={new}", "scalar", args, kwargs, varied=name, value=new))
+        for i, (args, kwargs) in enumerate(ctx.extra_inputs):
+            candidates.append(Variant(f"extra_inputs[{i}]", "given", args, kwargs))
         kept: list[Variant] = []
         rejected: list[tuple[str, str]] = []
         with torch.no_grad():
@@ -123,22 +129,24 @@ class ShapeSweep:
     def apply_fix(self, fix: Fix, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         """Fresh copies of the inputs with `fix` applied (scalars as tensors, dims marked dynamic)."""
         args, kwargs = tuple(clone_inputs(args)), dict(clone_inputs(kwargs))
-
-        def get(key: InputKey) -> Any:
-            return args[key] if isinstance(key, int) else kwargs.get(key)
-
         for key in fix.tensorize:
-            value = get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = _find(args, kwargs, key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not isinstance(key, tuple):
                 args, kwargs = with_input(args, kwargs, key, torch.tensor(value, device=self.ctx.device))
         for key, dim in fix.mark_dynamic:
-            value = get(key)
+            value = _find(args, kwargs, key)  # the fresh copy: marking it leaves the example unmarked
             if isinstance(value, torch.Tensor) and dim < value.dim():
                 torch._dynamo.mark_dynamic(value, dim)
         return tuple(args), kwargs
 
     def run(self, fix: Fix = _NO_FIX) -> SweepResult:
-        """Compile once with the trace backend and call on every variant, recording each compile."""
+        """Compile once with the trace backend and call on every variant, recording each compile.
+
+        The example is called again before each other variant. Torch reports the guard that failed
+        against the newest cache entry only, and a call that hits an entry moves it to the front; so
+        the guard a variant's recompile reports is the one that fails against the example's entry,
+        from which the variant differs in one thing, not against the previous variant's entry.
+        """
         if fix in self._runs:
             return self._runs[fix]
         ctx = self.ctx
@@ -151,31 +159,69 @@ class ShapeSweep:
         compiles: list[CompileRecord] = []
         errors: list[tuple[str, str]] = []
         start = time.perf_counter()
-        with fresh_dynamo(**config), metrics_room(4 * len(variants) + 64):
+        with fresh_dynamo(**config), metrics_room(8 * len(variants) + 64), _duck_shape(fix.duck_shape):
             compiled = torch.compile(ctx.module, backend=ctx.options.trace_backend, dynamic=dynamic)
             seen = 0
-            for v in variants:
+
+            def call(v: Variant) -> bool:
+                nonlocal seen
                 args, kwargs = self.apply_fix(fix, v.args, v.kwargs)
+                ok = True
                 try:
                     ctx.call(compiled, args, kwargs)
                 except Exception as exc:
+                    ok = False
                     errors.append((v.label, short_error(exc, 400)))
                 records = compilation_metrics()
-                for rec in records[seen:]:
-                    compiles.append(
-                        CompileRecord(
-                            compile_id=str(getattr(rec, "compile_id", "") or ""),
-                            variant=v.label,
-                            recompile_reason=getattr(rec, "recompile_reason", None),
-                            fail_type=getattr(rec, "fail_type", None),
-                            fail_reason=getattr(rec, "fail_reason", None),
-                            co_name=getattr(rec, "co_name", None),
-                        )
-                    )
+                compiles.extend(_record(rec, v.label) for rec in records[seen:])
                 seen = len(records)
+                return ok
+
+            example_ok = False
+            for i, v in enumerate(variants):
+                if i and example_ok:
+                    call(variants[0])  # its entry to the front (see above); a hit compiles nothing
+                ok = call(v)
+                example_ok = example_ok or (i == 0 and ok)
         result = SweepResult(fix, tuple(compiles), tuple(errors), time.perf_counter() - start)
         self._runs[fix] = result
         return result
+
+
+@contextlib.contextmanager
+def _duck_shape(value: bool | None) -> Iterator[None]:
+    """Patch `torch.fx.experimental._config.use_duck_shape` for a while (None: leave it)."""
+    config = getattr(torch.fx.experimental, "_config", None)
+    if value is None or config is None or not hasattr(config, "use_duck_shape"):
+        yield
+        return
+    with config.patch(use_duck_shape=value):
+        yield
+
+
+def _record(rec: Any, label: str) -> CompileRecord:
+    """One of Dynamo's CompilationMetrics as a CompileRecord of the call `label`."""
+    return CompileRecord(
+        compile_id=str(getattr(rec, "compile_id", "") or ""),
+        variant=label,
+        recompile_reason=getattr(rec, "recompile_reason", None),
+        fail_type=getattr(rec, "fail_type", None),
+        fail_reason=getattr(rec, "fail_reason", None),
+        co_name=getattr(rec, "co_name", None),
+    )
+
+
+def _find(args: tuple[Any, ...], kwargs: dict[str, Any], key: InputKey) -> Any:
+    """The input at `key`, None when the inputs have none there (a key given for another call)."""
+    try:
+        return get_input(args, kwargs, key)
+    except (KeyError, IndexError):
+        return None
+
+
+def _example(ctx: AnalysisContext, key: InputKey) -> Any:
+    """The example input at `key`, None when there is none (an input_dims key naming no input)."""
+    return _find(ctx.args, ctx.kwargs, key)
 
 
 def default_sizes(kind: str, example: int) -> tuple[int, ...]:

@@ -14,6 +14,9 @@ get_inputs() and get_init_inputs() works too.
 named as FILE.py:NAME or module:NAME.
 --fail-on error|warning makes the report a gate for CI: exit 1 when it has a finding of that
 severity or worse.
+--generate N analyses a Hugging Face model's generate() instead of its forward: N new tokens with
+the forward compiled, recompilations per decode step, the fix verified (exit 2 for a model
+without generate()).
 
 Exit status: 0 the analysis ran (whatever it found, unless --fail-on), 1 the report has a finding at
 or above --fail-on, 2 the model or the arguments could not be used.
@@ -157,7 +160,14 @@ def run(args: argparse.Namespace) -> int:
         dims = parse_dims(args.dims) if args.dims else None
         dtype = parse_dtype(args.dtype)
         backend = resolve_backend(args.backend)
+        if args.generate is not None and args.generate < 1:
+            raise UsageError(f"--generate takes a number of new tokens >= 1, got {args.generate}")
         model, inputs, name, builtin_dims, device = load_target(args)
+        if args.generate is not None:
+            from kernel_pytorch.assistant.generate import has_generate, no_generate_message
+
+            if not has_generate(model):
+                raise UsageError(no_generate_message(model).replace("generation analysis", "--generate"))
     except UsageError as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2
@@ -194,7 +204,10 @@ def run(args: argparse.Namespace) -> int:
         printed = io.StringIO()
         try:
             with contextlib.redirect_stdout(printed):
-                report = assistant.analyze_component(model, inputs, name=name)
+                if args.generate is not None:
+                    report = assistant.analyze_generate(model, inputs, max_new_tokens=args.generate, name=name)
+                else:
+                    report = assistant.analyze_component(model, inputs, name=name)
         except Exception as exc:  # the analyses catch their own errors; this is moving to --device/--dtype
             err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
             return 2
@@ -252,6 +265,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--dynamic", choices=("auto", "true", "false"), default="auto", help="dynamic= the model is compiled with"
     )
     p.add_argument("--no-compile-time", action="store_true", help="skip the backend compile (fast)")
+    p.add_argument(
+        "--generate",
+        type=int,
+        metavar="N",
+        default=None,
+        help="analyse generate() for N new tokens instead of forward: recompiles per decode step (HF models)",
+    )
     p.add_argument("--cold-cache", action="store_true", help="bypass Inductor's caches for the timed compile")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown")

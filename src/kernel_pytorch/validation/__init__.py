@@ -1,7 +1,6 @@
-"""Correctness and measurement of optimizations: the tolerance table, tree comparison, and
-`validate_optimization`.
+"""Correctness and measurement of optimizations: tree comparison and `validate_optimization`, on the one
+tolerance table (`kernel_pytorch.tolerances`, in the shared layer: the analyser and the suites use it too).
 
-    tolerances.py  the one table and the fp64-derived budget
     compare.py     leaf-by-leaf comparison of nested results under that rule
     runs.py        running the models: seeds' inputs, gradients, the fp64 copy
     checks.py      correctness, performance and memory, compilation, determinism
@@ -9,8 +8,8 @@
     validate.py    validate_optimization, the entry point
 """
 
+from kernel_pytorch.tolerances import TOLERANCES, Comparison, Tolerance, compare, fp64_budget
 from kernel_pytorch.validation.compare import TensorCheck, check_tensor, compare_named, compare_trees
-from kernel_pytorch.validation.tolerances import TOLERANCES, Comparison, Tolerance, compare, fp64_budget
 from kernel_pytorch.validation.validate import ValidationResult, validate_optimization
 
 __all__ = [

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch._tree import flatten
-from kernel_pytorch.validation.tolerances import Comparison, compare, compare_reordered, fp64_budget, tolerance_for
+from kernel_pytorch.tolerances import Comparison, compare, compare_reordered, fp64_budget, tolerance_for
 
 
 @dataclass(frozen=True)

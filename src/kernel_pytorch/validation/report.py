@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel_pytorch.benchmark.timer import Timing
+from kernel_pytorch.tolerances import BUDGET_FACTOR, TOLERANCES
 from kernel_pytorch.validation.compare import TensorCheck
 from kernel_pytorch.validation.render import render
-from kernel_pytorch.validation.tolerances import BUDGET_FACTOR, TOLERANCES
 
 
 @dataclass(frozen=True)
