@@ -1,4 +1,4 @@
-"""Functional entry points, one module per family (norm.py): validate the arguments once (eager only),
+"""Functional entry points, one module per family (norm.py, loss.py): validate the arguments once (eager only),
 pick a backend, dispatch.
 
 backend:
@@ -25,6 +25,10 @@ not installed), "triton" raises saying so.
 """
 
 from kernel_pytorch.functional._dispatch import Backend
+from kernel_pytorch.functional.loss import cross_entropy, fused_linear_cross_entropy
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
 
-__all__ = ["ATEN_LAYER_NORM_MAX_NUMEL", "Backend", "add_rms_norm", "layer_norm", "rms_norm"]
+__all__ = [
+    "ATEN_LAYER_NORM_MAX_NUMEL", "Backend", "add_rms_norm", "cross_entropy", "fused_linear_cross_entropy",
+    "layer_norm", "rms_norm",
+]

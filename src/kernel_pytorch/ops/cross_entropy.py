@@ -1,4 +1,4 @@
-"""Cross-entropy kernels and their launchers (registration comes with the functional layer).
+"""Cross-entropy kernels and their launchers, registered as `kernel_pytorch::cross_entropy_fwd` / `_bwd`.
 
 Math (reference/cross_entropy.py, the specification), for logits x (N, V), targets t (N,), class
 weights w (V,), smoothing eps, z-loss scale s, soft-cap c: z = c * tanh(x / c), lse = logsumexp(z),
@@ -31,6 +31,15 @@ second read is from L2 when it fits) and writes the gradient once: 2 N V B in pl
 buffer alike (the separate buffer costs memory, N V B, not bytes). Loss only: N V B. Recompute backward:
 2 N V B. Scaling by an upstream gradient != 1: 2 N V B more.
 
+Registration: the forward op returns (loss, lse, grad), grad being the gradient for an upstream
+gradient of 1 (of sum(loss) for "none"), computed in the same pass; the backward op returns
+dloss * grad (one factor, or one per row for "none"). Under compile and export that product is a new
+tensor (an op may not write into its inputs): one more read and write of a logits-sized tensor. The
+eager CUDA path scales the saved gradient in place instead, touching nothing when dloss is 1, and
+bumps its version so that a second backward through the same graph raises rather than scale twice.
+Writing the gradient over the logits themselves (grad_inplace) is not a registered op: it would
+mutate an input; functional/loss.py keeps it as an eager-only autograd.Function.
+
 Targets out of range (and not ignore_index) are never dereferenced: their row's loss, lse and
 gradient are NaN. Non-finite logits give a NaN (or inf) loss; -inf logits are allowed (masked classes).
 """
@@ -47,7 +56,11 @@ from torch import Tensor
 
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
 from kernel_pytorch.ops._launch import Launcher, device_programs, next_power_of_2
+from kernel_pytorch.ops._register import Impl, register_op
 from kernel_pytorch.ops._row_view import Rows, contiguous_rows, row_view
+from kernel_pytorch.ops._scale import scale_grad_, scaled_grad
+from kernel_pytorch.reference._math import acc, acc_dtype
+from kernel_pytorch.reference.cross_entropy import cross_entropy, cross_entropy_backward, cross_entropy_rows
 
 
 @dataclass(frozen=True)
@@ -413,3 +426,70 @@ def cross_entropy_bwd(
     dl = dloss.reshape(-1).contiguous() if reduction == "none" else dloss.reshape(1)
     launch_bwd(dl, rows, t, lse.contiguous(), weight, stats, g_rows, opts, eager=eager)
     return grad
+
+
+# Registration. softcap 0.0 stands for no cap (an op schema takes no Optional float here);
+# with_grad=False computes loss and lse only (the logits need no gradient).
+
+
+def _fwd_launch(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
+                label_smoothing: float, lse_square_scale: float, softcap: float, with_grad: bool, *,
+                eager: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+    out = cross_entropy_fwd(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
+                            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
+                            softcap=softcap or None, with_grad=with_grad, eager=eager)
+    return out.loss, out.lse, out.grad
+
+
+def _bwd_launch(dloss: Tensor, grad: Tensor, *, eager: bool = False) -> Tensor:
+    if eager:  # the saved gradient is this backward's alone (module docstring): scale it where it is
+        scale_grad_(grad, dloss, eager=True)
+        torch.autograd.graph.increment_version(grad)
+        return grad
+    return scaled_grad(grad, dloss)
+
+
+def _fwd_reference(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
+                   label_smoothing: float, lse_square_scale: float, softcap: float, with_grad: bool,
+                   ) -> tuple[Tensor, Tensor, Tensor | None]:
+    cap = softcap or None
+    loss = cross_entropy(logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, cap)
+    _, _, lse = cross_entropy_rows(logits, target, weight, ignore_index, label_smoothing, lse_square_scale, cap)
+    lse = torch.where(target.reshape(-1) != ignore_index, lse, torch.zeros((), dtype=lse.dtype))
+    grad = None
+    if with_grad:
+        ones = torch.ones(target.shape if reduction == "none" else (), dtype=loss.dtype, device=logits.device)
+        grad = cross_entropy_backward(ones, logits, target, weight, ignore_index, reduction, label_smoothing,
+                                      lse_square_scale, cap).contiguous()
+    return loss, lse, grad
+
+
+def _bwd_reference(dloss: Tensor, grad: Tensor) -> Tensor:
+    return (acc(grad) * acc(dloss).unsqueeze(-1)).to(grad.dtype).contiguous()
+
+
+def _fwd_fake(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
+              label_smoothing: float, lse_square_scale: float, softcap: float, with_grad: bool,
+              ) -> tuple[Tensor, Tensor, Tensor | None]:
+    dtype = acc_dtype(logits.dtype)
+    loss = logits.new_empty(target.shape if reduction == "none" else (), dtype=dtype)
+    lse = logits.new_empty(target.numel(), dtype=dtype)
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device) if with_grad else None
+    return loss, lse, grad
+
+
+def _bwd_fake(dloss: Tensor, grad: Tensor) -> Tensor:
+    return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+
+
+# kernel_pytorch::cross_entropy_fwd (logits, target, weight?, ignore_index, reduction, label_smoothing,
+# lse_square_scale, softcap, with_grad) -> (loss, lse, grad) and cross_entropy_bwd (dloss, grad) -> dlogits;
+# cross_entropy_eager(...same arguments) -> loss
+cross_entropy_fwd_op, cross_entropy_bwd_op, cross_entropy_eager = register_op(
+    "cross_entropy",
+    Impl(_fwd_launch, _fwd_reference, _fwd_fake, outputs=("loss", "lse", "grad")),
+    Impl(_bwd_launch, _bwd_reference, _bwd_fake, outputs=("dlogits",)),
+    differentiable=("loss",),
+    save=("grad",),
+    grads={"logits": "dlogits"},
+)
