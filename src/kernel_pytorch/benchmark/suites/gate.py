@@ -9,6 +9,9 @@ kernel_pytorch.reference run in the input dtype and in fp64:
 * parameter gradients, which sum over every row: eager's are PyTorch's own accumulation and so define
   the budget; every other provider's must meet it.
 
+Providers run on copies of the inputs, so one that writes into them (in place) is still checked
+against the reference on the inputs as drawn.
+
 The checks run in float64 on the host, so large tensors of rows (anything with 2+ dims: (rows, cols),
 (batch, heads, tokens, head_dim)) are checked on an evenly spaced sample of rows of their last dim;
 1-d tensors (weight and bias gradients) are checked whole.
@@ -113,7 +116,9 @@ def gate(spec: OpBench, impl: Impl | Callable[..., Any], shape: Shape, dtype: to
     impl = impl if isinstance(impl, Impl) else Impl(impl)
     op = spec.name
     t = spec.make_inputs(shape, dtype, device, seed)
-    bound = bind(spec, impl, t, grad=True)
+    # the provider gets copies: one that writes into its inputs (Liger's cross-entropy writes its
+    # gradient over the logits) must not change what the reference is given
+    bound = bind(spec, impl, {k: v.clone() for k, v in t.items()}, grad=True)
     with torch.enable_grad():
         outs = tensors(bound.call())
     ups = upstream_gradients(outs, seed)
