@@ -19,6 +19,8 @@ Kernels:
     is 256 KB, and 132 rows in flight (one per SM) are 33 MB of H100's 50 MB L2, so pass 1 marks its
     loads evict_last and pass 2 evict_first (FwdLaunch.evict). Each pass issues the next block's load
     before reducing the current one (FwdLaunch.prefetch). Ignored rows read nothing and get zeros.
+    Measured on the H100 (benchmarks/results/probes/probe_ce.log) the re-read misses L2 (fwd+grad
+    costs 2.8x a loss-only pass at 4096-column blocks); FWD_LAUNCH is the sweep's best, 75% of copy.
   _cross_entropy_bwd_kernel: grid (rows, column blocks); p from the saved lse, one read and one write.
     For reduction "none" (the upstream gradient differs per row) and for callers that did not keep the
     forward's gradient.
@@ -75,11 +77,15 @@ class FwdLaunch:
     prefetch: bool = True  # each pass loads the next block before reducing this one
 
 
-# Untuned first choice (scripts/probe_cross_entropy.py sweeps the alternatives). Compiled for sm_90a,
-# the prefetching kernel holds ~15 registers per element of a block: 8 elements per thread at 16
-# warps is 127 registers, no spills for any option (16 per thread spills). So one program per SM: 132
-# rows in flight, whose 33 MB (128K bf16 columns) fit H100's 50 MB L2 for pass 2.
-FWD_LAUNCH = FwdLaunch(block=4096, num_warps=16, programs_per_sm=0, evict=True, reverse=False, prefetch=True)
+# Measured on the H100, 8192 x 128256 bf16 (benchmarks/results/probes/probe_ce.log): with the
+# gradient, 16384-column blocks at 32 warps without prefetch (16 elements per thread, one program per
+# row) took 1.865 ms = 75.1% of copy, the best of the sweep (4096 x 16 with prefetch, the first choice:
+# 2.13 ms). Loss only, that launch drops to 70%; 4096-column blocks at 8 warps with prefetch reach 97%
+# there, so the loss-only pass (no_grad, the fused loss's "none" forward) has its own launch.
+FWD_LAUNCH = FwdLaunch(block=16384, num_warps=32, programs_per_sm=0, evict=True, reverse=False, prefetch=False)
+# None: loss-only passes use FWD_LAUNCH as well (the probe's sweep sets this to time one launch both ways)
+LOSS_LAUNCH: FwdLaunch | None = FwdLaunch(block=4096, num_warps=8, programs_per_sm=0, evict=True, reverse=False,
+                                          prefetch=True)
 # The backward and the scaling are elementwise streams.
 BWD_BLOCK, BWD_WARPS = 4096, 8
 
@@ -293,9 +299,10 @@ class CrossEntropyForward(NamedTuple):
     stats: Tensor | None  # (3,) fp32 `cross_entropy_stats`, where the kernels needed them; else None
 
 
-def fwd_launch(n_cols: int) -> FwdLaunch:
-    """FWD_LAUNCH with its block narrowed to the row (and warps to the block) for small vocabularies."""
-    launch = FWD_LAUNCH
+def fwd_launch(n_cols: int, grad: bool = True) -> FwdLaunch:
+    """FWD_LAUNCH (LOSS_LAUNCH for a loss-only pass, where set) with its block narrowed to the row (and
+    warps to the block) for small vocabularies."""
+    launch = FWD_LAUNCH if grad or LOSS_LAUNCH is None else LOSS_LAUNCH
     block = min(launch.block, next_power_of_2(n_cols))
     warps = max(1, min(launch.num_warps, block // 256))
     return FwdLaunch(block, warps, launch.programs_per_sm, launch.evict, launch.reverse, launch.prefetch)
@@ -311,7 +318,7 @@ def launch_fwd(
     n, v = logits.n_rows, logits.tensor.shape[-1]
     if n == 0:
         return
-    launch = fwd_launch(v)
+    launch = fwd_launch(v, grad is not None)
     programs = n if launch.programs_per_sm == 0 else min(n, device_programs(loss_rows.device, launch.programs_per_sm))
     g = grad if grad is not None else logits
     _fwd_kernel(
