@@ -16,4 +16,6 @@ python3 -m pytest -q -p no:cacheprovider tests/ops -k "paired or tails or determ
 python3 scripts/probe_norms.py --sweep 2>&1 | grep -v Warning | tee "$out/sweep.log" || status=1
 # OUT is this script's own directory: a second run into it replaces the first run's results
 python3 benchmarks/bench_norms.py --out "$out" --overwrite 2>&1 | tee "$out/bench_norms.log" | tail -40 || status=1
+python3 benchmarks/bench_cross_entropy.py --out "$out" --overwrite 2>&1 | tee "$out/bench_cross_entropy.log" \
+    | tail -40 || status=1
 exit $status

@@ -23,6 +23,7 @@ from kernel_pytorch.benchmark.results import BenchmarkResults
 # name -> module implementing it (defines SUITE)
 SUITES: dict[str, str] = {
     "norms": "kernel_pytorch.benchmark.suites.norms",
+    "cross_entropy": "kernel_pytorch.benchmark.suites.cross_entropy",
 }
 
 
