@@ -21,4 +21,6 @@ python3 benchmarks/bench_attention.py --out "$out" --overwrite 2>&1 | tee "$out/
 python3 scripts/probe_rope.py --sections pairs 2>&1 | grep -v Warning | tee "$out/probe_rope_pairs.log" || status=1
 python3 benchmarks/bench_rope.py --out "$out" --overwrite 2>&1 | tee "$out/bench_rope.log" | tail -40 || status=1
 python3 benchmarks/bench_mlp.py --out "$out" --overwrite 2>&1 | tee "$out/bench_mlp.log" | tail -40 || status=1
+python3 benchmarks/bench_cross_entropy.py --out "$out" --overwrite 2>&1 | tee "$out/bench_cross_entropy.log" \
+    | tail -40 || status=1
 exit $status

@@ -129,7 +129,25 @@ CHECKS = textwrap.dedent(
     xa = torch.randn(2, 5, 16, requires_grad=True)
     attn(xa, attention_mask=torch.ones(2, 5)).sum().backward()
     assert xa.grad is not None and torch.isfinite(xa.grad).all()
+    # the loss family: scalar losses, gradients for an upstream gradient != 1
+    t = torch.tensor([[1, 0, -100], [15, 3, 7]])
+    lw = torch.randn(16, 16, requires_grad=True)
+    losses = {
+        "cross_entropy": (lambda: kp.functional.cross_entropy(x, t, label_smoothing=0.1),
+                          lambda: R.cross_entropy(x, t, label_smoothing=0.1), (x,)),
+        "fused_linear_cross_entropy": (lambda: kp.functional.fused_linear_cross_entropy(x, lw, t),
+                                       lambda: R.fused_linear_cross_entropy(x, lw, t), (x, lw)),
+    }
+    for name, (ours, ref, wrt) in losses.items():
+        for run in (ours, torch.compile(ours, fullgraph=True, backend="aot_eager")):
+            out, want = run(), ref()
+            torch.testing.assert_close(out, want, msg=name)
+            g = torch.tensor(0.5)
+            for got, expected in zip(torch.autograd.grad(out, wrt, g), torch.autograd.grad(want, wrt, g)):
+                torch.testing.assert_close(got, expected, msg=name)
     for call in (
+        lambda: kp.functional.cross_entropy(x, t, backend="triton"),
+        lambda: kp.functional.fused_linear_cross_entropy(x, lw, t, backend="triton"),
         lambda: kp.functional.rms_norm(x, w, backend="triton"),
         lambda: kp.functional.layer_norm(x, backend="triton"),
         lambda: kp.functional.add_rms_norm(x, r, w, backend="triton"),
@@ -153,7 +171,7 @@ def test_reference_path_runs_without_triton(mode: str) -> None:
     )
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), proc.stdout[-3000:] + proc.stderr[-3000:]
     # backend="auto" says once per function why it runs the reference
-    for op in ("rms_norm", "layer_norm", "add_rms_norm"):
+    for op in ("rms_norm", "layer_norm", "add_rms_norm", "cross_entropy", "fused_linear_cross_entropy"):
         logged = [line for line in proc.stdout.splitlines() if line.startswith(f"LOG kernel_pytorch.{op}:")]
         why = "Triton path inactive (triton is not installed); using the reference"
         assert logged == [f"LOG kernel_pytorch.{op}: {why}"]

@@ -96,6 +96,19 @@ def test_a_registered_toy_suite_runs_end_to_end(tmp_path: Path, monkeypatch: pyt
     assert not r.find(provider="compile")  # not asked for on CPU
 
 
+def test_a_provider_writing_into_its_inputs_is_gated_on_the_inputs_as_drawn() -> None:
+    """Liger's cross-entropy writes its gradient over its input: the reference must not see that."""
+
+    def clobbering(x, scale, *, backend):
+        y = _reference(x, scale)
+        x.data.fill_(7.0)
+        return y
+
+    r = runner.run(Suite("toy", (dataclasses.replace(SCALED_MUL, ours=clobbering),)), device="cpu",
+                   providers=("ours",), quick=True, ceilings=CEILINGS)
+    assert all(x.ok for x in r.find(provider="ours")), [x.note for x in r.find(provider="ours")]
+
+
 def test_a_wrong_provider_is_failed_and_not_timed() -> None:
     wrong = dataclasses.replace(SCALED_MUL, ours=lambda x, scale, *, backend: x * scale * 1.5)
     r = runner.run(Suite("toy", (wrong,)), device="cpu", providers=("ours", "eager"), quick=True,

@@ -69,5 +69,6 @@ def block_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     tails, and several backward column blocks per row."""
     if request.param == "looped":
         monkeypatch.setattr(ce_ops, "FWD_LAUNCH", FwdLaunch(16, 1, 0, True, False))
+        monkeypatch.setattr(ce_ops, "LOSS_LAUNCH", None)
         monkeypatch.setattr(ce_ops, "BWD_BLOCK", 16)
     yield request.param

@@ -81,6 +81,7 @@ def test_forward_schedules(launch: FwdLaunch, monkeypatch: pytest.MonkeyPatch) -
     """Persistent programs walking more rows than there are programs; pass 2 walking rows backwards;
     blocks loaded one at a time."""
     monkeypatch.setattr(ce_ops, "FWD_LAUNCH", launch)
+    monkeypatch.setattr(ce_ops, "LOSS_LAUNCH", None)
     logits, target, weight, opts = case_inputs((11,), 40, {"weighted": True, "label_smoothing": 0.1,
                                                            "ignore": (3, 10)}, torch.float32, DEV)
     _check(logits, target, weight, "mean", opts)

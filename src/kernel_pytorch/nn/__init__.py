@@ -8,6 +8,7 @@ from kernel_pytorch.nn.attention import (
     StaticKVCache,
 )
 from kernel_pytorch.nn.embedding import ALiBi, Embedding, LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
+from kernel_pytorch.nn.loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from kernel_pytorch.nn.mlp import MLP, GatedMLP
 from kernel_pytorch.nn.norm import FusedAddRMSNorm, LayerNorm, RMSNorm
 from kernel_pytorch.nn.rope import RotaryEmbedding
@@ -16,8 +17,10 @@ __all__ = [
     "MLP",
     "ALiBi",
     "Attention",
+    "CrossEntropyLoss",
     "Embedding",
     "FusedAddRMSNorm",
+    "FusedLinearCrossEntropyLoss",
     "GatedMLP",
     "LayerNorm",
     "LearnedPositionalEmbedding",

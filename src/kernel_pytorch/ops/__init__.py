@@ -8,7 +8,9 @@ imports it on first use of a kernel), so the pure-torch reference runs where Tri
 from kernel_pytorch.ops import (  # noqa: F401  (registration)
     add_rms_norm,
     bias_act,
+    cross_entropy,
     embedding,
+    fused_linear_cross_entropy,
     gated_act,
     gated_act_packed,
     layer_norm,
@@ -17,7 +19,9 @@ from kernel_pytorch.ops import (  # noqa: F401  (registration)
 )
 from kernel_pytorch.ops.add_rms_norm import add_rms_norm_eager
 from kernel_pytorch.ops.bias_act import bias_act_bwd, bias_act_eager, bias_act_fwd
+from kernel_pytorch.ops.cross_entropy import cross_entropy_eager
 from kernel_pytorch.ops.embedding import embedding_eager
+from kernel_pytorch.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_eager
 from kernel_pytorch.ops.gated_act import (
     gated_act_bwd,
     gated_act_eager,
@@ -33,12 +37,16 @@ from kernel_pytorch.ops.rope import rope_eager
 __all__ = [
     "add_rms_norm",
     "add_rms_norm_eager",
-    "embedding",
-    "embedding_eager",
     "bias_act",
     "bias_act_bwd",
     "bias_act_eager",
     "bias_act_fwd",
+    "cross_entropy",
+    "cross_entropy_eager",
+    "embedding",
+    "embedding_eager",
+    "fused_linear_cross_entropy",
+    "fused_linear_cross_entropy_eager",
     "gated_act",
     "gated_act_bwd",
     "gated_act_eager",

@@ -1,4 +1,4 @@
-"""Cross-entropy kernels and their launchers (registration comes with the functional layer).
+"""Cross-entropy kernels and their launchers, registered as `kernel_pytorch::cross_entropy_fwd` / `_bwd`.
 
 Math (reference/cross_entropy.py, the specification), for logits x (N, V), targets t (N,), class
 weights w (V,), smoothing eps, z-loss scale s, soft-cap c: z = c * tanh(x / c), lse = logsumexp(z),
@@ -19,6 +19,8 @@ Kernels:
     is 256 KB, and 132 rows in flight (one per SM) are 33 MB of H100's 50 MB L2, so pass 1 marks its
     loads evict_last and pass 2 evict_first (FwdLaunch.evict). Each pass issues the next block's load
     before reducing the current one (FwdLaunch.prefetch). Ignored rows read nothing and get zeros.
+    Measured on the H100 (benchmarks/results/probes/probe_ce.log) the re-read misses L2 (fwd+grad
+    costs 2.8x a loss-only pass at 4096-column blocks); FWD_LAUNCH is the sweep's best, 75% of copy.
   _cross_entropy_bwd_kernel: grid (rows, column blocks); p from the saved lse, one read and one write.
     For reduction "none" (the upstream gradient differs per row) and for callers that did not keep the
     forward's gradient.
@@ -30,6 +32,15 @@ Bytes (B = bytes per logit): the fused forward with gradient reads the logits on
 second read is from L2 when it fits) and writes the gradient once: 2 N V B in place or into a separate
 buffer alike (the separate buffer costs memory, N V B, not bytes). Loss only: N V B. Recompute backward:
 2 N V B. Scaling by an upstream gradient != 1: 2 N V B more.
+
+Registration: the forward op returns (loss, lse, grad), grad being the gradient for an upstream
+gradient of 1 (of sum(loss) for "none"), computed in the same pass; the backward op returns
+dloss * grad (one factor, or one per row for "none"). Under compile and export that product is a new
+tensor (an op may not write into its inputs): one more read and write of a logits-sized tensor. The
+eager CUDA path scales the saved gradient in place instead, touching nothing when dloss is 1, and
+bumps its version so that a second backward through the same graph raises rather than scale twice.
+Writing the gradient over the logits themselves (grad_inplace) is not a registered op: it would
+mutate an input; functional/loss.py keeps it as an eager-only autograd.Function.
 
 Targets out of range (and not ignore_index) are never dereferenced: their row's loss, lse and
 gradient are NaN. Non-finite logits give a NaN (or inf) loss; -inf logits are allowed (masked classes).
@@ -47,7 +58,11 @@ from torch import Tensor
 
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
 from kernel_pytorch.ops._launch import Launcher, device_programs, next_power_of_2
+from kernel_pytorch.ops._register import Impl, register_op
 from kernel_pytorch.ops._row_view import Rows, contiguous_rows, row_view
+from kernel_pytorch.ops._scale import scale_grad_, scaled_grad
+from kernel_pytorch.reference._math import acc, acc_dtype
+from kernel_pytorch.reference.cross_entropy import cross_entropy, cross_entropy_backward, cross_entropy_rows
 
 
 @dataclass(frozen=True)
@@ -62,11 +77,15 @@ class FwdLaunch:
     prefetch: bool = True  # each pass loads the next block before reducing this one
 
 
-# Untuned first choice (scripts/probe_cross_entropy.py sweeps the alternatives). Compiled for sm_90a,
-# the prefetching kernel holds ~15 registers per element of a block: 8 elements per thread at 16
-# warps is 127 registers, no spills for any option (16 per thread spills). So one program per SM: 132
-# rows in flight, whose 33 MB (128K bf16 columns) fit H100's 50 MB L2 for pass 2.
-FWD_LAUNCH = FwdLaunch(block=4096, num_warps=16, programs_per_sm=0, evict=True, reverse=False, prefetch=True)
+# Measured on the H100, 8192 x 128256 bf16 (benchmarks/results/probes/probe_ce.log): with the
+# gradient, 16384-column blocks at 32 warps without prefetch (16 elements per thread, one program per
+# row) took 1.865 ms = 75.1% of copy, the best of the sweep (4096 x 16 with prefetch, the first choice:
+# 2.13 ms). Loss only, that launch drops to 70%; 4096-column blocks at 8 warps with prefetch reach 97%
+# there, so the loss-only pass (no_grad, the fused loss's "none" forward) has its own launch.
+FWD_LAUNCH = FwdLaunch(block=16384, num_warps=32, programs_per_sm=0, evict=True, reverse=False, prefetch=False)
+# None: loss-only passes use FWD_LAUNCH as well (the probe's sweep sets this to time one launch both ways)
+LOSS_LAUNCH: FwdLaunch | None = FwdLaunch(block=4096, num_warps=8, programs_per_sm=0, evict=True, reverse=False,
+                                          prefetch=True)
 # The backward and the scaling are elementwise streams.
 BWD_BLOCK, BWD_WARPS = 4096, 8
 
@@ -280,9 +299,10 @@ class CrossEntropyForward(NamedTuple):
     stats: Tensor | None  # (3,) fp32 `cross_entropy_stats`, where the kernels needed them; else None
 
 
-def fwd_launch(n_cols: int) -> FwdLaunch:
-    """FWD_LAUNCH with its block narrowed to the row (and warps to the block) for small vocabularies."""
-    launch = FWD_LAUNCH
+def fwd_launch(n_cols: int, grad: bool = True) -> FwdLaunch:
+    """FWD_LAUNCH (LOSS_LAUNCH for a loss-only pass, where set) with its block narrowed to the row (and
+    warps to the block) for small vocabularies."""
+    launch = FWD_LAUNCH if grad or LOSS_LAUNCH is None else LOSS_LAUNCH
     block = min(launch.block, next_power_of_2(n_cols))
     warps = max(1, min(launch.num_warps, block // 256))
     return FwdLaunch(block, warps, launch.programs_per_sm, launch.evict, launch.reverse, launch.prefetch)
@@ -298,7 +318,7 @@ def launch_fwd(
     n, v = logits.n_rows, logits.tensor.shape[-1]
     if n == 0:
         return
-    launch = fwd_launch(v)
+    launch = fwd_launch(v, grad is not None)
     programs = n if launch.programs_per_sm == 0 else min(n, device_programs(loss_rows.device, launch.programs_per_sm))
     g = grad if grad is not None else logits
     _fwd_kernel(
@@ -413,3 +433,70 @@ def cross_entropy_bwd(
     dl = dloss.reshape(-1).contiguous() if reduction == "none" else dloss.reshape(1)
     launch_bwd(dl, rows, t, lse.contiguous(), weight, stats, g_rows, opts, eager=eager)
     return grad
+
+
+# Registration. softcap 0.0 stands for no cap (an op schema takes no Optional float here);
+# with_grad=False computes loss and lse only (the logits need no gradient).
+
+
+def _fwd_launch(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
+                label_smoothing: float, lse_square_scale: float, softcap: float, with_grad: bool, *,
+                eager: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+    out = cross_entropy_fwd(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
+                            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
+                            softcap=softcap or None, with_grad=with_grad, eager=eager)
+    return out.loss, out.lse, out.grad
+
+
+def _bwd_launch(dloss: Tensor, grad: Tensor, *, eager: bool = False) -> Tensor:
+    if eager:  # the saved gradient is this backward's alone (module docstring): scale it where it is
+        scale_grad_(grad, dloss, eager=True)
+        torch.autograd.graph.increment_version(grad)
+        return grad
+    return scaled_grad(grad, dloss)
+
+
+def _fwd_reference(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
+                   label_smoothing: float, lse_square_scale: float, softcap: float, with_grad: bool,
+                   ) -> tuple[Tensor, Tensor, Tensor | None]:
+    cap = softcap or None
+    loss = cross_entropy(logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, cap)
+    _, _, lse = cross_entropy_rows(logits, target, weight, ignore_index, label_smoothing, lse_square_scale, cap)
+    lse = torch.where(target.reshape(-1) != ignore_index, lse, torch.zeros((), dtype=lse.dtype))
+    grad = None
+    if with_grad:
+        ones = torch.ones(target.shape if reduction == "none" else (), dtype=loss.dtype, device=logits.device)
+        grad = cross_entropy_backward(ones, logits, target, weight, ignore_index, reduction, label_smoothing,
+                                      lse_square_scale, cap).contiguous()
+    return loss, lse, grad
+
+
+def _bwd_reference(dloss: Tensor, grad: Tensor) -> Tensor:
+    return (acc(grad) * acc(dloss).unsqueeze(-1)).to(grad.dtype).contiguous()
+
+
+def _fwd_fake(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
+              label_smoothing: float, lse_square_scale: float, softcap: float, with_grad: bool,
+              ) -> tuple[Tensor, Tensor, Tensor | None]:
+    dtype = acc_dtype(logits.dtype)
+    loss = logits.new_empty(target.shape if reduction == "none" else (), dtype=dtype)
+    lse = logits.new_empty(target.numel(), dtype=dtype)
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device) if with_grad else None
+    return loss, lse, grad
+
+
+def _bwd_fake(dloss: Tensor, grad: Tensor) -> Tensor:
+    return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+
+
+# kernel_pytorch::cross_entropy_fwd (logits, target, weight?, ignore_index, reduction, label_smoothing,
+# lse_square_scale, softcap, with_grad) -> (loss, lse, grad) and cross_entropy_bwd (dloss, grad) -> dlogits;
+# cross_entropy_eager(...same arguments) -> loss
+cross_entropy_fwd_op, cross_entropy_bwd_op, cross_entropy_eager = register_op(
+    "cross_entropy",
+    Impl(_fwd_launch, _fwd_reference, _fwd_fake, outputs=("loss", "lse", "grad")),
+    Impl(_bwd_launch, _bwd_reference, _bwd_fake, outputs=("dlogits",)),
+    differentiable=("loss",),
+    save=("grad",),
+    grads={"logits": "dlogits"},
+)

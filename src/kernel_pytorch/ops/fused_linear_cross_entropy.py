@@ -1,5 +1,5 @@
 """Fused linear + cross-entropy: loss = CE(x @ W.T (+ b), target) without ever holding all the logits.
-The chunked algorithm as plain functions (registration comes with the functional layer).
+The chunked algorithm, registered as `kernel_pytorch::fused_linear_cross_entropy_fwd` / `_bwd`.
 
 Shapes: x (..., H) -> N rows; weight W (V, H) of x's dtype; bias b (V,); target (...) -> N.
 Math: reference/fused_linear_cross_entropy.py; cross-entropy options as in reference/cross_entropy.py.
@@ -27,6 +27,11 @@ Memory beyond inputs and outputs is the (C, V) buffer, plus the fp32 accumulator
 where torch cannot accumulate into fp32 in place, an fp32 product per chunk: see
 `fp32_accumulate_in_place`). A tied weight (the
 input embedding) is only read here; adding grad_W to its other gradient is autograd's job.
+
+Registration: the forward op returns (loss, lse, grad_x, grad_w, grad_b), the gradients for an
+upstream gradient of 1 (empty where not needed, and for "none"); the backward op scales them by the
+upstream gradient (a new tensor each under compile and export; in place on the eager CUDA path, as
+ops/cross_entropy.py explains) or, for "none", recomputes them chunk by chunk.
 """
 
 from __future__ import annotations
@@ -38,8 +43,15 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
+from kernel_pytorch.ops._register import Impl, register_op
 from kernel_pytorch.ops._row_view import contiguous_rows
+from kernel_pytorch.ops._scale import scale_grad_, scaled_grad
 from kernel_pytorch.ops.cross_entropy import CrossEntropyOptions, launch_bwd, launch_fwd
+from kernel_pytorch.reference._math import acc, acc_dtype
+from kernel_pytorch.reference.fused_linear_cross_entropy import (
+    fused_linear_cross_entropy,
+    fused_linear_cross_entropy_backward,
+)
 
 # The chunk buffer's default cap: 1024 rows of a 128K bf16 vocabulary, where the grad_W update is
 # compute-bound and bf16 accumulation rounds 8 times over 8K tokens. Liger-Kernel's rule (chunk logits
@@ -264,3 +276,113 @@ def fused_linear_cross_entropy_bwd(
                    ce_weight, stats, logits, opts, eager=eager)
         grads.add_chunk(logits.tensor, x_c, start, start == 0)
     return grads.result(x.shape)
+
+
+# Registration. softcap 0.0 stands for no cap; needs_x/w/b: which gradients autograd wants.
+
+
+def _fwd_launch(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
+                ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
+                needs_x: bool, needs_w: bool, needs_b: bool, *, eager: bool = False) -> tuple:
+    out = fused_linear_cross_entropy_fwd(
+        x, weight, target, bias, ce_weight=ce_weight, ignore_index=ignore_index, reduction=reduction,
+        label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap or None,
+        needs=(needs_x, needs_w, needs_b and bias is not None), eager=eager)
+    return out.loss, out.lse, out.grad_x, out.grad_w, out.grad_b
+
+
+def _bwd_launch(dloss: Tensor, grad_x: Tensor | None, grad_w: Tensor | None, grad_b: Tensor | None, x: Tensor,
+                weight: Tensor, target: Tensor, lse: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
+                ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
+                needs_x: bool, needs_w: bool, needs_b: bool, *, eager: bool = False) -> tuple:
+    needs = (needs_x, needs_w, needs_b and bias is not None)
+    if reduction == "none":
+        return fused_linear_cross_entropy_bwd(
+            dloss, x, weight, target, lse, bias, ce_weight=ce_weight, ignore_index=ignore_index, reduction=reduction,
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap or None,
+            needs=needs, eager=eager)
+    out = []
+    for g, need in zip((grad_x, grad_w, grad_b), needs):
+        if not need:
+            out.append(None)
+        elif eager:  # the saved gradients are this backward's alone (ops/cross_entropy.py)
+            out.append(scale_grad_(g, dloss, eager=True))
+            torch.autograd.graph.increment_version(g)
+        else:
+            out.append(scaled_grad(g, dloss))
+    return tuple(out)
+
+
+def _fwd_reference(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
+                   ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
+                   needs_x: bool, needs_w: bool, needs_b: bool,
+                   ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    opts = dict(ce_weight=ce_weight, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                lse_square_scale=lse_square_scale, softcap=softcap or None)
+    loss = fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction, **opts)
+    logits = acc(torch.nn.functional.linear(x, weight, bias)).reshape(-1, weight.shape[0])
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    valid = target.reshape(-1) != ignore_index
+    lse = torch.where(valid, torch.logsumexp(logits, -1), torch.zeros((), dtype=logits.dtype))
+    if reduction == "none" or not (needs_x or needs_w or needs_b):
+        return loss, lse, None, None, None
+    dx, dw, db = fused_linear_cross_entropy_backward(torch.ones_like(loss), x, weight, target, bias,
+                                                     reduction=reduction, **opts)
+    return (loss, lse, dx.contiguous() if needs_x else None, dw.contiguous() if needs_w else None,
+            db if needs_b and bias is not None else None)
+
+
+def _bwd_reference(dloss: Tensor, grad_x: Tensor | None, grad_w: Tensor | None, grad_b: Tensor | None, x: Tensor,
+                   weight: Tensor, target: Tensor, lse: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
+                   ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
+                   needs_x: bool, needs_w: bool, needs_b: bool,
+                   ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    needs = (needs_x, needs_w, needs_b and bias is not None)
+    if reduction == "none":
+        grads = fused_linear_cross_entropy_backward(
+            dloss, x, weight, target, bias, ce_weight=ce_weight, ignore_index=ignore_index, reduction=reduction,
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap or None)
+    else:
+        grads = tuple(None if g is None else (acc(g) * acc(dloss)).to(g.dtype) for g in (grad_x, grad_w, grad_b))
+    return tuple(g.contiguous() if need and g is not None else None for g, need in zip(grads, needs))
+
+
+def _fwd_fake(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
+              ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
+              needs_x: bool, needs_w: bool, needs_b: bool,
+              ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    dtype = acc_dtype(x.dtype)
+    loss = x.new_empty(target.shape if reduction == "none" else (), dtype=dtype)
+    lse = x.new_empty(target.numel(), dtype=dtype)
+    if reduction == "none" or not (needs_x or needs_w or needs_b):
+        return loss, lse, None, None, None
+    return (loss, lse, torch.empty(x.shape, dtype=x.dtype, device=x.device) if needs_x else None,
+            torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if needs_w else None,
+            torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if needs_b and bias is not None else None)
+
+
+def _bwd_fake(dloss: Tensor, grad_x: Tensor | None, grad_w: Tensor | None, grad_b: Tensor | None, x: Tensor,
+              weight: Tensor, target: Tensor, lse: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
+              ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
+              needs_x: bool, needs_w: bool, needs_b: bool,
+              ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device) if needs_x else None,
+            torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if needs_w else None,
+            torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if needs_b and bias is not None else None)
+
+
+_OPTIONS = ("ignore_index", "reduction", "label_smoothing", "lse_square_scale", "softcap", "needs_x", "needs_w",
+            "needs_b")
+# kernel_pytorch::fused_linear_cross_entropy_fwd (x, weight, target, bias?, ce_weight?, options...) ->
+# (loss, lse, grad_x, grad_w, grad_b) and _bwd (dloss, the three gradients, x, weight, target, lse, bias?,
+# ce_weight?, options...) -> (dx, dweight, dbias); fused_linear_cross_entropy_eager(...) -> loss
+fused_linear_cross_entropy_fwd_op, fused_linear_cross_entropy_bwd_op, fused_linear_cross_entropy_eager = register_op(
+    "fused_linear_cross_entropy",
+    Impl(_fwd_launch, _fwd_reference, _fwd_fake, outputs=("loss", "lse", "grad_x", "grad_w", "grad_b")),
+    Impl(_bwd_launch, _bwd_reference, _bwd_fake, outputs=("dx", "dweight", "dbias")),
+    differentiable=("loss",),
+    save=("grad_x", "grad_w", "grad_b", "x", "weight", "target", "lse", "bias", "ce_weight"),
+    keep=_OPTIONS,
+    grads={"x": "dx", "weight": "dweight", "bias": "dbias"},
+)

@@ -26,6 +26,7 @@ SUITES: dict[str, str] = {
     "attention": "kernel_pytorch.benchmark.suites.attention",
     "rope": "kernel_pytorch.benchmark.suites.rope",
     "mlp": "kernel_pytorch.benchmark.suites.mlp",
+    "cross_entropy": "kernel_pytorch.benchmark.suites.cross_entropy",
 }
 
 

@@ -9,6 +9,9 @@ kernel_pytorch.reference run in the input dtype and in fp64:
 * parameter gradients, which sum over every row: eager's are PyTorch's own accumulation and so define
   the budget; every other provider's must meet it.
 
+Providers run on copies of the inputs, so one that writes into them (in place) is still checked
+against the reference on the inputs as drawn.
+
 The checks run in float64 on the host, so large tensors of rows (anything with 2+ dims: (rows, cols),
 (batch, heads, tokens, head_dim)) are checked on an evenly spaced sample of rows of their last dim;
 1-d tensors (weight and bias gradients) are checked whole.
@@ -114,8 +117,8 @@ def gate(spec: OpBench, impl: Impl | Callable[..., Any], shape: Shape, dtype: to
     op = spec.name
     t = spec.make_inputs(shape, dtype, device, seed)
     # the provider gets copies and the reference sees the inputs as drawn: a provider may write into its
-    # inputs (Liger's rope rotates q and k in place; an in-place backward, Liger's SwiGLU or ours with
-    # inplace_backward, writes its gradients over them)
+    # inputs (Liger's rope rotates q and k in place, its cross-entropy writes the gradient over the
+    # logits; an in-place backward, Liger's SwiGLU or ours with inplace_backward, writes over them)
     bound = bind(spec, impl, {k: v.clone() for k, v in t.items()}, grad=True)
     with torch.enable_grad():
         outs = tensors(bound.call())

@@ -1,0 +1,174 @@
+"""Loss family: cross_entropy and fused_linear_cross_entropy. Each validates its arguments once (eager
+only: types, shapes, dtypes, options, and the targets' range, which reads them: a host sync), resolves
+the backend (functional/_dispatch.py) and runs the eager launchers, the registered op or the reference.
+
+Both compute the gradient in the forward (one pass over the logits; for the fused loss, chunk by chunk
+without ever holding all the logits) and scale it by the upstream gradient in the backward. An
+all-ignored batch gives what torch gives: "mean" is 0/0 = NaN, "sum" 0, and the gradient is 0.
+
+`cross_entropy(..., inplace_backward=True)` writes the gradient over the logits (no logits-sized
+buffer): the caller promises not to read the logits again. That is an eager CUDA autograd.Function
+here, not a registered op: an op that writes into its input must declare it (mutates_args), and compile
+would then copy the logits to keep the graph functional, losing the memory it saves. Under compile, and
+off CUDA, the flag is ignored. The logits' version is bumped, so an autograd node that saved them
+raises instead of reading the gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernel_pytorch import reference
+from kernel_pytorch.functional._dispatch import Backend, _resolve, kernels
+from kernel_pytorch.reference.cross_entropy_checks import (
+    check_class_weight,
+    check_cross_entropy_args,
+    check_finite_loss,
+    check_linear_args,
+    check_options,
+    check_target,
+    check_target_range,
+)
+
+
+class _CrossEntropyInplace(torch.autograd.Function):
+    """Eager CUDA cross-entropy whose gradient is written over the logits (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,  # noqa: ANN001
+                reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float | None) -> Tensor:
+        out = kernels().cross_entropy.cross_entropy_fwd(
+            logits, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
+            lse_square_scale=lse_square_scale, softcap=softcap, grad_inplace=True, eager=True)
+        # logits now hold the gradient: whoever saved them must not read them as logits
+        torch.autograd.graph.increment_version(logits)
+        ctx.grad = out.grad  # not save_for_backward: that would check the version just bumped
+        return out.loss
+
+    @staticmethod
+    def backward(ctx, dloss: Tensor) -> tuple:  # noqa: ANN001
+        grad, ctx.grad = ctx.grad, None  # the buffer is this backward's alone; a second one finds None
+        if grad is None:
+            raise RuntimeError("cross_entropy(inplace_backward=True) can run its backward once only "
+                               "(its gradient was written over the logits and handed out)")
+        kernels().cross_entropy.scale_grad_(grad, dloss, eager=True)
+        return grad, None, None, None, None, None, None, None
+
+
+def _explain_non_finite(loss: Tensor, logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+                        label_smoothing: float, lse_square_scale: float, softcap: float | None,
+                        readable: bool) -> None:
+    """Raise FloatingPointError naming the first row whose loss is not finite, and why."""
+    if bool(torch.isfinite(loss).all()):
+        return
+    if not readable:  # the logits hold the gradient now
+        check_finite_loss(loss)
+        return
+    rows = reference.cross_entropy(logits.detach(), target, weight, ignore_index, "none", label_smoothing,
+                                   lse_square_scale, softcap)
+    check_finite_loss(rows, logits.detach())
+    raise FloatingPointError(f"the loss is {float(loss.reshape(-1)[0])} with finite rows: no row is counted "
+                             "(every target is ignore_index, or their class weights sum to 0)")
+
+
+def cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+    inplace_backward: bool = False,
+    check_finite: bool = False,
+    backend: Backend = "auto",
+) -> Tensor:
+    """Cross-entropy over class indices (torch.nn.functional.cross_entropy semantics, the class dim
+    last), with z-loss and logit soft-capping; loss and gradient in one pass (reference/cross_entropy.py).
+
+    Args:
+        logits: (..., V) fp32/bf16/fp16 (fp64 runs the reference).
+        target: (...) int64 (or uint8) class indices, or ignore_index.
+        weight: (V,) class weights or None.
+        reduction: "mean", "sum" or "none"; label_smoothing: in [0, 1].
+        lse_square_scale: z-loss scale (adds scale * lse^2 per row); softcap: c in c * tanh(x / c), or None.
+        inplace_backward: write the gradient over the logits (eager CUDA; module docstring).
+        check_finite: raise FloatingPointError naming the first row whose loss is not finite (a host sync).
+        backend: "auto", "triton" or "reference" (kernel_pytorch.functional's docstring).
+    Returns:
+        fp32 loss (fp64 for fp64 logits): 0-d, or target's shape for "none".
+    """
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        check_cross_entropy_args(logits, target, weight, reduction, label_smoothing, lse_square_scale, softcap,
+                                 ignore_index)
+        check_target_range(target, logits.shape[-1], ignore_index)
+    args = (int(ignore_index), reduction, float(label_smoothing), float(lse_square_scale))
+    path = _resolve(backend, "cross_entropy", logits, compiling)
+    with_grad = torch.is_grad_enabled() and logits.requires_grad
+    inplace = False
+    if path == "eager" and inplace_backward and with_grad:
+        inplace = True
+        loss = _CrossEntropyInplace.apply(logits, target, weight, *args, softcap)
+    elif path == "eager":
+        loss = kernels().cross_entropy_eager(logits, target, weight, *args, float(softcap or 0.0), with_grad)
+    elif path == "op":
+        loss = torch.ops.kernel_pytorch.cross_entropy_fwd(logits, target, weight, *args, float(softcap or 0.0),
+                                                           with_grad)[0]
+    else:
+        loss = reference.cross_entropy(logits, target, weight, *args, softcap)
+    if check_finite and not compiling:
+        _explain_non_finite(loss, logits, target, weight, args[0], args[2], args[3], softcap, not inplace)
+    return loss
+
+
+def fused_linear_cross_entropy(
+    x: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None = None,
+    *,
+    ce_weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+    backend: Backend = "auto",
+) -> Tensor:
+    """cross_entropy(x @ weight.T + bias, target) without holding all the logits: chunks of rows sized
+    from the shapes and the free memory (ops/fused_linear_cross_entropy.py).
+
+    Args:
+        x: (..., H) fp32/bf16/fp16; weight: (V, H) of x's dtype (may be tied to the input embedding);
+            target: (...) class indices; bias: (V,) or None.
+        ce_weight: (V,) class weights (torch's `weight`); the other options as in `cross_entropy`.
+    Returns:
+        fp32 loss (fp64 for fp64 x): 0-d, or target's shape for "none".
+    """
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        check_linear_args(x, weight, bias)
+        check_target(target, x.shape[:-1], x.device)
+        check_class_weight(ce_weight, weight.shape[0], x.device, "ce_weight")
+        check_options(reduction, label_smoothing, lse_square_scale, softcap, ignore_index)
+        check_target_range(target, weight.shape[0], ignore_index)
+    path = _resolve(backend, "fused_linear_cross_entropy", x, compiling)
+    if path == "reference":
+        return reference.fused_linear_cross_entropy(
+            x, weight, target, bias, ce_weight=ce_weight, ignore_index=ignore_index, reduction=reduction,
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap)
+    grad = torch.is_grad_enabled()
+    needs = (grad and x.requires_grad, grad and weight.requires_grad,
+             grad and bias is not None and bias.requires_grad)
+    args = (x, weight, target, bias, ce_weight, int(ignore_index), reduction, float(label_smoothing),
+            float(lse_square_scale), float(softcap or 0.0), *needs)
+    if path == "eager":
+        return kernels().fused_linear_cross_entropy_eager(*args)
+    return torch.ops.kernel_pytorch.fused_linear_cross_entropy_fwd(*args)[0]
+
+
+__all__ = ["cross_entropy", "fused_linear_cross_entropy"]

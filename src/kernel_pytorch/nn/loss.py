@@ -1,0 +1,81 @@
+"""Loss modules: a drop-in for torch.nn.CrossEntropyLoss, and the fused linear + cross-entropy loss of
+a language-model head.
+
+`CrossEntropyLoss` subclasses torch's and overrides `forward` only (constructor arguments, the `weight`
+buffer, `state_dict` keys and `repr` are torch's); it adds keyword-only options torch lacks. Inputs
+torch lays out with the class dim second ((N, C, d1, ...)) are viewed class-last; class-probability
+targets are handed to torch's own forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernel_pytorch import functional as F
+from kernel_pytorch.functional import Backend
+
+
+class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
+    """torch.nn.CrossEntropyLoss running kernel_pytorch's cross-entropy (Triton on CUDA): loss and
+    gradient in one pass over the logits, fp32 math whatever their dtype.
+
+    Same arguments as torch.nn.CrossEntropyLoss, plus keyword-only:
+        lse_square_scale: z-loss scale (adds scale * logsumexp^2 per counted row).
+        softcap: logit soft-capping c * tanh(x / c) (Gemma-2), or None.
+        inplace_backward: write the gradient over the input logits (eager CUDA; the caller must not
+            read them again: functional/loss.py).
+    forward: input (N, C), (N, C, d1, ...) or (C,); target (N), (N, d1, ...) or () class indices
+    -> fp32 loss, 0-d or target's shape ("none").
+    """
+
+    backend: Backend = "auto"
+
+    def __init__(self, *args, lse_square_scale: float = 0.0, softcap: float | None = None,
+                 inplace_backward: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lse_square_scale, self.softcap, self.inplace_backward = lse_square_scale, softcap, inplace_backward
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 (torch's name)
+        if target.is_floating_point():  # class probabilities: torch's own loss
+            return super().forward(input, target)
+        logits = input.movedim(1, -1) if input.dim() > 2 else input
+        return F.cross_entropy(
+            logits, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
+            label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
+            inplace_backward=self.inplace_backward, backend=self.backend)
+
+
+class FusedLinearCrossEntropyLoss(torch.nn.Module):
+    """cross_entropy(hidden @ weight.T + bias, target) without holding the logits (the LM head's loss):
+    chunks of tokens, the gradients computed in the forward (functional.fused_linear_cross_entropy).
+
+    Args:
+        ignore_index, reduction, label_smoothing: as torch.nn.CrossEntropyLoss.
+        lse_square_scale, softcap: as `CrossEntropyLoss`.
+        ce_weight: (V,) class weights or None (a buffer, like torch's `weight`).
+    forward(hidden (..., H), weight (V, H), target (...), bias (V,) or None) -> fp32 loss, 0-d or
+    target's shape ("none"). weight may be tied to the input embedding.
+    """
+
+    backend: Backend = "auto"
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                 lse_square_scale: float = 0.0, softcap: float | None = None,
+                 ce_weight: Tensor | None = None) -> None:
+        super().__init__()
+        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
+        self.lse_square_scale, self.softcap = lse_square_scale, softcap
+        self.register_buffer("ce_weight", ce_weight)
+
+    def forward(self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None) -> Tensor:
+        return F.fused_linear_cross_entropy(
+            hidden, weight, target, bias, ce_weight=self.ce_weight, ignore_index=self.ignore_index,
+            reduction=self.reduction, label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale,
+            softcap=self.softcap, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}"
+
+
+__all__ = ["CrossEntropyLoss", "FusedLinearCrossEntropyLoss"]

@@ -1,0 +1,129 @@
+"""kernel_pytorch.functional's loss family: argument errors name the argument, every backend computes
+torch's / the reference's loss and gradients, all-ignored batches as torch defines them, non-finite
+logits reported, tied weights, and the in-place-gradient autograd.Function (interpreter on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as TF
+
+from kernel_pytorch import functional as F
+from kernel_pytorch import reference as R
+from kernel_pytorch.functional import loss as loss_mod
+from tests.grid import randn
+from tests.ops.norm_helpers import assert_close
+
+IGNORE = -100
+
+
+def _inputs(n: int = 6, v: int = 11):
+    logits = randn(n, v).requires_grad_()
+    target = torch.randint(0, v, (n,))
+    target[2] = IGNORE
+    return logits, target
+
+
+def test_cross_entropy_errors_name_the_argument() -> None:
+    logits, target = _inputs()
+    with pytest.raises(ValueError, match=r"target 11 at index \(5,\) is out of range for 11 classes"):
+        F.cross_entropy(logits, torch.tensor([0, 1, 2, 3, 4, 11]))
+    with pytest.raises(TypeError, match="target must be int64"):
+        F.cross_entropy(logits, target.int())
+    with pytest.raises(TypeError, match="class probabilities"):
+        F.cross_entropy(logits, torch.rand(6, 11))
+    with pytest.raises(ValueError, match=r"target must have shape \(6,\)"):
+        F.cross_entropy(logits, target[:5])
+    with pytest.raises(ValueError, match=r"weight must have shape \(11,\)"):
+        F.cross_entropy(logits, target, torch.ones(3))
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        F.cross_entropy(logits, target, reduction="avg")
+    with pytest.raises(ValueError, match="label_smoothing must be between"):
+        F.cross_entropy(logits, target, label_smoothing=1.5)
+    bad = logits.detach().clone()
+    bad[4, 3] = float("nan")
+    with pytest.raises(FloatingPointError, match="row 4 is nan: its logits hold NaN"):
+        F.cross_entropy(bad, target, check_finite=True)
+
+
+def test_fused_linear_cross_entropy_errors_name_the_argument() -> None:
+    x, w, target = randn(6, 8), randn(11, 8), torch.randint(0, 11, (6,))
+    with pytest.raises(ValueError, match=r"weight must have shape \(V, 8\)"):
+        F.fused_linear_cross_entropy(x, randn(11, 7), target)
+    with pytest.raises(TypeError, match="weight must have x's dtype"):
+        F.fused_linear_cross_entropy(x, w.double(), target)
+    with pytest.raises(ValueError, match="out of range for 11 classes"):
+        F.fused_linear_cross_entropy(x, w, target + 11)
+    with pytest.raises(ValueError, match=r"ce_weight must have shape \(11,\)"):
+        F.fused_linear_cross_entropy(x, w, target, ce_weight=torch.ones(4))
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_is_torchs(backend: str, reduction: str) -> None:
+    logits, target = _inputs()
+    weight = torch.rand(11) + 0.5
+    ours = F.cross_entropy(logits, target, weight, reduction=reduction, label_smoothing=0.1, backend=backend)
+    want = TF.cross_entropy(logits, target, weight, reduction=reduction, label_smoothing=0.1)
+    dloss = torch.rand(want.shape) + 0.25
+    assert_close(ours, want, "loss")
+    assert_close(torch.autograd.grad(ours, logits, dloss)[0], torch.autograd.grad(want, logits, dloss)[0], "grad")
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_all_ignored_is_torchs(backend: str) -> None:
+    logits = randn(4, 7).requires_grad_()
+    target = torch.full((4,), IGNORE)
+    for reduction in ("mean", "sum", "none"):
+        ours = F.cross_entropy(logits, target, reduction=reduction, backend=backend)
+        want = TF.cross_entropy(logits, target, reduction=reduction)
+        torch.testing.assert_close(ours, want, equal_nan=True)
+        grad = torch.autograd.grad(ours.sum(), logits)[0]
+        assert torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_compiled_cross_entropy_no_breaks() -> None:
+    logits, target = _inputs()
+    f = torch.compile(lambda z: F.cross_entropy(z, target, lse_square_scale=1e-3, softcap=4.0), fullgraph=True,
+                      backend="aot_eager")
+    want = R.cross_entropy(logits, target, None, IGNORE, "mean", 0.0, 1e-3, 4.0)
+    ours = f(logits)
+    assert_close(ours, want, "loss")
+    assert_close(torch.autograd.grad(ours, logits)[0], torch.autograd.grad(want, logits)[0], "grad")
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_fused_linear_cross_entropy_tied_weight(backend: str, reduction: str) -> None:
+    """The lm_head weight is also the input embedding: both gradients add up in the one parameter."""
+    emb = randn(11, 8).requires_grad_()
+    ids, target = torch.randint(0, 11, (6,)), torch.randint(0, 11, (6,))
+    target[0] = IGNORE
+
+    def run(fn):
+        h = torch.tanh(TF.embedding(ids, emb))
+        return fn(h, emb, target, reduction=reduction, label_smoothing=0.1)
+
+    ours = run(lambda *a, **k: F.fused_linear_cross_entropy(*a, **k, backend=backend))
+    want = run(lambda h, w, t, **k: TF.cross_entropy(h @ w.t(), t, **k))
+    dloss = torch.rand(want.shape) + 0.25
+    assert_close(ours, want, "loss")
+    assert_close(torch.autograd.grad(ours, emb, dloss)[0], torch.autograd.grad(want, emb, dloss)[0], "grad")
+
+
+def test_inplace_backward_function() -> None:
+    """The eager in-place path (launched directly: CUDA's path, run by the interpreter here): the
+    gradient lands in the logits' memory, reaches the layers below, and a second backward refuses."""
+    h, w = randn(5, 8).requires_grad_(), randn(13, 8).requires_grad_()
+    target = torch.randint(0, 13, (5,))
+    logits = h @ w.t()
+    loss = loss_mod._CrossEntropyInplace.apply(logits, target, None, IGNORE, "mean", 0.1, 0.0, None)
+    ref_logits = h @ w.t()
+    want = R.cross_entropy(ref_logits, target, None, IGNORE, "mean", 0.1)
+    assert_close(loss, want, "loss")
+    dloss = torch.tensor(1.5)
+    got = torch.autograd.grad(loss, (h, w), dloss, retain_graph=True)
+    for a, b in zip(got, torch.autograd.grad(want, (h, w), dloss)):
+        assert_close(a, b, "grad")
+    with pytest.raises(RuntimeError, match="backward once only"):
+        torch.autograd.grad(loss, (h, w), dloss)
