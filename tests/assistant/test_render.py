@@ -51,6 +51,12 @@ def test_meta_dtype_of_a_model_without_parameters() -> None:
     assistant = kp.CompilerOptimizationAssistant(measure_compile_time=False, vary_scalars=False)
     report = assistant.analyze_component(nn.GELU(), (torch.randn(2, 4, dtype=torch.float64),))
     assert report.meta["dtype"] == "float64"
-    assert report.meta["sections_run"] == ["compilation_readiness", "recompilations", "compile_time"]
+    assert report.meta["sections_run"] == [
+        "compilation_readiness",
+        "recompilations",
+        "compile_time",
+        "fusion_opportunities",
+        "memory_bottlenecks",
+    ]
     ints = assistant.analyze_component(nn.Identity(), (torch.arange(3),))
     assert ints.meta["dtype"] == "no parameters"
