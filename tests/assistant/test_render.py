@@ -52,7 +52,8 @@ def test_meta_dtype_of_a_model_without_parameters() -> None:
     report = assistant.analyze_component(nn.GELU(), (torch.randn(2, 4, dtype=torch.float64),))
     assert report.meta["dtype"] == "float64"
     run = report.meta["sections_run"]
-    assert {"compilation_readiness", "recompilations", "compile_time", "kernel_efficiency"} <= set(run)
+    assert {"compilation_readiness", "recompilations", "compile_time", "fusion_opportunities",
+            "memory_bottlenecks", "kernel_efficiency"} <= set(run)
     assert run[-1] == "optimization_suggestions"
     ints = assistant.analyze_component(nn.Identity(), (torch.arange(3),))
     assert ints.meta["dtype"] == "no parameters"
