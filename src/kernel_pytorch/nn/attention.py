@@ -26,18 +26,17 @@ from torch import Tensor, nn
 
 from kernel_pytorch import reference
 from kernel_pytorch.functional.attention import AttentionBackend, attention, prepare_mask
+from kernel_pytorch.functional.rope import apply_rotary
 from kernel_pytorch.reference.rotary_tables import RotaryConfig, inv_freq_and_scaling, rotary_config
 
 _SPLIT = ("q_proj", "k_proj", "v_proj")
 
 
 def _rotary(q: Tensor, k: Tensor, inv_freq: Tensor, scaling: float, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """The one place RoPE is applied: q, k (B, H, T, D) rotated at position_ids (B, T).
-
-    Uses the reference tables and rotation; switching to kernel_pytorch.functional's RoPE op is a
-    change to this function only."""
+    """The one place RoPE is applied: q, k (B, H, T, D) rotated at position_ids (B, T), q and k in one
+    launch on CUDA (functional.apply_rotary)."""
     cos, sin = reference.cos_sin(inv_freq, position_ids, scaling, q.dtype)
-    return reference.rope(q, k, cos, sin)
+    return apply_rotary(q, k, cos, sin)
 
 
 def _rope_config(rope: Any, head_dim: int) -> RotaryConfig | None:
