@@ -329,6 +329,18 @@ def test_locations_are_executed_code_lines(name: str) -> None:
     assert not _location_problems(_analysed(name))
 
 
+def test_recompile_in_a_library_names_the_way_in() -> None:
+    """A recompile whose guard sits in transformers' code names the model's forward too (`via`), unless
+    it is that forward."""
+    from kernel_pytorch.assistant.locate import definition_location, is_library_file
+
+    a = _analysed("llama")
+    entry = definition_location(a.model)
+    inside = [f.location for f in a.causes() if f.location and is_library_file(f.location.file)]
+    assert inside and entry is not None
+    assert all(loc.via == entry or (loc.file, loc.line) == (entry.file, entry.line) for loc in inside)
+
+
 @pytest.mark.parametrize("name", _params("test_co_varying_inputs_are_marked_together", list(COVARYING)))
 def test_co_varying_inputs_are_marked_together(name: str) -> None:
     """The targeted fix marks every input that shares the swept dim, and is verified at 0 recompiles."""

@@ -8,13 +8,13 @@ finding naming every input that shares the dim, whichever of them the failed gua
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.dynamo import backend_name
 from kernel_pytorch.assistant.findings import Finding, Severity
 from kernel_pytorch.assistant.inputs import InputKey
-from kernel_pytorch.assistant.locate import definition_location
+from kernel_pytorch.assistant.locate import definition_location, is_library_file
 from kernel_pytorch.assistant.recompile_causes import Cause
 from kernel_pytorch.assistant.recompile_fixes import (
     Attempt,
@@ -109,6 +109,11 @@ def cause_finding(ctx: AnalysisContext, key: GroupKey, members: Sequence[Cause],
     ikey = input_key(ctx, first)
     shown = ctx.input_name(ikey) if ikey is not None else first.name
     location = next((c.location for c in members if c.location), None) or definition_location(ctx.module)
+    if location is not None and location.via is None and is_library_file(location.file):
+        # a guard names one frame, not a stack: the way in from the user's side is the model's forward
+        entry = definition_location(ctx.module)
+        if entry is not None and (entry.file, entry.line) != (location.file, location.line):
+            location = replace(location, via=entry)
     n = len(members)
     best = shared.best
     verified = best is not None and covers(best.fix, ctx, first)
