@@ -18,6 +18,8 @@ from tests.optimize import models
 transformers = pytest.importorskip("transformers")
 
 N_NORMS = 5  # two per layer in two layers, and the final norm
+N_MLPS = 2  # one per layer
+DECODER_COUNTS = {"hf_rms_norm": N_NORMS, "hf_gated_mlp": N_MLPS}
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -44,7 +46,7 @@ def llama_run() -> dict:
 def test_llama_norms_swapped_by_instance(llama_run: dict) -> None:
     model, report = llama_run["model"], llama_run["report"]
     assert report.passed and report.validated
-    assert report.counts() == {"hf_rms_norm": N_NORMS}
+    assert report.counts() == DECODER_COUNTS
     norms = [m for n, m in model.named_modules() if n.endswith("norm")]
     assert len(norms) == N_NORMS and all(type(m) is kp.nn.RMSNorm for m in norms)
     # the transformers class itself is untouched, and still what a fresh model is built from
@@ -91,22 +93,22 @@ def test_bf16_llama_rounds_as_transformers() -> None:
     model, inputs = models.llama()
     model.to(torch.bfloat16)
     _, report = optimize(model, inputs, seeds=(0,))
-    assert report.passed and report.counts() == {"hf_rms_norm": N_NORMS}
+    assert report.passed and report.counts() == DECODER_COUNTS
     assert model.model.norm.weight.dtype == torch.bfloat16
 
 
 def test_qwen2_norms_swapped() -> None:
     model, inputs = models.qwen2()
     _, report = optimize(model, inputs, seeds=(0,))
-    assert report.passed and report.counts() == {"hf_rms_norm": N_NORMS}
+    assert report.passed and report.counts() == DECODER_COUNTS
 
 
 def test_gemma_norms_swapped_with_their_rounding() -> None:
     model, inputs = models.gemma()
     _, report = optimize(model, inputs, seeds=(0,))
-    assert report.passed and report.counts() == {"hf_rms_norm": N_NORMS}
+    assert report.passed and report.counts() == DECODER_COUNTS
     assert (model.model.norm.casting, model.model.norm.offset) == ("gemma", 1.0)
-    assert "Gemma-style" in report.applied()[0].reason
+    assert "Gemma-style" in next(c for c in report.applied() if c.rule == "hf_rms_norm").reason
     assert rms_norm_options("gemma") == {"casting": "gemma", "offset": 1.0}
 
 
@@ -126,7 +128,7 @@ def test_builtin_vit_layer_norms_swapped() -> None:
 
     model, inputs = build_model("vit-tiny")
     _, report = optimize(model, inputs, seeds=(0,))
-    assert report.passed and report.counts() == {"torch_layer_norm": N_NORMS}
+    assert report.passed and report.counts() == {"torch_layer_norm": N_NORMS, "fc_mlp": N_MLPS}
 
 
 def test_plain_stack_shared_module_stays_shared() -> None:

@@ -5,8 +5,8 @@ A rule never edits the module it is shown, nor any class: it returns a new modul
 same `Parameter` objects, so names, devices, dtypes, `state_dict` keys and ties are kept) or says why
 not. `optimize()` swaps the instance in the model, validates, and reverts what fails.
 
-Families: `norms.py` (torch and Hugging Face norms). The MLP, rotary, attention and loss families get
-their files when their modules exist in `kernel_pytorch.nn`.
+Families: `norms.py` (torch and Hugging Face norms), `mlp.py` (gated and fc1/fc2 MLPs). The rotary,
+attention and loss families get their files when their rules are written.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Match:
 
 @runtime_checkable
 class Rule(Protocol):
-    """One replacement: `name` (unique, used in reports and `components=`), `family` ("norms", ...).
+    """One replacement: `name` (unique, used in reports and `components=`), `family` ("norms", "mlp", ...).
 
     `match(module, name, model)` returns None when the module is not of the rule's kind, else a
     `Match`: the replacement (a new module holding the same parameters) or None with the reason it is
@@ -42,9 +42,10 @@ class Rule(Protocol):
 
 def default_rules() -> list[Rule]:
     """Every built-in rule, in the order they are tried (the first rule that matches a module wins)."""
+    from kernel_pytorch.optimize.rules.mlp import MLP_RULES
     from kernel_pytorch.optimize.rules.norms import NORM_RULES
 
-    return [*NORM_RULES]
+    return [*NORM_RULES, *MLP_RULES]
 
 
 __all__ = ["Match", "Rule", "default_rules"]

@@ -1,0 +1,115 @@
+"""MLP rules: Hugging Face-style gated MLPs to `kernel_pytorch.nn.GatedMLP`, and fc1 -> act -> fc2
+MLPs to `kernel_pytorch.nn.MLP`.
+
+Recognised by structure, not by class name:
+
+    hf_gated_mlp:  child Linears gate_proj, up_proj, down_proj   LlamaMLP, MistralMLP, Qwen2MLP, GemmaMLP ...
+    fc_mlp:        child Linears fc1, fc2                          CLIPMLP, SiglipMLP, PhiMLP, ViT MLPs ...
+
+The activation is the module's torch activation module, else its `config.hidden_act`
+(`GatedMLP.from_module`, `MLP.from_module`); one we do not run (relu2, quick_gelu, ...) leaves the
+module alone, with the reason. A probe input then checks that the replacement computes what the
+module computes, so a module with these names and another forward is left alone too.
+
+The replacement holds the module's own Linear `Parameter` objects under the same names, so
+`state_dict` keys (`...mlp.gate_proj.weight`), dtype, device and optimizer state are unchanged. Modules
+whose state would not carry over (extra parameters or buffers, hooks on them or their projections,
+Linear subclasses with their own forward, dropout) are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from kernel_pytorch import nn as kp_nn
+from kernel_pytorch.optimize.rules import Match
+from kernel_pytorch.optimize.rules._common import blocked, probe_input, run_probe, same_output
+
+_GATED = ("gate_proj", "up_proj", "down_proj")
+_FC = ("fc1", "fc2")
+
+
+def _linears(module: nn.Module, names: tuple[str, ...]) -> dict[str, nn.Linear] | None:
+    """module's children `names` when every one is a torch.nn.Linear, else None (not this kind)."""
+    found = {n: getattr(module, n, None) for n in names}
+    if not all(isinstance(m, nn.Linear) for m in found.values()):
+        return None
+    return found  # type: ignore[return-value]
+
+
+def _left_alone(module: nn.Module, projs: dict[str, nn.Linear]) -> str | None:
+    """Why `module` cannot be rebuilt around its projections' parameters without losing something."""
+    if (why := blocked(module)) is not None:
+        return why
+    for name, proj in projs.items():
+        if (why := blocked(proj)) is not None:
+            return f"{name}: {why}"
+        if type(proj).forward is not nn.Linear.forward:
+            return f"{name} is a {type(proj).__name__} with its own forward (LoRA, quantized, ...)"
+    own = (*module.parameters(recurse=False), *module.buffers(recurse=False))
+    if own:
+        return "holds parameters or buffers of its own, which the replacement would drop"
+    for name, child in module.named_children():
+        if name in projs:
+            continue
+        if next(child.parameters(), None) is not None or next(child.buffers(), None) is not None:
+            return f"child {name} ({type(child).__name__}) holds parameters or buffers the replacement would drop"
+        if any(isinstance(m, nn.Dropout) and m.p > 0 for m in child.modules()):
+            return f"child {name} is a dropout (p > 0), which the replacement does not apply"
+    return None
+
+
+def _swap(module: nn.Module, projs: dict[str, nn.Linear], build: Callable[[nn.Module], nn.Module],
+          target: str) -> Match:
+    """The Match for a module of the rule's kind: `build(module)` checked for keys and on a probe."""
+    kind = type(module).__name__
+    if (why := _left_alone(module, projs)) is not None:
+        return Match(None, why)
+    try:
+        new = build(module)
+    except (TypeError, ValueError) as exc:
+        return Match(None, f"{kind}: {exc}")
+    new.train(module.training)
+    old_keys, new_keys = list(module.state_dict(keep_vars=True)), list(new.state_dict(keep_vars=True))
+    if old_keys != new_keys:
+        return Match(None, f"{kind}'s state_dict keys {old_keys} would become {new_keys}")
+    first = next(iter(projs.values()))
+    x = probe_input(first.in_features, first.weight)
+    expected = run_probe(module, x)
+    if expected is None:
+        return Match(None, f"{kind} does not run on a (..., {first.in_features}) probe input")
+    act = getattr(new, "activation", "?")
+    if not same_output(expected, run_probe(new, x)):
+        return Match(None, f"{kind} computes something other than {target}(activation={act!r}) on a probe input")
+    return Match(new, f"{kind} ({act}) -> kernel_pytorch.nn.{target}")
+
+
+class HFGatedMLPRule:
+    """An HF-style gated MLP (gate_proj/up_proj/down_proj Linears, any class) -> kernel_pytorch.nn.GatedMLP."""
+
+    name = "hf_gated_mlp"
+    family = "mlp"
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
+        if isinstance(module, kp_nn.GatedMLP) or (projs := _linears(module, _GATED)) is None:
+            return None
+        return _swap(module, projs, kp_nn.GatedMLP.from_module, "GatedMLP")
+
+
+class FcMLPRule:
+    """An fc1 -> activation -> fc2 MLP (fc1/fc2 Linears, any class) -> kernel_pytorch.nn.MLP."""
+
+    name = "fc_mlp"
+    family = "mlp"
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
+        if isinstance(module, kp_nn.MLP) or (projs := _linears(module, _FC)) is None:
+            return None
+        return _swap(module, projs, kp_nn.MLP.from_module, "MLP")
+
+
+MLP_RULES = (HFGatedMLPRule(), FcMLPRule())
+
+__all__ = ["MLP_RULES", "FcMLPRule", "HFGatedMLPRule"]
