@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from kernel_pytorch import reference as R
+from kernel_pytorch.benchmark.memory import peak_memory
 from kernel_pytorch.ops import cross_entropy as ce
 from kernel_pytorch.ops._scale import scale_grad_
 from kernel_pytorch.ops.fused_linear_cross_entropy import (
@@ -84,15 +85,8 @@ def graph_ms(fn) -> float:
 
 
 def peak_bytes(fn) -> int:
-    """Peak allocated memory above what was allocated before `fn` (its outputs included)."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return peak
+    """Peak allocated memory above what was allocated before `fn`, its outputs included."""
+    return peak_memory(fn).peak_bytes
 
 
 def copy_gbps() -> float:

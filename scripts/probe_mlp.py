@@ -29,6 +29,7 @@ from triton.testing import do_bench
 
 from kernel_pytorch import reference as R
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
+from kernel_pytorch.benchmark.memory import peak_memory
 from kernel_pytorch.ops import _activations
 from kernel_pytorch.ops import bias_act as ba_ops
 from kernel_pytorch.ops.bias_act import bias_act_bwd, bias_act_fwd
@@ -81,12 +82,8 @@ def graph_ms(fn) -> float:
 
 
 def peak_mib(fn) -> float:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
+    """Peak allocated memory above what was allocated before `fn`, its outputs included."""
+    return peak_memory(fn).peak_bytes / 2**20
 
 
 class _OursSplit(torch.autograd.Function):

@@ -28,6 +28,7 @@ import torch
 from triton.testing import do_bench
 
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
+from kernel_pytorch.benchmark.memory import peak_memory
 from kernel_pytorch.ops import embedding as emb_ops
 from kernel_pytorch.ops import rope as rope_ops
 from kernel_pytorch.ops.embedding import embedding_grad
@@ -102,12 +103,8 @@ def host_us(fn, calls: int = 500) -> float:
 
 
 def peak_mib(fn) -> float:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
+    """Peak allocated memory above what was allocated before `fn`, its outputs included."""
+    return peak_memory(fn).peak_bytes / 2**20
 
 
 # --- providers ---------------------------------------------------------------------------------------
