@@ -35,9 +35,6 @@ from torch import Tensor
 
 from kernel_pytorch import functional as kpf
 from kernel_pytorch import reference
-from kernel_pytorch.benchmark.ceilings import Ceilings
-from kernel_pytorch.benchmark.results import BenchmarkResults
-from kernel_pytorch.benchmark.suites import runner
 from kernel_pytorch.benchmark.suites.spec import ModulePeer, OpBench, Shape, Suite, generator
 from kernel_pytorch.reference.rotary_tables import cos_sin, default_inv_freq
 
@@ -186,21 +183,5 @@ OPS = SUITE.ops
 PROVIDERS = SUITE.providers  # ours, eager, compile, liger
 
 
-def run(
-    *,
-    device: torch.device | str | None = None,
-    providers: tuple[str, ...] | None = None,
-    ops: tuple[str, ...] = OPS,
-    shapes: tuple[Shape, ...] | None = None,
-    dtype: torch.dtype = torch.bfloat16,
-    quick: bool = False,
-    ceilings: Ceilings | None = None,
-    progress: runner.Progress | None = None,
-) -> BenchmarkResults:
-    """Run the suite (see `runner.run` for the arguments) and return its results."""
-    return runner.run(SUITE, device=device, providers=providers, ops=ops, shapes=shapes, dtype=dtype,
-                      quick=quick, ceilings=ceilings, progress=progress)
-
-
 __all__ = ["DECODE", "EMBEDDING", "NAME", "OPS", "PROVIDERS", "ROPE", "ROPE_INTERLEAVED", "SPECS", "SUITE", "TRAIN",
-           "hf_apply_rotary_interleaved", "hf_apply_rotary_pos_emb", "hf_rotate_half", "hf_rotate_pairs", "run"]
+           "hf_apply_rotary_interleaved", "hf_apply_rotary_pos_emb", "hf_rotate_half", "hf_rotate_pairs"]
