@@ -127,3 +127,31 @@ def test_inplace_backward_function() -> None:
         assert_close(a, b, "grad")
     with pytest.raises(RuntimeError, match="backward once only"):
         torch.autograd.grad(loss, (h, w), dloss)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fused", [False, True])
+def test_losses_capture_in_a_cuda_graph(fused: bool) -> None:
+    """The target range check reads the targets on the host: skipped under capture, so the loss and its
+    backward replay from a CUDA graph and match the eager call."""
+    dev = torch.device("cuda")
+    x = randn(64, 32, device=dev, dtype=torch.bfloat16).requires_grad_()
+    w = randn(100, 32, device=dev, dtype=torch.bfloat16)
+    target = torch.randint(0, 100, (64,), device=dev)
+
+    def step() -> torch.Tensor:
+        loss = F.fused_linear_cross_entropy(x, w, target) if fused else F.cross_entropy(x @ w.t(), target)
+        (dx,) = torch.autograd.grad(loss, (x,))
+        return dx
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        expected = step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)

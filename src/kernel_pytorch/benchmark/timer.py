@@ -9,6 +9,7 @@ the same `Timing`.
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -23,6 +24,10 @@ Fn = Callable[[], Any]
 # millisecond kernels, few enough that a 100 ms budget on a microsecond kernel stays bounded.
 MIN_REPS = 10
 MAX_REPS = 2000
+# CUDA-graph replay: the work one graph holds at least (ms, when calls_per_graph allows) and the total
+# replay time aimed at (ms, within MIN_REPS..replays replays)
+GRAPH_MIN_MS = 2.0
+GRAPH_REPLAY_MS = 300.0
 # Fallback L2 size when the device properties do not report one (H100: 50 MiB).
 _DEFAULT_L2_BYTES = 50 * 2**20
 
@@ -247,15 +252,16 @@ def time_cuda_graph(
 ) -> Timing:
     """Time per call when `fn` is replayed from a CUDA graph (no CPU launch cost, no L2 flush).
 
-    The graph holds `calls_per_graph` calls (rotating over `fn` when it is a sequence, so rotate
-    enough copies to exceed L2 for a cold-cache figure); each replay is timed with events and divided
-    by the calls it holds.
+    The graph holds up to `calls_per_graph` calls, as many as make GRAPH_MIN_MS of work (rotating over
+    `fn` when it is a sequence, so rotate enough copies to exceed L2 for a cold-cache figure); each
+    replay is timed with events and divided by the calls it holds; up to `replays` replays, as many as
+    fill GRAPH_REPLAY_MS (at least MIN_REPS).
 
     Args:
         fn: zero-argument callable(s) whose CUDA work is capturable (static shapes, no host syncs).
         device: a CUDA device (default: the current one).
-        calls_per_graph: calls captured in one graph (rounded up to a multiple of len(fn)).
-        replays: timed replays.
+        calls_per_graph: most calls captured in one graph (rounded up to a multiple of len(fn)).
+        replays: most timed replays.
     Raises:
         RuntimeError: capture failed (the message says why), or no CUDA device.
     """
@@ -263,24 +269,43 @@ def time_cuda_graph(
     dev = resolve_device(device if device is not None else "cuda")
     if dev.type != "cuda":
         raise RuntimeError("CUDA-graph replay needs a CUDA device")
-    n_calls = math.ceil(max(calls_per_graph, len(fns)) / len(fns)) * len(fns)
     with torch.cuda.device(dev):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        # warm-up on a side stream, as capture requires (autograd and the allocator set up lazily)
+        # warm-up on a side stream, as capture requires (autograd and the allocator set up lazily); the
+        # second round is timed to size the graph
         with torch.cuda.stream(side):
-            for _ in range(2):
-                for f in fns:
-                    f()
+            for f in fns:
+                f()
+            begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record(side)
+            for f in fns:
+                f()
+            finish.record(side)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
+        per_call_ms = max(begin.elapsed_time(finish) / len(fns), 1e-4)
+        # a graph of at least ~GRAPH_MIN_MS of work hides the replay's own launch; calls of milliseconds
+        # need few, and few replays: a fixed 20 x 50 calls of a 40 ms step would take 40 s per row
+        per_graph = max(1, min(calls_per_graph, math.ceil(GRAPH_MIN_MS / per_call_ms)))
+        n_calls = math.ceil(max(per_graph, len(fns)) / len(fns)) * len(fns)
+        replays = max(MIN_REPS, min(replays, math.ceil(GRAPH_REPLAY_MS / (n_calls * per_call_ms))))
         graph = torch.cuda.CUDAGraph()
+        failure = None
         try:
             with torch.cuda.graph(graph):
                 for i in range(n_calls):
                     fns[i % len(fns)]()
         except Exception as exc:
-            raise RuntimeError(f"CUDA-graph capture failed: {type(exc).__name__}: {exc}") from exc
+            failure = f"CUDA-graph capture failed: {type(exc).__name__}: {exc}"
+        if failure is not None:
+            # the exception's frames hold tensors of the graph's private pool: drop them, the graph and the
+            # pool before raising, or every later measurement in this process runs short of memory
+            del graph
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            raise RuntimeError(failure)
         for _ in range(3):
             graph.replay()
         torch.cuda.synchronize()

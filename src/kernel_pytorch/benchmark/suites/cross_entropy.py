@@ -110,8 +110,9 @@ CROSS_ENTROPY = OpBench(
     eager=hf_cross_entropy,
     ours=lambda logits, target, *, backend: kpf.cross_entropy(logits, target, backend=backend),
     liger=ModulePeer(target="liger_kernel.transformers.cross_entropy:LigerCrossEntropyLoss", init_args=lambda t: (),
-                     call=("logits", "target"),
-                     note="writes its gradient over the logits (no gradient buffer)"),
+                     call=("logits", "target"), out_dtype=torch.float32,
+                     note="writes its gradient over the logits (no gradient buffer); its loss comes in the "
+                          "logits' dtype and is cast to fp32 as torch's and ours are"),
     min_bytes=lambda s, es: (s.tokens * s.vocab * es + 8 * s.tokens, s.tokens * s.vocab * es),
     flops=lambda s: (6 * s.tokens * s.vocab, 4 * s.tokens * s.vocab),
     cuda_shapes=CE_CUDA_SHAPES, cpu_shapes=CE_CPU_SHAPES, quick_shapes=CE_QUICK,

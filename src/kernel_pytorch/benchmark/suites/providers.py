@@ -74,7 +74,8 @@ def bind(spec: OpBench, impl: Impl, t: Mapping[str, Tensor], grad: bool) -> Boun
     peer = impl.peer
     if peer.function or not inspect.isclass(impl.fn):  # a function or autograd.Function: no module
         fn, kwargs = getattr(impl.fn, "apply", impl.fn), dict(peer.init_kwargs)
-        return Bound(lambda: fn(*(args[n] for n in peer.call), **kwargs), [args[n] for n in spec.grad_names])
+        return Bound(_cast(lambda: fn(*(args[n] for n in peer.call), **kwargs), peer.out_dtype),
+                     [args[n] for n in spec.grad_names])
     first = args[peer.call[0]]
     module = impl.fn(*peer.init_args(args), **peer.init_kwargs, **peer_kwargs(peer, impl.fn))
     module = module.to(device=first.device, dtype=first.dtype)
@@ -86,7 +87,21 @@ def bind(spec: OpBench, impl: Impl, t: Mapping[str, Tensor], grad: bool) -> Boun
     for p in params.values():
         p.requires_grad_(grad)
     wrt = [params[n] if n in params else args[n] for n in spec.grad_names]
-    return Bound(lambda: module(*(args[n] for n in peer.call)), wrt)
+    return Bound(_cast(lambda: module(*(args[n] for n in peer.call)), peer.out_dtype), wrt)
+
+
+def _cast(call: Callable[[], Any], dtype: torch.dtype | None) -> Callable[[], Any]:
+    """`call` with its tensor outputs cast to `dtype` (ModulePeer.out_dtype); `call` itself for None."""
+    if dtype is None:
+        return call
+
+    def cast() -> Any:
+        out = call()
+        if isinstance(out, Tensor):
+            return out.to(dtype)
+        return type(out)(o.to(dtype) if isinstance(o, Tensor) else o for o in out)
+
+    return cast
 
 
 def resolve(spec: OpBench, provider: str, device: torch.device) -> tuple[Impl | None, str, str]:

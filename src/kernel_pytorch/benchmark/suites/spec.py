@@ -95,6 +95,9 @@ class ModulePeer:
             differentiates those parameters in their place.
         call: inputs passed positionally to the module's forward.
         note: what the results table says about this peer's set-up.
+        out_dtype: cast the peer's outputs to this dtype (e.g. float32 where the peer returns a loss in
+            the logits' bf16 and torch and ours return fp32): the gate then compares values, not the
+            dtype choice; the cast of a 0-d loss adds one tiny kernel to the timed call.
     """
 
     target: str
@@ -106,6 +109,7 @@ class ModulePeer:
     note: str = ""
     function: bool = False
     param_paths: Mapping[str, str] = field(default_factory=dict)
+    out_dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True, eq=False)
