@@ -66,3 +66,23 @@ def test_merge_traces_keeps_each_run_apart() -> None:
     names = {e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}
     assert "eager fwd: CPU" in names and any(n.startswith("compiled fwd") for n in names)
     assert merged["otherData"]["runs"] == ["eager fwd", "compiled fwd"]
+
+
+def test_profiler_events_without_dtypes_count_bytes_at_the_models_dtype() -> None:
+    """torch releases before 2.13 record no input dtypes on FunctionEvent: the model's dtype stands in."""
+
+    class OldEvent:  # what such a release's FunctionEvent offers: shapes, no input_dtypes
+        name, input_shapes, concrete_inputs, kwinputs = "aten::mm", [[16, 32], [32, 64]], [], {}
+        cpu_parent, cpu_children, kernels, device_type = None, [], [], None
+        self_cpu_time_total = cpu_time_total = 10.0
+
+    from kernel_pytorch.assistant.kernel_stats import _Merge
+
+    for dtype, size in ((torch.bfloat16, 2), (torch.float32, 4)):
+        merge = _Merge(dtype)
+        merge.add("aten::mm", OldEvent(), 10.0, "eager")
+        (stat,) = merge.stats(1)
+        assert stat.flops == 2 * 16 * 64 * 32 and stat.nbytes == (16 * 32 + 32 * 64 + 16 * 64) * size
+    merge = _Merge()
+    merge.add("aten::mm", OldEvent(), 10.0, "eager")
+    assert merge.stats(1)[0].nbytes is None  # no dtype known: no byte count rather than a guess

@@ -254,16 +254,32 @@ def _cost_source(op: Any) -> Any:
     return op
 
 
+# str(torch dtype) -> the profiler's name for it
+_PROFILER_DTYPE = {"torch.float32": "float", "torch.float64": "double", "torch.bfloat16": "c10::BFloat16",
+                   "torch.float16": "c10::Half"}
+
+
+def _input_dtypes(op: Any, fallback: str | None) -> tuple[str, ...]:
+    """The dtypes the profiler recorded for `op`'s inputs. Releases before torch 2.13 record none on
+    FunctionEvent: then every input is taken to be `fallback` (the model's dtype; index tensors are
+    then counted at that size too), or nothing is known."""
+    recorded = getattr(op, "input_dtypes", None)
+    if recorded is not None:
+        return tuple(str(d) for d in recorded)
+    return (fallback,) * len(op.input_shapes or ()) if fallback else ()
+
+
 class _Merge:
     """Identical calls (name, op, shapes, dtypes, placement) summed into `KernelStat`s."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: Any = None) -> None:
         self.rows: dict[tuple[Any, ...], list[Any]] = {}
+        self.fallback = _PROFILER_DTYPE.get(str(dtype)) if dtype is not None else None
 
     def add(self, name: str, op: Any, us: float, where: str) -> None:
         raw = list(op.input_shapes or ()) if op is not None else []
         shapes = tuple(_shape(s) for s in raw)
-        dtypes = tuple(str(d) for d in (op.input_dtypes or ())) if op is not None else ()
+        dtypes = _input_dtypes(op, self.fallback) if op is not None else ()
         key = (name, op.name if op is not None else "", shapes, dtypes, where)
         row = self.rows.get(key)
         if row is not None:
@@ -273,7 +289,7 @@ class _Merge:
         flops = nbytes = None
         if op is not None:
             src = _cost_source(op)
-            src_dtypes = [str(d) for d in (src.input_dtypes or ())]
+            src_dtypes = list(_input_dtypes(src, self.fallback))
             flops, nbytes = op_cost(src.name, src.input_shapes or (), src_dtypes, src.concrete_inputs or ())
             num_gb = (getattr(op, "kwinputs", None) or {}).get("kernel_num_gb")
             if isinstance(num_gb, (int, float)) and num_gb > 0:
@@ -294,9 +310,10 @@ def _cpu(event: Any) -> bool:
     return str(getattr(event, "device_type", "")).endswith("CPU")
 
 
-def cpu_kernels(events: Iterable[Any], steps: int) -> tuple[KernelStat, ...]:
-    """The CPU ops doing the work (see the module docstring), merged, per step, slowest first."""
-    merge = _Merge()
+def cpu_kernels(events: Iterable[Any], steps: int, dtype: Any = None) -> tuple[KernelStat, ...]:
+    """The CPU ops doing the work (see the module docstring), merged, per step, slowest first. `dtype`:
+    the model's, assumed for inputs where this torch's profiler records no dtypes."""
+    merge = _Merge(dtype)
     roots = [e for e in events if _cpu(e) and getattr(e, "cpu_parent", None) is None]
 
     def visit(e: Any) -> float:
@@ -319,10 +336,11 @@ def cpu_kernels(events: Iterable[Any], steps: int) -> tuple[KernelStat, ...]:
     return merge.stats(steps)
 
 
-def cuda_kernels(events: Sequence[Any], steps: int) -> tuple[tuple[KernelStat, ...], GpuActivity | None]:
+def cuda_kernels(events: Sequence[Any], steps: int, dtype: Any = None,
+                 ) -> tuple[tuple[KernelStat, ...], GpuActivity | None]:
     """The device kernels of a CUDA profile per step, each attributed to the op that launched it (as
-    torch.profiler attaches them), and how busy the GPU was."""
-    merge = _Merge()
+    torch.profiler attaches them), and how busy the GPU was. `dtype` as in `cpu_kernels`."""
+    merge = _Merge(dtype)
     attached_us = 0.0
     attached = 0
     for e in events:

@@ -237,10 +237,13 @@ def _logits(model: nn.Module, run: MemoryRun, peak: int) -> Finding | None:
     return Finding(
         id="memory.logits",
         severity=Severity.WARNING,
-        title=f"Logits over a {head.out_features}-word vocabulary hold {fmt_bytes(held)} for backward",
-        evidence=f"`{name}` ({type(head).__name__}, {head.in_features} -> {head.out_features}) makes logits whose "
-        f"saved copies take {fmt_bytes(held)} (measured), and backward makes their gradient, "
-        f"{fmt_bytes(biggest)} more.",
+        title=(f"Logits over a {head.out_features}-word vocabulary hold {fmt_bytes(held)} for backward" if held else
+               f"Logits over a {head.out_features}-word vocabulary: their gradient takes {fmt_bytes(biggest)}"),
+        evidence=f"`{name}` ({type(head).__name__}, {head.in_features} -> {head.out_features}) makes logits "
+        + (f"whose saved copies take {fmt_bytes(held)} (measured), and backward makes their gradient, "
+           f"{fmt_bytes(biggest)} more." if held else
+           f"of {fmt_bytes(biggest)} (measured; none saved for backward here: the loss is computed outside the "
+           "model), and backward makes their gradient, as large."),
         suggestion=f"Compute the loss from the hidden states and `{name}.weight` chunk by chunk: {comp.named()} "
         "never holds the logits (meanwhile: compute the loss in chunks of tokens yourself).",
         estimated_gain=f"about {fmt_bytes(freed)} less peak memory (estimated from the measured logits)",

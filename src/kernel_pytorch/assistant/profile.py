@@ -146,7 +146,7 @@ def _quiet_kineto() -> Iterator[None]:
 
 
 def profile_steps(fn: Callable[[], Any], steps: int, device_type: str, label: str, pass_name: str,
-                  trace_dir: str | None = None) -> ProfiledRun:
+                  trace_dir: str | None = None, dtype: torch.dtype | None = None) -> ProfiledRun:
     """`steps` calls of `fn` under torch.profiler (record_shapes=True), reduced to kernel statistics.
 
     Args:
@@ -155,6 +155,7 @@ def profile_steps(fn: Callable[[], Any], steps: int, device_type: str, label: st
         device_type: "cuda" adds CUDA activity (kernels on the GPU).
         label, pass_name: what the run is ("eager"/"compiled", "fwd"/"fwd+bwd").
         trace_dir: write the Chrome trace there as "<label> <pass>.json".
+        dtype: the model's, for the byte counts where this torch's profiler records no input dtypes.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -169,9 +170,9 @@ def profile_steps(fn: Callable[[], Any], steps: int, device_type: str, label: st
     events = prof.events()
     gpu = None
     if device_type == "cuda":
-        kernels, gpu = cuda_kernels(events, steps)
+        kernels, gpu = cuda_kernels(events, steps, dtype)
     else:
-        kernels = cpu_kernels(events, steps)
+        kernels = cpu_kernels(events, steps, dtype)
     trace = None
     if trace_dir is not None:
         trace = os.path.join(trace_dir, f"{label} {pass_name}.json")
@@ -231,7 +232,9 @@ def _measure(ctx: AnalysisContext, out: _Runs, label: str, pass_name: str, fn: C
             timing = _time(fn, ctx.device)
         out.timings[key] = timing
         ctx.progress(f"profiling the {label} model ({pass_name})")
-        out.runs[key] = profile_steps(fn, _steps_for(timing), ctx.device.type, label, pass_name, _trace_dir(ctx))
+        dtype = next((p.dtype for p in ctx.module.parameters() if p.is_floating_point()), None)
+        out.runs[key] = profile_steps(fn, _steps_for(timing), ctx.device.type, label, pass_name, _trace_dir(ctx),
+                                      dtype)
     except Exception as exc:  # a model that runs once may still fail when timed (memory, state)
         out.errors[key] = short_error(exc)
 
