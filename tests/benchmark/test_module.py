@@ -54,3 +54,14 @@ def test_cuda_rotation_and_graph_replay() -> None:
         assert p.error is None and p.graph_error is None, (p.error, p.graph_error)
         assert "input copies" in p.timing.method and "cuda graph" in p.graph_timing.method
         assert p.memory.peak_bytes >= x.numel() * 2
+
+
+def test_pass_closure_with_ones_passes_a_losss_upstream_gradient() -> None:
+    """ones=True: d(loss)/dx as loss.backward() gives it; the default draws a fixed random upstream."""
+    from kernel_pytorch.benchmark.module import pass_closure
+
+    x = randn(4, 3).requires_grad_()
+    (g_ones,) = pass_closure(lambda: (x * x).sum(), [x], "fwd+bwd", ones=True)()
+    assert torch.equal(g_ones, 2 * x.detach())
+    (g_rand,) = pass_closure(lambda: (x * x).sum(), [x], "fwd+bwd", seed=3)()
+    assert not torch.equal(g_rand, g_ones)

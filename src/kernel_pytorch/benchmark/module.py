@@ -63,7 +63,7 @@ def differentiable(out: Any) -> list[Tensor]:
 
 
 def pass_closure(
-    forward: Callable[[], Any], wrt: Sequence[Tensor], pass_name: str, *, seed: int = 0
+    forward: Callable[[], Any], wrt: Sequence[Tensor], pass_name: str, *, seed: int = 0, ones: bool = False
 ) -> Callable[[], Any]:
     """A zero-argument callable running one pass of `forward` (a zero-argument call of the work).
 
@@ -75,6 +75,7 @@ def pass_closure(
         pass_name: "fwd" (under no_grad) or "fwd+bwd" (autograd.grad of every differentiable output
             with a fixed upstream gradient; nothing accumulates into `.grad`).
         seed: seeds the fixed upstream gradient (drawn once, here, outside any timed call).
+        ones: an upstream gradient of ones instead (a loss's, as `loss.backward()` passes).
     Raises:
         ValueError: an unknown pass, or "fwd+bwd" with no differentiable output or nothing in `wrt`.
     """
@@ -91,7 +92,7 @@ def pass_closure(
         outs = differentiable(forward())
     if not outs or not wrt:
         raise ValueError("fwd+bwd needs an output that requires grad and an input or parameter to differentiate")
-    grads = upstream_gradients(outs, seed)
+    grads = [torch.ones_like(o) for o in outs] if ones else upstream_gradients(outs, seed)
 
     def fwd_bwd() -> tuple[Tensor | None, ...]:
         with torch.enable_grad():

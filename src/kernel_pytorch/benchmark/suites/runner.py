@@ -108,7 +108,10 @@ def run(
         f"dtype {str(dtype).removeprefix('torch.')}; GB/s counts minimum bytes (each input read once, each "
         "output written once, weights included); % copy is of the copy ceiling measured in this run"
     )
-    results.notes.append("fwd runs under no_grad; fwd+bwd uses torch.autograd.grad with a fixed upstream gradient")
+    ones = [s.name for s in suite.specs if s.unit_upstream]
+    results.notes.append("fwd runs under no_grad; fwd+bwd uses torch.autograd.grad with a fixed upstream gradient"
+                         + (f" (of ones for {', '.join(ones)}: a loss's, as loss.backward() passes; the "
+                            "correctness gate draws a random one)" if ones else ""))
     if not on_cuda:
         results.notes.append("CPU run: small shapes, CPU kernels; these numbers say nothing about GPU speed")
         if "compile" not in chosen:
@@ -186,7 +189,8 @@ def measure(
             fns = []
             for c in range(copies):
                 bound = bind(spec, impl, spec.make_inputs(shape, dtype, dev, c), grad=pass_name != "fwd")
-                fns.append(pass_closure(bound.call, bound.wrt, pass_name, seed=UPSTREAM_SEED))
+                fns.append(pass_closure(bound.call, bound.wrt, pass_name, seed=UPSTREAM_SEED,
+                                          ones=spec.unit_upstream))
             t_main = time_fn(fns[0], device=dev, **timing)
             row.set_timing(t_main)
             row.set_roofline(roofline(t_main.median_ms, nbytes=row.bytes, flops=row.flops, ceilings=ceil))

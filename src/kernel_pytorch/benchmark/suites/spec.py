@@ -147,6 +147,9 @@ class OpBench:
         quick_shapes: {"cuda": shape, "cpu": shape} for --quick.
         extras: more providers (`ExtraProvider`).
         ours_cpu_note: the note on "ours" rows off CUDA.
+        unit_upstream: the timed fwd+bwd passes an upstream gradient of ones, as `loss.backward()` does
+            for a loss (whose kernels may skip scaling by 1); the gate still draws a random one, so the
+            scaling path is checked. False: a fixed random upstream gradient everywhere.
     """
 
     name: str
@@ -166,6 +169,7 @@ class OpBench:
     quick_shapes: Mapping[str, Shape]
     extras: tuple[ExtraProvider, ...] = ()
     ours_cpu_note: str = OURS_CPU_NOTE
+    unit_upstream: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.grad_names) - set(self.arg_names)
