@@ -87,14 +87,16 @@ def _refusal(path: Path) -> PickleRefusedError:
         f"`kernel-pytorch convert {path} OUT_DIR` (or kernel_pytorch.deploy.convert), then load OUT_DIR")
 
 
-def refuse_pickle(path: Path) -> None:
-    """Raise PickleRefusedError when `path` is, or is a directory holding only, a pickle checkpoint."""
+def refuse_pickle(path: Path, manifest_name: str) -> None:
+    """Raise PickleRefusedError when `path` is a pickle checkpoint (by its suffix or its first bytes),
+    or a directory without `manifest_name` holding one (an HF `pytorch_model.bin` directory)."""
     if path.is_file():
         if path.suffix.lower() in PICKLE_SUFFIXES or _looks_pickled(path):
             raise _refusal(path)
         return
-    if path.is_dir() and not any(p.suffix == ".safetensors" or p.name.endswith(".json") for p in path.iterdir()):
-        pickles = sorted(p for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if path.is_dir() and not (path / manifest_name).exists():
+        pickles = sorted(p for p in path.iterdir() if p.is_file() and (
+            p.suffix.lower() in PICKLE_SUFFIXES or (p.suffix == ".safetensors" and _looks_pickled(p))))
         if pickles:
             raise _refusal(pickles[0])
 
@@ -119,6 +121,8 @@ def read_header(path: Path, expected_size: int | None) -> dict[str, tuple[torch.
 
     if not path.is_file():
         raise LoadError(f"weight file {path} is missing")
+    if _looks_pickled(path):
+        raise _refusal(path)
     size = os.path.getsize(path)
     if expected_size is not None and size != expected_size:
         why = "truncated" if size < expected_size else "longer than written"

@@ -37,7 +37,7 @@ def _directory(path: str | Path) -> Path:
     path = Path(path)
     if not path.exists():
         raise LoadError(f"{path} does not exist")
-    refuse_pickle(path)
+    refuse_pickle(path, MANIFEST_NAME)
     if path.is_file():
         if path.name == MANIFEST_NAME or path.suffix == ".safetensors" or path.name == INDEX_NAME:
             return path.parent
