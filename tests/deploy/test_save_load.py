@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 import kernel_pytorch
-from kernel_pytorch.deploy import Manifest
+from kernel_pytorch.deploy import LoadError, Manifest
 from kernel_pytorch.models import build_model
-from tests.deploy.models import DIM, Small, optimized_small
+from kernel_pytorch.optimize import Match
+from tests.deploy.models import DIM, Small, optimized_small, snapshot, unchanged
 
 
 def _same_state(a: nn.Module, b: nn.Module) -> bool:
@@ -78,6 +79,7 @@ def test_dtypes(tmp_path: Path, dtype: torch.dtype) -> None:
     assert {t["dtype"] for t in Manifest.read(tmp_path).tensors.values()} == {str(dtype).removeprefix("torch.")}
     loaded = kernel_pytorch.load(tmp_path, lambda: Small().to(dtype))
     assert _same_state(loaded, model) and type(loaded.out).__module__.startswith("kernel_pytorch.")
+    assert kernel_pytorch.load(tmp_path, model) is model  # into the optimized model itself: no swap twice
 
 
 def test_shared_module_and_views(tmp_path: Path) -> None:
@@ -127,3 +129,49 @@ def test_tensor_subclass_is_refused_before_writing(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"tensor 'scale' is a .*_Sub .*not supported yet"):
         kernel_pytorch.save(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+class _Wrap(nn.Module):
+    """A replacement for a Linear holding its Parameter objects (as optimize's rules do)."""
+
+    def __init__(self, inner: nn.Linear) -> None:
+        super().__init__()
+        self.weight, self.bias = inner.weight, inner.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+class _WrapRule:
+    name, family = "wrap_linear", "custom"
+
+    def __init__(self, rename: bool = False) -> None:
+        self.rename = rename
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
+        if not isinstance(module, nn.Linear):
+            return None
+        new = _Wrap(module)
+        if self.rename:  # breaks the rules' contract: the state_dict keys change
+            new.w = new.weight
+            del new.weight
+        return Match(new, "wrapped")
+
+
+def test_custom_rules_and_an_in_place_reload(tmp_path: Path) -> None:
+    model = Small()
+    model, report = kernel_pytorch.optimize(model, (torch.randn(2, DIM),), components=[_WrapRule()],
+                                            validate=False, compile=False)
+    kernel_pytorch.save(model, tmp_path, report=report)
+    with pytest.raises(LoadError, match="rules this kernel_pytorch does not have: wrap_linear"):
+        kernel_pytorch.load(tmp_path, Small)
+    loaded = kernel_pytorch.load(tmp_path, Small, rules=[_WrapRule()])
+    assert isinstance(loaded.proj, _Wrap) and _same_state(loaded, model)
+
+    fresh = Small()
+    before = snapshot(fresh)
+    with pytest.raises(LoadError, match=r"re-applying the saved swaps changed the model's state_dict.*proj\.weight"):
+        kernel_pytorch.load(tmp_path, fresh, rules=[_WrapRule(rename=True)])
+    assert unchanged(fresh, before)  # the swap was put back before any weight was copied
+
+    assert kernel_pytorch.load(tmp_path, model, rules=[_WrapRule()]) is model  # optimized: nothing to swap

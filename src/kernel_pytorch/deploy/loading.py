@@ -123,8 +123,11 @@ def _check_state(model: nn.Module, manifest: Manifest) -> None:
                         + (f"; ... ({len(wrong)} in all)" if len(wrong) > _SHOWN else ""))
 
 
-def _ours(module: nn.Module, after: str) -> bool:
-    return type(module).__name__ == after and type(module).__module__.startswith("kernel_pytorch.")
+def _swapped(module: nn.Module, record: dict[str, str]) -> bool:
+    """Whether `module` is already the recorded replacement (torch's RMSNorm and ours share a name)."""
+    kind = type(module)
+    return kind.__name__ == record["after"] and (
+        record["after"] != record["before"] or kind.__module__.startswith("kernel_pytorch."))
 
 
 def _plan_swaps(model: nn.Module, manifest: Manifest, rules: dict[str, Rule]) -> list[swapping.Swap]:
@@ -142,7 +145,7 @@ def _plan_swaps(model: nn.Module, manifest: Manifest, rules: dict[str, Rule]) ->
         except AttributeError as exc:
             raise LoadError(f"the saved model swapped {where!r} ({record['before']}), which this model does "
                             f"not have: {exc}") from exc
-        if id(module) in seen or _ours(module, record["after"]):
+        if id(module) in seen or _swapped(module, record):
             continue
         match = rule.match(module, where, model)
         if match is None or match.replacement is None:
@@ -198,15 +201,16 @@ def load(
 
     The swaps are re-made by the rules the manifest names (built-in ones, or those in `rules`) on the
     modules at the recorded paths, without validating them again: `optimize()` validated them when the
-    model was saved. The weights are loaded through `load_state_dict(strict=True)` into the model's own
-    tensors (ties stay ties; a tied key written once loads into each of its places), all read onto the
-    CPU first, then copied to the model's device.
+    model was saved. The weights are then loaded through `load_state_dict(strict=True)` into the model's
+    own tensors (ties stay ties; a tied key written once loads into each of its places), all read onto
+    the CPU first, then copied to the model's device.
 
     Args:
         path: the directory `save()` wrote (or its manifest or a weight file in it).
-        model_or_factory: the original architecture: an nn.Module (changed in place and returned), or a
-            function returning one (or `(model, example_inputs)`, as the CLI's factories do). It must
-            have the saved dtypes: tensors are not cast.
+        model_or_factory: the original architecture: an nn.Module (changed in place and returned; a
+            `torch.compile` wrapper is loaded through its `_orig_mod`), or a function returning one (or
+            `(model, example_inputs)`, as the CLI's factories do). It must have the saved dtypes:
+            tensors are not cast.
         rules: rules beyond the built-in ones, for models optimized with custom `Rule` objects.
         compile: re-apply regional compilation (`nn.Module.compile` with the saved options) where the
             saved model had it.
@@ -232,7 +236,12 @@ def load(
         warnings.warn(differences, stacklevel=2)
     by_name = _rules_by_name(manifest, rules)
     _headers(directory, manifest)
-    model = _build(model_or_factory)
+    built = _build(model_or_factory)
+    model = built._orig_mod if isinstance(getattr(built, "_orig_mod", None), nn.Module) else built  # torch.compile
+    meta = [k for k, t in model.state_dict().items() if isinstance(t, Tensor) and t.is_meta]
+    if meta:
+        raise LoadError(f"the model has tensors on the meta device ({_names(meta)}): materialise it first "
+                        "(e.g. model.to_empty(device=...)), load copies into the model's own tensors")
     _check_state(model, manifest)
     swaps = _plan_swaps(model, manifest, by_name)
     compiled = list(manifest.compile.get("compiled", [])) if compile else []
@@ -242,13 +251,18 @@ def load(
         raise LoadError(f"the saved model compiled blocks this model does not have: {_names(absent)}")
     state = _read_tensors(directory, manifest)
     # from here on the model changes; everything that can fail on the saved files was checked above
-    model.load_state_dict(state, strict=True)
     swapping.apply(model, swaps)
+    try:  # the rules keep state_dict keys, shapes and dtypes; one that does not is caught before any copy
+        _check_state(model, manifest)
+    except LoadError as exc:
+        swapping.revert(model, swaps, "")
+        raise LoadError(f"re-applying the saved swaps changed the model's state_dict: {exc}") from exc
+    model.load_state_dict(state, strict=True)  # through the replacements' own state_dict hooks, if any
     for where in compiled:
         model.get_submodule(where).compile(**options)
     log.info("loaded %s: %d tensors, %d swaps re-applied, %d blocks compiled", directory, len(state), len(swaps),
              len(compiled))
-    return model
+    return built
 
 
 __all__ = ["LoadError", "load"]
