@@ -90,6 +90,12 @@ def test_header_disagrees_with_manifest(saved: Path) -> None:
     _fails(saved, Small(), r"tensor 'proj\.weight' in .*model\.safetensors is float32 \[16, 16\], the manifest says")
 
 
+def test_weight_file_outside_the_directory(saved: Path) -> None:
+    data = json.loads((saved / "kernel_pytorch.json").read_text())
+    _edit_manifest(saved, files={"../model.safetensors": data["files"]["model.safetensors"]})
+    _fails(saved, Small(), r"weight file '\.\./model\.safetensors', which is not a file name")
+
+
 def test_unknown_rule(saved: Path) -> None:
     data = json.loads((saved / "kernel_pytorch.json").read_text())
     data["swaps"][0]["rule"] = "no_such_rule"

@@ -60,6 +60,9 @@ def _rules_by_name(manifest: Manifest, extra: Sequence[Rule]) -> dict[str, Rule]
 
 def _headers(directory: Path, manifest: Manifest) -> None:
     """Check every weight file against the manifest: size, header, and the tensors each holds."""
+    for name in manifest.files:
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise LoadError(f"the manifest lists weight file {name!r}, which is not a file name in {directory}")
     listed: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {f: {} for f in manifest.files}
     for key, info in manifest.tensors.items():
         if info.get("file") not in listed:
