@@ -182,7 +182,8 @@ def save(
     into the original architecture (`kernel_pytorch.load`, or `safetensors.torch.load_model` per file).
 
     Args:
-        model: the model, on any device, in any dtype (fp32, bf16, fp16, mixed).
+        model: the model, on any device, in any dtype (fp32, bf16, fp16, mixed); a `torch.compile`
+            wrapper is saved through its `_orig_mod` (its own state_dict keys).
         path: a directory, created if needed; an earlier save there is replaced.
         report: what `optimize()` returned with the model; None records no swaps (load then loads the
             weights into the model as the factory builds it).
