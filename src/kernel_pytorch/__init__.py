@@ -6,6 +6,7 @@
     report = kp.validate_optimization(model, fast_model, inputs)   # right? faster? compiles?
     report = kp.CompilerOptimizationAssistant().analyze_component(model, inputs)  # graph breaks, recompiles
     model, report = kp.optimize(model, example_inputs)   # swap in our modules, validated
+    kp.save(model, "out", report=report); model = kp.load("out", make_model)   # safetensors, no pickle
 
 The public names load on first use (PEP 562), so `import kernel_pytorch` alone does not import torch:
 the `kernel-pytorch` command answers `--help` and argument errors at once.
@@ -25,11 +26,14 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "CompilerOptimizationAssistant": ("kernel_pytorch.assistant", "CompilerOptimizationAssistant"),
     "validate_optimization": ("kernel_pytorch.validation", "validate_optimization"),
     "optimize": ("kernel_pytorch.optimize", "optimize"),
+    "save": ("kernel_pytorch.deploy", "save"),
+    "load": ("kernel_pytorch.deploy", "load"),
 }
 
 if TYPE_CHECKING:
     from kernel_pytorch import functional, nn
     from kernel_pytorch.assistant import CompilerOptimizationAssistant
+    from kernel_pytorch.deploy import load, save
     from kernel_pytorch.optimize import optimize
     from kernel_pytorch.validation import validate_optimization
 
@@ -48,4 +52,5 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["CompilerOptimizationAssistant", "__version__", "functional", "nn", "optimize", "validate_optimization"]
+__all__ = ["CompilerOptimizationAssistant", "__version__", "functional", "load", "nn", "optimize", "save",
+           "validate_optimization"]

@@ -50,8 +50,9 @@ def test_json_and_save(factory: str, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["optimize", factory, "--seeds", "1", "--json", "--save", str(save)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["counts"] == {"torch_layer_norm": 1, "torch_rms_norm": 1}
-    manifest = json.loads((save / "optimize.json").read_text())
-    assert manifest["report"]["counts"] == report["counts"] and manifest["factory"] == factory
+    manifest = json.loads((save / "kernel_pytorch.json").read_text())
+    assert manifest["report"]["counts"] == report["counts"] and manifest["metadata"]["factory"] == factory
+    assert sorted(s["rule"] for s in manifest["swaps"]) == ["torch_layer_norm", "torch_rms_norm"]
     from safetensors.torch import load_file
 
     from kernel_pytorch.cli._factory import load_factory
@@ -61,6 +62,11 @@ def test_json_and_save(factory: str, tmp_path: Path, capsys: pytest.CaptureFixtu
     saved = load_file(str(save / "model.safetensors"))
     assert saved.keys() == original.state_dict().keys()
     assert all(torch.equal(saved[k], v) for k, v in original.state_dict().items())
+    import kernel_pytorch
+
+    loaded = kernel_pytorch.load(save, load_factory(factory))  # rebuilt from the factory, swaps re-applied
+    assert type(loaded.norm).__module__.startswith("kernel_pytorch.")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in original.state_dict().items())
 
 
 def test_bad_factory_exits_2(tmp_path: Path) -> None:

@@ -6,10 +6,12 @@ FACTORY is a factory spec (`FILE.py:NAME`, `module:NAME`, or a `FILE.py` definin
 names a built-in model (default llama-tiny). The model is optimized with `kernel_pytorch.optimize` on
 those inputs, validated, and the report printed.
 
-`--save DIR` writes `DIR/model.safetensors` (the weights, under the original model's state_dict keys,
-which optimize() keeps, so they load into the original or the optimized model alike) and
-`DIR/optimize.json` (the report, the factory, versions). Loading is: build the model with the factory,
-`safetensors.torch.load_model(model, DIR/model.safetensors)`, then optimize() again.
+`--save DIR` writes the optimized model with `kernel_pytorch.save`: `DIR/model.safetensors` (the
+weights under the original model's state_dict keys, which optimize() keeps; shards and
+`model.safetensors.index.json` past 5GB) and `DIR/kernel_pytorch.json`, the manifest (the kept swaps, the
+compile steps and options, versions, tensors, the report, and the factory under "metadata"). To load:
+`kernel_pytorch.load(DIR, make)` with the factory function builds the model, re-applies the swaps and
+loads the weights, without pickle (after `--dtype`, cast the built model the same way first).
 
 Exit status: 0 the returned model passed validation, 1 it did not (only when the unchanged model
 already fails against a copy of itself), 2 the factory could not be loaded or --save failed.
@@ -18,7 +20,6 @@ already fails against a copy of itself), 2 the factory could not be loaded or --
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,34 +27,19 @@ from typing import Any
 import torch
 from torch import nn
 
-import kernel_pytorch
 from kernel_pytorch._tree import move
 from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_factory
 from kernel_pytorch.optimize import OptimizeReport, optimize
 
 
-def save(model: nn.Module, report: OptimizeReport, directory: Path, factory: str) -> list[Path]:
-    """Write the weights (safetensors) and a JSON manifest (report, factory, versions) to `directory`."""
-    try:
-        from safetensors.torch import save_model
-    except ImportError as exc:
-        raise RuntimeError("--save needs the safetensors package (pip install safetensors)") from exc
-    directory.mkdir(parents=True, exist_ok=True)
-    weights = directory / "model.safetensors"
-    save_model(model, str(weights))  # tied tensors are stored once and restored tied by load_model
-    manifest = {
-        "format": "kernel_pytorch.optimize/1",
-        "factory": factory,
-        "weights": weights.name,
-        "state_dict_keys": "the original model's (optimize keeps names)",
-        "load": "build the model with the factory, safetensors.torch.load_model(model, weights), "
-                "then kernel_pytorch.optimize(model, inputs) again",
-        "versions": {"kernel_pytorch": kernel_pytorch.__version__, "torch": torch.__version__},
-        "report": report.to_dict(),
-    }
-    path = directory / "optimize.json"
-    path.write_text(json.dumps(manifest, indent=2, default=str))
-    return [weights, path]
+def save(model: nn.Module, report: OptimizeReport, directory: Path, factory: str,
+         compile_options: dict[str, Any] | None = None) -> list[Path]:
+    """Write the optimized model with `kernel_pytorch.save` (safetensors + the manifest, the factory in
+    its metadata) to `directory`; returns the files written."""
+    from kernel_pytorch.deploy import save as save_model
+
+    return save_model(model, directory, report=report, compile_options=compile_options,
+                      metadata={"factory": factory})
 
 
 def _components(text: str) -> Any:
@@ -101,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     print(report.to_json() if args.json else report.summary())
     if args.save:
         try:
-            written = save(model, report, Path(args.save), target)
-        except (OSError, RuntimeError) as exc:
+            written = save(model, report, Path(args.save), target, options)
+        except (OSError, RuntimeError, TypeError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         for path in written:
@@ -129,6 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, default=2, help="validation seeds (default 2)")
     p.add_argument("--device", default=None, help="move the model and inputs here first (e.g. cuda)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast the model and float inputs first")
-    p.add_argument("--save", default=None, metavar="DIR", help="write model.safetensors and optimize.json")
+    p.add_argument("--save", default=None, metavar="DIR",
+                   help="save the optimized model (safetensors + manifest) with kernel_pytorch.save")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)

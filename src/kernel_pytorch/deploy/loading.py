@@ -1,0 +1,271 @@
+"""`load(path, model_or_factory)`: rebuild an optimized model saved by `save()`, never unpickling.
+
+Everything is checked before the model is changed: the manifest (format, rules), every weight file
+(present, of the recorded size, a header safetensors accepts, the tensors the manifest lists), the keys,
+shapes and dtypes against the model's state_dict, and that each recorded swap still applies. Any
+failure raises `LoadError` naming the file or tensor, and the model is as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from kernel_pytorch.deploy._files import INDEX_NAME, LoadError, read_header, refuse_pickle
+from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, ManifestError, describe_differences, dtype_name
+from kernel_pytorch.optimize import swap as swapping
+from kernel_pytorch.optimize.report import Change
+from kernel_pytorch.optimize.rules import Rule, default_rules
+
+log = logging.getLogger(__name__)
+_SHOWN = 8  # names listed in an error before "... (N in all)"
+
+
+def _names(names: Sequence[str]) -> str:
+    names = sorted(names)
+    more = f", ... ({len(names)} in all)" if len(names) > _SHOWN else ""
+    return ", ".join(names[:_SHOWN]) + more
+
+
+def _directory(path: str | Path) -> Path:
+    """The saved model's directory from `path` (the directory, its manifest or one of its weight files)."""
+    path = Path(path)
+    if not path.exists():
+        raise LoadError(f"{path} does not exist")
+    refuse_pickle(path, MANIFEST_NAME)
+    if path.is_file():
+        if path.name == MANIFEST_NAME or path.suffix == ".safetensors" or path.name == INDEX_NAME:
+            return path.parent
+        raise LoadError(f"{path} is not a saved model: give the directory kernel_pytorch.save wrote")
+    return path
+
+
+def _rules_by_name(manifest: Manifest, extra: Sequence[Rule]) -> dict[str, Rule]:
+    """The rule for each name the manifest's swaps use: `extra` first, then the built-in rules."""
+    known: dict[str, Rule] = {r.name: r for r in default_rules()}
+    known.update({r.name: r for r in extra})
+    wanted = {s["rule"] for s in manifest.swaps}
+    unknown = sorted(wanted - set(known))
+    if unknown:
+        raise LoadError(f"the saved model was optimized with rules this kernel_pytorch does not have: "
+                        f"{', '.join(unknown)} (known: {', '.join(sorted(known))}); "
+                        "pass them as load(..., rules=[...]) or install the kernel_pytorch version it was saved with")
+    return {name: known[name] for name in wanted}
+
+
+def _headers(directory: Path, manifest: Manifest) -> None:
+    """Check every weight file against the manifest: size, header, and the tensors each holds."""
+    for name in manifest.files:
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise LoadError(f"the manifest lists weight file {name!r}, which is not a file name in {directory}")
+    listed: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {f: {} for f in manifest.files}
+    for key, info in manifest.tensors.items():
+        if info.get("file") not in listed:
+            raise LoadError(f"the manifest puts tensor {key!r} in {info.get('file')!r}, a file it does not list")
+        listed[info["file"]][key] = (info["dtype"], tuple(info["shape"]))
+    for name, size in manifest.files.items():
+        path = directory / name
+        header = read_header(path, size)
+        found = {k: (dtype_name(d), s) for k, (d, s) in header.items()}
+        missing, extra = set(listed[name]) - set(found), set(found) - set(listed[name])
+        if missing or extra:
+            raise LoadError(f"weight file {path} does not hold what the manifest lists: "
+                            + "; ".join(f"{what}: {_names(ks)}" for what, ks in
+                                        (("missing", missing), ("not listed", extra)) if ks))
+        for key, want in listed[name].items():
+            if found[key] != want:
+                raise LoadError(f"tensor {key!r} in {path} is {found[key][0]} {list(found[key][1])}, "
+                                f"the manifest says {want[0]} {list(want[1])}")
+
+
+def _build(model_or_factory: nn.Module | Callable[[], Any]) -> nn.Module:
+    if isinstance(model_or_factory, nn.Module):
+        return model_or_factory
+    if not callable(model_or_factory):
+        raise TypeError(f"model_or_factory is a {type(model_or_factory).__name__}: give an nn.Module or a "
+                        "function building one")
+    built = model_or_factory()
+    if isinstance(built, tuple) and built and isinstance(built[0], nn.Module):
+        built = built[0]  # a CLI factory's (model, example_inputs)
+    if not isinstance(built, nn.Module):
+        raise TypeError(f"the factory returned a {type(built).__name__}, not an nn.Module")
+    return built
+
+
+def _check_state(model: nn.Module, manifest: Manifest) -> None:
+    """Keys, shapes and dtypes of the saved tensors (aliases through their targets) against the model's."""
+    expected = model.state_dict()
+    provided = set(manifest.tensors) | set(manifest.aliases)
+    bad_alias = sorted(a for a, k in manifest.aliases.items() if k not in manifest.tensors)
+    if bad_alias:
+        raise LoadError(f"the manifest ties {_names(bad_alias)} to tensors it does not hold")
+    missing, unexpected = set(expected) - provided, provided - set(expected)
+    if missing or unexpected:
+        parts = [f"missing from the saved model: {_names(missing)}"] if missing else []
+        parts += [f"saved but not in the model: {_names(unexpected)}"] if unexpected else []
+        raise LoadError("the saved weights do not fit the model (strict): " + "; ".join(parts))
+    wrong = []
+    for key, target in expected.items():
+        info = manifest.tensors[manifest.aliases.get(key, key)]
+        if not isinstance(target, Tensor):
+            wrong.append(f"{key}: the model's entry is a {type(target).__name__}, not a tensor")
+            continue
+        shape, dtype = list(info["shape"]), info["dtype"]
+        if list(target.shape) != shape or dtype_name(target.dtype) != dtype:
+            wrong.append(f"{key}: saved {dtype} {shape}, model has {dtype_name(target.dtype)} {list(target.shape)}")
+    if wrong:
+        hint = ""
+        if any("float" in w for w in wrong):
+            hint = " (build the model in the saved dtype first, e.g. model.to(torch.bfloat16))"
+        raise LoadError(f"{len(wrong)} tensors differ from the model{hint}: " + "; ".join(wrong[:_SHOWN])
+                        + (f"; ... ({len(wrong)} in all)" if len(wrong) > _SHOWN else ""))
+
+
+def _swapped(module: nn.Module, record: dict[str, str]) -> bool:
+    """Whether `module` is already the recorded replacement (torch's RMSNorm and ours share a name)."""
+    kind = type(module)
+    return kind.__name__ == record["after"] and (
+        record["after"] != record["before"] or kind.__module__.startswith("kernel_pytorch."))
+
+
+def _plan_swaps(model: nn.Module, manifest: Manifest, rules: dict[str, Rule]) -> list[swapping.Swap]:
+    """The recorded swaps, re-made by their rules on this model's modules; nothing is applied yet. A
+    module already of the recorded replacement class (a model optimized before) is left as it is."""
+    paths: dict[int, list[str]] = {}
+    for p, m in model.named_modules(remove_duplicate=False):
+        paths.setdefault(id(m), []).append(p)
+    out: list[swapping.Swap] = []
+    seen: set[int] = set()
+    for record in manifest.swaps:
+        where, rule = record["path"], rules[record["rule"]]
+        try:
+            module = model.get_submodule(where)
+        except AttributeError as exc:
+            raise LoadError(f"the saved model swapped {where!r} ({record['before']}), which this model does "
+                            f"not have: {exc}") from exc
+        if id(module) in seen or _swapped(module, record):
+            continue
+        match = rule.match(module, where, model)
+        if match is None or match.replacement is None:
+            why = "does not recognise it" if match is None else f"leaves it alone: {match.reason}"
+            raise LoadError(f"rule {rule.name} no longer replaces {where!r} (a {type(module).__name__}, "
+                            f"saved as a {record['before']}): it {why}")
+        new = match.replacement
+        if type(new).__name__ != record["after"]:
+            raise LoadError(f"rule {rule.name} now replaces {where!r} by a {type(new).__name__}, "
+                            f"the saved model has a {record['after']}")
+        change = Change(where, rule.name, rule.family, type(module).__name__, type(new).__name__, "applied",
+                        match.reason)
+        out.append(swapping.Swap(module, new, change, paths[id(module)]))
+        seen.add(id(module))
+    return out
+
+
+def _has(model: nn.Module, path: str) -> bool:
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _read_tensors(directory: Path, manifest: Manifest) -> dict[str, Tensor]:
+    """Every saved tensor on the CPU, aliases pointing at their targets' tensors."""
+    from safetensors import SafetensorError, safe_open
+
+    out: dict[str, Tensor] = {}
+    for name in manifest.files:
+        try:
+            with safe_open(str(directory / name), framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    out[key] = f.get_tensor(key)
+        except (SafetensorError, OSError) as exc:
+            raise LoadError(f"weight file {directory / name} could not be read: {exc}") from exc
+    for alias, key in manifest.aliases.items():
+        out[alias] = out[key]
+    return out
+
+
+def load(
+    path: str | Path,
+    model_or_factory: nn.Module | Callable[[], Any],
+    *,
+    rules: Sequence[Rule] = (),
+    compile: bool = True,
+    strict_versions: bool = False,
+) -> nn.Module:
+    """Rebuild the model `save()` wrote to `path`: build it, re-apply the recorded swaps, load the
+    weights (strictly), and re-compile the blocks that were compiled in place.
+
+    The swaps are re-made by the rules the manifest names (built-in ones, or those in `rules`) on the
+    modules at the recorded paths, without validating them again: `optimize()` validated them when the
+    model was saved. The weights are then loaded through `load_state_dict(strict=True)` into the model's
+    own tensors (ties stay ties; a tied key written once loads into each of its places), all read onto
+    the CPU first, then copied to the model's device.
+
+    Args:
+        path: the directory `save()` wrote (or its manifest or a weight file in it).
+        model_or_factory: the original architecture: an nn.Module (changed in place and returned; a
+            `torch.compile` wrapper is loaded through its `_orig_mod`), or a function returning one (or
+            `(model, example_inputs)`, as the CLI's factories do). It must have the saved dtypes:
+            tensors are not cast.
+        rules: rules beyond the built-in ones, for models optimized with custom `Rule` objects.
+        compile: re-apply regional compilation (`nn.Module.compile` with the saved options) where the
+            saved model had it.
+        strict_versions: raise instead of warning when kernel_pytorch, torch, triton or transformers
+            differ from the versions the model was saved with.
+    Returns:
+        the model, optimized as saved, with the saved weights.
+    Raises:
+        PickleRefusedError: `path` is a torch.save / .bin / .pt checkpoint (convert it with
+            `kernel-pytorch convert`).
+        LoadError: anything that does not fit (missing, truncated or corrupted files, missing or
+            unexpected keys, shapes, dtypes, unknown rules); raised before the model is changed.
+    """
+    directory = _directory(path)
+    try:
+        manifest = Manifest.read(directory)
+    except ManifestError as exc:
+        raise LoadError(str(exc)) from exc
+    differences = describe_differences(manifest)
+    if differences:
+        if strict_versions:
+            raise LoadError(differences)
+        warnings.warn(differences, stacklevel=2)
+    by_name = _rules_by_name(manifest, rules)
+    _headers(directory, manifest)
+    built = _build(model_or_factory)
+    model = built._orig_mod if isinstance(getattr(built, "_orig_mod", None), nn.Module) else built  # torch.compile
+    meta = [k for k, t in model.state_dict().items() if isinstance(t, Tensor) and t.is_meta]
+    if meta:
+        raise LoadError(f"the model has tensors on the meta device ({_names(meta)}): materialise it first "
+                        "(e.g. model.to_empty(device=...)), load copies into the model's own tensors")
+    _check_state(model, manifest)
+    swaps = _plan_swaps(model, manifest, by_name)
+    compiled = list(manifest.compile.get("compiled", [])) if compile else []
+    options = dict(manifest.compile.get("options") or {})
+    absent = [w for w in compiled if not _has(model, w)]
+    if absent:
+        raise LoadError(f"the saved model compiled blocks this model does not have: {_names(absent)}")
+    state = _read_tensors(directory, manifest)
+    # from here on the model changes; everything that can fail on the saved files was checked above
+    swapping.apply(model, swaps)
+    try:  # the rules keep state_dict keys, shapes and dtypes; one that does not is caught before any copy
+        _check_state(model, manifest)
+    except LoadError as exc:
+        swapping.revert(model, swaps, "")
+        raise LoadError(f"re-applying the saved swaps changed the model's state_dict: {exc}") from exc
+    model.load_state_dict(state, strict=True)  # through the replacements' own state_dict hooks, if any
+    for where in compiled:
+        model.get_submodule(where).compile(**options)
+    log.info("loaded %s: %d tensors, %d swaps re-applied, %d blocks compiled", directory, len(state), len(swaps),
+             len(compiled))
+    return built
+
+
+__all__ = ["LoadError", "load"]

@@ -1,0 +1,166 @@
+"""The JSON manifest written beside a saved model (`kernel_pytorch.json`): what `optimize()` changed,
+how the model was compiled, which input dims are dynamic, the versions it was saved with, and every
+tensor's file, dtype and shape. `load()` reads it to rebuild the optimized model; `version_differences`
+compares it with what is installed.
+
+Layout (format version 1):
+
+    {"format": "kernel_pytorch.deploy", "format_version": 1,
+     "versions": {"kernel_pytorch": "0.1.0", "torch": "2.13.0", "triton": "3.9.0", "transformers": null},
+     "swaps": [{"path": "layers.0.norm", "rule": "torch_rms_norm", "family": "norms",
+                "before": "RMSNorm", "after": "RMSNorm"}],
+     "compile": {"steps": [...], "compiled": ["layers.0", ...], "options": {...}},
+     "dynamic_dims": {"input_ids": [0, 1]},
+     "tensors": {"lm_head.weight": {"dtype": "float32", "shape": [512, 64], "file": "model.safetensors"}},
+     "aliases": {"tok_embeddings.weight": "lm_head.weight"},
+     "files": {"model.safetensors": 123456},
+     "report": {...} or null, "metadata": {...}}
+
+`aliases` maps a state_dict key that was not written to the key holding the same tensor (tied
+embeddings, shared modules): it is loaded from that tensor. `files` maps each weight file to its size
+in bytes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "kernel_pytorch.deploy"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "kernel_pytorch.json"
+# the packages whose versions decide whether a saved model rebuilds the same way
+PACKAGES: tuple[str, ...] = ("kernel_pytorch", "torch", "triton", "transformers")
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read or is of a format this version does not know."""
+
+
+def installed_versions() -> dict[str, str | None]:
+    """package -> installed version (None where it is not installed), without importing the packages."""
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        if name == "kernel_pytorch":
+            import kernel_pytorch
+
+            out[name] = kernel_pytorch.__version__
+        elif name == "torch":
+            out[name] = torch.__version__
+        else:
+            module = sys.modules.get(name)
+            version = getattr(module, "__version__", None) if module is not None else None
+            if version is None:
+                try:
+                    version = importlib.metadata.version(name)
+                except importlib.metadata.PackageNotFoundError:
+                    version = None
+            out[name] = str(version) if version is not None else None
+    return out
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """"float32" for torch.float32."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """torch.float32 for "float32"; ManifestError for a name torch does not have."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ManifestError(f"unknown dtype {name!r} in the manifest")
+    return dtype
+
+
+@dataclass
+class Manifest:
+    """The manifest's content. `swaps` are the kept changes of `optimize()` as dicts (path, rule,
+    family, before, after); `tensors` maps each written key to {"dtype", "shape", "file"}."""
+
+    versions: dict[str, str | None] = field(default_factory=installed_versions)
+    swaps: list[dict[str, str]] = field(default_factory=list)
+    compile: dict[str, Any] = field(default_factory=dict)
+    dynamic_dims: dict[str, list[int]] = field(default_factory=dict)
+    tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)
+    report: dict[str, Any] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "format_version": self.format_version, "versions": self.versions,
+                "swaps": self.swaps, "compile": self.compile, "dynamic_dims": self.dynamic_dims,
+                "tensors": self.tensors, "aliases": self.aliases, "files": self.files,
+                "report": self.report, "metadata": self.metadata}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def write(self, directory: Path) -> Path:
+        path = Path(directory) / MANIFEST_NAME
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "the manifest") -> Manifest:
+        """Check the format and version, then build; ManifestError says what is wrong."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ManifestError(f"{where} is not a kernel_pytorch manifest (no \"format\": \"{FORMAT}\")")
+        version = data.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+            raise ManifestError(f"{where} has format version {version!r}; this kernel_pytorch "
+                                f"({installed_versions()['kernel_pytorch']}) reads versions 1 to {FORMAT_VERSION}: "
+                                "upgrade kernel_pytorch to load it")
+        try:
+            return cls(versions=dict(data["versions"]), swaps=list(data["swaps"]), compile=dict(data["compile"]),
+                       dynamic_dims={k: list(v) for k, v in data["dynamic_dims"].items()},
+                       tensors=dict(data["tensors"]), aliases=dict(data["aliases"]), files=dict(data["files"]),
+                       report=data.get("report"), metadata=dict(data.get("metadata") or {}),
+                       format_version=version)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise ManifestError(f"{where} is malformed: {type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def read(cls, directory: Path) -> Manifest:
+        """The manifest in `directory`; ManifestError when it is missing, not JSON or not ours."""
+        path = Path(directory) / MANIFEST_NAME
+        if not path.is_file():
+            raise ManifestError(f"{directory} has no {MANIFEST_NAME}: not a model saved by kernel_pytorch.save "
+                                "(a plain safetensors file loads with safetensors.torch.load_model)")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ManifestError(f"{path} cannot be read as JSON: {exc}") from exc
+        return cls.from_dict(data, str(path))
+
+
+def version_differences(manifest: Manifest, installed: dict[str, str | None] | None = None) -> list[str]:
+    """One line per package whose installed version differs from the one the model was saved with,
+    e.g. "torch: saved with 2.13.0, installed 2.11.0". Empty when everything matches."""
+    installed = installed_versions() if installed is None else installed
+    lines = []
+    for name in sorted(set(manifest.versions) | set(installed)):
+        saved, now = manifest.versions.get(name), installed.get(name)
+        if saved != now:
+            lines.append(f"{name}: saved with {saved or 'none'}, installed {now or 'none'}")
+    return lines
+
+
+def describe_differences(manifest: Manifest, installed: dict[str, str | None] | None = None) -> str:
+    """`version_differences` as one message ("" when there are none): what differs and what it risks."""
+    lines = version_differences(manifest, installed)
+    if not lines:
+        return ""
+    return ("the saved model was written with other versions than those installed:\n  " + "\n  ".join(lines)
+            + "\nthe weights load the same; the swapped modules and compiled code come from the installed versions")
+
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "Manifest", "ManifestError", "describe_differences",
+           "dtype_from_name", "dtype_name", "installed_versions", "version_differences"]

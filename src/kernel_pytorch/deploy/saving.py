@@ -1,0 +1,222 @@
+"""`save(model, path)`: the weights as safetensors (one file, or shards with HF's index) and the
+manifest of what `optimize()` changed, so `load()` rebuilds the optimized model without pickle.
+
+Tied and shared tensors are written once: a state_dict key whose tensor is the same view of the same
+storage as an earlier key's is recorded in the manifest's `aliases` and not written (safetensors refuses
+tensors sharing memory). Distinct views of one storage (rare: a slice of another parameter) are written
+as copies each, and load back into the model's own views.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from kernel_pytorch.deploy._files import INDEX_NAME, is_weight_file, parse_size, shard_names, write_index
+from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, dtype_name
+
+if TYPE_CHECKING:
+    from kernel_pytorch.optimize.report import OptimizeReport
+
+DEFAULT_MAX_SHARD_SIZE = "5GB"
+
+
+def plain_tensors(state: Mapping[str, Any]) -> dict[str, Tensor]:
+    """`state`'s values as plain dense tensors (detached), or a TypeError naming the first key that is
+    not one: a tensor subclass (torchao's quantized tensors), a sparse or meta tensor, a non-tensor."""
+    out: dict[str, Tensor] = {}
+    for key, value in state.items():
+        if not isinstance(value, Tensor):
+            raise TypeError(f"state_dict entry {key!r} is a {type(value).__name__}, not a tensor: "
+                            "safetensors stores tensors only")
+        t = value.detach()
+        if type(t) is not Tensor:
+            raise TypeError(f"tensor {key!r} is a {type(t).__module__}.{type(t).__name__} (a tensor subclass, "
+                            "e.g. a quantized weight): saving tensor subclasses is not supported yet")
+        if t.layout != torch.strided:
+            raise TypeError(f"tensor {key!r} has layout {t.layout}: only dense (strided) tensors can be saved")
+        if t.is_meta:
+            raise TypeError(f"tensor {key!r} is on the meta device (not materialised): nothing to save")
+        out[key] = t
+    return out
+
+
+def _view_key(t: Tensor) -> tuple:
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def dedupe(tensors: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """(tensors to write, aliases): a key whose tensor is the same view of the same storage as an
+    earlier key's becomes an alias of that key; distinct views sharing one storage are copied, since
+    safetensors refuses shared memory."""
+    first: dict[tuple, str] = {}
+    kept: dict[str, Tensor] = {}
+    aliases: dict[str, str] = {}
+    for key, t in tensors.items():
+        if t.numel() == 0:  # empty tensors may all report data_ptr 0: never aliases
+            kept[key] = t
+            continue
+        view = _view_key(t)
+        if view in first:
+            aliases[key] = first[view]
+        else:
+            first[view] = key
+            kept[key] = t
+    by_storage: dict[tuple, list[str]] = {}
+    for key, t in kept.items():
+        if t.numel():
+            by_storage.setdefault((t.device, t.untyped_storage().data_ptr()), []).append(key)
+    for keys in by_storage.values():
+        if len(keys) > 1:
+            for key in keys:
+                kept[key] = kept[key].clone()
+    return kept, aliases
+
+
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def plan_shards(tensors: Mapping[str, Tensor], max_bytes: int) -> list[list[str]]:
+    """Keys grouped into files in state_dict order, a new file when the next tensor would take the
+    current one past `max_bytes` (a tensor larger than that gets a file of its own), as HF shards."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for key, t in tensors.items():
+        n = _nbytes(t)
+        if shards[-1] and size + n > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(key)
+        size += n
+    return shards
+
+
+def save_state_dict(
+    state: Mapping[str, Any],
+    path: str | Path,
+    *,
+    manifest: Manifest | None = None,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+) -> list[Path]:
+    """Write `state` (name -> tensor) to the directory `path` as safetensors, with the manifest.
+
+    Args:
+        state: a state_dict; tensors on any device, any dtype safetensors knows (fp32/bf16/fp16 ...).
+        path: the directory (created); weight files of an earlier save there are replaced.
+        manifest: the manifest to complete with the tensors, aliases and files (a new one if None).
+        max_shard_size: bytes per file (int, or "5GB", "500MB"); more data gives shards plus the index.
+    Returns:
+        the files written, the manifest last.
+    Raises:
+        TypeError: an entry that is not a plain dense tensor (e.g. a quantized tensor subclass).
+    """
+    from safetensors.torch import save_file
+
+    directory = Path(path)
+    tensors, aliases = dedupe(plain_tensors(state))
+    groups = plan_shards(tensors, parse_size(max_shard_size))
+    names = shard_names(len(groups))
+    manifest = manifest if manifest is not None else Manifest()
+    manifest.aliases = aliases
+    manifest.tensors, manifest.files = {}, {}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest names half-written files
+    written: list[Path] = []
+    for name, keys in zip(names, groups, strict=True):
+        shard = {k: tensors[k].to("cpu").contiguous() for k in keys}
+        file = directory / name
+        save_file(shard, str(file), metadata={"format": "pt"})
+        written.append(file)
+        manifest.files[name] = file.stat().st_size
+        for k in keys:
+            manifest.tensors[k] = {"dtype": dtype_name(shard[k].dtype), "shape": list(shard[k].shape), "file": name}
+        del shard
+    if len(names) > 1:
+        weight_map = {k: v["file"] for k, v in manifest.tensors.items()}
+        total = sum(_nbytes(t) for t in tensors.values())
+        written.append(write_index(directory, weight_map, total))
+    keep = {p.name for p in written}
+    for old in directory.iterdir():
+        if old.is_file() and is_weight_file(old.name) and old.name not in keep:
+            old.unlink()  # shards of an earlier save with another count, or its index
+    written.append(manifest.write(directory))
+    return written
+
+
+def _compiled_paths(model: nn.Module) -> list[str]:
+    """Paths of the submodules compiled in place with `nn.Module.compile` (regional compilation)."""
+    return [p for p, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None]
+
+
+def _json_able(value: Any, what: str) -> Any:
+    try:
+        json.dumps(value)
+    except TypeError as exc:
+        raise TypeError(f"{what} must be JSON-able to go in the manifest: {exc}") from exc
+    return value
+
+
+def save(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    report: OptimizeReport | None = None,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    compile_options: dict[str, Any] | None = None,
+    dynamic_dims: Mapping[str, list[int]] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> list[Path]:
+    """Save `model` (optimized or not) to the directory `path` without pickle.
+
+    Writes `model.safetensors` (or `model-0000i-of-0000n.safetensors` shards and
+    `model.safetensors.index.json` when the weights pass `max_shard_size`) and `kernel_pytorch.json`,
+    the manifest: the swaps `report` lists as kept, the blocks compiled in place and `compile_options`,
+    `dynamic_dims`, the versions, each tensor's dtype, shape and file, and the tied keys (written once).
+    The weights are under the model's state_dict keys, which `optimize()` keeps, so they also load
+    into the original architecture (`kernel_pytorch.load`, or `safetensors.torch.load_model` per file).
+
+    Args:
+        model: the model, on any device, in any dtype (fp32, bf16, fp16, mixed); a `torch.compile`
+            wrapper is saved through its `_orig_mod` (its own state_dict keys).
+        path: a directory, created if needed; an earlier save there is replaced.
+        report: what `optimize()` returned with the model; None records no swaps (load then loads the
+            weights into the model as the factory builds it).
+        max_shard_size: the most bytes per weight file (int, or "5GB", "500MB").
+        compile_options: the `compile_options` given to optimize() (JSON-able: backend, mode, dynamic ...).
+        dynamic_dims: input name -> dims that vary (e.g. {"input_ids": [0, 1]}), for export and compile.
+        metadata: anything JSON-able to keep with the model (e.g. {"factory": "model.py:make"}).
+    Returns:
+        the paths written, the manifest last.
+    Raises:
+        TypeError: a state_dict entry that safetensors cannot hold (a tensor subclass such as torchao's
+            quantized weights: not supported yet), or options that are not JSON-able.
+    """
+    if isinstance(getattr(model, "_orig_mod", None), nn.Module):
+        model = model._orig_mod  # torch.compile(model)'s wrapper: save the model's own keys
+    state = model.state_dict()
+    plain_tensors(state)  # fail on an unsupported tensor before writing anything
+    swaps = []
+    if report is not None:
+        swaps = [{"path": c.path, "rule": c.rule, "family": c.family, "before": c.before, "after": c.after or ""}
+                 for c in report.applied()]
+    compiled = _compiled_paths(model)
+    manifest = Manifest(
+        swaps=swaps,
+        compile={"steps": [s.to_dict() for s in report.compile_steps] if report is not None else [],
+                 "compiled": compiled,
+                 "options": _json_able(dict(compile_options or {}), "compile_options")},
+        dynamic_dims={k: [int(d) for d in v] for k, v in (dynamic_dims or {}).items()},
+        report=json.loads(report.to_json()) if report is not None else None,
+        metadata=_json_able(dict(metadata or {}), "metadata"),
+    )
+    return save_state_dict(state, path, manifest=manifest, max_shard_size=max_shard_size)
+
+
+__all__ = ["DEFAULT_MAX_SHARD_SIZE", "INDEX_NAME", "dedupe", "plain_tensors", "plan_shards", "save",
+           "save_state_dict"]
