@@ -7,7 +7,9 @@ import torch
 
 from kernel_pytorch.benchmark.memory import CUDA_METHOD, peak_memory
 from kernel_pytorch.benchmark.timer import (
+    GRAPH_BUDGET_MS,
     Timing,
+    graph_plan,
     rotation_copies,
     speedup,
     summarize,
@@ -68,6 +70,18 @@ def test_cpu_timing_orders_work_and_rotates_inputs(one_thread: None) -> None:
         time_fn([], device="cpu")
 
 
+def test_graph_plan_bounds_the_replaying_of_slow_calls() -> None:
+    # no estimate, or fast calls: 20 calls per graph (whole rounds of the copies), 50 replays
+    assert graph_plan(None, 1) == (20, 50) and graph_plan(None, 3) == (21, 50)
+    assert graph_plan(0.01, 32) == (32, 50)
+    # a 50 ms call over 2 copies: one round per graph, replays within the budget (was 20 x 53 calls)
+    calls, replays = graph_plan(50.0, 2)
+    assert calls == 2 and replays == int(GRAPH_BUDGET_MS / 100.0)
+    assert calls * replays * 50.0 <= GRAPH_BUDGET_MS
+    assert graph_plan(1000.0, 1) == (1, 5)  # never fewer than 5 replays
+    assert graph_plan(0.1, 1) == (10, 50)  # a replay of >= 1 ms: its own launch stays negligible
+
+
 def test_cpu_peak_memory_sees_a_known_allocation() -> None:
     n = 1 << 20
     m = peak_memory(lambda: torch.empty(n, dtype=torch.uint8).fill_(1), "cpu")
@@ -97,6 +111,7 @@ def test_cuda_rotation_and_peak_memory() -> None:
     dev = torch.device("cuda")
     assert rotation_copies(1 << 20, dev) == min(32, -(-2 * l2_cache_bytes(dev) // (1 << 20)))
     assert rotation_copies(1 << 32, dev) == 1
+    assert rotation_copies(1 << 20, dev, max_total_bytes=3 << 20) == 3  # the copies' bytes bounded
     n = 64 << 20
     m = peak_memory(lambda: torch.empty(n, dtype=torch.uint8, device=dev), dev)
     assert m.method == CUDA_METHOD and n <= m.peak_bytes < n + (2 << 20)
