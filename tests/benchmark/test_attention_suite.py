@@ -9,8 +9,8 @@ import torch
 
 from kernel_pytorch import reference
 from kernel_pytorch.benchmark.ceilings import Ceilings
-from kernel_pytorch.benchmark.suites import attention as A
 from kernel_pytorch.benchmark.suites import SUITES, get_suite, runner, suite_names
+from kernel_pytorch.benchmark.suites import attention as A
 from kernel_pytorch.tolerances import tolerance_for
 
 SHAPE = A.attn_shape(2, 4, 2, 24, 16, "test")

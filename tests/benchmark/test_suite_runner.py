@@ -223,12 +223,18 @@ def test_a_forward_only_op_is_gated_and_timed_forward_only() -> None:
 def test_each_pass_releases_its_memory_before_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
     """With graph rows (CUDA), every pass ends by freeing the device memory it held, and the gate's
     outputs of a provider other than eager are not kept."""
-    freed: list[torch.device] = []
-    monkeypatch.setattr(runner, "free_device_memory", lambda dev: freed.append(dev))
+    freed: list[bool] = []
+    monkeypatch.setattr(runner, "free_device_memory", lambda dev, collect=True: freed.append(collect))
     monkeypatch.setattr(runner, "time_cuda_graph", lambda fns, device, call_ms: summarize([0.01], "stub"))
     monkeypatch.setattr(runner, "rotation_copies", lambda nbytes, dev: 2)
     rows, gated = runner.measure(SCALED_MUL, "ours", Impl(SCALED_MUL.eager), "ok", "", QUICK, torch.float32,
                                  torch.device("cpu"), CEILINGS, None, {"cpu_min_run_time": 0.01}, timed=True,
                                  graph=True, keep_gate=False)
     assert len(rows) == 4 and all(r.ok for r in rows) and gated is None
-    assert len(freed) == 2  # one per pass
+    assert freed == [False, False]  # one per pass; no collection where nothing failed
+    freed.clear()
+    monkeypatch.setattr(runner, "time_cuda_graph", lambda fns, device, call_ms: 1 / 0)  # a failed capture
+    rows, _ = runner.measure(SCALED_MUL, "ours", Impl(SCALED_MUL.eager), "ok", "", QUICK, torch.float32,
+                             torch.device("cpu"), CEILINGS, None, {"cpu_min_run_time": 0.01}, timed=True,
+                             graph=True)
+    assert [r.status for r in rows] == ["ok", "error"] * 2 and freed == [True, True]

@@ -167,11 +167,14 @@ def graph_plan(call_ms: float | None, n_fns: int, calls_per_graph: int = 20, rep
     return rounds * n_fns, replays
 
 
-def free_device_memory(device: torch.device | str | None) -> None:
-    """Return what the last measurement held to the device: collect Python cycles (a traceback's frames
-    keep tensors, graphs and compiled callables alive), then hand the CUDA allocator's cached blocks
-    back, so the next measurement starts from the same free memory."""
-    gc.collect()
+def free_device_memory(device: torch.device | str | None, *, collect: bool = True) -> None:
+    """Return what the last measurement held to the device: with `collect`, collect Python's reference
+    cycles first (an exception's frames keep tensors, graphs and compiled callables alive; a collection
+    takes up to a second in a process that has compiled, so callers ask for it after failures and
+    between shapes), then hand the CUDA allocator's cached blocks back (freed graph pools included), so
+    the next measurement starts from the same free memory."""
+    if collect:
+        gc.collect()
     dev = resolve_device(device)
     if dev.type == "cuda":
         with torch.cuda.device(dev):

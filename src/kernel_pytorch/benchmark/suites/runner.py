@@ -15,8 +15,8 @@ Large shapes: an op may gate at a smaller shape (`OpBench.gate_shape`; its rows 
 reference of the full shape would not fit or would take minutes; the graph replays of a slow call are
 fewer (`timer.graph_plan`). On CUDA every pass's input copies, closures and graph, and every provider's
 gate outputs (eager's, the others' yardstick, excepted) are released before the next one starts, and
-the allocator's cache is emptied (`timer.free_device_memory`): a row's leftovers must not make a later
-row run out of memory.
+the allocator's cache is emptied (`timer.free_device_memory`; Python's cycles are collected after a
+failure and between shapes): a row's leftovers must not make a later row run out of memory.
 """
 
 from __future__ import annotations
@@ -193,6 +193,9 @@ def measure(
         checks, result = gate(spec, impl, gshape, dtype, dev, eager_result)
     except Exception as exc:
         note = short_error(exc, 300, lines=1)
+        del exc
+        if graph:  # the failed gate's tensors (an out-of-memory at a large shape) go now
+            free_device_memory(dev)
         return [_row(spec, shape, dtype, provider, p, status="error", note=note) for p in passes], None
     bad = failures(checks)
     if bad:
@@ -208,6 +211,7 @@ def measure(
     es = torch.empty((), dtype=dtype).element_size()
     out: list[Row] = []
     for pass_name in passes:
+        first = len(out)
         row = _row(spec, shape, dtype, provider, pass_name, note=note)
         row.bytes = spec.pass_bytes(shape, es, pass_name)
         row.flops = spec.pass_flops(shape, pass_name)
@@ -228,8 +232,8 @@ def measure(
             out.append(row)
         finally:
             fns.clear()  # the copies and their closures go before the next pass draws its own
-            if graph:
-                free_device_memory(dev)
+            if graph:  # a failure's traceback may hold tensors in reference cycles: collect only then
+                free_device_memory(dev, collect=not all(r.ok for r in out[first:]))
     return out, result
 
 
