@@ -82,12 +82,12 @@ def test_decoding_step_providers_match_the_reference_over_a_partly_written_cache
 
 
 def test_gate_runs_smaller_only_where_the_fp64_scores_are_over_budget() -> None:
-    big = A.CUDA_SHAPES[0]
+    for shape in (*A.CUDA_SHAPES, *A.CPU_SHAPES, *A.QUICK_SHAPES.values()):
+        assert A.gate_shape(shape) is shape  # the default shapes gate at their own shape
+    big = A.attn_shape(4, 32, 8, 16384, 128, "test")
     small = A.gate_shape(big)
-    assert small.sizes == [1, 16, 4, 4096, 128]  # batch 1, half the heads: seq, head_dim, GQA ratio kept
+    assert small.sizes == [1, 16, 4, 16384, 128]  # batch 1, half the heads: seq, head_dim, GQA ratio kept
     assert small.batch * small.heads * small.seq**2 <= A.GATE_SCORE_ELEMENTS < big.batch * big.heads * big.seq**2
-    for shape in (*A.CPU_SHAPES, *A.QUICK_SHAPES.values()):
-        assert A.gate_shape(shape) is shape
     long = A.attn_shape(1, 32, 8, 65536, 128, "test")  # over budget even at one K/V head: the least there is
     assert A.gate_shape(long).sizes == [1, 4, 1, 65536, 128]
     assert A.ATTENTION_DECODE.gate_shape is None  # B Hq cache scores: gated at its own shape
