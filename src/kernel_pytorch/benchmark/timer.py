@@ -327,14 +327,20 @@ def time_cuda_graph(
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         pool = torch.cuda.graph_pool_handle()  # the graph's own pool, named so a failed capture can free it
+        first_error = None
         try:
             with torch.cuda.graph(graph, pool=pool):
-                for i in range(n_calls):
-                    fns[i % len(fns)]()
+                try:
+                    for i in range(n_calls):
+                        fns[i % len(fns)]()
+                except Exception as exc:
+                    # the cause (a host sync, say): capture_end's own error would replace it
+                    first_error = f"{type(exc).__name__}: {exc}"
+                    raise
         except Exception as exc:
             # only the message leaves: the exception's frames would keep the graph and the captured
             # tensors alive until a garbage collection happens to run
-            failure = f"CUDA-graph capture failed: {type(exc).__name__}: {exc}"
+            failure = f"CUDA-graph capture failed: {first_error or f'{type(exc).__name__}: {exc}'}"
         if failure is None:
             try:
                 samples = _replay(graph, replays, n_calls)
