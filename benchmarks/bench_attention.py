@@ -1,5 +1,5 @@
-"""Attention (core causal, the whole block, document masks) vs transformers' eager code, torch.compile
-and a bare SDPA flash call; Liger-Kernel has no attention.
+"""Attention (core causal, the whole block, document masks, one decoding step over a static KV cache) vs
+transformers' eager code, torch.compile and a bare SDPA call; Liger-Kernel has no attention.
 
     python benchmarks/bench_attention.py            # a fresh bench-results/attention-<device>-<time>/
     python benchmarks/bench_attention.py --out benchmarks/results --overwrite  # replace the committed results

@@ -170,7 +170,8 @@ def test_cuda_graph_rows_replay_rotated_input_copies(monkeypatch: pytest.MonkeyP
     # the CUDA-only steps stubbed, so the graph-row logic runs here: one replay per pass over every copy
     replayed: list[list] = []
 
-    def fake_graph(fns, device):
+    def fake_graph(fns, device, call_ms):
+        assert call_ms > 0  # the eager timing just taken sizes the graph (timer.graph_plan)
         replayed.append([f() for f in fns])
         return summarize([0.01] * 5, "cuda graph replay (stub)")
 
@@ -189,3 +190,51 @@ def test_cuda_graph_rows_replay_rotated_input_copies(monkeypatch: pytest.MonkeyP
     assert len(fwd) == len(fwd_bwd) == 3
     assert not torch.equal(fwd[0], fwd[1]) and not torch.equal(fwd[1], fwd[2])  # each copy its own inputs
     assert all(len(g) == 2 for g in fwd_bwd)  # dx, dscale from every copy
+
+
+def test_a_large_shape_is_gated_at_the_spec_s_gate_shape() -> None:
+    """The gate runs where `gate_shape` says; the rows (full shape, timed) say so, and a wrong provider
+    still fails there."""
+    seen: list[Shape] = []
+
+    def small(shape: Shape) -> Shape:
+        seen.append(shape)
+        return Shape.of("gate", batch=1, heads=2, tokens=shape.tokens, head_dim=shape.head_dim)
+
+    spec = dataclasses.replace(SCALED_MUL, gate_shape=small)
+    r = runner.run(Suite("toy", (spec,)), device="cpu", providers=("ours", "eager"), quick=True, ceilings=CEILINGS)
+    rows = r.find(provider="ours")
+    assert rows and all(x.ok and x.shape == QUICK.sizes for x in rows)
+    assert all(f"correctness gated at 1x2x8x16 ({runner.GATED_SMALLER})" in x.note for x in rows)
+    assert seen and all(s_ == QUICK for s_ in seen)
+    wrong = dataclasses.replace(spec, ours=lambda x, scale, *, backend: x * scale * 1.5)
+    r = runner.run(Suite("toy", (wrong,)), device="cpu", providers=("ours",), quick=True, ceilings=CEILINGS)
+    assert all(x.status == "failed" and x.note.startswith("correctness at 1x2x8x16: ") for x in r.find(provider="ours"))
+
+
+def test_a_forward_only_op_is_gated_and_timed_forward_only() -> None:
+    spec = dataclasses.replace(SCALED_MUL, grad_names=(), param_names=(), passes=("fwd",))
+    r = runner.run(Suite("toy", (spec,)), device="cpu", providers=("ours", "eager"), quick=True, ceilings=CEILINGS)
+    assert [x.pass_name for x in r.find(provider="ours")] == ["fwd"] and all(x.ok for x in r.rows)
+    with pytest.raises(ValueError, match="backward pass needs grad_names"):
+        dataclasses.replace(SCALED_MUL, grad_names=(), param_names=())
+
+
+def test_each_pass_releases_its_memory_before_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With graph rows (CUDA), every pass ends by freeing the device memory it held, and the gate's
+    outputs of a provider other than eager are not kept."""
+    freed: list[bool] = []
+    monkeypatch.setattr(runner, "free_device_memory", lambda dev, collect=True: freed.append(collect))
+    monkeypatch.setattr(runner, "time_cuda_graph", lambda fns, device, call_ms: summarize([0.01], "stub"))
+    monkeypatch.setattr(runner, "rotation_copies", lambda nbytes, dev: 2)
+    rows, gated = runner.measure(SCALED_MUL, "ours", Impl(SCALED_MUL.eager), "ok", "", QUICK, torch.float32,
+                                 torch.device("cpu"), CEILINGS, None, {"cpu_min_run_time": 0.01}, timed=True,
+                                 graph=True, keep_gate=False)
+    assert len(rows) == 4 and all(r.ok for r in rows) and gated is None
+    assert freed == [False, False]  # one per pass; no collection where nothing failed
+    freed.clear()
+    monkeypatch.setattr(runner, "time_cuda_graph", lambda fns, device, call_ms: 1 / 0)  # a failed capture
+    rows, _ = runner.measure(SCALED_MUL, "ours", Impl(SCALED_MUL.eager), "ok", "", QUICK, torch.float32,
+                             torch.device("cpu"), CEILINGS, None, {"cpu_min_run_time": 0.01}, timed=True,
+                             graph=True)
+    assert [r.status for r in rows] == ["ok", "error"] * 2 and freed == [True, True]

@@ -7,7 +7,9 @@ import torch
 
 from kernel_pytorch.benchmark.memory import CUDA_METHOD, peak_memory
 from kernel_pytorch.benchmark.timer import (
+    GRAPH_BUDGET_MS,
     Timing,
+    graph_plan,
     rotation_copies,
     speedup,
     summarize,
@@ -68,6 +70,18 @@ def test_cpu_timing_orders_work_and_rotates_inputs(one_thread: None) -> None:
         time_fn([], device="cpu")
 
 
+def test_graph_plan_bounds_the_replaying_of_slow_calls() -> None:
+    # no estimate, or fast calls: 20 calls per graph (whole rounds of the copies), 50 replays
+    assert graph_plan(None, 1) == (20, 50) and graph_plan(None, 3) == (21, 50)
+    assert graph_plan(0.01, 32) == (32, 50)
+    # a 50 ms call over 2 copies: one round per graph, replays within the budget (was 20 x 53 calls)
+    calls, replays = graph_plan(50.0, 2)
+    assert calls == 2 and replays == int(GRAPH_BUDGET_MS / 100.0)
+    assert calls * replays * 50.0 <= GRAPH_BUDGET_MS
+    assert graph_plan(1000.0, 1) == (1, 5)  # never fewer than 5 replays
+    assert graph_plan(0.1, 1) == (10, 50)  # a replay of >= 1 ms: its own launch stays negligible
+
+
 def test_cpu_peak_memory_sees_a_known_allocation() -> None:
     n = 1 << 20
     m = peak_memory(lambda: torch.empty(n, dtype=torch.uint8).fill_(1), "cpu")
@@ -97,6 +111,83 @@ def test_cuda_rotation_and_peak_memory() -> None:
     dev = torch.device("cuda")
     assert rotation_copies(1 << 20, dev) == min(32, -(-2 * l2_cache_bytes(dev) // (1 << 20)))
     assert rotation_copies(1 << 32, dev) == 1
+    assert rotation_copies(1 << 20, dev, max_total_bytes=3 << 20) == 3  # the copies' bytes bounded
     n = 64 << 20
     m = peak_memory(lambda: torch.empty(n, dtype=torch.uint8, device=dev), dev)
     assert m.method == CUDA_METHOD and n <= m.peak_bytes < n + (2 << 20)
+
+
+class _FakeGraph:
+    def __init__(self) -> None:
+        self.resets = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+class _FakeStream:
+    def wait_stream(self, other: object) -> None:
+        return None
+
+
+class _FakeCapture:
+    """torch.cuda.graph as a failing capture behaves: capture_end raises too, skipping the stream's exit."""
+
+    def __init__(self, graph: _FakeGraph, pool: object) -> None:
+        self.pool = pool
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+
+@pytest.mark.parametrize("torch_ends_the_capture", [False, True])
+def test_a_failed_capture_frees_its_pool_and_restores_the_stream(monkeypatch: pytest.MonkeyPatch,
+                                                                 torch_ends_the_capture: bool) -> None:
+    """The CUDA calls stubbed: the failure path's logic runs here. Where torch left the allocator routing
+    into the pool (the end call succeeds), the pool is released by us; where torch ended it, not again."""
+    import contextlib
+
+    import kernel_pytorch.benchmark.timer as T
+
+    calls: dict[str, list] = {"set_stream": [], "end": [], "release": [], "empty_cache": []}
+    graphs: list[_FakeGraph] = []
+    caller = _FakeStream()
+
+    def new_graph() -> _FakeGraph:
+        graphs.append(_FakeGraph())
+        return graphs[-1]
+
+    def end(device: int, pool: object) -> None:
+        calls["end"].append(pool)
+        if torch_ends_the_capture:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+
+    cuda = torch.cuda
+    for name, value in {
+        "device": lambda dev: contextlib.nullcontext(), "stream": lambda s: contextlib.nullcontext(),
+        "current_stream": lambda: caller, "Stream": _FakeStream,
+        "synchronize": lambda: None, "CUDAGraph": new_graph, "graph_pool_handle": lambda: ("pool", 7),
+        "graph": _FakeCapture, "set_stream": lambda s: calls["set_stream"].append(s),
+        "empty_cache": lambda: calls["empty_cache"].append(True),
+    }.items():
+        monkeypatch.setattr(cuda, name, value)
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda d, p: calls["release"].append(p), raising=False)
+
+    warmed: list[int] = []
+
+    def sync_in_capture() -> None:
+        warmed.append(1)
+        if len(warmed) > 2:  # two warm-up calls pass, the captured one syncs
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    with pytest.raises(RuntimeError, match="capture failed: RuntimeError: operation not permitted") as info:
+        T.time_cuda_graph(sync_in_capture, device=torch.device("cuda", 0))
+    assert info.value.__cause__ is None and info.value.__context__ is None  # no frames kept alive
+    assert calls["set_stream"] == [caller] and graphs[0].resets == 1
+    assert calls["end"] == [("pool", 7)] and calls["empty_cache"] == [True]
+    assert calls["release"] == ([] if torch_ends_the_capture else [("pool", 7)])

@@ -164,7 +164,8 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bo
         context = pinned(sdpa_kernel)
     with context:
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=plain_causal and q_len == kv_len, scale=scale,
+            # bool(): under export with dynamic lengths the comparison is a SymBool, which SDPA refuses
+            q, k, v, attn_mask=attn_mask, is_causal=bool(plain_causal and q_len == kv_len), scale=scale,
             enable_gqa=q.shape[1] != k.shape[1],
         )
 

@@ -55,6 +55,13 @@ def _rope_config(rope: Any, head_dim: int) -> RotaryConfig | None:
     raise TypeError(f"rope must be None, 'default', a theta, a RotaryConfig or a model config (got {rope!r})")
 
 
+def cache_mask(cache_position: Tensor, max_seq: int) -> Tensor:
+    """(1, 1, T, max_seq) boolean mask of a static cache: the query at cache_position[i] (T,) sees the
+    slots at or before it (causal, and the slots not written yet hidden); built on the device, no sync."""
+    keys = torch.arange(max_seq, device=cache_position.device)
+    return (keys[None, :] <= cache_position[:, None])[None, None]
+
+
 class StaticKVCache(nn.Module):
     """Keys and values of one attention layer for incremental decoding, in fixed-shape buffers.
 
@@ -81,8 +88,7 @@ class StaticKVCache(nn.Module):
 
     def mask(self, cache_position: Tensor) -> Tensor:
         """(1, 1, T, S) boolean: query at cache_position[i] sees the keys written at or before it."""
-        keys = torch.arange(self.k.shape[2], device=cache_position.device)
-        return (keys[None, :] <= cache_position[:, None])[None, None]
+        return cache_mask(cache_position, self.k.shape[2])
 
     def reset(self) -> None:
         self.k.zero_()

@@ -95,6 +95,8 @@ def _expected(spec: OpBench, t: dict[str, Tensor], ups: list[Tensor], cast: Call
         ref_in[k] = v.requires_grad_(True) if k in spec.grad_names else v
     with torch.enable_grad():
         outs = tensors(spec.reference(*(ref_in[k] for k in spec.arg_names)))
+    if not spec.grad_names:  # forward only
+        return [o.detach() for o in outs], []
     up = [u.to(o.dtype) for u, o in zip(ups, outs)]
     grads = torch.autograd.grad(outs, [ref_in[n] for n in spec.grad_names], up)
     return [o.detach() for o in outs], list(grads)
@@ -123,8 +125,10 @@ def gate(spec: OpBench, impl: Impl | Callable[..., Any], shape: Shape, dtype: to
     with torch.enable_grad():
         outs = tensors(bound.call())
     ups = upstream_gradients(outs, seed)
-    # clones: an in-place backward (Liger's default) may overwrite the upstream gradient it is given
-    grads = list(torch.autograd.grad(outs, bound.wrt, [g.clone() for g in ups], allow_unused=True))
+    # clones: an in-place backward (Liger's default) may overwrite the upstream gradient it is given;
+    # an op with no grad_names (a decoding step) is gated forward only
+    grads = list(torch.autograd.grad(outs, bound.wrt, [g.clone() for g in ups], allow_unused=True)
+                 if spec.grad_names else [])
     outs = [o.detach() for o in outs]
     del bound
 

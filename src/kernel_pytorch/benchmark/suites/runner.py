@@ -6,9 +6,17 @@ a provider that fails is reported as failed and not timed), then the passes
     "fwd"       under no_grad;
     "fwd+bwd"   torch.autograd.grad of every output with a fixed random upstream gradient;
 
-each timed with `time_fn` (L2 flushed between calls) and, on CUDA, replayed from a CUDA graph over
-rotated input copies (launch overhead removed, each call reading cold data); with the peak memory of
-one call and GB/s and TFLOP/s as % of the copy and matmul ceilings measured in the same run.
+(an op's `passes`: "fwd" alone for a decoding step) each timed with `time_fn` (L2 flushed between calls)
+and, on CUDA, replayed from a CUDA graph over rotated input copies (launch overhead removed, each call
+reading cold data); with the peak memory of one call and GB/s and TFLOP/s as % of the copy and matmul
+ceilings measured in the same run.
+
+Large shapes: an op may gate at a smaller shape (`OpBench.gate_shape`; its rows say so) where the fp64
+reference of the full shape would not fit or would take minutes; the graph replays of a slow call are
+fewer (`timer.graph_plan`). On CUDA every pass's input copies, closures and graph, and every provider's
+gate outputs (eager's, the others' yardstick, excepted) are released before the next one starts, and
+the allocator's cache is emptied (`timer.free_device_memory`; Python's cycles are collected after a
+failure and between shapes): a row's leftovers must not make a later row run out of memory.
 """
 
 from __future__ import annotations
@@ -23,18 +31,25 @@ from kernel_pytorch._env import recompile_headroom
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.benchmark.ceilings import Ceilings, device_name, measure_ceilings, roofline
 from kernel_pytorch.benchmark.memory import peak_memory
-from kernel_pytorch.benchmark.module import PASSES, pass_closure
+from kernel_pytorch.benchmark.module import pass_closure
 from kernel_pytorch.benchmark.results import BenchmarkResults, Row
 from kernel_pytorch.benchmark.suites.gate import GateResult, gate
 from kernel_pytorch.benchmark.suites.providers import SAME, Impl, bind, resolve
 from kernel_pytorch.benchmark.suites.spec import OpBench, Shape, Suite
-from kernel_pytorch.benchmark.timer import resolve_device, rotation_copies, time_cuda_graph, time_fn
+from kernel_pytorch.benchmark.timer import (
+    free_device_memory,
+    resolve_device,
+    rotation_copies,
+    time_cuda_graph,
+    time_fn,
+)
 from kernel_pytorch.validation.compare import failures
 
 Progress = Callable[[int, int, str], None]  # (done, total, what is running)
 
 UPSTREAM_SEED = 99  # the timed fwd+bwd's fixed upstream gradient
 GRAPH_NOTE = "launch overhead removed; inputs rotated so each call reads cold data"
+GATED_SMALLER = "the full shape's fp64 reference is over the gate's budget"
 SMOKE_NOTE = ("smoke run (--quick): one small shape per op, shortest timing; it checks that the pipeline "
               "runs, the numbers are not speedups")
 
@@ -129,12 +144,18 @@ def run(
                 for provider in order:
                     step(f"{spec.name} {shape.label} {provider}")
                     impl, status, note = resolved[provider]
+                    # only eager's gate outputs are kept (the others' yardstick)
                     rows, gated = measure(spec, provider, impl, status, note, shape, dtype, dev, ceil,
-                                          eager_result, timing, timed=provider in chosen, graph=on_cuda)
+                                          eager_result, timing, timed=provider in chosen, graph=on_cuda,
+                                          keep_gate=provider == "eager")
                     if provider == "eager":
                         eager_result = gated
+                    del gated
                     for r in rows:
                         results.add(r)
+                eager_result = None
+                if on_cuda:
+                    free_device_memory(dev)
     # compile times and first-call kernel builds included: how long the whole run took
     results.notes.append(f"suite wall time {time.perf_counter() - started:.0f} s")
     if progress is not None:
@@ -150,47 +171,57 @@ def _row(spec: OpBench, shape: Shape, dtype: torch.dtype, provider: str, pass_na
 def measure(
     spec: OpBench, provider: str, impl: Impl | None, status: str, note: str, shape: Shape, dtype: torch.dtype,
     dev: torch.device, ceil: Ceilings, eager_result: GateResult | None, timing: dict[str, float],
-    *, timed: bool, graph: bool,
+    *, timed: bool, graph: bool, keep_gate: bool = True,
 ) -> tuple[list[Row], GateResult | None]:
     """Gate, then time, one provider at one shape.
 
     Args:
         timed: False for eager run only as the others' yardstick (gated, no rows).
-        graph: also time CUDA-graph replays (the runner asks for them on every CUDA shape).
+        graph: also time CUDA-graph replays (the runner asks for them on every CUDA shape), and release
+            each pass's memory before the next (`free_device_memory`).
+        keep_gate: return the gate's outputs and gradients (False: dropped before the timing, so they
+            do not sit in device memory while it runs).
     Returns:
-        (rows, the provider's gate outputs and gradients, or None when it did not run); with
-        `timed=False` (eager run only as the yardstick) no rows.
+        (rows, the provider's gate outputs and gradients, or None when it did not run or `keep_gate`
+        is False); with `timed=False` (eager run only as the yardstick) no rows.
     """
+    passes = spec.passes
     if status == SAME:  # the provider runs exactly another provider's code here: no rows
         return [], None
     if status != "ok" or impl is None:
-        return [_row(spec, shape, dtype, provider, p, status=status, note=note) for p in PASSES], None
+        return [_row(spec, shape, dtype, provider, p, status=status, note=note) for p in passes], None
+    gshape = spec.gate_shape(shape) if spec.gate_shape is not None else shape
+    where = "" if gshape == shape else f"correctness gated at {gshape.label} ({GATED_SMALLER})"
     try:
-        checks, result = gate(spec, impl, shape, dtype, dev, eager_result)
+        checks, result = gate(spec, impl, gshape, dtype, dev, eager_result)
     except Exception as exc:
         note = short_error(exc, 300, lines=1)
-        return [_row(spec, shape, dtype, provider, p, status="error", note=note) for p in PASSES], None
+        del exc
+        if graph:  # the failed gate's tensors (an out-of-memory at a large shape) go now
+            free_device_memory(dev)
+        return [_row(spec, shape, dtype, provider, p, status="error", note=note) for p in passes], None
     bad = failures(checks)
     if bad:
         msg = "; ".join(c.message() for c in bad[:2])
-        return [_row(spec, shape, dtype, provider, p, status="failed", note=f"correctness: {msg}")
-                for p in PASSES], result
+        at = f" at {gshape.label}" if where else ""
+        return [_row(spec, shape, dtype, provider, p, status="failed", note=f"correctness{at}: {msg}")
+                for p in passes], result
+    if not keep_gate:
+        result = None
     if not timed:
         return [], result
+    note = "; ".join(n for n in (note, where) if n)
     es = torch.empty((), dtype=dtype).element_size()
     out: list[Row] = []
-    for pass_name in PASSES:
+    for pass_name in passes:
+        first = len(out)
         row = _row(spec, shape, dtype, provider, pass_name, note=note)
         row.bytes = spec.pass_bytes(shape, es, pass_name)
         row.flops = spec.pass_flops(shape, pass_name)
+        fns: list[Callable[[], Any]] = []
         try:
             # the graph replay has no L2 flush between calls: rotate input copies instead
-            copies = rotation_copies(row.bytes, dev) if graph else 1
-            fns = []
-            for c in range(copies):
-                bound = bind(spec, impl, spec.make_inputs(shape, dtype, dev, c), grad=pass_name != "fwd")
-                fns.append(pass_closure(bound.call, bound.wrt, pass_name, seed=UPSTREAM_SEED,
-                                          ones=spec.unit_upstream))
+            fns = _pass_fns(spec, impl, shape, dtype, dev, pass_name, rotation_copies(row.bytes, dev) if graph else 1)
             t_main = time_fn(fns[0], device=dev, **timing)
             row.set_timing(t_main)
             row.set_roofline(roofline(t_main.median_ms, nbytes=row.bytes, flops=row.flops, ceilings=ceil))
@@ -202,14 +233,29 @@ def measure(
         except Exception as exc:
             row.status, row.note = "error", short_error(exc, 300, lines=1)
             out.append(row)
+        finally:
+            fns.clear()  # the copies and their closures go before the next pass draws its own
+            if graph:  # a failure's traceback may hold tensors in reference cycles: collect only then
+                free_device_memory(dev, collect=not all(r.ok for r in out[first:]))
     return out, result
+
+
+def _pass_fns(spec: OpBench, impl: Impl, shape: Shape, dtype: torch.dtype, dev: torch.device, pass_name: str,
+              copies: int) -> list[Callable[[], Any]]:
+    """One pass closure per rotated input copy (copy c drawn with seed c)."""
+    fns = []
+    for c in range(copies):
+        bound = bind(spec, impl, spec.make_inputs(shape, dtype, dev, c), grad=pass_name != "fwd")
+        fns.append(pass_closure(bound.call, bound.wrt, pass_name, seed=UPSTREAM_SEED, ones=spec.unit_upstream))
+    return fns
 
 
 def _graph_row(spec: OpBench, shape: Shape, dtype: torch.dtype, provider: str, pass_name: str,
                fns: list[Callable[[], Any]], dev: torch.device, base: Row, ceil: Ceilings) -> Row:
     row = _row(spec, shape, dtype, provider, f"{pass_name} (cuda graph)", bytes=base.bytes, flops=base.flops)
     try:
-        t = time_cuda_graph(fns, device=dev)
+        # fewer calls per graph and fewer replays where one call is slow (base: its eager timing)
+        t = time_cuda_graph(fns, device=dev, call_ms=base.median_ms)
     except Exception as exc:
         row.status, row.note = "error", short_error(exc, 300, lines=1)
         return row
@@ -219,4 +265,4 @@ def _graph_row(spec: OpBench, shape: Shape, dtype: torch.dtype, provider: str, p
     return row
 
 
-__all__ = ["GRAPH_NOTE", "SMOKE_NOTE", "Progress", "measure", "run", "shapes_for"]
+__all__ = ["GATED_SMALLER", "GRAPH_NOTE", "SMOKE_NOTE", "Progress", "measure", "run", "shapes_for"]

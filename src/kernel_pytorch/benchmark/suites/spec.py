@@ -150,6 +150,11 @@ class OpBench:
         unit_upstream: the timed fwd+bwd passes an upstream gradient of ones, as `loss.backward()` does
             for a loss (whose kernels may skip scaling by 1); the gate still draws a random one, so the
             scaling path is checked. False: a fixed random upstream gradient everywhere.
+        gate_shape: shape -> the shape the correctness gate runs at (None: the benchmark shape itself),
+            for shapes whose fp64 reference would not fit the device or would take minutes; the rows
+            say where the gate ran.
+        passes: the passes timed ("fwd" alone for inference-only ops such as a decoding step, whose
+            gate then runs forward only: grad_names empty).
     """
 
     name: str
@@ -170,11 +175,15 @@ class OpBench:
     extras: tuple[ExtraProvider, ...] = ()
     ours_cpu_note: str = OURS_CPU_NOTE
     unit_upstream: bool = False
+    gate_shape: Callable[[Shape], Shape] | None = None
+    passes: tuple[str, ...] = ("fwd", "fwd+bwd")
 
     def __post_init__(self) -> None:
         unknown = set(self.grad_names) - set(self.arg_names)
         if unknown or not set(self.param_names) <= set(self.grad_names):
             raise ValueError(f"{self.name}: grad_names must be inputs and param_names among them")
+        if any("bwd" in p for p in self.passes) and not self.grad_names:
+            raise ValueError(f"{self.name}: a backward pass needs grad_names")
 
     def pass_bytes(self, shape: Shape, element_size: int, pass_name: str) -> int:
         """Minimum bytes of a pass ("fwd", "fwd+bwd", "... (cuda graph)")."""
