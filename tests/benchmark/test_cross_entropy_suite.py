@@ -32,3 +32,14 @@ def test_quick_cpu_run_gates_and_times_both_ops() -> None:
         rows = r.find(op=op)
         assert rows and all(x.ok for x in rows), [(x.provider, x.status, x.note) for x in rows]
         assert all(x.median_ms > 0 and x.peak_mem_bytes is not None for x in rows)
+
+
+def test_gate_shape_caps_the_fp64_logits() -> None:
+    """Llama-3 at 8192 tokens gates at its own shape; 16384 tokens and the fused loss's Gemma-3 shape on
+    the first tokens whose logits fit GATE_LOGITS."""
+    from kernel_pytorch.benchmark.suites.cross_entropy import GATE_LOGITS, gate_shape, tokens_hidden_vocab, tokens_vocab
+
+    assert gate_shape(tokens_vocab(8192, 128256, "a")) == tokens_vocab(8192, 128256, "a")
+    assert gate_shape(tokens_vocab(16384, 128256, "a")).tokens == 8192
+    g = gate_shape(tokens_hidden_vocab(8192, 3840, 262144, "b"))
+    assert g.tokens == 4096 and g.hidden == 3840 and g.vocab == 262144 and g.tokens * g.vocab <= GATE_LOGITS
