@@ -238,3 +238,19 @@ def test_each_pass_releases_its_memory_before_the_next(monkeypatch: pytest.Monke
                              torch.device("cpu"), CEILINGS, None, {"cpu_min_run_time": 0.01}, timed=True,
                              graph=True)
     assert [r.status for r in rows] == ["ok", "error"] * 2 and freed == [True, True]
+
+
+def test_an_interrupted_run_keeps_its_finished_rows_and_says_partial() -> None:
+    """SIGINT (Ctrl-C, `timeout -s INT`) mid-run: the rows measured so far come back, marked PARTIAL."""
+    seen = []
+
+    def progress(done: int, total: int, what: str) -> None:
+        seen.append(what)
+        if what.endswith(" ours"):  # eager has been measured; stop before ours
+            raise KeyboardInterrupt
+
+    r = runner.run(Suite("toy", (SCALED_MUL,)), device="cpu", providers=("ours", "eager"), quick=True,
+                   ceilings=CEILINGS, progress=progress)
+    assert r.find(provider="eager") and all(x.ok for x in r.find(provider="eager"))
+    assert not r.find(provider="ours")
+    assert any(n.startswith("PARTIAL: interrupted after 1 ") for n in r.notes), r.notes

@@ -136,6 +136,29 @@ def run(
     # host CPU even fwd+bwd at large shapes)
     # one compiled function per op sees every shape in both grad modes: more than Dynamo's default
     # 8 cache entries per code object, after which it would silently run eager
+    try:
+        _run_plan(plan, order, chosen, dev, dtype, ceil, timing, on_cuda, results, step)
+    except KeyboardInterrupt:
+        # a run stopped by Ctrl-C or a time limit (SIGINT) keeps the rows it finished, said so
+        done = len({(r.op, tuple(r.shape), r.provider) for r in results.rows})
+        results.notes.append(f"PARTIAL: interrupted after {done} (op, shape, provider) entries; the rows "
+                             "missing were not measured")
+    # compile times and first-call kernel builds included: how long the whole run took
+    results.notes.append(f"suite wall time {time.perf_counter() - started:.0f} s")
+    if progress is not None:
+        progress(total, total, "done")
+    return results
+
+
+def _row(spec: OpBench, shape: Shape, dtype: torch.dtype, provider: str, pass_name: str, **kw: Any) -> Row:
+    return Row(op=spec.name, shape=shape.sizes, config=shape.config, dtype=str(dtype).removeprefix("torch."),
+               provider=provider, pass_name=pass_name, **kw)
+
+
+def _run_plan(plan: list, order: tuple[str, ...], chosen: tuple[str, ...], dev: torch.device, dtype: torch.dtype,
+              ceil: Ceilings, timing: dict[str, Any], on_cuda: bool, results: BenchmarkResults,
+              step: Callable[[str], None]) -> None:
+    """Every (op, shape, provider) of `plan` measured into `results`, in order."""
     with recompile_headroom(64):
         for spec, shape_list in plan:
             resolved = {p: resolve(spec, p, dev) for p in order}
@@ -156,16 +179,6 @@ def run(
                 eager_result = None
                 if on_cuda:
                     free_device_memory(dev)
-    # compile times and first-call kernel builds included: how long the whole run took
-    results.notes.append(f"suite wall time {time.perf_counter() - started:.0f} s")
-    if progress is not None:
-        progress(total, total, "done")
-    return results
-
-
-def _row(spec: OpBench, shape: Shape, dtype: torch.dtype, provider: str, pass_name: str, **kw: Any) -> Row:
-    return Row(op=spec.name, shape=shape.sizes, config=shape.config, dtype=str(dtype).removeprefix("torch."),
-               provider=provider, pass_name=pass_name, **kw)
 
 
 def measure(
