@@ -146,9 +146,14 @@ class HFAttention(nn.Module):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Any) -> Tensor:
         q_len, kv_len = q.shape[2], k.shape[2]
         options = dict(scale=self.scaling, softcap=self.softcap)
-        hint = self.hint
-        if (hint is not None and hint.plain_causal and q_len == kv_len and q_len > 1
-                and (self.window_bound is None or kv_len <= self.window_bound)):
+        eager = not torch.compiler.is_compiling()
+        # an activation-checkpointing recompute runs after the model's call has cleared the hint: the
+        # mask it was decided for carries the decision (eager only; a compiled graph recomputes itself)
+        plain = (self.hint is not None and self.hint.plain_causal) or (
+            eager and isinstance(mask, Tensor) and getattr(mask, "_kp_plain_causal", False))
+        if plain and q_len == kv_len and q_len > 1 and (self.window_bound is None or kv_len <= self.window_bound):
+            if eager and isinstance(mask, Tensor):
+                mask._kp_plain_causal = True
             return attention(q, k, v, is_causal=True, **options)  # the fast call: no mask, K/V not repeated
         if mask is None:
             causal = self.none_is_causal and q_len > 1
