@@ -5,6 +5,7 @@ inference row (prefill + 256 greedy decode tokens).
     python benchmarks/bench_e2e.py                                  # H100: the issue's config, ~4 min
     python benchmarks/bench_e2e.py --out benchmarks/results         # replace the committed results
     python benchmarks/bench_e2e.py --quick --device cpu             # tiny config: checks the pipeline
+    python benchmarks/bench_e2e.py --profile eager,ours+compile     # + where the step's time goes
 
 The step is forward + backward + fused AdamW on (batch x seq) tokens, labels = input_ids. Each provider
 gets a fresh model from the same seed, `--warmup` untimed steps (the first one's time is the warm-up /
@@ -156,9 +157,25 @@ def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.loss
 
 
+def profile_steps(step: Callable[[], Any], dev: torch.device, path: Path, rows: int = 40) -> None:
+    """torch.profiler over two steps: the kernels by total device (or CPU) time, as a text table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(2):
+            step()
+        _sync(dev)
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("two training steps; times are totals over both\n"
+                    + prof.key_averages().table(sort_by=key, row_limit=rows) + "\n")
+
+
 def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int, seq: int,
-              steps: int, warmup: int, matmul_tflops: float | None) -> Row:
-    """One provider's training step: timings, memory, tokens/s, warm-up and MFU (in the row's note)."""
+              steps: int, warmup: int, matmul_tflops: float | None, profile_to: Path | None = None) -> Row:
+    """One provider's training step: timings, memory, tokens/s, warm-up and MFU (in the row's note); with
+    `profile_to`, a profiler table of two more steps written there."""
     row = Row(op=f"train step {batch}x{seq}", shape=[batch, seq], config=size.label, dtype=str(dtype).split(".")[-1],
               provider=provider, pass_name="fwd+bwd+adamw")
     model = build(provider, size, dev, dtype)
@@ -200,6 +217,8 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
     tok_s = batch * seq / (timing.median_ms / 1e3)
     mfu = f"MFU {row.pct_of_matmul:.1f}%" if row.pct_of_matmul is not None else "MFU -"
     row.note = f"{tok_s / 1e3:.1f}k tok/s; warm-up {warm_s:.1f} s ({warmup} steps); {mfu}"
+    if profile_to is not None:
+        profile_steps(step, dev, profile_to)
     return row
 
 
@@ -241,7 +260,8 @@ def _failed(row_args: dict, exc: BaseException) -> Row:
 
 
 def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str, ...], steps: int, warmup: int,
-        budget_s: float, long_row: bool, inference: bool, smoke: bool) -> BenchmarkResults:
+        budget_s: float, long_row: bool, inference: bool, smoke: bool, profile: tuple[str, ...] = (),
+        out: Path | None = None) -> BenchmarkResults:
     """Every row in one run, each in its own try/except, within the time budget."""
     start = time.perf_counter()
     results = BenchmarkResults(name="e2e", device=device_name(dev), smoke=smoke)
@@ -261,7 +281,9 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str,
         if p.startswith("liger") and not has_liger:
             results.add(Row(**args, status="not installed", note="liger_kernel is not importable"))
             continue
-        jobs.append((args, lambda p=p: train_row(p, size, dev, dtype, size.batch, size.seq, steps, warmup, matmul)))
+        where = out / f"e2e_profile_{p.replace('+', '_').replace('.', '_')}.txt" if p in profile and out else None
+        jobs.append((args, lambda p=p, where=where: train_row(p, size, dev, dtype, size.batch, size.seq, steps, warmup,
+                                                              matmul, where)))
     if long_row:
         for p in ("eager", "ours+compile"):
             args = dict(op=f"train step 1x{size.long_seq}", shape=[1, size.long_seq], config=label, dtype=dt,
@@ -308,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--providers", default=",".join(TRAIN_PROVIDERS), help="comma-separated training providers")
     parser.add_argument("--no-long", action="store_true", help="skip the 16k-context row")
     parser.add_argument("--no-inference", action="store_true", help="skip the generate() row")
+    parser.add_argument("--profile", default="", help="comma-separated training providers to profile (two more "
+                        "steps each, e2e_profile_<provider>.txt beside the results)")
     args = parser.parse_args(argv)
     dev = resolve_device(args.device)
     size = QUICK if args.quick else Size()
@@ -316,9 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup or (1 if args.quick else 3)
     budget = args.budget_s if args.budget_s is not None else (240.0 if dev.type == "cuda" else 600.0)
     providers = tuple(p for p in args.providers.split(",") if p)
-    results = run(size, dev, dtype, providers, steps, warmup, budget, not args.no_long, not args.no_inference,
-                  smoke=args.quick)
     out = Path(args.out) if args.out else Path("bench-results") / f"e2e-{time.strftime('%Y%m%d-%H%M%S')}"
+    profile = tuple(p for p in args.profile.split(",") if p)
+    results = run(size, dev, dtype, providers, steps, warmup, budget, not args.no_long, not args.no_inference,
+                  smoke=args.quick, profile=profile, out=out)
     js, md = results.write(out)
     print(f"wrote {js} and {md}")
     return 0

@@ -26,7 +26,7 @@ def _bench():  # noqa: ANN202 (the script as a module)
 def test_quick_cpu_run(tmp_path: Path) -> None:
     bench = _bench()
     assert bench.main(["--quick", "--device", "cpu", "--providers", "eager,ours,liger,bogus", "--no-long",
-                       "--steps", "1", "--out", str(tmp_path)]) == 0
+                       "--steps", "1", "--profile", "ours", "--out", str(tmp_path)]) == 0
     results = BenchmarkResults.load(tmp_path / "e2e.json")
     assert results.smoke and (tmp_path / "e2e.md").is_file()
     status = {(r.op.split()[0], r.provider): r.status for r in results.rows}
@@ -36,6 +36,7 @@ def test_quick_cpu_run(tmp_path: Path) -> None:
     assert status[("generate", "ours")] == status[("generate", "hf static cache + compile")] == "ok"
     ours = results.find(provider="ours", pass_name="fwd+bwd+adamw")[0]
     assert "tok/s" in ours.note and ours.pct_of_matmul is not None and ours.peak_mem_bytes
+    assert "Self CPU" in (tmp_path / "e2e_profile_ours.txt").read_text()
 
 
 def test_time_budget_skips_rows(tmp_path: Path) -> None:
