@@ -139,3 +139,24 @@ def test_gradient_checkpointing_recomputes_the_same_call() -> None:
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         result = compare(p.grad, q.grad)
         assert result.passed, f"{name}: {result.message()}"
+
+
+def test_mask_hint_reads_the_call() -> None:
+    hint = MaskHint()
+    ids, ones = torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long)
+    cases = [
+        ({"input_ids": ids, "labels": ids}, True),
+        ({"input_ids": ids, "attention_mask": ones}, True),  # all ones: checked (eager)
+        ({"input_ids": ids, "attention_mask": ones.tril(1)}, False),  # padding
+        ({"input_ids": ids, "position_ids": ids}, False),  # could be packed documents
+        ({"input_ids": ids, "attention_mask": ones, "position_ids": ids}, True),  # a mask given: no packing
+        ({"input_ids": ids, "token_type_ids": ids}, False),  # may shape the mask (Gemma 3 images)
+        ({"input_ids": ids, "past_key_values": object()}, False),
+    ]
+    for kwargs, plain in cases:
+        hint.before(torch.nn.Identity(), (), kwargs)
+        assert hint.plain_causal is plain, kwargs
+        hint.after(torch.nn.Identity(), (), kwargs, None)
+        assert not hint.plain_causal
+    hint.before(torch.nn.Identity(), (ids, ones), {})  # a positional mask: not read, not plain
+    assert not hint.plain_causal

@@ -44,6 +44,13 @@ from kernel_pytorch.optimize.rules.norms import HFRMSNormRule
 _SPLIT = ("q_proj", "k_proj", "v_proj")
 _NORMS = ("q_norm", "k_norm")
 _IMPLEMENTATIONS = ("sdpa", "eager", None)
+# keyword arguments of a causal LM's forward that leave its mask plain causal (attention_mask and
+# position_ids are looked at separately)
+_PLAIN_KWARGS = frozenset({
+    "input_ids", "inputs_embeds", "labels", "use_cache", "attention_mask", "position_ids", "cache_position",
+    "logits_to_keep", "num_items_in_batch", "shift_labels", "ignore_index", "return_dict", "output_attentions",
+    "output_hidden_states",
+})
 
 
 class MaskHint:
@@ -58,7 +65,9 @@ class MaskHint:
 
     def before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
-        plain = len(args) <= 1 and kwargs.get("past_key_values") is None
+        # anything else given (token_type_ids, pixel_values, a cache ...) may shape the mask: not plain
+        others = [k for k, v in kwargs.items() if v is not None and k not in _PLAIN_KWARGS]
+        plain = len(args) <= 1 and not others
         if mask is None:
             plain = plain and positions is None  # transformers reads packed documents from position_ids
         elif isinstance(mask, Tensor) and mask.dim() == 2 and not torch.compiler.is_compiling():
@@ -95,9 +104,10 @@ class HFAttention(nn.Module):
         self.softcap = getattr(old, "attn_logit_softcapping", None)
         # None with the eager implementation means no mask at all; with SDPA, causal
         self.none_is_causal = getattr(config, "_attn_implementation", None) != "eager"
-        windows = [w for w in (getattr(old, "sliding_window", None), getattr(config, "sliding_window", None))
-                   if isinstance(w, int)]
-        self.window_bound = min(windows) if windows else None  # the fast path only where no window binds
+        # the layer's own window where it has the attribute (Qwen2/3, Gemma 2/3: None on full layers), else
+        # the config's, which then masks every layer (Mistral, Phi-3); the fast path only where none binds
+        window = old.sliding_window if hasattr(old, "sliding_window") else getattr(config, "sliding_window", None)
+        self.window_bound = window if isinstance(window, int) else None
         self.hint: MaskHint | None = None
         self.train(old.training)
 
