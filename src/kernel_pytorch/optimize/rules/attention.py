@@ -16,11 +16,14 @@ The fast call. transformers builds the 4-D mask before the layers see it; whethe
 `is_causal=True` or a materialised (B, 1, T, T) mask with K/V repeated depends on its version and on
 tracing (under torch.compile 5.17 materialises it). `HFAttention` does not look at the mask's values:
 a pre-hook on the model (`MaskHint`) records, for the call in progress, whether the caller asked for
-plain causal attention (no `attention_mask`, or an all-ones 2-D one in eager mode, and no packed
-`position_ids`). When it did, and the layer's queries and keys have the same length within any sliding
-window, the layer calls SDPA with `is_causal=True`, no mask and K/V not repeated (`enable_gqa`). In every
-other case (padding, a cache with earlier tokens, a window that binds, a 4-D mask from the caller) it
-passes transformers' mask on.
+plain causal attention (no `attention_mask`, or an all-ones 2-D one in eager mode; no `position_ids`
+without a mask, which could mark packed documents; no cache; no other input that may shape the mask).
+When it did, and the layer's queries and keys have the same length within any sliding window, the layer
+calls SDPA with `is_causal=True`, no mask and K/V not repeated (`enable_gqa`). In every other case
+(padding, a cache with earlier tokens, a window that binds, a 4-D mask from the caller) it passes
+transformers' mask on. The window is the layer's `sliding_window` where it has one (Qwen2/3, Gemma 2/3:
+None on full layers), else the config's (Mistral, Phi-3). An activation-checkpointing recompute, which
+runs after the hint is cleared, finds the decision on transformers' mask tensor.
 
 Left alone, with the reason: attention dropout > 0, flash / flex / paged attention implementations
 (their masks are other objects), bidirectional layers, extra parameters, hooks, LoRA-like projections.
