@@ -17,8 +17,9 @@ the profiler's allocation trace of one step.
 
 Each provider runs in its own try/except, so one failure (or an out-of-memory) becomes a row with the
 reason and the others still run. The whole run stops starting new providers once `--budget-s` of wall time
-is spent (default 240 s on CUDA) and says which rows it skipped. Liger patches transformers' classes
-globally, so its providers run last.
+is spent (default 240 s on CUDA) and says which rows it skipped; the rows run in the order of what the
+issue compares first (the training providers, then the 16k row, then generation). Liger patches
+transformers' classes for the whole process, so each Liger row runs in a child process of its own.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from kernel_pytorch.benchmark.memory import peak_memory  # noqa: E402
 from kernel_pytorch.benchmark.results import BenchmarkResults, Row  # noqa: E402
 from kernel_pytorch.benchmark.timer import resolve_device, summarize  # noqa: E402
 
-TRAIN_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "builtin", "liger", "liger+compile")
+TRAIN_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "liger", "liger+compile", "builtin")
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,16 @@ def inference_row(provider: str, size: Size, dev: torch.device, dtype: torch.dty
     return row
 
 
+def in_child(fn: Callable[..., Row], args: tuple) -> Row:
+    """fn(*args) in a fresh (spawned) process, so what it patches in transformers dies with it."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def _failed(row_args: dict, exc: BaseException) -> Row:
     oom = isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
     status = "out of memory" if oom else "error"
@@ -282,8 +293,11 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str,
             results.add(Row(**args, status="not installed", note="liger_kernel is not importable"))
             continue
         where = out / f"e2e_profile_{p.replace('+', '_').replace('.', '_')}.txt" if p in profile and out else None
-        jobs.append((args, lambda p=p, where=where: train_row(p, size, dev, dtype, size.batch, size.seq, steps, warmup,
-                                                              matmul, where)))
+        row_args = (p, size, dev, dtype, size.batch, size.seq, steps, warmup, matmul, where)
+        if p.startswith("liger"):
+            jobs.append((args, lambda row_args=row_args: in_child(train_row, row_args)))
+        else:
+            jobs.append((args, lambda row_args=row_args: train_row(*row_args)))
     if long_row:
         for p in ("eager", "ours+compile"):
             args = dict(op=f"train step 1x{size.long_seq}", shape=[1, size.long_seq], config=label, dtype=dt,
@@ -295,8 +309,6 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str,
             args = dict(op=f"generate {size.prompt}+{size.decode}", shape=[1, size.prompt + size.decode], config=label,
                         dtype=dt, provider=p, pass_name="prefill+decode")
             jobs.append((args, lambda p=p: inference_row(p, size, dev, dtype)))
-    # Liger patches transformers' classes for good: its rows go last
-    jobs.sort(key=lambda j: j[0]["provider"].startswith("liger"))
     skipped = []
     for args, job in jobs:
         if time.perf_counter() - start > budget_s:
