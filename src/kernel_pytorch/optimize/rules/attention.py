@@ -114,6 +114,10 @@ class HFAttention(nn.Module):
         self.hint: MaskHint | None = None
         self.train(old.training)
 
+    def extra_repr(self) -> str:
+        return (f"layer_idx={self.layer_idx}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+                f"head_dim={self.head_dim}, window_bound={self.window_bound}")
+
     def attach(self, model: nn.Module) -> None:
         """Share the model's MaskHint (registering its hooks on the first attach)."""
         hint = _hint_of(model)
