@@ -42,6 +42,49 @@ def qwen2() -> tuple[nn.Module, dict[str, Tensor]]:
     return Qwen2ForCausalLM(Qwen2Config(**DECODER)).eval(), lm_inputs()
 
 
+def _noisy_norms(model: nn.Module) -> nn.Module:
+    """Gemma's norm weights start at 0: make them tell (1 + w) from w."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.1)
+    return model
+
+
+def mistral(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(**{**DECODER, "sliding_window": 6, **overrides})  # a window shorter than the inputs
+    return MistralForCausalLM(config).eval(), lm_inputs()
+
+
+def qwen3() -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(**DECODER, head_dim=8)).eval(), lm_inputs()
+
+
+def gemma2() -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(**DECODER, head_dim=8, sliding_window=6, attn_implementation="eager")
+    return _noisy_norms(Gemma2ForCausalLM(config)).eval(), lm_inputs()
+
+
+def gemma3() -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(**DECODER, head_dim=8, sliding_window=6, sliding_window_pattern=2)
+    return _noisy_norms(Gemma3ForCausalLM(config)).eval(), lm_inputs()
+
+
+def phi3() -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    config = Phi3Config(**{**DECODER, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2})
+    return Phi3ForCausalLM(config).eval(), lm_inputs()
+
+
 def gpt2() -> tuple[nn.Module, dict[str, Tensor]]:
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -19,7 +19,9 @@ transformers = pytest.importorskip("transformers")
 
 N_NORMS = 5  # two per layer in two layers, and the final norm
 N_MLPS = 2  # one per layer
-DECODER_COUNTS = {"hf_rms_norm": N_NORMS, "hf_gated_mlp": N_MLPS}
+N_ATTENTION = 2  # one per layer
+DECODER_COUNTS = {"hf_rms_norm": N_NORMS, "hf_gated_mlp": N_MLPS, "hf_attention": N_ATTENTION,
+                  "fused_linear_cross_entropy": 1}
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -116,7 +118,7 @@ def test_gpt2_layer_norms_swapped() -> None:
     model, inputs = models.gpt2()
     keys = list(model.state_dict())
     _, report = optimize(model, inputs, seeds=(0,))
-    assert report.passed and report.counts() == {"torch_layer_norm": N_NORMS}
+    assert report.passed and report.counts() == {"torch_layer_norm": N_NORMS, "fused_linear_cross_entropy": 1}
     assert type(model.transformer.ln_f) is kp.nn.LayerNorm
     assert list(model.state_dict()) == keys
     fresh, _ = models.gpt2()

@@ -71,10 +71,13 @@ def plan(model: nn.Module, rules: Sequence[Rule]) -> tuple[list[Swap], list[Chan
 
 
 def apply(model: nn.Module, swaps: Sequence[Swap]) -> None:
-    """Put each swap's new module at all its paths."""
+    """Put each swap's new module at all its paths (and let a replacement that needs the model, such as
+    an attention reading the model call's mask hint, `attach` to it)."""
     for s in swaps:
         for path in s.paths:
             set_module(model, path, s.new)
+        if callable(attach := getattr(s.new, "attach", None)):
+            attach(model)
 
 
 def revert(model: nn.Module, swaps: Sequence[Swap], detail: str) -> None:
@@ -82,6 +85,8 @@ def revert(model: nn.Module, swaps: Sequence[Swap], detail: str) -> None:
     for s in swaps:
         for path in s.paths:
             set_module(model, path, s.old)
+        if callable(detach := getattr(s.new, "detach", None)):
+            detach(model)
         s.change.status = "reverted"
         s.change.detail = detail
 

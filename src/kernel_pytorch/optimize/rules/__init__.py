@@ -5,8 +5,9 @@ A rule never edits the module it is shown, nor any class: it returns a new modul
 same `Parameter` objects, so names, devices, dtypes, `state_dict` keys and ties are kept) or says why
 not. `optimize()` swaps the instance in the model, validates, and reverts what fails.
 
-Families: `norms.py` (torch and Hugging Face norms), `mlp.py` (gated and fc1/fc2 MLPs). The rotary,
-attention and loss families get their files when their rules are written.
+Families: `norms.py` (torch and Hugging Face norms), `mlp.py` (gated, packed gate_up and fc1/fc2
+MLPs), `attention.py` (Hugging Face decoder attention, RoPE applied inside it), `loss.py` (LM head +
+causal-LM loss -> fused linear cross-entropy).
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ class Rule(Protocol):
 
 def default_rules() -> list[Rule]:
     """Every built-in rule, in the order they are tried (the first rule that matches a module wins)."""
+    from kernel_pytorch.optimize.rules.attention import ATTENTION_RULES
+    from kernel_pytorch.optimize.rules.loss import LOSS_RULES
     from kernel_pytorch.optimize.rules.mlp import MLP_RULES
     from kernel_pytorch.optimize.rules.norms import NORM_RULES
 
-    return [*NORM_RULES, *MLP_RULES]
+    return [*NORM_RULES, *MLP_RULES, *ATTENTION_RULES, *LOSS_RULES]
 
 
 __all__ = ["Match", "Rule", "default_rules"]

@@ -4,6 +4,8 @@ MLPs to `kernel_pytorch.nn.MLP`.
 Recognised by structure, not by class name:
 
     hf_gated_mlp:  child Linears gate_proj, up_proj, down_proj   LlamaMLP, MistralMLP, Qwen2MLP, GemmaMLP ...
+    packed_gated_mlp: child Linears gate_up_proj ([gate; up] rows), down_proj   Phi3MLP
+                   (-> GatedMLP(fuse_gate_up=True): one GEMM, gated_act_packed, saved in the packed layout)
     fc_mlp:        child Linears fc1, fc2                          CLIPMLP, SiglipMLP, PhiMLP, ViT MLPs ...
 
 The activation is the module's torch activation module, else its `config.hidden_act`
@@ -28,6 +30,7 @@ from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.optimize.rules._common import blocked, probe_input, run_probe, same_output
 
 _GATED = ("gate_proj", "up_proj", "down_proj")
+_PACKED = ("gate_up_proj", "down_proj")
 _FC = ("fc1", "fc2")
 
 
@@ -86,6 +89,16 @@ def _swap(module: nn.Module, projs: dict[str, nn.Linear], build: Callable[[nn.Mo
     return Match(new, f"{kind} ({act}) -> kernel_pytorch.nn.{target}")
 
 
+def _gated(module: nn.Module) -> nn.Module:
+    """GatedMLP.from_module, reading Gemma 2/3's `config.hidden_activation` where there is no
+    `config.hidden_act` (the probe still checks the activation is the module's)."""
+    config = getattr(module, "config", None)
+    act = getattr(config, "hidden_activation", None)
+    if getattr(config, "hidden_act", None) is None and isinstance(act, str):
+        return kp_nn.GatedMLP.from_module(module, activation=act)
+    return kp_nn.GatedMLP.from_module(module)
+
+
 class HFGatedMLPRule:
     """An HF-style gated MLP (gate_proj/up_proj/down_proj Linears, any class) -> kernel_pytorch.nn.GatedMLP."""
 
@@ -95,7 +108,20 @@ class HFGatedMLPRule:
     def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
         if isinstance(module, kp_nn.GatedMLP) or (projs := _linears(module, _GATED)) is None:
             return None
-        return _swap(module, projs, kp_nn.GatedMLP.from_module, "GatedMLP")
+        return _swap(module, projs, _gated, "GatedMLP")
+
+
+class PackedGatedMLPRule:
+    """A Phi-3-style packed gated MLP (gate_up_proj/down_proj Linears, any class) -> kernel_pytorch.nn.GatedMLP
+    with fuse_gate_up=True, holding the packed Parameter as it is."""
+
+    name = "packed_gated_mlp"
+    family = "mlp"
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
+        if isinstance(module, kp_nn.GatedMLP) or (projs := _linears(module, _PACKED)) is None:
+            return None
+        return _swap(module, projs, _gated, "GatedMLP")
 
 
 class FcMLPRule:
@@ -110,6 +136,6 @@ class FcMLPRule:
         return _swap(module, projs, kp_nn.MLP.from_module, "MLP")
 
 
-MLP_RULES = (HFGatedMLPRule(), FcMLPRule())
+MLP_RULES = (HFGatedMLPRule(), PackedGatedMLPRule(), FcMLPRule())
 
-__all__ = ["MLP_RULES", "FcMLPRule", "HFGatedMLPRule"]
+__all__ = ["MLP_RULES", "FcMLPRule", "HFGatedMLPRule", "PackedGatedMLPRule"]

@@ -1,0 +1,365 @@
+"""End-to-end training step of an HF LlamaForCausalLM: eager, torch.compile, Liger, Liger + compile, ours
+(`kernel_pytorch.optimize`), ours + compile and the built-in Llama; plus a 16k-context row and an
+inference row (prefill + 256 greedy decode tokens).
+
+    python benchmarks/bench_e2e.py                                  # H100: the issue's config, ~4 min
+    python benchmarks/bench_e2e.py --out benchmarks/results         # replace the committed results
+    python benchmarks/bench_e2e.py --quick --device cpu             # tiny config: checks the pipeline
+    python benchmarks/bench_e2e.py --profile eager,ours+compile     # + where the step's time goes
+
+The step is forward + backward + fused AdamW on (batch x seq) tokens, labels = input_ids. Each provider
+gets a fresh model from the same seed, `--warmup` untimed steps (the first one's time is the warm-up /
+compile time), then `--steps` timed steps (CUDA: synchronised wall time per step; the median is
+reported). Tokens/s = batch * seq / median step time; MFU = model FLOPs per step (6 x matmul parameters x
+tokens + causal attention) / step time / the bf16 matmul ceiling measured in the same run. Peak memory is
+the CUDA allocator's peak over the timed steps (weights, gradients and optimizer state included); on CPU,
+the profiler's allocation trace of one step.
+
+Each provider runs in its own try/except, so one failure (or an out-of-memory) becomes a row with the
+reason and the others still run. The whole run stops starting new providers once `--budget-s` of wall time
+is spent (default 240 s on CUDA) and says which rows it skipped; the rows run in the order of what the
+issue compares first (the training providers, then the 16k row, then generation). Liger patches
+transformers' classes for the whole process, so each Liger row runs in a child process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from kernel_pytorch.benchmark.ceilings import device_name, measure_ceilings, percent_of, tflops  # noqa: E402
+from kernel_pytorch.benchmark.memory import peak_memory  # noqa: E402
+from kernel_pytorch.benchmark.results import BenchmarkResults, Row  # noqa: E402
+from kernel_pytorch.benchmark.timer import resolve_device, summarize  # noqa: E402
+
+TRAIN_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "liger", "liger+compile", "builtin")
+
+
+@dataclass(frozen=True)
+class Size:
+    """The decoder's sizes and the batch (the issue's config, or the --quick one)."""
+
+    hidden: int = 2048
+    intermediate: int = 5632
+    layers: int = 8
+    heads: int = 16
+    kv_heads: int = 8
+    vocab: int = 128256
+    batch: int = 4
+    seq: int = 2048
+    long_seq: int = 16384
+    prompt: int = 512
+    decode: int = 256
+
+    @property
+    def label(self) -> str:
+        return (f"HF Llama h{self.hidden} i{self.intermediate} L{self.layers} H{self.heads}/{self.kv_heads} "
+                f"V{self.vocab}")
+
+    def hf_config(self) -> Any:
+        from transformers import LlamaConfig
+
+        return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
+                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
+                           num_key_value_heads=self.kv_heads, max_position_embeddings=max(self.long_seq, 4096),
+                           attn_implementation="sdpa")
+
+    def matmul_params(self) -> int:
+        d, kv = self.hidden, self.hidden // self.heads * self.kv_heads
+        per_layer = 2 * d * d + 2 * d * kv + 3 * d * self.intermediate
+        return self.layers * per_layer + self.vocab * d  # the lm_head; the embedding is a lookup
+
+    def step_flops(self, batch: int, seq: int) -> int:
+        """Forward + backward FLOPs of one step: 6 N per token, plus causal attention (QK^T and PV, half)."""
+        tokens = batch * seq
+        attention = 6 * self.layers * batch * seq * seq * self.hidden  # 3 x (4 B T^2 d) / 2
+        return 6 * self.matmul_params() * tokens + attention
+
+
+QUICK = Size(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=256, batch=2, seq=32, long_seq=64,
+             prompt=8, decode=4)
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _free(dev: torch.device) -> None:
+    torch._dynamo.reset()
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def hf_model(size: Size, dev: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = LlamaForCausalLM(size.hf_config())
+    return model.to(dtype).train()
+
+
+def builtin_model(size: Size, dev: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    from kernel_pytorch.models.llama import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=size.vocab, dim=size.hidden, n_layers=size.layers, n_heads=size.heads,
+                         n_kv_heads=size.kv_heads, intermediate_size=size.intermediate,
+                         max_seq_len=max(size.long_seq, size.seq), rope_theta=10000.0, norm_eps=1e-6)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = LlamaForCausalLM(config)
+        model.init_weights()
+    return model.to(dtype).train()
+
+
+def ours(model: torch.nn.Module, size: Size, dev: torch.device) -> torch.nn.Module:
+    """optimize() validated on a short batch (the full one would double the activations)."""
+    from kernel_pytorch.optimize import optimize
+
+    ids = torch.randint(0, size.vocab, (1, min(size.seq, 128)), device=dev)
+    model, report = optimize(model, {"input_ids": ids, "labels": ids}, compile=False, seeds=(0,))
+    if not report.passed:
+        raise RuntimeError(f"optimize() did not validate: {report.summary(validation=False)}")
+    return model
+
+
+def build(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    if provider not in TRAIN_PROVIDERS:
+        raise ValueError(f"unknown provider {provider!r}; known: {', '.join(TRAIN_PROVIDERS)}")
+    if provider.startswith("liger"):
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+        apply_liger_kernel_to_llama()  # patches transformers' Llama classes for every model built after
+    if provider.startswith("builtin"):
+        model = ours(builtin_model(size, dev, dtype), size, dev)
+    else:
+        model = hf_model(size, dev, dtype)
+    if provider in ("ours", "ours+compile"):
+        model = ours(model, size, dev)
+    if provider.endswith("compile") or provider == "builtin":
+        model = torch.compile(model)
+    return model
+
+
+def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    out = model(input_ids=ids, labels=ids)
+    return out if isinstance(out, torch.Tensor) else out.loss
+
+
+def profile_steps(step: Callable[[], Any], dev: torch.device, path: Path, rows: int = 40) -> None:
+    """torch.profiler over two steps: the kernels by total device (or CPU) time, as a text table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(2):
+            step()
+        _sync(dev)
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("two training steps; times are totals over both\n"
+                    + prof.key_averages().table(sort_by=key, row_limit=rows) + "\n")
+
+
+def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int, seq: int,
+              steps: int, warmup: int, matmul_tflops: float | None, profile_to: Path | None = None) -> Row:
+    """One provider's training step: timings, memory, tokens/s, warm-up and MFU (in the row's note); with
+    `profile_to`, a profiler table of two more steps written there."""
+    row = Row(op=f"train step {batch}x{seq}", shape=[batch, seq], config=size.label, dtype=str(dtype).split(".")[-1],
+              provider=provider, pass_name="fwd+bwd+adamw")
+    model = build(provider, size, dev, dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=dev.type == "cuda")
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, size.vocab, (batch, seq), generator=g).to(dev)
+
+    def step() -> torch.Tensor:
+        loss = _loss(model, ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    _sync(dev)
+    warm_s = time.perf_counter() - t0
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    samples = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        _sync(dev)
+        samples.append((time.perf_counter() - t) * 1e3)
+    timing = summarize(samples, "wall clock per step, synchronised")
+    row.set_timing(timing)
+    if dev.type == "cuda":
+        row.peak_mem_bytes, row.peak_mem_method = torch.cuda.max_memory_allocated(dev), "cuda allocator peak"
+    else:
+        m = peak_memory(step, dev)
+        row.peak_mem_bytes, row.peak_mem_method = m.peak_bytes, m.method
+    row.flops = size.step_flops(batch, seq)
+    row.tflops = tflops(row.flops, timing.median_ms)
+    if matmul_tflops:
+        row.pct_of_matmul = percent_of(row.tflops, matmul_tflops)
+    tok_s = batch * seq / (timing.median_ms / 1e3)
+    mfu = f"MFU {row.pct_of_matmul:.1f}%" if row.pct_of_matmul is not None else "MFU -"
+    row.note = f"{tok_s / 1e3:.1f}k tok/s; warm-up {warm_s:.1f} s ({warmup} steps); {mfu}"
+    if profile_to is not None:
+        profile_steps(step, dev, profile_to)
+    return row
+
+
+def inference_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> Row:
+    """Prefill `size.prompt` tokens and decode `size.decode` greedily; ours (DynamicCache) or HF's static
+    cache (which generate() compiles)."""
+    row = Row(op=f"generate {size.prompt}+{size.decode}", shape=[1, size.prompt + size.decode], config=size.label,
+              dtype=str(dtype).split(".")[-1], provider=provider, pass_name="prefill+decode")
+    model = hf_model(size, dev, dtype).eval()
+    if provider.startswith("ours"):
+        model = ours(model, size, dev)
+    extra = {"cache_implementation": "static"} if "static" in provider else {}
+    ids = torch.randint(0, size.vocab, (1, size.prompt), device=dev)
+    kw = dict(max_new_tokens=size.decode, min_new_tokens=size.decode, do_sample=False, **extra)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        model.generate(ids, **kw)  # warm-up (compiles the static-cache forward)
+    _sync(dev)
+    warm_s = time.perf_counter() - t0
+    samples = []
+    for _ in range(1 if size == QUICK else 2):
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, **kw)
+        _sync(dev)
+        samples.append((time.perf_counter() - t) * 1e3)
+    timing = summarize(samples, "wall clock per generate() call, synchronised")
+    row.set_timing(timing)
+    row.note = f"{size.decode / (timing.median_ms / 1e3):.0f} decode tok/s (prefill included); warm-up {warm_s:.1f} s"
+    del model
+    return row
+
+
+def in_child(fn: Callable[..., Row], args: tuple) -> Row:
+    """fn(*args) in a fresh (spawned) process, so what it patches in transformers dies with it."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _failed(row_args: dict, exc: BaseException) -> Row:
+    oom = isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    status = "out of memory" if oom else "error"
+    return Row(**row_args, status=status, note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+               if str(exc) else type(exc).__name__)
+
+
+def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str, ...], steps: int, warmup: int,
+        budget_s: float, long_row: bool, inference: bool, smoke: bool, profile: tuple[str, ...] = (),
+        out: Path | None = None) -> BenchmarkResults:
+    """Every row in one run, each in its own try/except, within the time budget."""
+    start = time.perf_counter()
+    results = BenchmarkResults(name="e2e", device=device_name(dev), smoke=smoke)
+    ceilings = measure_ceilings(dev)
+    results.ceilings = ceilings
+    matmul = ceilings.matmul_tflops
+    try:
+        import liger_kernel  # noqa: F401
+        has_liger = True
+    except ImportError:
+        has_liger = False
+    jobs: list[tuple[dict, Callable[[], Row]]] = []
+    label, dt = size.label, str(dtype).split(".")[-1]
+    for p in providers:
+        args = dict(op=f"train step {size.batch}x{size.seq}", shape=[size.batch, size.seq], config=label, dtype=dt,
+                    provider=p, pass_name="fwd+bwd+adamw")
+        if p.startswith("liger") and not has_liger:
+            results.add(Row(**args, status="not installed", note="liger_kernel is not importable"))
+            continue
+        where = out / f"e2e_profile_{p.replace('+', '_').replace('.', '_')}.txt" if p in profile and out else None
+        row_args = (p, size, dev, dtype, size.batch, size.seq, steps, warmup, matmul, where)
+        if p.startswith("liger"):
+            jobs.append((args, lambda row_args=row_args: in_child(train_row, row_args)))
+        else:
+            jobs.append((args, lambda row_args=row_args: train_row(*row_args)))
+    if long_row:
+        for p in ("eager", "ours+compile"):
+            args = dict(op=f"train step 1x{size.long_seq}", shape=[1, size.long_seq], config=label, dtype=dt,
+                        provider=p, pass_name="fwd+bwd+adamw")
+            jobs.append((args, lambda p=p: train_row(p, size, dev, dtype, 1, size.long_seq, max(2, steps // 4),
+                                                     warmup, matmul)))
+    if inference:
+        for p in ("ours", "hf static cache + compile"):
+            args = dict(op=f"generate {size.prompt}+{size.decode}", shape=[1, size.prompt + size.decode], config=label,
+                        dtype=dt, provider=p, pass_name="prefill+decode")
+            jobs.append((args, lambda p=p: inference_row(p, size, dev, dtype)))
+    skipped = []
+    for args, job in jobs:
+        if time.perf_counter() - start > budget_s:
+            skipped.append(f"{args['op']} / {args['provider']}")
+            results.add(Row(**args, status="skipped", note=f"the {budget_s:.0f} s time budget was spent"))
+            continue
+        try:
+            row = job()
+        except Exception as exc:  # noqa: BLE001 (one provider's failure must not lose the others)
+            row = _failed(args, exc)
+        results.add(row)
+        print(f"{row.op:>24} {row.provider:>26}: {row.status} {row.median_ms or 0:.4g} ms {row.note}", flush=True)
+        _free(dev)
+    results.notes.append(f"{steps} timed steps after {warmup} warm-up steps per training row; wall time "
+                         f"{time.perf_counter() - start:.0f} s of a {budget_s:.0f} s budget")
+    if skipped:
+        results.notes.append(f"skipped for the time budget: {', '.join(skipped)}")
+    results.notes.append("MFU: model FLOPs (6 x matmul params x tokens + causal attention) per step / step time / "
+                         "the matmul ceiling above; tokens/s, warm-up and MFU are in each row's status note")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny config, 2 steps: checks the pipeline")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--out", default=None, help="results directory (default bench-results/e2e-<time>)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per training row (default 8; quick 2)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; quick 1)")
+    parser.add_argument("--budget-s", type=float, default=None, help="stop starting rows after this many seconds")
+    parser.add_argument("--providers", default=",".join(TRAIN_PROVIDERS), help="comma-separated training providers")
+    parser.add_argument("--no-long", action="store_true", help="skip the 16k-context row")
+    parser.add_argument("--no-inference", action="store_true", help="skip the generate() row")
+    parser.add_argument("--profile", default="", help="comma-separated training providers to profile (two more "
+                        "steps each, e2e_profile_<provider>.txt beside the results)")
+    args = parser.parse_args(argv)
+    dev = resolve_device(args.device)
+    size = QUICK if args.quick else Size()
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    steps = args.steps or (2 if args.quick else 8)
+    warmup = args.warmup or (1 if args.quick else 3)
+    budget = args.budget_s if args.budget_s is not None else (240.0 if dev.type == "cuda" else 600.0)
+    providers = tuple(p for p in args.providers.split(",") if p)
+    out = Path(args.out) if args.out else Path("bench-results") / f"e2e-{time.strftime('%Y%m%d-%H%M%S')}"
+    profile = tuple(p for p in args.profile.split(",") if p)
+    results = run(size, dev, dtype, providers, steps, warmup, budget, not args.no_long, not args.no_inference,
+                  smoke=args.quick, profile=profile, out=out)
+    js, md = results.write(out)
+    print(f"wrote {js} and {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

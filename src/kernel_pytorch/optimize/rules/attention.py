@@ -1,0 +1,289 @@
+"""Attention rule: Hugging Face decoder attention modules (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3
+and any class shaped like them) to `HFAttention`, which computes the same attention through
+`kernel_pytorch.functional.attention` and `apply_rotary`.
+
+Recognised by structure, not by class name: o_proj plus q_proj/k_proj/v_proj (or Phi-3's packed
+qkv_proj) Linears, optional q_norm/k_norm (Qwen3, Gemma3), the `config`, `layer_idx`, `head_dim` and
+`scaling` transformers' attention classes keep, and a forward taking `position_embeddings`. A probe
+(random hidden states, cos/sin and a padded causal mask) checks the replacement computes what the module
+computes before it is used.
+
+`HFAttention` keeps transformers' call (hidden_states, position_embeddings=(cos, sin), attention_mask,
+past_key_values, **kwargs) -> (attn_output, None), the child modules themselves (so `state_dict` keys and
+parameters are unchanged) and every plain attribute (`layer_idx`, `sliding_window`, `is_causal` ...).
+
+The fast call. transformers builds the 4-D mask before the layers see it; whether it hands SDPA
+`is_causal=True` or a materialised (B, 1, T, T) mask with K/V repeated depends on its version and on
+tracing (under torch.compile 5.17 materialises it). `HFAttention` does not look at the mask's values:
+a pre-hook on the model (`MaskHint`) records, for the call in progress, whether the caller asked for
+plain causal attention (no `attention_mask`, or an all-ones 2-D one in eager mode; no `position_ids`
+without a mask, which could mark packed documents; no cache; no other input that may shape the mask).
+When it did, and the layer's queries and keys have the same length within any sliding window, the layer
+calls SDPA with `is_causal=True`, no mask and K/V not repeated (`enable_gqa`). In every other case
+(padding, a cache with earlier tokens, a window that binds, a 4-D mask from the caller) it passes
+transformers' mask on. The window is the layer's `sliding_window` where it has one (Qwen2/3, Gemma 2/3:
+None on full layers), else the config's (Mistral, Phi-3). An activation-checkpointing recompute, which
+runs after the hint is cleared, finds the decision on transformers' mask tensor.
+
+Left alone, with the reason: attention dropout > 0, flash / flex / paged attention implementations
+(their masks are other objects), bidirectional layers, extra parameters, hooks, LoRA-like projections.
+GPT-2's Conv1D attention is not of this shape and is not matched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from kernel_pytorch.functional.attention import attention, prepare_mask
+from kernel_pytorch.functional.rope import apply_rotary
+from kernel_pytorch.optimize.rules import Match
+from kernel_pytorch.optimize.rules._common import blocked, same_output
+from kernel_pytorch.optimize.rules.norms import HFRMSNormRule
+
+_SPLIT = ("q_proj", "k_proj", "v_proj")
+_NORMS = ("q_norm", "k_norm")
+_IMPLEMENTATIONS = ("sdpa", "eager", None)
+# keyword arguments of a causal LM's forward that leave its mask plain causal (attention_mask and
+# position_ids are looked at separately)
+_PLAIN_KWARGS = frozenset({
+    "input_ids", "inputs_embeds", "labels", "use_cache", "attention_mask", "position_ids", "cache_position",
+    "logits_to_keep", "num_items_in_batch", "shift_labels", "ignore_index", "return_dict", "output_attentions",
+    "output_hidden_states",
+})
+
+
+class MaskHint:
+    """Whether the model call in progress asked for plain causal attention (`plain_causal`), set by a
+    forward pre-hook on the model and cleared after it; the hooks are this object's bound methods, so a
+    deep copy of the model gets its own hint."""
+
+    def __init__(self) -> None:
+        self.plain_causal = False
+        self.users = 0
+        self.handles: list[Any] = []  # RemovableHandles (a deep copy of the model rebinds them to the copy)
+
+    def before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
+        # anything else given (token_type_ids, pixel_values, a cache ...) may shape the mask: not plain
+        others = [k for k, v in kwargs.items() if v is not None and k not in _PLAIN_KWARGS]
+        plain = len(args) <= 1 and not others
+        if mask is None:
+            plain = plain and positions is None  # transformers reads packed documents from position_ids
+        elif isinstance(mask, Tensor) and mask.dim() == 2 and not torch.compiler.is_compiling():
+            plain = plain and bool(mask.all())  # a host sync, as transformers' own check in eager
+        else:
+            plain = False
+        self.plain_causal = plain
+
+    def after(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        self.plain_causal = False
+
+
+def _hint_of(model: nn.Module) -> MaskHint | None:
+    for hook in model._forward_pre_hooks.values():
+        if isinstance(getattr(hook, "__self__", None), MaskHint):
+            return hook.__self__
+    return None
+
+
+class HFAttention(nn.Module):
+    """A transformers decoder attention computed by kernel_pytorch (module docstring). Built by
+    `AttentionRule` from the module it replaces; holds that module's children and attributes."""
+
+    def __init__(self, old: nn.Module, norms: dict[str, nn.Module]) -> None:
+        super().__init__()
+        for key, value in vars(old).items():
+            if not key.startswith("_") and key != "training":
+                setattr(self, key, value)
+        for name, child in old.named_children():
+            self.add_module(name, norms.get(name, child))
+        config = old.config
+        self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self._sizes = (self.n_heads * old.head_dim, self.n_kv_heads * old.head_dim, self.n_kv_heads * old.head_dim)
+        self.softcap = getattr(old, "attn_logit_softcapping", None)
+        # None with the eager implementation means no mask at all; with SDPA, causal
+        self.none_is_causal = getattr(config, "_attn_implementation", None) != "eager"
+        # the layer's own window where it has the attribute (Qwen2/3, Gemma 2/3: None on full layers), else
+        # the config's, which then masks every layer (Mistral, Phi-3); the fast path only where none binds
+        window = old.sliding_window if hasattr(old, "sliding_window") else getattr(config, "sliding_window", None)
+        self.window_bound = window if isinstance(window, int) else None
+        self.hint: MaskHint | None = None
+        self.train(old.training)
+
+    def extra_repr(self) -> str:
+        return (f"layer_idx={self.layer_idx}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+                f"head_dim={self.head_dim}, window_bound={self.window_bound}")
+
+    def attach(self, model: nn.Module) -> None:
+        """Share the model's MaskHint (registering its hooks on the first attach)."""
+        hint = _hint_of(model)
+        if hint is None:
+            hint = MaskHint()
+            hint.handles = [model.register_forward_pre_hook(hint.before, with_kwargs=True),
+                            model.register_forward_hook(hint.after, with_kwargs=True, always_call=True)]
+        hint.users += 1
+        self.hint = hint
+
+    def detach(self, model: nn.Module) -> None:
+        """Stop using the hint; the last user removes its hooks from the model."""
+        hint, self.hint = self.hint, None
+        if hint is not None:
+            hint.users -= 1
+            if hint.users <= 0:
+                for handle in hint.handles:
+                    handle.remove()
+
+    def forward(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor] | None = None,
+                attention_mask: Tensor | None = None, past_key_values: Any = None,
+                cache_position: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, None]:
+        """hidden_states (B, T, hidden) -> ((B, T, hidden), None), as transformers' attention."""
+        b, t = hidden_states.shape[:2]
+        if hasattr(self, "qkv_proj"):
+            q, k, v = self.qkv_proj(hidden_states).split(self._sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        q = q.view(b, t, -1, self.head_dim)
+        k = k.view(b, t, -1, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = v.view(b, t, -1, self.head_dim).transpose(1, 2)
+        cos, sin = position_embeddings
+        q, k = apply_rotary(q, k, cos, sin)
+        if past_key_values is not None:
+            extra = () if cache_position is None else ({"sin": sin, "cos": cos, "cache_position": cache_position},)
+            k, v = past_key_values.update(k, v, self.layer_idx, *extra)
+        out = self._attend(q, k, v, attention_mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), None
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Any) -> Tensor:
+        q_len, kv_len = q.shape[2], k.shape[2]
+        options = dict(scale=self.scaling, softcap=self.softcap)
+        eager = not torch.compiler.is_compiling()
+        # an activation-checkpointing recompute runs after the model's call has cleared the hint: the
+        # mask it was decided for carries the decision (eager only; a compiled graph recomputes itself)
+        plain = (self.hint is not None and self.hint.plain_causal) or (
+            eager and isinstance(mask, Tensor) and getattr(mask, "_kp_plain_causal", False))
+        if plain and q_len == kv_len and q_len > 1 and (self.window_bound is None or kv_len <= self.window_bound):
+            if eager and isinstance(mask, Tensor):
+                mask._kp_plain_causal = True
+            return attention(q, k, v, is_causal=True, **options)  # the fast call: no mask, K/V not repeated
+        if mask is None:
+            causal = self.none_is_causal and q_len > 1
+            if causal and kv_len > q_len:  # a fresh static cache: transformers attends to its first q_len slots
+                k, v = k[:, :, :q_len], v[:, :, :q_len]
+            return attention(q, k, v, is_causal=causal, **options)
+        if mask.dim() == 4:
+            mask = mask[:, :, :, :kv_len]
+        return attention(q, k, v, mask=prepare_mask(mask, q_len, kv_len), **options)
+
+
+def _shape(module: nn.Module) -> dict[str, nn.Linear] | None:
+    """The projections when `module` is shaped like a transformers decoder attention, else None."""
+    names = ("qkv_proj", "o_proj") if isinstance(getattr(module, "qkv_proj", None), nn.Linear) else (*_SPLIT, "o_proj")
+    projs = {n: getattr(module, n, None) for n in names}
+    if not all(isinstance(p, nn.Linear) for p in projs.values()):
+        return None
+    config = getattr(module, "config", None)
+    if not all(hasattr(config, a) for a in ("num_attention_heads", "num_key_value_heads")):
+        return None
+    if not all(isinstance(getattr(module, a, None), int) for a in ("head_dim", "layer_idx")):
+        return None
+    try:
+        takes = "position_embeddings" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return projs if takes else None
+
+
+def _left_alone(module: nn.Module, projs: dict[str, nn.Linear]) -> str | None:
+    if (why := blocked(module)) is not None:
+        return why
+    for name, proj in projs.items():
+        if (why := blocked(proj)) is not None:
+            return f"{name}: {why}"
+        if type(proj).forward is not nn.Linear.forward:
+            return f"{name} is a {type(proj).__name__} with its own forward (LoRA, quantized, ...)"
+    if [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+        return "holds parameters or buffers of its own"
+    for name, child in module.named_children():
+        if name not in projs and name not in _NORMS:
+            return f"has a child {name} ({type(child).__name__}) the replacement would not call"
+    impl = getattr(module.config, "_attn_implementation", None)
+    if impl not in _IMPLEMENTATIONS:
+        return f"attn_implementation={impl!r}: only 'sdpa' and 'eager' masks are understood"
+    if float(getattr(module, "attention_dropout", 0.0) or 0.0) > 0:
+        return "attention_dropout > 0 (the replacement applies no dropout)"
+    if not getattr(module, "is_causal", True):
+        return "bidirectional attention (is_causal=False)"
+    if not isinstance(getattr(module, "scaling", None), float):
+        return "no float `scaling` attribute"
+    return None
+
+
+def _probe(module: nn.Module, projs: dict[str, nn.Linear]) -> tuple[tuple, dict]:
+    """(args, kwargs) for one call: hidden states (2, 5, hidden), random cos/sin over the rotary width and
+    a causal additive mask that pads the first key of row 0 (the mask path; the fast path needs no probe:
+    it is the same attention with the mask it would build)."""
+    weight = projs["o_proj"].weight
+    dtype = weight.dtype if weight.dtype in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
+    g = torch.Generator().manual_seed(1234)
+    hidden = projs["o_proj"].out_features
+    rot = int(module.head_dim * float(getattr(module.config, "partial_rotary_factor", 1.0) or 1.0)) // 2 * 2
+    x = torch.randn(2, 5, hidden, generator=g)
+    angles = torch.rand(2, 5, rot // 2, generator=g) * 6.0
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    keep = torch.ones(5, 5).tril().bool().expand(2, 1, 5, 5).clone()
+    keep[0, :, 1:, 0] = False
+    mask = torch.zeros(2, 1, 5, 5).masked_fill(~keep, torch.finfo(dtype).min)
+    to = dict(device=weight.device, dtype=dtype)
+    return (x.to(**to),), {"position_embeddings": (cos.to(**to), sin.to(**to)), "attention_mask": mask.to(**to)}
+
+
+class AttentionRule:
+    """A transformers-style decoder attention (any class: structure, names and a probe) -> HFAttention."""
+
+    name = "hf_attention"
+    family = "attention"
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
+        if isinstance(module, HFAttention) or (projs := _shape(module)) is None:
+            return None
+        kind = type(module).__name__
+        if (why := _left_alone(module, projs)) is not None:
+            return Match(None, f"{kind}: {why}")
+        norms: dict[str, nn.Module] = {}
+        for n in _NORMS:
+            child = getattr(module, n, None)
+            if child is not None:
+                found = HFRMSNormRule().match(child, f"{name}.{n}", model)
+                if found is not None and found.replacement is not None:
+                    norms[n] = found.replacement
+        try:
+            new = HFAttention(module, norms)
+        except (AttributeError, TypeError, ValueError) as exc:
+            return Match(None, f"{kind}: {exc}")
+        if list(module.state_dict(keep_vars=True)) != list(new.state_dict(keep_vars=True)):
+            return Match(None, f"{kind}: the replacement's state_dict keys would differ")
+        args, kwargs = _probe(module, projs)
+        try:
+            with torch.no_grad():
+                expected = module(*args, **kwargs)[0]
+                got = new(*args, **kwargs)[0]
+        except Exception as exc:  # a forward of another kind: not ours to replace
+            return Match(None, f"{kind} does not run as a transformers attention on a probe ({type(exc).__name__})")
+        if not same_output(expected, got):
+            return Match(None, f"{kind} computes something other than HFAttention on a probe input")
+        extra = f", {'/'.join(norms)} swapped" if norms else ""
+        packed = ", packed qkv_proj" if "qkv_proj" in projs else ""
+        return Match(new, f"{kind} ({new.n_heads} heads, {new.n_kv_heads} KV heads{packed}{extra}) "
+                          "-> HFAttention (SDPA is_causal + GQA when the mask is plain causal)")
+
+
+ATTENTION_RULES = (AttentionRule(),)
+
+__all__ = ["ATTENTION_RULES", "AttentionRule", "HFAttention", "MaskHint"]

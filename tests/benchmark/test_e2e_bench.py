@@ -1,0 +1,47 @@
+"""benchmarks/bench_e2e.py --quick on CPU: every row kind is written to e2e.{json,md}, a failing or
+missing provider becomes a row with its reason, and the time budget skips rows rather than overrunning."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernel_pytorch.benchmark.results import BenchmarkResults
+
+pytest.importorskip("transformers")
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_e2e.py"
+
+
+def _bench():  # noqa: ANN202 (the script as a module)
+    spec = importlib.util.spec_from_file_location("bench_e2e", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_cpu_run(tmp_path: Path) -> None:
+    bench = _bench()
+    assert bench.main(["--quick", "--device", "cpu", "--providers", "eager,ours,liger,bogus", "--no-long",
+                       "--steps", "1", "--profile", "ours", "--out", str(tmp_path)]) == 0
+    results = BenchmarkResults.load(tmp_path / "e2e.json")
+    assert results.smoke and (tmp_path / "e2e.md").is_file()
+    status = {(r.op.split()[0], r.provider): r.status for r in results.rows}
+    assert status[("train", "eager")] == status[("train", "ours")] == "ok"
+    assert status[("train", "bogus")] == "error"  # one failure, the other rows still run
+    assert status[("train", "liger")] in ("not installed", "ok")
+    assert status[("generate", "ours")] == status[("generate", "hf static cache + compile")] == "ok"
+    ours = results.find(provider="ours", pass_name="fwd+bwd+adamw")[0]
+    assert "tok/s" in ours.note and ours.pct_of_matmul is not None and ours.peak_mem_bytes
+    assert "Self CPU" in (tmp_path / "e2e_profile_ours.txt").read_text()
+
+
+def test_time_budget_skips_rows(tmp_path: Path) -> None:
+    bench = _bench()
+    bench.main(["--quick", "--device", "cpu", "--providers", "eager", "--budget-s", "0", "--out", str(tmp_path)])
+    results = BenchmarkResults.load(tmp_path / "e2e.json")
+    assert {r.status for r in results.rows} == {"skipped"}
+    assert any("time budget" in n for n in results.notes)

@@ -1,0 +1,99 @@
+"""The "loss" rule: an HF *ForCausalLM's lm_head + ForCausalLMLoss becomes one fused linear
+cross-entropy through a forward on the instance: the loss is transformers' (shift, ignore_index,
+num_items_in_batch, shift_labels), logits are None only in training with labels, the class is untouched,
+and models that change their logits are left alone."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+import torch
+
+from kernel_pytorch.optimize import optimize
+from kernel_pytorch.optimize.rules.loss import FusedLossLMHead, fused_causal_lm_loss
+from kernel_pytorch.tolerances import compare, compare_reordered
+from tests.optimize import models
+
+transformers = pytest.importorskip("transformers")
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    result = compare(actual, expected)
+    assert result.passed, result.message()
+
+
+@pytest.fixture(scope="module")
+def tied() -> tuple[torch.nn.Module, torch.nn.Module, dict]:
+    torch.manual_seed(0)
+    model, inputs = models.llama(tie_word_embeddings=True)
+    reference = copy.deepcopy(model)
+    _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    assert report.passed and report.counts() == {"fused_linear_cross_entropy": 1}
+    assert "tied to the input embedding" in report.applied()[0].reason
+    return model, reference, inputs
+
+
+@pytest.mark.parametrize("options", [{}, {"num_items_in_batch": 7}, {"shift_labels": True}])
+def test_loss_and_gradients_are_transformers(tied: tuple, options: dict) -> None:
+    model, reference, inputs = tied
+    labels = inputs["labels"].clone()
+    labels[0, :3] = -100
+    if options.get("shift_labels"):
+        options = {"shift_labels": torch.roll(labels, -1, dims=1)}
+    for m in (model, reference):
+        m.zero_grad(set_to_none=True)
+    ours = model(input_ids=inputs["input_ids"], labels=labels, **options)
+    theirs = reference(input_ids=inputs["input_ids"], labels=labels, **options)
+    _close(ours.loss, theirs.loss)
+    _close(ours.logits, theirs.logits)  # eval mode: the logits as transformers returns them
+    ours.loss.backward()
+    theirs.loss.backward()
+    grads = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        result = compare_reordered(p.grad, grads[name].grad)
+        assert result.passed, f"{name}: {result.message()}"
+
+
+def test_training_skips_the_logits_and_inference_is_untouched(tied: tuple) -> None:
+    model, reference, inputs = tied
+    model.train()
+    try:
+        assert model(**inputs).logits is None
+        model.lm_head.logits_in_training = True
+        assert model(**inputs).logits is not None
+    finally:
+        model.lm_head.logits_in_training = False
+        model.eval()
+    # no labels: the class's forward runs (logits_to_keep as transformers slices it)
+    _close(model(input_ids=inputs["input_ids"], logits_to_keep=1).logits,
+           reference(input_ids=inputs["input_ids"], logits_to_keep=1).logits)
+
+
+def test_instance_forward_signs_as_the_class_and_detaches(tied: tuple) -> None:
+    model, _, _ = tied
+    assert "forward" in vars(model) and type(model).forward is type(models.llama()[0]).forward
+    assert inspect.signature(model.forward) == inspect.signature(type(model).forward.__get__(model))
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+    twin = copy.deepcopy(model)
+    assert twin.forward.__self__ is twin
+    twin.lm_head.detach(twin)
+    assert "forward" not in vars(twin)
+
+
+def test_fused_causal_lm_loss_function() -> None:
+    torch.manual_seed(0)
+    hidden, weight, labels = torch.randn(2, 5, 8), torch.randn(11, 8), torch.randint(0, 11, (2, 5))
+    labels[1, 2] = -100
+    logits = (hidden @ weight.T)[:, :-1].reshape(-1, 11)
+    expected = torch.nn.functional.cross_entropy(logits, labels[:, 1:].reshape(-1), ignore_index=-100)
+    _close(fused_causal_lm_loss(hidden, weight, None, labels), expected)
+
+
+def test_logit_softcapping_left_alone() -> None:
+    model, inputs = models.gemma2()
+    _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    assert report.counts() == {} and not isinstance(model.lm_head, FusedLossLMHead)
+    assert "final_logit_softcapping" in report.skipped()[0].reason
+    assert "forward" not in vars(model)
