@@ -151,7 +151,15 @@ def export(
     dims = dynamic_dims(model, example_inputs, dynamic, findings)
     shapes = _shapes_spec(model, args, kwargs, dims, auto=dynamic == "auto")
     log.info("export: dynamic dims %s", dims or "none")
-    program = torch.export.export(model, args, kwargs, dynamic_shapes=shapes, strict=strict)
+    # blocks optimize() compiled in place run eagerly while traced: export makes its own graph
+    compiled = {m: m._compiled_call_impl for m in model.modules() if getattr(m, "_compiled_call_impl", None)}
+    try:
+        for m in compiled:
+            m._compiled_call_impl = None
+        program = torch.export.export(model, args, kwargs, dynamic_shapes=shapes, strict=strict)
+    finally:
+        for m, impl in compiled.items():
+            m._compiled_call_impl = impl
     if check:
         result = check_program(program, model, example_inputs)
         if not result.passed:
@@ -294,8 +302,9 @@ def aoti_package(model_or_program: nn.Module | ExportedProgram, example_inputs: 
 def load_package(path: str | Path) -> Any:
     """Load an AOTInductor package (`torch._inductor.aoti_load_package`); call the result like the
     model (`runner(*args, **kwargs)`). Registers kernel_pytorch's ops first."""
-    import kernel_pytorch.ops  # noqa: F401  the package's graph may name them
     from torch._inductor import aoti_load_package
+
+    import kernel_pytorch.ops  # noqa: F401  the package's graph may name them
 
     return aoti_load_package(str(path))
 
