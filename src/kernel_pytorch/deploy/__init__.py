@@ -15,8 +15,18 @@ from kernel_pytorch.deploy.export import (
     load_program,
     our_ops,
 )
+from kernel_pytorch.deploy.quantize import (
+    QUANT_TOLERANCES,
+    QuantDeterminism,
+    QuantValidation,
+    available_schemes,
+    quant_determinism,
+    quantize,
+    validate_quantized,
+)
 
 __all__ = [
+    "QUANT_TOLERANCES",
     "ExportCheck",
     "ExportMismatch",
     "aoti_package",
@@ -27,4 +37,10 @@ __all__ = [
     "load_package",
     "load_program",
     "our_ops",
+    "QuantDeterminism",
+    "QuantValidation",
+    "available_schemes",
+    "quant_determinism",
+    "quantize",
+    "validate_quantized",
 ]
