@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("validation",),
     ("benchmark.suites",),
     ("optimize",),
+    ("deploy",),
     ("cli",),
 )
 
