@@ -149,8 +149,9 @@ def test_dynamic_shapes_second_size_does_not_recompile() -> None:
 
 # Run twice, in two fresh processes with one program each (as a user's job would be): "save" compiles and
 # writes the cache artifacts, "load" loads them into an empty cache dir and compiles again. Both check the
-# result against the reference. (In this test process other tests' imports, torchao's for one, change
-# Inductor's configuration and with it the cache keys.)
+# result against the reference. (Artifacts saved from this test process after the other deploy tests ran
+# missed in a fresh process, so the saving side is a fresh process too; Inductor's and Dynamo's configs
+# were unchanged, the differing key input is not pinned down.)
 CACHE_SCRIPT = textwrap.dedent("""
     import functools, json, sys
     import torch
