@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 # Each name is a module in this package defining `register(subparsers)`; the subparser sets `func`,
 # called with the parsed args and returning the process exit code.
-SUBCOMMANDS: tuple[str, ...] = ("doctor", "analyze", "validate", "optimize", "bench", "convert")
+SUBCOMMANDS: tuple[str, ...] = ("doctor", "analyze", "validate", "optimize", "bench", "export", "convert")
 
 # the one-line help of each subcommand, for listing those not imported (keep in step with register())
 _HELP: dict[str, str] = {
@@ -24,6 +24,7 @@ _HELP: dict[str, str] = {
     "validate": "check an optimized model against the original: correctness, speed, memory, compile",
     "optimize": "swap in kernel_pytorch's modules and compile fixes, validated; print what changed",
     "bench": "run benchmark suites (correctness-gated) and write JSON, markdown and plots",
+    "export": "optimize, then torch.export (and AOTInductor-compile) a model; write the files",
     "convert": "convert a trusted torch.save checkpoint to safetensors (unpickles it once)",
 }
 

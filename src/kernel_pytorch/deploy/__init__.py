@@ -1,9 +1,13 @@
-"""Shipping an optimized model: save and load without pickle (`saving.py`, `loading.py`, the JSON
-manifest in `manifest.py`), and the one-time conversion of a trusted torch.save checkpoint
-(`convert.py`).
+"""Shipping an optimized model.
+
+- save and load without pickle (`saving.py`, `loading.py`, the JSON manifest in `manifest.py`), and the
+  one-time conversion of a trusted torch.save checkpoint (`convert.py`);
+- `torch.export` programs and AOTInductor packages (`export.py`);
+- deterministic weight-only quantization with torchao (`quantize.py`).
 
     kernel_pytorch.save(model, "out", report=report)        # safetensors + kernel_pytorch.json
     model = kernel_pytorch.load("out", make_model)           # the original architecture, re-optimized
+    program = kernel_pytorch.deploy.export(model, inputs)    # our ops as kernel_pytorch::* nodes
 
 This layer sits above `optimize` (it re-applies its rules by name) and below the CLI
 (docs/architecture.md).
@@ -13,19 +17,57 @@ from __future__ import annotations
 
 from kernel_pytorch.deploy._files import LoadError, PickleRefusedError
 from kernel_pytorch.deploy.convert import convert
+from kernel_pytorch.deploy.export import (
+    ExportCheck,
+    ExportMismatch,
+    aoti_package,
+    check_program,
+    dynamic_dims,
+    export,
+    fresh_inputs,
+    load_package,
+    load_program,
+    our_ops,
+)
 from kernel_pytorch.deploy.loading import load
 from kernel_pytorch.deploy.manifest import Manifest, ManifestError, describe_differences, version_differences
+from kernel_pytorch.deploy.quantize import (
+    QUANT_TOLERANCES,
+    QuantDeterminism,
+    QuantValidation,
+    available_schemes,
+    quant_determinism,
+    quantize,
+    validate_quantized,
+)
 from kernel_pytorch.deploy.saving import save, save_state_dict
 
 __all__ = [
+    "QUANT_TOLERANCES",
+    "ExportCheck",
+    "ExportMismatch",
     "LoadError",
     "Manifest",
     "ManifestError",
     "PickleRefusedError",
+    "QuantDeterminism",
+    "QuantValidation",
+    "aoti_package",
+    "available_schemes",
+    "check_program",
     "convert",
     "describe_differences",
+    "dynamic_dims",
+    "export",
+    "fresh_inputs",
     "load",
+    "load_package",
+    "load_program",
+    "our_ops",
+    "quant_determinism",
+    "quantize",
     "save",
     "save_state_dict",
+    "validate_quantized",
     "version_differences",
 ]

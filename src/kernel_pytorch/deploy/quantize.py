@@ -1,0 +1,288 @@
+"""Weight-only quantization after `optimize()`, validated per scheme and checked for determinism.
+
+    model, _ = kernel_pytorch.optimize(model, inputs)
+    reference = copy.deepcopy(model)
+    quantize(model, "int8")                         # torchao's quantize_ on every nn.Linear, in place
+    check = validate_quantized(reference, model, inputs, "int8")     # QUANT_TOLERANCES["int8"]
+    report = quant_determinism(reference, inputs, "int8")            # which step, if any, is not bitwise
+
+Schemes (torchao configs, weight-only: activations stay in the model's dtype):
+    int8  Int8WeightOnlyConfig: one int8 per weight, a scale per output row (symmetric absmax)
+    fp8   Float8WeightOnlyConfig: float8_e4m3fn weights, a scale per output row
+    int4  Int4WeightOnlyConfig(group_size=32): 4-bit weights, a scale per 32 inputs; needs torchao's
+          int4 kernels for the device (`available_schemes()` says whether this install has them)
+Our modules keep their `nn.Linear` children (GatedMLP's gate/up/down projections), so quantize_ finds
+them after optimize() as before; our norm and activation kernels run on the dequantized activations.
+
+torchao is an optional extra: `pip install 'kernel-pytorch[quant]'`. Without it these functions raise
+ImportError saying so.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from kernel_pytorch._errors import short_error
+from kernel_pytorch._tree import call, flatten
+from kernel_pytorch.deploy.export import export, our_ops
+from kernel_pytorch.tolerances import tolerance_for
+from kernel_pytorch.validation import ValidationResult, validate_optimization
+from kernel_pytorch.validation.runs import bitwise_equal, inputs_for
+
+INSTALL_HINT = "pip install 'kernel-pytorch[quant]'"
+SCHEMES = ("int8", "fp8", "int4")
+
+# Quantized output vs the unquantized model: max|q - ref| <= table atol(dtype) + rtol * max|ref|, per
+# output tensor (a weight's rounding error scales with its row's largest weight, not with each output
+# element, so the bound is on the tensor's largest magnitude, as for reordered sums). rtol is a few
+# times the per-weight rounding step, since errors add across the layers of a model:
+QUANT_TOLERANCES: dict[str, float] = {
+    # half an int8 step of the row's absmax: 1/254 = 0.4% per weight; 1.3% measured on llama-tiny
+    "int8": 4e-2,
+    # e4m3 keeps 3 mantissa bits: up to 2^-4 = 6.25% per weight, mostly cancelling; 5% measured
+    "fp8": 1.5e-1,
+    # half a 4-bit step of a 32-weight group's range: 1/30 = 3.3% per weight
+    "int4": 2.5e-1,
+}
+
+
+def _torchao() -> Any:
+    """The torchao.quantization module, or ImportError with the install command."""
+    try:
+        import torchao.quantization as q
+    except ImportError as exc:
+        raise ImportError(f"quantization needs torchao: {INSTALL_HINT}") from exc
+    return q
+
+
+def quant_config(scheme: str) -> Any:
+    """torchao's config object for `scheme` ("int8", "fp8", "int4")."""
+    q = _torchao()
+    if scheme == "int8":
+        return q.Int8WeightOnlyConfig()
+    if scheme == "fp8":
+        return q.Float8WeightOnlyConfig()
+    if scheme == "int4":
+        return q.Int4WeightOnlyConfig(group_size=32)
+    raise ValueError(f"unknown scheme {scheme!r}; schemes: {', '.join(SCHEMES)}")
+
+
+def quantize(model: nn.Module, scheme: str = "int8", *,
+             filter_fn: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
+    """Quantize `model`'s linear weights in place with torchao's `quantize_`; returns the model.
+
+    Args:
+        model: typically as `kernel_pytorch.optimize` returned it.
+        scheme: "int8", "fp8" or "int4" (see the module docstring).
+        filter_fn: which modules to quantize, `(module, fqn) -> bool`; default every `nn.Linear`.
+    Raises:
+        ImportError: torchao is not installed (the message says how to install it).
+    """
+    _torchao().quantize_(model, quant_config(scheme), filter_fn=filter_fn)
+    return model
+
+
+def available_schemes(device: str | torch.device = "cpu") -> dict[str, str]:
+    """{scheme: "" if it runs here, else why not}: each quantizes and runs a small Linear on `device`."""
+    _torchao()
+    out: dict[str, str] = {}
+    for scheme in SCHEMES:
+        try:
+            layer = nn.Linear(64, 32, device=device, dtype=torch.bfloat16)
+            quantize(layer, scheme)
+            layer(torch.randn(2, 64, device=device, dtype=torch.bfloat16))
+            out[scheme] = ""
+        except Exception as exc:
+            out[scheme] = short_error(exc, 200)
+    return out
+
+
+@dataclass(frozen=True)
+class QuantCheck:
+    """One output tensor of the quantized model against the unquantized one, for one seed."""
+
+    seed: int
+    name: str
+    passed: bool
+    max_abs_err: float
+    allowed: float
+
+
+@dataclass(frozen=True)
+class QuantValidation:
+    """`validate_optimization` of the quantized model, judged by the scheme's tolerance."""
+
+    scheme: str
+    rtol: float
+    checks: list[QuantCheck]
+    result: ValidationResult  # validate_optimization's own (its verdict uses the unquantized table)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.errors and bool(self.checks) and all(c.passed for c in self.checks)
+
+    def summary(self) -> str:
+        head = (f"{self.scheme} weight-only vs unquantized: {'PASS' if self.passed else 'FAIL'} "
+                f"(max|q - ref| <= atol + {self.rtol:g} x max|ref|)")
+        rows = [f"  seed {c.seed} {c.name}: max abs err {c.max_abs_err:.3g} (allowed {c.allowed:.3g})"
+                for c in self.checks]
+        det = self.result.determinism
+        if det is not None:
+            rows.append(f"  two runs bitwise identical: {det.deterministic}")
+        return "\n".join([head, *rows, *(f"  error: {e}" for e in self.errors)])
+
+
+def validate_quantized(original: nn.Module, quantized: nn.Module, inputs: Any, scheme: str,
+                       seeds: Sequence[int] = (0, 1)) -> QuantValidation:
+    """Compare `quantized` with the unquantized `original` (outputs, inference) with
+    `validate_optimization`, then judge each output by `QUANT_TOLERANCES[scheme]`.
+
+    Args:
+        original: the model before quantization (e.g. a deepcopy taken after optimize()).
+        quantized: the same model quantized.
+        inputs: example inputs (tuple of args, dict of kwargs, one tensor or `seed -> inputs`).
+        scheme: whose tolerance applies.
+        seeds: the first uses the inputs as given, later ones redraw them.
+    """
+    rtol = QUANT_TOLERANCES[scheme]
+    result = validate_optimization(original, quantized, inputs, seeds=tuple(seeds), check_gradients=False,
+                                   reference="none", check_performance=False, check_compile=False,
+                                   check_determinism=True)
+    corr = result.correctness_check
+    checks: list[QuantCheck] = []
+    errors = list(corr.errors)
+    for seed, tensor_checks in corr.checks.items():
+        with torch.no_grad():
+            ref = dict(flatten(call(original, inputs_for(inputs, seed, seeds[0]))))
+        for c in tensor_checks:
+            expected = ref.get(c.name)
+            if c.method in ("structure", "value") or not isinstance(expected, Tensor):
+                checks.append(QuantCheck(seed, c.name, c.passed, c.max_abs_err, 0.0))
+                continue
+            allowed = tolerance_for(expected.dtype).atol + rtol * float(expected.detach().abs().max())
+            checks.append(QuantCheck(seed, c.name, c.max_abs_err <= allowed, c.max_abs_err, allowed))
+    return QuantValidation(scheme, rtol, checks, result, errors)
+
+
+def _inner(t: Tensor, name: str) -> list[tuple[str, Tensor]]:
+    """The plain tensors a (possibly subclass) tensor is made of: qdata, scale, zero_point ..."""
+    if type(t) in (Tensor, nn.Parameter) or not hasattr(t, "__tensor_flatten__"):
+        return [(name, t)]
+    attrs, _ = t.__tensor_flatten__()
+    return [leaf for a in attrs for leaf in _inner(getattr(t, a), f"{name}.{a}")]
+
+
+def tensors_of(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """{name: plain tensor} of a state dict, quantized tensors split into their parts."""
+    return {n: p for name, t in state.items() if isinstance(t, Tensor) for n, p in _inner(t, name)}
+
+
+def _same(a: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[bool, str]:
+    if list(a) != list(b):
+        return False, f"different tensors: {sorted(set(a) ^ set(b))[:5]}"
+    differ = [n for n in a if not bitwise_equal(a[n], b[n])]
+    if differ:
+        return False, f"{len(differ)} of {len(a)} tensors differ: {', '.join(differ[:5])}"
+    return True, f"{len(a)} tensors bitwise identical"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One determinism step: what was repeated, whether the repeat was bitwise identical, the detail."""
+
+    name: str
+    identical: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class QuantDeterminism:
+    """Quantize twice, export twice, run twice: which steps repeat bit for bit."""
+
+    scheme: str
+    steps: list[Step]
+
+    @property
+    def deterministic(self) -> bool:
+        return all(s.identical for s in self.steps)
+
+    def summary(self) -> str:
+        rows = [f"  {s.name}: {'identical' if s.identical else 'DIFFERS'} ({s.detail})" for s in self.steps]
+        return "\n".join([f"{self.scheme} determinism: {'all steps bitwise' if self.deterministic else 'NOT'}",
+                          *rows])
+
+
+def _graph(program: torch.export.ExportedProgram) -> list[str]:
+    return [node.format_node() for node in program.graph.nodes]
+
+
+def _repeat(name: str, fn: Callable[[], tuple[bool, str]]) -> Step:
+    try:
+        return Step(name, *fn())
+    except Exception as exc:
+        return Step(name, False, f"failed: {short_error(exc, 300)}")
+
+
+def quant_determinism(model: nn.Module, inputs: Any, scheme: str) -> QuantDeterminism:
+    """Quantize two copies of `model` (unquantized, e.g. after optimize()) and compare the quantized
+    tensors and scales; export one twice and compare graphs node for node and weights; run the model
+    and the program twice each on `inputs` and compare outputs bit for bit.
+
+    Returns:
+        The steps in that order; a step that differs (or fails) is named with what differed.
+    """
+    first, second = (quantize(copy.deepcopy(model), scheme) for _ in range(2))
+    steps = [_repeat("quantize twice: quantized tensors and scales",
+                     lambda: _same(tensors_of(first.state_dict()), tensors_of(second.state_dict())))]
+    first.eval()
+    programs: list[torch.export.ExportedProgram] = []
+
+    def export_twice() -> tuple[bool, str]:
+        programs.extend(export(first, inputs, dynamic=None) for _ in range(2))
+        a, b = (_graph(p) for p in programs)
+        if a != b:
+            where = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) if len(a) == len(b) else -1
+            return False, f"graphs differ ({len(a)} vs {len(b)} nodes; first difference at node {where})"
+        weights = [tensors_of({**p.state_dict, **p.constants}) for p in programs]
+        same, detail = _same(*weights)
+        ops = ", ".join(our_ops(programs[0])) or "no kernel_pytorch ops"
+        return same, f"{len(a)} nodes identical ({ops}); weights: {detail}"
+
+    steps.append(_repeat("export twice: graph and weights", export_twice))
+
+    def outputs_twice(fn: Callable[..., Any]) -> tuple[bool, str]:
+        with torch.no_grad():
+            a, b = (dict(flatten(call(fn, inputs))) for _ in range(2))
+        tensors = [n for n, t in a.items() if isinstance(t, Tensor)]
+        differ = [n for n in tensors if not bitwise_equal(a[n], b[n])]
+        return not differ, (f"{', '.join(differ)} differ" if differ else f"{len(tensors)} outputs bitwise identical")
+
+    steps.append(_repeat("run twice: the quantized model's outputs", lambda: outputs_twice(first)))
+    if programs:
+        steps.append(_repeat("run twice: the exported program's outputs",
+                             lambda: outputs_twice(programs[0].module())))
+    return QuantDeterminism(scheme, steps)
+
+
+__all__ = [
+    "INSTALL_HINT",
+    "QUANT_TOLERANCES",
+    "SCHEMES",
+    "QuantCheck",
+    "QuantDeterminism",
+    "QuantValidation",
+    "Step",
+    "available_schemes",
+    "quant_config",
+    "quant_determinism",
+    "quantize",
+    "tensors_of",
+    "validate_quantized",
+]
