@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ from kernel_pytorch.assistant.records import (
 )
 
 T = TypeVar("T")
+# warm eager forwards timed for per-step estimates (`AnalysisContext.warm_forward_s`)
+WARM_CALLS = 3
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,26 @@ class AnalysisContext:
         except Exception as exc:
             return RunResult(False, exc, time.perf_counter() - start)
         return RunResult(True, None, time.perf_counter() - start)
+
+    @functools.cached_property
+    def warm_forward_s(self) -> float | None:
+        """Median seconds of a warm eager forward (no_grad; two calls first, then WARM_CALLS timed), or
+        None when the forward fails. A first call carries lazy set-up (CUDA context, autotuning,
+        allocator growth) that can be 30x a steady call on a GPU: estimates per step use this instead."""
+        if not self.eager.ok:
+            return None
+        self.progress("timing a warm eager forward")
+        times = []
+        try:
+            with torch.no_grad():
+                for i in range(2 + WARM_CALLS):
+                    start = time.perf_counter()
+                    self._call_example(self.module)
+                    if i >= 2:
+                        times.append(time.perf_counter() - start)
+        except Exception:  # the first call ran: a later failure (state, memory) leaves no estimate
+            return None
+        return statistics.median(times)
 
     @functools.cached_property
     def trace(self) -> TraceResult:

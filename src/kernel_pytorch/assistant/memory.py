@@ -62,9 +62,7 @@ def analyze_memory(ctx: AnalysisContext, optimizer: OptimizerFactory | None = No
     findings += [
         f
         for f in (
-            _checkpointing(
-                ctx.module, run, peak, min(run.forward_s, ctx.eager.seconds if ctx.eager.ok else run.forward_s)
-            ),
+            _checkpointing(ctx.module, run, peak, _forward_s(ctx, run)),
             _logits(ctx.module, run, peak),
             _autocast(ctx.module, run, peak),
             _gated_recompute(ctx, run, peak),
@@ -175,7 +173,16 @@ def _within(run: MemoryRun, prefix: str) -> int:
     return sum(b for m, b in run.by_module.items() if m == prefix or m.startswith(prefix + "."))
 
 
-def _checkpointing(model: nn.Module, run: MemoryRun, peak: int, forward_s: float) -> Finding | None:
+def _forward_s(ctx: AnalysisContext, run: MemoryRun) -> tuple[float, bool]:
+    """(seconds of one forward, whether it is a warm median): the warm eager forward when it ran, else
+    the faster of the two first calls timed (an upper bound)."""
+    warm = ctx.warm_forward_s
+    if warm is not None:
+        return warm, True
+    return min(run.forward_s, ctx.eager.seconds if ctx.eager.ok else run.forward_s), False
+
+
+def _checkpointing(model: nn.Module, run: MemoryRun, peak: int, forward: tuple[float, bool]) -> Finding | None:
     found = repeated_blocks(model)
     if found is None or not found[0]:
         return None
@@ -189,6 +196,7 @@ def _checkpointing(model: nn.Module, run: MemoryRun, peak: int, forward_s: float
         return None
     in_blocks = sum(p.numel() for p in model.get_submodule(path).parameters())
     share = in_blocks / max(1, sum(p.numel() for p in model.parameters()))
+    forward_s, warm = forward
     recompute = forward_s * share
     code = (
         "model.gradient_checkpointing_enable()"
@@ -211,8 +219,9 @@ def _checkpointing(model: nn.Module, run: MemoryRun, peak: int, forward_s: float
         ),
         estimated_gain=f"about {fmt_bytes(freed)} less peak memory (estimated: saved bytes minus one input per "
         f"block), for about {fmt_seconds(recompute)} more per step (one more forward of the blocks, "
-        f"{share:.0%} of the parameters, of a {fmt_seconds(forward_s)} forward: the faster of the analyser's "
-        "two timed calls, an upper bound since both are first calls)",
+        f"{share:.0%} of the parameters, of a {fmt_seconds(forward_s)} forward: "
+        + ("the median of warm eager calls)" if warm else
+           "the faster of the analyser's two timed calls, an upper bound since both are first calls)"),
         data={"blocks": blocks, "saved_in_blocks": sum(held), "freed_bytes": freed, "recompute_s": recompute},
     )
 
