@@ -1,26 +1,72 @@
 #!/usr/bin/env bash
-# The whole GPU check in one call: CUDA tests, the launch-parameter sweep, then the benchmarks.
-# usage: scripts/gpu_check.sh OUT_DIR
-# Liger-Kernel is measured when importable (install its wheel first; see benchmarks/README.md).
+# The GPU check, in steps that fit one device call each, everything packed into one file at the end.
+# usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
+#   steps: tests grid sweep norms attention rope_pairs rope mlp cross_entropy e2e corpus analyze ab_norms
+#   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
+#   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
+#   suite stopped that way still writes the rows it finished, marked PARTIAL.
+# Measured wall times on the H100 with Liger installed (2026-11-23): CUDA tests > 4 min; suites mlp
+# ~4 min, rope ~1.7 min, cross_entropy ~2 min, attention > 4 min: the full set takes two or three calls.
+# Liger-Kernel is measured when its wheel is in .whl/ (installed here first; see benchmarks/README.md).
+# Results: OUT_DIR/gpu_check.tgz (logs, results JSON/markdown/plots, device.txt), nothing else, since
+# a device call brings back at most 8 files.
 set -uo pipefail
-out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
-mkdir -p "$out"
+out=${1:?usage: scripts/gpu_check.sh OUT_DIR [STEP ...]}
+shift
+steps=${*:-tests grid sweep norms attention rope_pairs rope mlp cross_entropy e2e corpus analyze}
+work="$out/gpu_check"
+mkdir -p "$work/results"
+T0=$(date +%s)
+END=$((T0 + ${KP_GPU_BUDGET_S:-570}))
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/kp-site .whl/*.whl && export PYTHONPATH=/tmp/kp-site
+fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  python3 -c "import transformers; print('transformers', transformers.__version__)" 2>/dev/null
+  python3 -c "import importlib.metadata as m; print('liger-kernel', m.version('liger-kernel'))" 2>/dev/null
+  date -u
+  echo "steps: $steps"
+} > "$work/device.txt" 2>&1
 status=0
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
-python3 -m pytest -m cuda -q -p no:cacheprovider tests 2>&1 | tee "$out/pytest_cuda.log" | tail -5 || status=1
-# unmarked grid tests that also run on the GPU when one is present: the backward schedules' tails, the
-# paired partial rows (repeated, to catch a race) and bitwise determinism
-python3 -m pytest -q -p no:cacheprovider tests/ops -k "paired or tails or deterministic" 2>&1 \
-    | tee -a "$out/pytest_cuda.log" | tail -3 || status=1
-python3 scripts/probe_norms.py --sweep 2>&1 | grep -v Warning | tee "$out/sweep.log" || status=1
-# OUT is this script's own directory: a second run into it replaces the first run's results
-python3 benchmarks/bench_norms.py --out "$out" --overwrite 2>&1 | tee "$out/bench_norms.log" | tail -40 || status=1
-python3 benchmarks/bench_attention.py --out "$out" --overwrite 2>&1 | tee "$out/bench_attention.log" | tail -40 || status=1
-# RoPE: how the tile kernel forms its pairs (decides PAIRS_* in ops/rope.py), then the suite
-python3 scripts/probe_rope.py --sections pairs 2>&1 | grep -v Warning | tee "$out/probe_rope_pairs.log" || status=1
-python3 benchmarks/bench_rope.py --out "$out" --overwrite 2>&1 | tee "$out/bench_rope.log" | tail -40 || status=1
-python3 benchmarks/bench_mlp.py --out "$out" --overwrite 2>&1 | tee "$out/bench_mlp.log" | tail -40 || status=1
-python3 benchmarks/bench_cross_entropy.py --out "$out" --overwrite 2>&1 | tee "$out/bench_cross_entropy.log" \
-    | tail -40 || status=1
+# step LIMIT NAME CMD...: run CMD under min(LIMIT, time left), output in NAME.log, return code noted
+step() {
+  local lim=$1 name=$2 left
+  shift 2
+  left=$((END - $(date +%s)))
+  [ "$left" -lt "$lim" ] && lim=$left
+  if [ "$lim" -lt 20 ]; then echo "== $name: skipped, budget spent" | tee -a "$work/device.txt"; return; fi
+  echo "== $name (limit ${lim}s, at $(($(date +%s) - T0))s)"
+  timeout -s INT "$lim" "$@" > "$work/$name.log" 2>&1
+  local rc=$?
+  echo "rc=$rc elapsed=$(($(date +%s) - T0))s" >> "$work/$name.log"
+  tail -n 3 "$work/$name.log"
+  [ "$rc" -ne 0 ] && status=1
+}
+bench() { step "$1" "bench_$2" python3 "benchmarks/bench_$2.py" --out "$work/results" --overwrite; }
+for s in $steps; do
+  case $s in
+    tests) step 300 pytest_cuda python3 -m pytest -m cuda -q -p no:cacheprovider -rf tests ;;
+    # unmarked grid tests that also run on the GPU when one is present: the backward schedules' tails,
+    # the paired partial rows (repeated, to catch a race) and bitwise determinism
+    grid) step 120 pytest_grid python3 -m pytest -q -p no:cacheprovider tests/ops -k "paired or tails or deterministic" ;;
+    sweep) step 120 sweep python3 scripts/probe_norms.py --sweep ;;
+    # how the RoPE tile kernel forms its pairs (decides PAIRS_* in ops/rope.py)
+    rope_pairs) step 90 probe_rope_pairs python3 scripts/probe_rope.py --sections pairs ;;
+    norms | attention | rope | mlp | cross_entropy) bench 300 "$s" ;;
+    e2e) step 300 bench_e2e python3 benchmarks/bench_e2e.py --out "$work/results" ;;
+    corpus) step 300 corpus env KP_CORPUS_DEVICE=cuda python3 -m pytest tests/assistant/test_real_models.py \
+              -q -p no:cacheprovider -rfxXs --durations=0 -s ;;
+    analyze) step 150 analyze python3 -m kernel_pytorch.cli.main analyze --model llama-8l-2048 \
+               --html "$work/results/analyze_llama8l_h100.html" --markdown "$work/results/analyze_llama8l_h100.md" \
+               --json "$work/results/analyze_llama8l_h100.json" ;;
+    # the old tree (git archive 0b0d643 src, unpacked into .ab/old and carried) against this one
+    ab_norms) step 200 ab_norms bash scripts/ab_norms.sh .ab/old/src "$work/results" ;;
+    *) echo "unknown step $s" | tee -a "$work/device.txt"; status=1 ;;
+  esac
+done
+(cd "$out" && tar czf gpu_check.tgz gpu_check && rm -rf gpu_check)
+echo "wrote $out/gpu_check.tgz"
 exit $status
