@@ -91,7 +91,8 @@ def test_gate_runs_smaller_only_where_the_fp64_scores_are_over_budget() -> None:
     long = A.attn_shape(1, 32, 8, 65536, 128, "test")  # over budget even at one K/V head: the least there is
     assert A.gate_shape(long).sizes == [1, 4, 1, 65536, 128]
     assert A.ATTENTION_DECODE.gate_shape is None  # B Hq cache scores: gated at its own shape
-    # the other suites' gates are not weakened: every op gates at its benchmark shape
+    # the other suites' gates are not weakened: every op gates at its benchmark shape (cross-entropy's
+    # past 2^30 fp64 logits only: tests/benchmark/test_cross_entropy_suite.py)
     for name in SUITES:
-        if name != "attention":
+        if name not in ("attention", "cross_entropy"):
             assert all(spec.gate_shape is None for spec in get_suite(name).SUITE.specs), name
