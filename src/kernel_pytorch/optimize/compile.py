@@ -114,6 +114,10 @@ def mark_dynamic_step(model: nn.Module, inputs: Any, extra: list[Any]) -> tuple[
                 "recompiles_marked": float(marked.recompiles)}
     new = [f"{label}: {err}" for label, err in marked.errors if label not in dict(plain.errors)]
     extra_note = f"; {problems}" if problems else ""
+    if marked.first > 1:
+        measured["frames_first_call"] = float(marked.first)
+        extra_note += (f"; the first call compiled {marked.first} frames (graph breaks): a frame after a break "
+                       "gets intermediate tensors, which the input marks do not reach")
     if new:
         return CompileStep("mark_dynamic", "reverted", f"{dims}: marking them makes calls fail ({new[0]})"
                            + extra_note, measured), {}
