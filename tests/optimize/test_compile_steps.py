@@ -47,6 +47,8 @@ def test_varying_dims_by_name() -> None:
     assert odd.names == {"mask": [0]}  # x changes rank in one call: not marked
     assert any("size 0 or 1" in p for p in odd.problems)
     assert any("rank or dtype" in p for p in odd.problems)
+    scalar = varying_dims(nn.Identity(), (torch.ones(2), 3), [(torch.ones(2), 4)])
+    assert scalar.names == {} and "Python number" in scalar.problems[0]
 
 
 def test_marks_compile_once_across_shapes() -> None:
@@ -117,6 +119,17 @@ def test_tf32_is_opt_in_and_cpu_reports() -> None:
     assert graphs.status == "skipped" and "not applicable on the CPU" in graphs.reason
     _, off = optimize(model, inputs, components="none", compile=False, validate=False)
     assert off.compile_steps == []  # compile=False: no compile steps, TF32 not asked
+
+
+def test_cli_tf32_flag(tmp_path, capsys) -> None:
+    from kernel_pytorch.cli.main import main
+
+    path = tmp_path / "net.py"
+    path.write_text("import torch\n\ndef make():\n    return torch.nn.Linear(4, 4), (torch.randn(2, 4),)\n")
+    before = torch.get_float32_matmul_precision()
+    assert main(["optimize", f"{path}:make", "--tf32", "--no-validate", "--json"]) == 0
+    steps = {s["name"]: s for s in json.loads(capsys.readouterr().out)["compile"]}
+    assert "not applicable on the CPU" in steps["tf32"]["reason"] and torch.get_float32_matmul_precision() == before
 
 
 # ----- CUDA: the measured paths ---------------------------------------------------------------------

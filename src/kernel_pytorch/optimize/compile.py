@@ -9,14 +9,16 @@ kept only where a measurement says it helps. In the report, in this order:
   `compile=True` applies it whatever the device, measured where possible.
 - `mark_dynamic`: from the example and `extra_inputs` of other shapes, the dims that vary
   (`optimize.dynamic`); kept when compiling with them marked recompiles less across those shapes (a
-  count, not a timing, so checked on the CPU too). Kept dims go to `report.dynamic_dims`, which
-  `kernel_pytorch.save` writes as the manifest's `dynamic_dims`.
+  count, not a timing, so checked on the CPU too; the check resets Dynamo, as the analyser does, so
+  other models compiled in the process recompile on their next call). Kept dims go to
+  `report.dynamic_dims`, which `kernel_pytorch.save` writes as the manifest's `dynamic_dims`.
 - `channels_last`, `cuda_graphs` (and `tf32`, which `optimize()` runs after validation):
   `optimize.compile_steps`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -75,7 +77,7 @@ class CompileResult:
         self.graphs = False
         return True
 
-    def __iter__(self):  # `steps, blocks = compile_model(...)`, as before
+    def __iter__(self) -> Iterator[Any]:  # `steps, blocks = compile_model(...)`, as before
         return iter((self.steps, self.blocks))
 
     def undo(self, model: nn.Module, why: str) -> None:

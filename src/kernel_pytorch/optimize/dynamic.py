@@ -73,6 +73,19 @@ def varying_dims(model: nn.Module, example: tuple | dict, extra: Sequence[tuple 
             out.problems.append(f"extra_inputs[{i}] has other tensor inputs than the example ({', '.join(names)}): "
                                 "it compiles a graph of its own whatever is marked; left out")
     others = [o for o in others if set(o) == set(base)]
+    args, kwargs = split_inputs(example)
+    for key, value in leaves(args, kwargs):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seen = {value}
+            for x in extra:
+                try:
+                    seen.add(get_input(*split_inputs(x), key))
+                except (KeyError, IndexError):
+                    pass
+            if len(seen) > 1:
+                out.problems.append(f"{input_name(model, key)} is a Python number that changes across the calls: "
+                                    "Dynamo specialises it (a recompile per value until it goes dynamic); pass it "
+                                    "as a tensor")
     for key, t in base.items():
         name = input_name(model, key)
         shapes = [t.shape] + [o[key].shape for o in others]
