@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model, report = optimize(model, inputs, components=_components(args.components), compile=compile_mode,
                                  validate=not args.no_validate, compile_options=options,
-                                 seeds=tuple(range(args.seeds)))
+                                 seeds=tuple(range(args.seeds)), tf32=args.tf32)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -111,6 +111,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="regional compilation: auto (where measured faster, CUDA only), on, off")
     p.add_argument("--backend", default=None, help="torch.compile backend for --compile on (default inductor)")
+    p.add_argument("--tf32", action="store_true",
+                   help="opt in to TF32 for fp32 matmuls on CUDA (process-wide; kept if faster and within tolerance)")
     p.add_argument("--no-validate", action="store_true", help="skip validation (changes are then unchecked)")
     p.add_argument("--seeds", type=int, default=2, help="validation seeds (default 2)")
     p.add_argument("--device", default=None, help="move the model and inputs here first (e.g. cuda)")

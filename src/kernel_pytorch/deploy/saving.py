@@ -189,7 +189,8 @@ def save(
             weights into the model as the factory builds it).
         max_shard_size: the most bytes per weight file (int, or "5GB", "500MB").
         compile_options: the `compile_options` given to optimize() (JSON-able: backend, mode, dynamic ...).
-        dynamic_dims: input name -> dims that vary (e.g. {"input_ids": [0, 1]}), for export and compile.
+        dynamic_dims: input name -> dims that vary (e.g. {"input_ids": [0, 1]}), for export and compile;
+            None takes `report.dynamic_dims` (what optimize() found from its `extra_inputs`).
         metadata: anything JSON-able to keep with the model (e.g. {"factory": "model.py:make"}).
     Returns:
         the paths written, the manifest last.
@@ -206,6 +207,8 @@ def save(
         swaps = [{"path": c.path, "rule": c.rule, "family": c.family, "before": c.before, "after": c.after or ""}
                  for c in report.applied()]
     compiled = _compiled_paths(model)
+    if dynamic_dims is None and report is not None:
+        dynamic_dims = getattr(report, "dynamic_dims", None)  # what optimize()'s mark_dynamic step kept
     manifest = Manifest(
         swaps=swaps,
         compile={"steps": [s.to_dict() for s in report.compile_steps] if report is not None else [],

@@ -9,7 +9,9 @@ assigns to a third-party class or module attribute (STYLE rule 5).
     print(report)
 
 Parts: `core.py` (the function), `rules/` (one file per component family), `swap.py` (finding and
-swapping instances), `compile.py` (the compile fixes), `report.py` (what it returns).
+swapping instances), `compile.py` (regional compilation and the order of the compile steps),
+`dynamic.py` (mark_dynamic from several shapes), `compile_steps.py` (channels_last, CUDA graphs, TF32),
+`report.py` (what it returns).
 
 `kernel_pytorch.optimize` is both this package and the function: importing a submodule makes the
 package an attribute of `kernel_pytorch` under the same name, so the package itself is callable and
@@ -23,6 +25,7 @@ import types
 from typing import Any
 
 from kernel_pytorch.optimize.core import optimize, select_rules
+from kernel_pytorch.optimize.dynamic import mark_dynamic_inputs
 from kernel_pytorch.optimize.report import Change, CompileStep, OptimizeReport
 from kernel_pytorch.optimize.rules import Match, Rule, default_rules
 
@@ -37,4 +40,5 @@ class _CallablePackage(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallablePackage
 
-__all__ = ["Change", "CompileStep", "Match", "OptimizeReport", "Rule", "default_rules", "optimize", "select_rules"]
+__all__ = ["Change", "CompileStep", "Match", "OptimizeReport", "Rule", "default_rules", "mark_dynamic_inputs",
+           "optimize", "select_rules"]

@@ -1,18 +1,25 @@
 """The compile side of `optimize()`: the analyser's fixes that change how a model is compiled, each
-kept only where a measurement says it helps.
+kept only where a measurement says it helps. In the report, in this order:
 
-- Regional compilation (`assistant.regional.find_repeated_blocks`): compile each repeated block
-  (decoder layer, transformer block) in place with `nn.Module.compile`, so identical blocks share one
-  graph. `compile="auto"` times the forward+backward before and after on CUDA and keeps the blocks
+- `regional`: regional compilation (`assistant.regional.find_repeated_blocks`): compile each repeated
+  block (decoder layer, transformer block) in place with `nn.Module.compile`, so identical blocks share
+  one graph. `compile="auto"` times the forward+backward before and after on CUDA and keeps the blocks
   compiled only when the slow end of the compiled band beats the fast end of the eager one; on the CPU
   it measures nothing and applies nothing (CPU timings say nothing about the GPU), and says so.
   `compile=True` applies it whatever the device, measured where possible.
-- `mark_dynamic` for varying dims needs inputs of several shapes to know which dims vary: not applied
-  from one example, and reported as such.
+- `mark_dynamic`: from the example and `extra_inputs` of other shapes, the dims that vary
+  (`optimize.dynamic`); kept when compiling with them marked recompiles less across those shapes (a
+  count, not a timing, so checked on the CPU too; the check resets Dynamo, as the analyser does, so
+  other models compiled in the process recompile on their next call). Kept dims go to
+  `report.dynamic_dims`, which `kernel_pytorch.save` writes as the manifest's `dynamic_dims`.
+- `channels_last`, `cuda_graphs` (and `tf32`, which `optimize()` runs after validation):
+  `optimize.compile_steps`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -20,7 +27,9 @@ from torch import nn
 
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.regional import find_repeated_blocks
-from kernel_pytorch.benchmark.module import benchmark_module, infer_device
+from kernel_pytorch.benchmark.module import infer_device
+from kernel_pytorch.optimize.compile_steps import channels_last_step, cuda_graph_step, fwd_bwd_ms
+from kernel_pytorch.optimize.dynamic import count_recompiles, varying_dims
 from kernel_pytorch.optimize.report import CompileStep
 
 CompileMode = Literal["auto"] | bool
@@ -36,22 +45,128 @@ def _blocks(model: nn.Module) -> tuple[list[nn.Module], str] | None:
     return [entries[i] for i in found.indices], where
 
 
-def _fwd_bwd_ms(model: nn.Module, inputs: Any) -> tuple[float, float, float] | None:
-    """(median, q20, q80) of the forward+backward in ms, or None when it cannot run."""
-    result = benchmark_module(model, inputs, passes=("fwd+bwd",), measure_memory=False)
-    timing = result.passes["fwd+bwd"].timing
-    return None if timing is None else (timing.median_ms, timing.q20_ms, timing.q80_ms)
-
-
 def uncompile(blocks: list[nn.Module]) -> None:
     """Undo `nn.Module.compile` on `blocks` (the instance's compiled call is dropped)."""
     for b in blocks:
         b._compiled_call_impl = None
 
 
+@dataclass
+class CompileResult:
+    """What `compile_model` did: the steps for the report, the blocks left compiled, whether the weights
+    went to channels_last, and the dims kept dynamic (input name -> dims). Unpacks as (steps, blocks)."""
+
+    steps: list[CompileStep] = field(default_factory=list)
+    blocks: list[nn.Module] = field(default_factory=list)
+    channels_last: bool = False
+    dynamic_dims: dict[str, list[int]] = field(default_factory=dict)
+    graphs: bool = False  # the blocks are compiled with mode="reduce-overhead" ...
+    options: dict[str, Any] = field(default_factory=dict)  # ... instead of these options
+
+    def drop_graphs(self, why: str) -> bool:
+        """Recompile the blocks without CUDA graphs (`options`), marking that step reverted with `why`;
+        False when they had none."""
+        if not self.graphs:
+            return False
+        uncompile(self.blocks)
+        for b in self.blocks:
+            b.compile(**self.options)
+        for s in self.steps:
+            if s.name == "cuda_graphs" and s.status == "applied":
+                s.status, s.reason = "reverted", f"{s.reason}; {why}"
+        self.graphs = False
+        return True
+
+    def __iter__(self) -> Iterator[Any]:  # `steps, blocks = compile_model(...)`, as before
+        return iter((self.steps, self.blocks))
+
+    def undo(self, model: nn.Module, why: str) -> None:
+        """Revert what changed the model (compiled blocks, channels_last), marking those steps reverted
+        with `why`. The dynamic dims stay: they describe the inputs, not the model."""
+        if not (self.blocks or self.channels_last):
+            return
+        uncompile(self.blocks)
+        if self.channels_last:
+            model.to(memory_format=torch.contiguous_format)
+        for s in self.steps:
+            if s.name in ("regional", "cuda_graphs", "channels_last") and s.status == "applied":
+                s.status, s.reason = "reverted", f"{s.reason}; {why}"
+        self.blocks, self.channels_last, self.graphs = [], False, False
+
+
+def mark_dynamic_step(model: nn.Module, inputs: Any, extra: list[Any]) -> tuple[CompileStep, dict[str, list[int]]]:
+    """Find the dims that vary across `inputs` and `extra`, and check that marking them dynamic compiles
+    fewer graphs over those calls. Returns (the step, the dims kept: input name -> dims)."""
+    if inputs is None or not extra:
+        return CompileStep("mark_dynamic", "skipped", "needs extra_inputs of other shapes beside the example to "
+                           "know which dims vary; not applied"), {}
+    found = varying_dims(model, inputs, extra)
+    problems = "; ".join(found.problems)
+    if not found.marks:
+        return CompileStep("mark_dynamic", "skipped", f"no dim varies across the {len(extra) + 1} calls"
+                           + (f" ({problems})" if problems else "")), {}
+    calls = [inputs, *extra]
+    dims = ", ".join(f"{name} {d}" for name, d in found.names.items())
+    try:
+        plain = count_recompiles(model, calls)
+        marked = count_recompiles(model, calls, found.marks)
+    except Exception as exc:
+        return CompileStep("mark_dynamic", "skipped", f"{dims}: the check failed: {short_error(exc, 300)}"), {}
+    measured = {"calls": float(len(calls)), "recompiles_unmarked": float(plain.recompiles),
+                "recompiles_marked": float(marked.recompiles)}
+    new = [f"{label}: {err}" for label, err in marked.errors if label not in dict(plain.errors)]
+    extra_note = f"; {problems}" if problems else ""
+    if marked.first > 1:
+        measured["frames_first_call"] = float(marked.first)
+        extra_note += (f"; the first call compiled {marked.first} frames (graph breaks): a frame after a break "
+                       "gets intermediate tensors, which the input marks do not reach")
+    if new:
+        return CompileStep("mark_dynamic", "reverted", f"{dims}: marking them makes calls fail ({new[0]})"
+                           + extra_note, measured), {}
+    if marked.recompiles and marked.recompiles >= plain.recompiles:
+        return CompileStep("mark_dynamic", "reverted", f"{dims}: no fewer recompiles with them marked"
+                           + extra_note, measured), {}
+    return CompileStep("mark_dynamic", "applied", f"{dims}: the {len(calls)} calls compile "
+                       f"{'once' if not marked.recompiles else 'with fewer recompiles'} with them marked "
+                       "(checked with backend='eager'); recorded in report.dynamic_dims (the saved manifest's). "
+                       "Mark them before the first compiled call: kernel_pytorch.optimize.mark_dynamic_inputs("
+                       "model, inputs, report.dynamic_dims), or torch._dynamo.mark_dynamic(tensor, dim)"
+                       + extra_note, measured), dict(found.names)
+
+
+def _regional(model: nn.Module, inputs: Any, mode: CompileMode, options: dict[str, Any],
+              measurable: bool) -> tuple[CompileStep, list[nn.Module]]:
+    found = _blocks(model)
+    if found is None:
+        return CompileStep("regional", "skipped", "no repeated blocks holding a quarter of the parameters"), []
+    blocks, where = found
+    if mode == "auto" and not measurable:
+        why = "on the CPU" if inputs is not None else "without example inputs"
+        return CompileStep("regional", "skipped", f"{where}: not measured {why}, so not applied "
+                           "(compile='auto' keeps only measured gains; compile=True applies it)"), []
+    before = fwd_bwd_ms(model, inputs) if measurable else None
+    for b in blocks:
+        b.compile(**options)
+    if not measurable:
+        return CompileStep("regional", "applied", f"{where}: compiled each block (not measured)"), blocks
+    try:
+        after = fwd_bwd_ms(model, inputs)
+    except Exception as exc:
+        uncompile(blocks)
+        return CompileStep("regional", "reverted", f"{where}: {short_error(exc, 300)}"), []
+    measured = None
+    if before and after:
+        measured = {"eager_ms": before[0], "compiled_ms": after[0], "speedup": before[0] / after[0]}
+    if mode == "auto" and not (before and after and after[2] < before[1]):
+        uncompile(blocks)
+        return CompileStep("regional", "reverted", f"{where}: not faster beyond the timing spread", measured), []
+    return CompileStep("regional", "applied", f"{where}: compiled each block", measured), blocks
+
+
 def compile_model(
-    model: nn.Module, inputs: Any, mode: CompileMode, options: dict[str, Any] | None = None
-) -> tuple[list[CompileStep], list[nn.Module]]:
+    model: nn.Module, inputs: Any, mode: CompileMode, options: dict[str, Any] | None = None,
+    extra_inputs: list[Any] | None = None,
+) -> CompileResult:
     """Apply the compile fixes `mode` asks for to `model` in place.
 
     Args:
@@ -59,48 +174,25 @@ def compile_model(
         inputs: example inputs (tuple of args or dict of kwargs), or None (nothing is measured).
         mode: "auto" (measured on CUDA, kept only if faster), True (apply), False (nothing).
         options: keyword arguments for `nn.Module.compile` (backend, mode, dynamic ...).
+        extra_inputs: more calls like `inputs`, of other shapes, for `mark_dynamic`.
     Returns:
-        (the steps for the report, the blocks left compiled, for `uncompile` on a failed validation).
+        a `CompileResult`: the steps for the report (regional, mark_dynamic, channels_last,
+        cuda_graphs), and what to undo on a failed validation; it unpacks as (steps, blocks).
     """
     if mode is False:
-        return [], []
-    steps = [CompileStep("mark_dynamic", "skipped",
-                         "needs example inputs of several shapes to know which dims vary; not applied")]
-    found = _blocks(model)
-    if found is None:
-        steps.insert(0, CompileStep("regional", "skipped",
-                                    "no repeated blocks holding a quarter of the parameters"))
-        return steps, []
-    blocks, where = found
+        return CompileResult()
+    options = dict(options or {})
     device = infer_device(model, inputs) if inputs is not None else torch.device("cpu")
     measurable = device.type == "cuda" and inputs is not None
-    if mode == "auto" and not measurable:
-        why = "on the CPU" if inputs is not None else "without example inputs"
-        steps.insert(0, CompileStep("regional", "skipped", f"{where}: not measured {why}, so not applied "
-                                    "(compile='auto' keeps only measured gains; compile=True applies it)"))
-        return steps, []
-    before = _fwd_bwd_ms(model, inputs) if measurable else None
-    for b in blocks:
-        b.compile(**(options or {}))
-    if not measurable:
-        steps.insert(0, CompileStep("regional", "applied", f"{where}: compiled each block (not measured)"))
-        return steps, blocks
-    try:
-        after = _fwd_bwd_ms(model, inputs)
-    except Exception as exc:
-        uncompile(blocks)
-        steps.insert(0, CompileStep("regional", "reverted", f"{where}: {short_error(exc, 300)}"))
-        return steps, []
-    measured = None
-    if before and after:
-        measured = {"eager_ms": before[0], "compiled_ms": after[0], "speedup": before[0] / after[0]}
-    if mode == "auto" and not (before and after and after[2] < before[1]):
-        uncompile(blocks)
-        steps.insert(0, CompileStep("regional", "reverted", f"{where}: not faster beyond the timing spread",
-                                    measured))
-        return steps, []
-    steps.insert(0, CompileStep("regional", "applied", f"{where}: compiled each block", measured))
-    return steps, blocks
+    out = CompileResult()
+    # first: its check resets Dynamo, which would drop the blocks' compiled code
+    dynamic, out.dynamic_dims = mark_dynamic_step(model, inputs, list(extra_inputs or []))
+    layout, out.channels_last = channels_last_step(model, inputs, mode, measurable)
+    regional, out.blocks = _regional(model, inputs, mode, options, measurable)
+    graphs, out.graphs = cuda_graph_step(model, inputs, out.blocks, options, device, mode)
+    out.options = options
+    out.steps = [regional, dynamic, layout, graphs]
+    return out
 
 
-__all__ = ["CompileMode", "compile_model", "uncompile"]
+__all__ = ["CompileMode", "CompileResult", "compile_model", "mark_dynamic_step", "uncompile"]

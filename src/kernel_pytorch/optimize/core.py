@@ -19,9 +19,11 @@ from torch import nn
 
 from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import as_inputs
+from kernel_pytorch.benchmark.module import infer_device
 from kernel_pytorch.optimize import swap
-from kernel_pytorch.optimize.compile import CompileMode, compile_model, uncompile
-from kernel_pytorch.optimize.report import OptimizeReport
+from kernel_pytorch.optimize.compile import CompileMode, compile_model
+from kernel_pytorch.optimize.compile_steps import tf32_step
+from kernel_pytorch.optimize.report import CompileStep, OptimizeReport
 from kernel_pytorch.optimize.rules import Rule, default_rules
 from kernel_pytorch.validation import ValidationResult, validate_optimization
 
@@ -91,6 +93,8 @@ def optimize(
     compile: CompileMode = "auto",
     validate: bool = True,
     compile_options: dict[str, Any] | None = None,
+    extra_inputs: Sequence[Any] = (),
+    tf32: bool = False,
     seeds: Sequence[int] = (0, 1),
     validate_options: dict[str, Any] | None = None,
 ) -> tuple[nn.Module, OptimizeReport]:
@@ -102,9 +106,17 @@ def optimize(
             (`{"input_ids": ids, "labels": ids}`) or one tensor, as the model is called. Needed to
             validate; a Hugging Face model without them is validated on its `dummy_inputs`.
         components: "auto" (every rule), False (none), or rule names / families / `Rule` objects.
-        compile: "auto" (regional compilation where measured faster: CUDA only), True (apply), False.
+        compile: "auto" (the compile steps: regional compilation, mark_dynamic, channels_last, CUDA
+            graphs, each kept where measured to help; timings on CUDA only), True (apply what the CPU
+            cannot time, unmeasured), False (none).
         validate: compare outputs and gradients with the original on the inputs and revert failures.
         compile_options: keyword arguments for each compiled block's `nn.Module.compile`.
+        extra_inputs: more calls like `example_inputs` with other shapes (other batch sizes, sequence
+            lengths): the dims that vary between them are checked for `mark_dynamic` and kept in
+            `report.dynamic_dims` (and a saved model's manifest).
+        tf32: opt in to TF32 for fp32 matmuls on CUDA (`torch.set_float32_matmul_precision("high")`,
+            process-wide state that stays set when kept); checked with TF32's tolerance, reported.
+            False (default): the global matmul precision is never touched.
         seeds: validation seeds (the first uses the inputs as given; later ones redraw them).
         validate_options: more keyword arguments for `validate_optimization` (e.g. `reference="none"`,
             `check_performance=True`).
@@ -133,9 +145,14 @@ def optimize(
     swaps, skipped = swap.plan(model, rules)
     report.changes += [s.change for s in swaps] + skipped
     swap.apply(model, swaps)
-    steps, compiled = compile_model(model, inputs, compile, compile_options)
-    report.compile_steps += steps
+    extra = [as_inputs(x) for x in extra_inputs]
+    compiled = compile_model(model, inputs, compile, compile_options, extra)
+    report.compile_steps += compiled.steps
+    report.dynamic_dims = dict(compiled.dynamic_dims)
+    device = infer_device(model, inputs if inputs is not None else ())
     if not validate:
+        if tf32 or compile is not False:
+            report.compile_steps.append(tf32_step(model, inputs, tf32, device, compile))
         return model, report
     report.validated = True
     assert reference is not None and inputs is not None
@@ -147,11 +164,10 @@ def optimize(
         return validate_optimization(reference, model, vinputs, seeds=tuple(seeds), **options)
 
     result = check()
-    if not result.passed and compiled:
-        uncompile(compiled)
-        for s in report.compile_steps:
-            if s.name == "regional" and s.status == "applied":
-                s.status, s.reason = "reverted", f"{s.reason}; failed validation: {_why(result)}"
+    if not result.passed and compiled.drop_graphs(f"failed validation: {_why(result)}"):
+        result = check()
+    if not result.passed and (compiled.blocks or compiled.channels_last):
+        compiled.undo(model, f"failed validation: {_why(result)}")
         result = check()
     if not result.passed and swaps:
         result = _bisect(model, swaps, check)
@@ -159,6 +175,13 @@ def optimize(
     if not result.passed:
         report.notes.append("the model fails validation against an unchanged copy of itself: "
                             f"{_why(result)} (nothing of ours is in it)")
+        if tf32:
+            report.compile_steps.append(CompileStep("tf32", "skipped", "the model fails validation; global "
+                                                    "state unchanged"))
+    elif tf32 or compile is not False:
+        # after validation, which compares the model with its copy at the same precision: TF32 is global,
+        # so it would change both alike; its own check compares the model with itself at fp32
+        report.compile_steps.append(tf32_step(model, inputs, tf32, device, compile))
     return model, report
 
 

@@ -38,7 +38,7 @@ class Change:
 
 @dataclass
 class CompileStep:
-    """One compile-side fix (regional compilation, mark_dynamic, ...): applied, reverted or skipped,
+    """One compile-side fix (regional, mark_dynamic, channels_last, cuda_graphs, tf32): applied, reverted or skipped,
     with the measurement that decided it (None when nothing was measured, and `reason` says so)."""
 
     name: str
@@ -58,6 +58,9 @@ class OptimizeReport:
     compile_steps: list[CompileStep] = field(default_factory=list)
     validation: ValidationResult | None = None
     validated: bool = False
+    # input name -> dims kept dynamic by the mark_dynamic step; `kernel_pytorch.save` writes them as
+    # the manifest's dynamic_dims
+    dynamic_dims: dict[str, list[int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def applied(self) -> list[Change]:
@@ -89,6 +92,7 @@ class OptimizeReport:
             "counts": self.counts(),
             "changes": [c.to_dict() for c in self.changes],
             "compile": [s.to_dict() for s in self.compile_steps],
+            "dynamic_dims": {k: list(v) for k, v in self.dynamic_dims.items()},
             "validated": self.validated,
             "passed": self.passed,
             "validation": self.validation.to_dict() if self.validation is not None else None,
@@ -120,6 +124,8 @@ class OptimizeReport:
             if s.measured:
                 measured = " (" + ", ".join(f"{k} {v:.4g}" for k, v in s.measured.items()) + ")"
             lines.append(f"  compile {s.name}: {s.status}: {s.reason}{measured}")
+        if self.dynamic_dims:
+            lines.append("  dynamic dims: " + ", ".join(f"{k} {v}" for k, v in self.dynamic_dims.items()))
         lines += [f"  note: {n}" for n in self.notes]
         if not self.validated:
             lines.append("  validation: not run (validate=False): the changes are unchecked")
