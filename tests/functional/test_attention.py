@@ -192,3 +192,14 @@ def test_cuda_backends_and_pinned_kernels(dtype: torch.dtype) -> None:
         _assert_close(out, R.attention(q, k, v, **opts))
         out.sum().backward()
         assert all(torch.isfinite(t.grad).all() for t in (qg, kg, vg)), name
+
+
+def test_compiles_in_one_graph_with_dynamic_lengths() -> None:
+    """With symbolic lengths `q_len == kv_len` is a SymBool, which SDPA's is_causal refuses: the causal
+    flag is decided by a branch, so fullgraph compilation with dynamic shapes holds, at two lengths."""
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v: F.attention(q, k, v, is_causal=True, backend="sdpa"), fullgraph=True,
+                       dynamic=True, backend="eager")
+    for t in (8, 12):
+        q, k, v = randn(1, 4, t, 16), randn(1, 2, t, 16), randn(1, 2, t, 16)
+        torch.testing.assert_close(fn(q, k, v), F.attention(q, k, v, is_causal=True, backend="sdpa"))

@@ -115,4 +115,7 @@ def flex(
     run = flex_attention
     if q.device.type == "cuda" and not torch.compiler.is_compiling():
         run = _compiled_flex()
-    return run(q, k, v, score_mod=score, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    gqa = False
+    if q.shape[1] != k.shape[1]:  # a branch: with dynamic shapes the comparison is a SymBool (see _sdpa)
+        gqa = True
+    return run(q, k, v, score_mod=score, block_mask=mask, scale=scale, enable_gqa=gqa)

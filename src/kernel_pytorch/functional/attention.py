@@ -162,12 +162,16 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bo
         from torch.nn.attention import sdpa_kernel as pinned
 
         context = pinned(sdpa_kernel)
+    # branches, not values: with dynamic shapes `q_len == kv_len` and the head comparison are SymBools, which
+    # SDPA refuses (bool() of one does not help under Dynamo); `if` makes Dynamo and export decide them
+    causal = gqa = False
+    if plain_causal and q_len == kv_len:
+        causal = True
+    if q.shape[1] != k.shape[1]:
+        gqa = True
     with context:
-        return F.scaled_dot_product_attention(
-            # bool(): under export with dynamic lengths the comparison is a SymBool, which SDPA refuses
-            q, k, v, attn_mask=attn_mask, is_causal=bool(plain_causal and q_len == kv_len), scale=scale,
-            enable_gqa=q.shape[1] != k.shape[1],
-        )
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale,
+                                              enable_gqa=gqa)
 
 
 def _flex(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float | None,
