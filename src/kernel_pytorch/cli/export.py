@@ -24,23 +24,16 @@ from typing import Any
 import torch
 
 from kernel_pytorch._errors import short_error
-from kernel_pytorch._tree import move
-from kernel_pytorch.cli._factory import DTYPES, FactoryError
-from kernel_pytorch.cli.optimize import load
+from kernel_pytorch.cli._factory import DTYPES
+from kernel_pytorch.cli.optimize import load_placed
 from kernel_pytorch.deploy.export import ExportMismatch, aoti_package, export, our_ops
 from kernel_pytorch.optimize import optimize
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        model, inputs, target = load(args)
-    except FactoryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    if (loaded := load_placed(args)) is None:
         return 2
-    if args.device or args.dtype:
-        dtype = DTYPES[args.dtype] if args.dtype else None
-        model.to(device=args.device, dtype=dtype)
-        inputs = move(inputs, args.device, dtype)
+    model, inputs, target = loaded
     model, report = optimize(model, inputs, validate=not args.no_validate, seeds=(0,))
     print(report.summary())
     model.eval()

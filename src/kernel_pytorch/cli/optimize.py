@@ -65,16 +65,25 @@ def load(args: argparse.Namespace) -> tuple[nn.Module, Any, str]:
     return model, inputs, name
 
 
-def run(args: argparse.Namespace) -> int:
+def load_placed(args: argparse.Namespace) -> tuple[nn.Module, Any, str] | None:
+    """`load`, then the model and inputs moved to --device / cast to --dtype; None (the error printed)
+    when the factory or model cannot be loaded (the caller exits 2)."""
     try:
         model, inputs, target = load(args)
     except FactoryError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return None
     if args.device or args.dtype:
         dtype = DTYPES[args.dtype] if args.dtype else None
         model.to(device=args.device, dtype=dtype)
         inputs = move(inputs, args.device, dtype)
+    return model, inputs, target
+
+
+def run(args: argparse.Namespace) -> int:
+    if (loaded := load_placed(args)) is None:
+        return 2
+    model, inputs, target = loaded
     compile_mode: Any = {"auto": "auto", "on": True, "off": False}[args.compile]
     options = {"backend": args.backend} if args.backend else None
     try:

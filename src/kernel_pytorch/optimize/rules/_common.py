@@ -60,3 +60,19 @@ def run_probe(module: nn.Module, x: Tensor) -> Tensor | None:
             return module(x)
     except Exception:
         return None
+
+
+def projections_left_alone(module: nn.Module, projs: dict[str, nn.Linear]) -> str | None:
+    """Why a module built around the projections `projs` cannot be rebuilt from their parameters: the module
+    or a projection is blocked (`blocked`), a projection has a forward of its own (LoRA, quantized), or the
+    module holds parameters or buffers of its own, which a replacement would drop. None: it can be."""
+    if (why := blocked(module)) is not None:
+        return why
+    for name, proj in projs.items():
+        if (why := blocked(proj)) is not None:
+            return f"{name}: {why}"
+        if type(proj).forward is not nn.Linear.forward:
+            return f"{name} is a {type(proj).__name__} with its own forward (LoRA, quantized, ...)"
+    if [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+        return "holds parameters or buffers of its own, which the replacement would drop"
+    return None

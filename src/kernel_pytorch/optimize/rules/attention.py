@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from kernel_pytorch.functional.attention import attention, prepare_mask
 from kernel_pytorch.functional.rope import apply_rotary
 from kernel_pytorch.optimize.rules import Match
-from kernel_pytorch.optimize.rules._common import blocked, same_output
+from kernel_pytorch.optimize.rules._common import projections_left_alone, same_output
 from kernel_pytorch.optimize.rules.norms import HFRMSNormRule
 
 _SPLIT = ("q_proj", "k_proj", "v_proj")
@@ -201,15 +201,8 @@ def _shape(module: nn.Module) -> dict[str, nn.Linear] | None:
 
 
 def _left_alone(module: nn.Module, projs: dict[str, nn.Linear]) -> str | None:
-    if (why := blocked(module)) is not None:
+    if (why := projections_left_alone(module, projs)) is not None:
         return why
-    for name, proj in projs.items():
-        if (why := blocked(proj)) is not None:
-            return f"{name}: {why}"
-        if type(proj).forward is not nn.Linear.forward:
-            return f"{name} is a {type(proj).__name__} with its own forward (LoRA, quantized, ...)"
-    if [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-        return "holds parameters or buffers of its own"
     for name, child in module.named_children():
         if name not in projs and name not in _NORMS:
             return f"has a child {name} ({type(child).__name__}) the replacement would not call"

@@ -27,7 +27,7 @@ from torch import nn
 
 from kernel_pytorch import nn as kp_nn
 from kernel_pytorch.optimize.rules import Match
-from kernel_pytorch.optimize.rules._common import blocked, probe_input, run_probe, same_output
+from kernel_pytorch.optimize.rules._common import probe_input, projections_left_alone, run_probe, same_output
 
 _GATED = ("gate_proj", "up_proj", "down_proj")
 _PACKED = ("gate_up_proj", "down_proj")
@@ -44,16 +44,8 @@ def _linears(module: nn.Module, names: tuple[str, ...]) -> dict[str, nn.Linear] 
 
 def _left_alone(module: nn.Module, projs: dict[str, nn.Linear]) -> str | None:
     """Why `module` cannot be rebuilt around its projections' parameters without losing something."""
-    if (why := blocked(module)) is not None:
+    if (why := projections_left_alone(module, projs)) is not None:
         return why
-    for name, proj in projs.items():
-        if (why := blocked(proj)) is not None:
-            return f"{name}: {why}"
-        if type(proj).forward is not nn.Linear.forward:
-            return f"{name} is a {type(proj).__name__} with its own forward (LoRA, quantized, ...)"
-    own = (*module.parameters(recurse=False), *module.buffers(recurse=False))
-    if own:
-        return "holds parameters or buffers of its own, which the replacement would drop"
     for name, child in module.named_children():
         if name in projs:
             continue
