@@ -80,3 +80,20 @@ def test_existing_results_are_not_overwritten_without_overwrite(tmp_path: Path, 
     assert (committed / "norms.json").read_text() == "committed" and not (committed / "norms.md").exists()
     assert main([*argv, "--overwrite"]) == 0
     assert BenchmarkResults.load(committed / "norms.json").smoke
+
+
+def test_an_interrupted_suite_is_written_partial_and_no_other_suite_starts(tmp_path, monkeypatch, capsys) -> None:
+    """Ctrl-C or `timeout -s INT` during the first suite: its rows so far are written, marked PARTIAL,
+    and the next suite does not start."""
+    from kernel_pytorch.benchmark.suites import runner
+    from kernel_pytorch.cli.main import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "measure", interrupted)
+    code = main(["bench", "norms", "mlp", "--quick", "--device", "cpu", "--no-plots", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 130 and "[PARTIAL: interrupted]" in out
+    assert (tmp_path / "norms.json").exists() and not (tmp_path / "mlp.json").exists()
+    assert "PARTIAL: interrupted after 0" in (tmp_path / "norms.md").read_text()

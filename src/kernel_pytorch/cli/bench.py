@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
                 bar.stop()
                 print(f"{name}: {exc}", file=sys.stderr)
                 return 2
+            if any(n.startswith("PARTIAL") for n in outputs[-1].results.notes):
+                break  # interrupted (Ctrl-C, a time limit): its rows are written; start no other suite
     for out in outputs:
         r = out.results
         counts: dict[str, int] = {}
@@ -102,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
             counts[row.status] = counts.get(row.status, 0) + 1
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         smoke = " [smoke run: not speed data]" if r.smoke else ""
-        print(f"{r.name}: {len(r.rows)} rows on {r.device} ({summary}){smoke}")
+        partial = " [PARTIAL: interrupted]" if any(n.startswith("PARTIAL") for n in r.notes) else ""
+        print(f"{r.name}: {len(r.rows)} rows on {r.device} ({summary}){smoke}{partial}")
         for f in out.files:
             print(f"  wrote {f}")
         failed_ours += [row for row in r.rows if row.provider == "ours" and row.status == "failed"]
@@ -110,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         for row in failed_ours:
             print(f"FAILED ours {row.op} {row.shape} {row.pass_name}: {row.note}", file=sys.stderr)
         return 1
-    return 0
+    # interrupted: what ran is written, but the run is not complete (130: the shell's code for SIGINT)
+    return 130 if any(n.startswith("PARTIAL") for o in outputs for n in o.results.notes) else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
