@@ -52,14 +52,18 @@ def torchao_version() -> str | None:
 
 
 def check_can_save(state: Mapping[str, Any]) -> None:
-    """ImportError without torchao; TypeError for a subclass torchao's safetensors support does not know."""
-    support = torchao_support()
-    allowed = set(getattr(support, "ALLOWED_TENSORS_SUBCLASSES", ()))
-    for key, value in state.items():
-        kind = type(value.detach()).__name__ if is_subclass(value) else None
-        if kind is not None and allowed and kind not in allowed:
-            raise TypeError(f"tensor {key!r} is a {type(value.detach()).__module__}.{kind}, a tensor subclass "
-                            f"torchao's safetensors support cannot split (it knows {', '.join(sorted(allowed))})")
+    """TypeError for a subclass that is not one of torchao's quantized tensors (checked without torchao),
+    then ImportError without torchao."""
+    kinds = {key: type(value.detach()) for key, value in state.items() if is_subclass(value)}
+    for key, kind in kinds.items():
+        if not kind.__module__.startswith("torchao."):
+            raise TypeError(f"tensor {key!r} is a {kind.__module__}.{kind.__name__} (a tensor subclass): save "
+                            "splits torchao's quantized tensors only, safetensors holds plain tensors")
+    allowed = set(getattr(torchao_support(), "ALLOWED_TENSORS_SUBCLASSES", ()))
+    for key, kind in kinds.items():
+        if allowed and kind.__name__ not in allowed:
+            raise TypeError(f"tensor {key!r} is a {kind.__module__}.{kind.__name__}, which torchao's safetensors "
+                            f"support cannot split (it knows {', '.join(sorted(allowed))})")
 
 
 def scheme_of(recorded: str | None, kinds: set[str]) -> str:
@@ -85,6 +89,7 @@ def flatten(state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, A
     """(the state with each subclass tensor replaced by its plain parts, the manifest's `tensors` entry
     of each quantized key, aliases among the quantized keys: a key holding the same weight as an
     earlier one is not written). Plain entries pass through as they are."""
+    check_can_save(state)
     support = torchao_support()
     out: dict[str, Tensor] = {}
     info: dict[str, Any] = {}

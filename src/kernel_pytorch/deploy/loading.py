@@ -210,13 +210,18 @@ def _read_tensors(directory: Path, manifest: Manifest) -> dict[str, Tensor]:
 
 
 def _quantize_as_saved(model: nn.Module, manifest: Manifest) -> None:
-    """`deploy.quantize` with the recorded scheme, on the Linear layers whose weights were saved quantized."""
+    """`deploy.quantize` with the recorded scheme, on the Linear layers whose weights were saved quantized
+    and are not quantized yet."""
     from kernel_pytorch.deploy.quantize import quantize
 
     quant = manifest.quantization or {}
     keys = set(quant["tensors"])
     keys |= {a for a, k in manifest.aliases.items() if k in keys}
-    quantize(model, quant["scheme"], filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and f"{fqn}.weight" in keys)
+
+    def wanted(module: nn.Module, fqn: str) -> bool:  # a model quantized before (a reload) is left as it is
+        return isinstance(module, nn.Linear) and f"{fqn}.weight" in keys and not _quantized.is_subclass(module.weight)
+
+    quantize(model, quant["scheme"], filter_fn=wanted)
 
 
 def _probe(model: nn.Module, manifest: Manifest, rules: dict[str, Rule], state: dict[str, Tensor]) -> None:
