@@ -5,6 +5,7 @@ load quantizes the rebuilt model the same way: bitwise the same outputs."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import importlib.util
 import json
 import sys
@@ -136,6 +137,17 @@ def test_part_of_another_shape_is_named(small_saved: Path) -> None:
 
     _rewrite(small_saved, edit)
     _fails(small_saved, r"0\.weight part qdata: saved int8 \[8, 15\], quantizing again gives int8 \[8, 16\]")
+
+
+@needs_torchao
+def test_another_torchao_version_is_reported(small_saved: Path) -> None:
+    manifest = _manifest(small_saved)
+    manifest["quantization"]["torchao"] = "0.0.1"
+    (small_saved / "kernel_pytorch.json").write_text(json.dumps(manifest))
+    with pytest.warns(UserWarning, match=r"torchao: saved with 0\.0\.1, installed "):
+        kp.load(small_saved, nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)))
+    with pytest.raises(LoadError, match="torchao: saved with 0.0.1"):
+        kp.load(small_saved, nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)), strict_versions=True)
 
 
 @needs_torchao

@@ -145,9 +145,13 @@ def logical(manifest_tensors: Mapping[str, Any], quantized: Mapping[str, Any]) -
 
 
 def check_parts(manifest_tensors: Mapping[str, Any], quantized: Mapping[str, Any]) -> None:
-    """Every quantized key lists parts that are written tensors; LoadError naming the key otherwise."""
+    """Every quantized key has a well-formed entry whose parts are written tensors; LoadError naming the
+    key otherwise."""
     for key, entry in quantized.items():
-        for part, written in entry.get("parts", {}).items():
+        fields = ("type", "dtype", "shape", "parts", "torchao")
+        if not isinstance(entry, dict) or any(f not in entry for f in fields) or not isinstance(entry["parts"], dict):
+            raise LoadError(f"quantized tensor {key!r}: the manifest's entry is malformed (want {', '.join(fields)})")
+        for part, written in entry["parts"].items():
             if written not in manifest_tensors:
                 raise LoadError(f"quantized tensor {key!r}: its part {part!r} ({written!r}) is not in the saved files")
         if not entry.get("parts"):
