@@ -90,6 +90,29 @@ def test_tied_head_is_quantized_on_its_own(tmp_path: Path) -> None:
     assert torch.equal(loaded(ids), model(ids)) and type(loaded.embed.weight) is nn.Parameter
 
 
+class _Shared(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = self.a  # one module under two names: its quantized weight is written once
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+@needs_torchao
+def test_shared_quantized_module_written_once(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = quantize(_Shared(), "int8")
+    kp.save(model, tmp_path / "shared")
+    manifest = _manifest(tmp_path / "shared")
+    assert manifest["aliases"] == {"b.weight": "a.weight", "b.bias": "a.bias"}
+    assert not [k for k in manifest["tensors"] if k.startswith("b.")]
+    loaded = kp.load(tmp_path / "shared", _Shared)
+    x = torch.randn(2, 8)
+    assert torch.equal(loaded(x), model(x)) and loaded.a is loaded.b
+
+
 def _rewrite(path: Path, edit) -> None:
     """Apply `edit(tensors, manifest)` to the single weight file and the manifest, keeping them consistent."""
     from safetensors import safe_open
