@@ -4,10 +4,16 @@ Everything is checked before the model is changed: the manifest (format, rules),
 (present, of the recorded size, a header safetensors accepts, the tensors the manifest lists), the keys,
 shapes and dtypes against the model's state_dict, and that each recorded swap still applies. Any
 failure raises `LoadError` naming the file or tensor, and the model is as it was.
+
+A saved model with quantized weights is rebuilt as it was made: the swaps, then `deploy.quantize` with
+the recorded scheme on the recorded weights, then the weights (put back together with torchao) are
+copied in. The quantized tensors are checked against a quantized copy of the model first (a model
+passed in place) or against the factory's model after quantizing it (nobody else holds that one).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -16,6 +22,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from kernel_pytorch.deploy import _quantized
 from kernel_pytorch.deploy._files import INDEX_NAME, LoadError, read_header, refuse_pickle
 from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, ManifestError, describe_differences, dtype_name
 from kernel_pytorch.optimize import swap as swapping
@@ -97,11 +104,19 @@ def _build(model_or_factory: nn.Module | Callable[[], Any]) -> nn.Module:
     return built
 
 
+def _saved_tensors(manifest: Manifest) -> dict[str, dict[str, Any]]:
+    """{state_dict key: {"dtype", "shape", ...}} as saved: quantized weights with their outer dtype and shape."""
+    if not manifest.quantization:
+        return manifest.tensors
+    return _quantized.logical(manifest.tensors, manifest.quantization["tensors"])
+
+
 def _check_state(model: nn.Module, manifest: Manifest) -> None:
     """Keys, shapes and dtypes of the saved tensors (aliases through their targets) against the model's."""
     expected = model.state_dict()
-    provided = set(manifest.tensors) | set(manifest.aliases)
-    bad_alias = sorted(a for a, k in manifest.aliases.items() if k not in manifest.tensors)
+    tensors = _saved_tensors(manifest)
+    provided = set(tensors) | set(manifest.aliases)
+    bad_alias = sorted(a for a, k in manifest.aliases.items() if k not in tensors)
     if bad_alias:
         raise LoadError(f"the manifest ties {_names(bad_alias)} to tensors it does not hold")
     missing, unexpected = set(expected) - provided, provided - set(expected)
@@ -111,7 +126,7 @@ def _check_state(model: nn.Module, manifest: Manifest) -> None:
         raise LoadError("the saved weights do not fit the model (strict): " + "; ".join(parts))
     wrong = []
     for key, target in expected.items():
-        info = manifest.tensors[manifest.aliases.get(key, key)]
+        info = tensors[manifest.aliases.get(key, key)]
         if not isinstance(target, Tensor):
             wrong.append(f"{key}: the model's entry is a {type(target).__name__}, not a tensor")
             continue
@@ -175,7 +190,8 @@ def _has(model: nn.Module, path: str) -> bool:
 
 
 def _read_tensors(directory: Path, manifest: Manifest) -> dict[str, Tensor]:
-    """Every saved tensor on the CPU, aliases pointing at their targets' tensors."""
+    """Every saved tensor on the CPU, quantized weights put back together, aliases pointing at their
+    targets' tensors."""
     from safetensors import SafetensorError, safe_open
 
     out: dict[str, Tensor] = {}
@@ -186,9 +202,36 @@ def _read_tensors(directory: Path, manifest: Manifest) -> dict[str, Tensor]:
                     out[key] = f.get_tensor(key)
         except (SafetensorError, OSError) as exc:
             raise LoadError(f"weight file {directory / name} could not be read: {exc}") from exc
+    if manifest.quantization:
+        out = _quantized.unflatten(out, manifest.quantization["tensors"])
     for alias, key in manifest.aliases.items():
         out[alias] = out[key]
     return out
+
+
+def _quantize_as_saved(model: nn.Module, manifest: Manifest) -> None:
+    """`deploy.quantize` with the recorded scheme, on the Linear layers whose weights were saved quantized
+    and are not quantized yet."""
+    from kernel_pytorch.deploy.quantize import quantize
+
+    quant = manifest.quantization or {}
+    keys = set(quant["tensors"])
+    keys |= {a for a, k in manifest.aliases.items() if k in keys}
+
+    def wanted(module: nn.Module, fqn: str) -> bool:  # a model quantized before (a reload) is left as it is
+        return isinstance(module, nn.Linear) and f"{fqn}.weight" in keys and not _quantized.is_subclass(module.weight)
+
+    quantize(model, quant["scheme"], filter_fn=wanted)
+
+
+def _probe(model: nn.Module, manifest: Manifest, rules: dict[str, Rule], state: dict[str, Tensor]) -> None:
+    """Swap and quantize a copy of `model` as saved and check the quantized tensors against it, so
+    that `model` is changed only once this passed."""
+    probe = copy.deepcopy(model)
+    swapping.apply(probe, _plan_swaps(probe, manifest, rules))
+    _quantize_as_saved(probe, manifest)
+    _quantized.check_against(probe, state, (manifest.quantization or {})["tensors"])
+    del probe
 
 
 def load(
@@ -225,7 +268,17 @@ def load(
         PickleRefusedError: `path` is a torch.save / .bin / .pt checkpoint (convert it with
             `kernel-pytorch convert`).
         LoadError: anything that does not fit (missing, truncated or corrupted files, missing or
-            unexpected keys, shapes, dtypes, unknown rules); raised before the model is changed.
+            unexpected keys, shapes, dtypes, unknown rules, quantized parts that differ from what the
+            recorded scheme gives); raised before the model is changed.
+        ImportError: the saved model is quantized and torchao is not installed.
+
+    Quantized saves: the model is swapped, quantized with the recorded scheme (`deploy.quantize`, on
+    the weights saved quantized only) and loaded. An `nn.Module` passed in place is unchanged by a
+    failed load: the checks of the quantized tensors run on a deep copy (which takes the model's
+    memory again for the time of the load) before the model is touched. A factory's model is checked
+    after quantizing it, since nobody else holds it. Tied weights: torchao gives a quantized Linear its
+    own weight, so a tied lm_head is no longer tied to its embedding after `quantize`, in the saved
+    model as in the loaded one (both are written and loaded as separate tensors).
     """
     directory = _directory(path)
     try:
@@ -237,6 +290,9 @@ def load(
         if strict_versions:
             raise LoadError(differences)
         warnings.warn(differences, stacklevel=2)
+    if manifest.quantization:
+        _quantized.check_parts(manifest.tensors, manifest.quantization["tensors"])
+        _quantized.torchao_support()  # ImportError saying how to install torchao
     by_name = _rules_by_name(manifest, rules)
     _headers(directory, manifest)
     built = _build(model_or_factory)
@@ -253,6 +309,8 @@ def load(
     if absent:
         raise LoadError(f"the saved model compiled blocks this model does not have: {_names(absent)}")
     state = _read_tensors(directory, manifest)
+    if manifest.quantization and isinstance(model_or_factory, nn.Module):
+        _probe(model, manifest, by_name, state)
     # from here on the model changes; everything that can fail on the saved files was checked above
     swapping.apply(model, swaps)
     try:  # the rules keep state_dict keys, shapes and dtypes; one that does not is caught before any copy
@@ -260,6 +318,9 @@ def load(
     except LoadError as exc:
         swapping.revert(model, swaps, "")
         raise LoadError(f"re-applying the saved swaps changed the model's state_dict: {exc}") from exc
+    if manifest.quantization:  # checked on a copy above when the model was passed in place
+        _quantize_as_saved(model, manifest)
+        _quantized.check_against(model, state, manifest.quantization["tensors"])
     model.load_state_dict(state, strict=True)  # through the replacements' own state_dict hooks, if any
     for where in compiled:
         model.get_submodule(where).compile(**options)

@@ -3,7 +3,7 @@ how the model was compiled, which input dims are dynamic, the versions it was sa
 tensor's file, dtype and shape. `load()` reads it to rebuild the optimized model; `version_differences`
 compares it with what is installed.
 
-Layout (format version 1):
+Layout (format version 1; a save with quantized weights is version 2, adding `quantization`):
 
     {"format": "kernel_pytorch.deploy", "format_version": 1,
      "versions": {"kernel_pytorch": "0.1.0", "torch": "2.13.0", "triton": "3.9.0", "transformers": null},
@@ -14,11 +14,14 @@ Layout (format version 1):
      "tensors": {"lm_head.weight": {"dtype": "float32", "shape": [512, 64], "file": "model.safetensors"}},
      "aliases": {"tok_embeddings.weight": "lm_head.weight"},
      "files": {"model.safetensors": 123456},
-     "report": {...} or null, "metadata": {...}}
+     "report": {...} or null, "metadata": {...},
+     "quantization": {"scheme": "int8", "torchao": "0.18.0", "tensors": {...}}}
 
 `aliases` maps a state_dict key that was not written to the key holding the same tensor (tied
 embeddings, shared modules): it is loaded from that tensor. `files` maps each weight file to its size
-in bytes.
+in bytes. `quantization` (absent or null for an unquantized model) records the scheme given to
+`deploy.quantize`, the torchao version, and per quantized key its subclass, outer dtype and shape, the
+written keys of its parts and torchao's description of it (deploy/_quantized.py).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 import torch
 
 FORMAT = "kernel_pytorch.deploy"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 adds `quantization`; a save without it is still written as 1
 MANIFEST_NAME = "kernel_pytorch.json"
 # the packages whose versions decide whether a saved model rebuilds the same way
 PACKAGES: tuple[str, ...] = ("kernel_pytorch", "torch", "triton", "transformers")
@@ -54,15 +57,20 @@ def installed_versions() -> dict[str, str | None]:
         elif name == "torch":
             out[name] = torch.__version__
         else:
-            module = sys.modules.get(name)
-            version = getattr(module, "__version__", None) if module is not None else None
-            if version is None:
-                try:
-                    version = importlib.metadata.version(name)
-                except importlib.metadata.PackageNotFoundError:
-                    version = None
-            out[name] = str(version) if version is not None else None
+            out[name] = _version(name)
     return out
+
+
+def _version(name: str) -> str | None:
+    """The installed version of package `name` (None when it is not installed), without importing it."""
+    module = sys.modules.get(name)
+    version = getattr(module, "__version__", None) if module is not None else None
+    if version is None:
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+    return str(version) if version is not None else None
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -92,13 +100,17 @@ class Manifest:
     files: dict[str, int] = field(default_factory=dict)
     report: dict[str, Any] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
+    quantization: dict[str, Any] | None = None
+    format_version: int = 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "format_version": self.format_version, "versions": self.versions,
+        # readers of version 1 would miss the quantized keys: a quantized save is version 2, which they refuse
+        version = max(self.format_version, 2 if self.quantization else 1)
+        return {"format": FORMAT, "format_version": version, "versions": self.versions,
                 "swaps": self.swaps, "compile": self.compile, "dynamic_dims": self.dynamic_dims,
                 "tensors": self.tensors, "aliases": self.aliases, "files": self.files,
-                "report": self.report, "metadata": self.metadata}
+                "report": self.report, "metadata": self.metadata,
+                **({"quantization": self.quantization} if self.quantization else {})}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
@@ -123,7 +135,7 @@ class Manifest:
                        dynamic_dims={k: list(v) for k, v in data["dynamic_dims"].items()},
                        tensors=dict(data["tensors"]), aliases=dict(data["aliases"]), files=dict(data["files"]),
                        report=data.get("report"), metadata=dict(data.get("metadata") or {}),
-                       format_version=version)
+                       quantization=_quantization(data.get("quantization"), where), format_version=version)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ManifestError(f"{where} is malformed: {type(exc).__name__}: {exc}") from exc
 
@@ -141,13 +153,26 @@ class Manifest:
         return cls.from_dict(data, str(path))
 
 
+def _quantization(value: Any, where: str) -> dict[str, Any] | None:
+    if not value:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("tensors"), dict) or "scheme" not in value:
+        raise ManifestError(f"{where} has a malformed \"quantization\" (want scheme, torchao, tensors)")
+    return dict(value)
+
+
 def version_differences(manifest: Manifest, installed: dict[str, str | None] | None = None) -> list[str]:
     """One line per package whose installed version differs from the one the model was saved with,
     e.g. "torch: saved with 2.13.0, installed 2.11.0". Empty when everything matches."""
     installed = installed_versions() if installed is None else installed
+    saved_with = dict(manifest.versions)
+    if manifest.quantization:  # torchao decides how the quantized weights are rebuilt
+        saved_with["torchao"] = manifest.quantization.get("torchao")
+        if "torchao" not in installed:
+            installed = {**installed, "torchao": _version("torchao")}
     lines = []
-    for name in sorted(set(manifest.versions) | set(installed)):
-        saved, now = manifest.versions.get(name), installed.get(name)
+    for name in sorted(set(saved_with) | set(installed)):
+        saved, now = saved_with.get(name), installed.get(name)
         if saved != now:
             lines.append(f"{name}: saved with {saved or 'none'}, installed {now or 'none'}")
     return lines

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import call, flatten
+from kernel_pytorch.deploy._quantized import SCHEME_ATTR
 from kernel_pytorch.deploy.export import export, our_ops
 from kernel_pytorch.tolerances import tolerance_for
 from kernel_pytorch.validation import ValidationResult, validate_optimization
@@ -81,10 +82,13 @@ def quantize(model: nn.Module, scheme: str = "int8", *,
         model: typically as `kernel_pytorch.optimize` returned it.
         scheme: "int8", "fp8" or "int4" (see the module docstring).
         filter_fn: which modules to quantize, `(module, fqn) -> bool`; default every `nn.Linear`.
+    The scheme is recorded on the model, for `kernel_pytorch.save` to put in its manifest.
+
     Raises:
         ImportError: torchao is not installed (the message says how to install it).
     """
     _torchao().quantize_(model, quant_config(scheme), filter_fn=filter_fn)
+    setattr(model, SCHEME_ATTR, scheme)
     return model
 
 

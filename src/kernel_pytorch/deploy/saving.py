@@ -5,6 +5,10 @@ Tied and shared tensors are written once: a state_dict key whose tensor is the s
 storage as an earlier key's is recorded in the manifest's `aliases` and not written (safetensors refuses
 tensors sharing memory). Distinct views of one storage (rare: a slice of another parameter) are written
 as copies each, and load back into the model's own views.
+
+Quantized weights (torchao's tensor subclasses, from `deploy.quantize`) are split into their plain
+parts with torchao's safetensors support, and the manifest records the scheme, the torchao version and
+how to put each one back together (deploy/_quantized.py); torchao is imported only then.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from kernel_pytorch.deploy import _quantized
 from kernel_pytorch.deploy._files import INDEX_NAME, is_weight_file, parse_size, shard_names, write_index
 from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, dtype_name
 
@@ -28,7 +33,8 @@ DEFAULT_MAX_SHARD_SIZE = "5GB"
 
 def plain_tensors(state: Mapping[str, Any]) -> dict[str, Tensor]:
     """`state`'s values as plain dense tensors (detached), or a TypeError naming the first key that is
-    not one: a tensor subclass (torchao's quantized tensors), a sparse or meta tensor, a non-tensor."""
+    not one: a tensor subclass (split torchao's quantized tensors with `_quantized.flatten` first), a
+    sparse or meta tensor, a non-tensor."""
     out: dict[str, Tensor] = {}
     for key, value in state.items():
         if not isinstance(value, Tensor):
@@ -37,7 +43,7 @@ def plain_tensors(state: Mapping[str, Any]) -> dict[str, Tensor]:
         t = value.detach()
         if type(t) is not Tensor:
             raise TypeError(f"tensor {key!r} is a {type(t).__module__}.{type(t).__name__} (a tensor subclass, "
-                            "e.g. a quantized weight): saving tensor subclasses is not supported yet")
+                            "e.g. a quantized weight) that safetensors cannot hold")
         if t.layout != torch.strided:
             raise TypeError(f"tensor {key!r} has layout {t.layout}: only dense (strided) tensors can be saved")
         if t.is_meta:
@@ -103,27 +109,41 @@ def save_state_dict(
     *,
     manifest: Manifest | None = None,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    scheme: str | None = None,
 ) -> list[Path]:
     """Write `state` (name -> tensor) to the directory `path` as safetensors, with the manifest.
 
     Args:
-        state: a state_dict; tensors on any device, any dtype safetensors knows (fp32/bf16/fp16 ...).
+        state: a state_dict; tensors on any device, any dtype safetensors knows (fp32/bf16/fp16 ...),
+            and torchao's quantized tensors (split into their plain parts; needs torchao).
         path: the directory (created); weight files of an earlier save there are replaced.
         manifest: the manifest to complete with the tensors, aliases and files (a new one if None).
         max_shard_size: bytes per file (int, or "5GB", "500MB"); more data gives shards plus the index.
+        scheme: the `deploy.quantize` scheme of the quantized tensors, for the manifest (None: inferred
+            from their type).
     Returns:
         the files written, the manifest last.
     Raises:
-        TypeError: an entry that is not a plain dense tensor (e.g. a quantized tensor subclass).
+        TypeError: an entry that is neither a plain dense tensor nor a quantized tensor torchao can split.
+        ImportError: quantized tensors and no torchao (the message says how to install it).
     """
     from safetensors.torch import save_file
 
     directory = Path(path)
+    quantized: dict[str, dict] = {}
+    q_aliases: dict[str, str] = {}
+    if any(_quantized.is_subclass(v) for v in state.values()):
+        state, quantized, q_aliases = _quantized.flatten(state)
     tensors, aliases = dedupe(plain_tensors(state))
+    aliases.update(q_aliases)
     groups = plan_shards(tensors, parse_size(max_shard_size))
     names = shard_names(len(groups))
     manifest = manifest if manifest is not None else Manifest()
     manifest.aliases = aliases
+    manifest.quantization = None
+    if quantized:
+        manifest.quantization = {"scheme": _quantized.scheme_of(scheme, {v["type"] for v in quantized.values()}),
+                                 "torchao": _quantized.torchao_version(), "tensors": quantized}
     manifest.tensors, manifest.files = {}, {}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest names half-written files
@@ -131,7 +151,7 @@ def save_state_dict(
     for name, keys in zip(names, groups, strict=True):
         shard = {k: tensors[k].to("cpu").contiguous() for k in keys}
         file = directory / name
-        save_file(shard, str(file), metadata={"format": "pt"})
+        save_file(shard, str(file), metadata={"format": "pt", **_quantized.file_metadata(quantized, keys)})
         written.append(file)
         manifest.files[name] = file.stat().st_size
         for k in keys:
@@ -194,14 +214,21 @@ def save(
         metadata: anything JSON-able to keep with the model (e.g. {"factory": "model.py:make"}).
     Returns:
         the paths written, the manifest last.
+    A model quantized with `kernel_pytorch.deploy.quantize` (int8, fp8 weight-only) is saved with its
+    quantized weights split into plain tensors (torchao's safetensors support) and the scheme and the
+    torchao version in the manifest; `load` quantizes the rebuilt model the same way before loading them.
+
     Raises:
-        TypeError: a state_dict entry that safetensors cannot hold (a tensor subclass such as torchao's
-            quantized weights: not supported yet), or options that are not JSON-able.
+        TypeError: a state_dict entry that safetensors cannot hold (a tensor subclass torchao cannot
+            split), or options that are not JSON-able.
+        ImportError: the model holds quantized tensors and torchao is not installed.
     """
     if isinstance(getattr(model, "_orig_mod", None), nn.Module):
         model = model._orig_mod  # torch.compile(model)'s wrapper: save the model's own keys
     state = model.state_dict()
-    plain_tensors(state)  # fail on an unsupported tensor before writing anything
+    if any(_quantized.is_subclass(v) for v in state.values()):
+        _quantized.check_can_save(state)  # torchao installed, the subclasses ones it can split
+    plain_tensors({k: v for k, v in state.items() if not _quantized.is_subclass(v)})  # before writing anything
     swaps = []
     if report is not None:
         swaps = [{"path": c.path, "rule": c.rule, "family": c.family, "before": c.before, "after": c.after or ""}
@@ -218,7 +245,8 @@ def save(
         report=json.loads(report.to_json()) if report is not None else None,
         metadata=_json_able(dict(metadata or {}), "metadata"),
     )
-    return save_state_dict(state, path, manifest=manifest, max_shard_size=max_shard_size)
+    return save_state_dict(state, path, manifest=manifest, max_shard_size=max_shard_size,
+                           scheme=getattr(model, _quantized.SCHEME_ATTR, None))
 
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "INDEX_NAME", "dedupe", "plain_tensors", "plan_shards", "save",
