@@ -56,12 +56,6 @@ class _CrossEntropyInplace(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None
 
 
-def _capturing(t: Tensor) -> bool:
-    """A CUDA graph is being captured on the current stream: the target range check reads the targets on
-    the host, which a capture forbids, so it is skipped there (it ran on the eager warm-up calls)."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
 def _explain_non_finite(loss: Tensor, logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
                         label_smoothing: float, lse_square_scale: float, softcap: float | None,
                         readable: bool) -> None:
@@ -111,8 +105,7 @@ def cross_entropy(
     if not compiling:
         check_cross_entropy_args(logits, target, weight, reduction, label_smoothing, lse_square_scale, softcap,
                                  ignore_index)
-        if not _capturing(target):
-            check_target_range(target, logits.shape[-1], ignore_index)
+        check_target_range(target, logits.shape[-1], ignore_index)
     args = (int(ignore_index), reduction, float(label_smoothing), float(lse_square_scale))
     path = _resolve(backend, "cross_entropy", logits, compiling)
     with_grad = torch.is_grad_enabled() and logits.requires_grad
@@ -162,8 +155,7 @@ def fused_linear_cross_entropy(
         check_target(target, x.shape[:-1], x.device)
         check_class_weight(ce_weight, weight.shape[0], x.device, "ce_weight")
         check_options(reduction, label_smoothing, lse_square_scale, softcap, ignore_index)
-        if not _capturing(target):
-            check_target_range(target, weight.shape[0], ignore_index)
+        check_target_range(target, weight.shape[0], ignore_index)
     path = _resolve(backend, "fused_linear_cross_entropy", x, compiling)
     if path == "reference":
         return reference.fused_linear_cross_entropy(
