@@ -30,6 +30,8 @@ from kernel_pytorch.benchmark.ceilings import Ceilings, RooflinePoint, _now
 from kernel_pytorch.benchmark.timer import Timing
 
 SCHEMA_VERSION = 1
+# how the note of an interrupted run begins (`BenchmarkResults.partial`)
+PARTIAL_NOTE = "PARTIAL: interrupted"
 OK = "ok"
 SMOKE_HEADING = ("**Smoke run (--quick): one small shape, shortest timing. These numbers check that the "
                  "pipeline runs; they are not speedups.**")
@@ -106,6 +108,11 @@ class BenchmarkResults:
     def add(self, row: Row) -> Row:
         self.rows.append(row)
         return row
+
+    @property
+    def partial(self) -> bool:
+        """The run was interrupted: its notes hold the PARTIAL_NOTE line, and rows are missing."""
+        return any(n.startswith(PARTIAL_NOTE) for n in self.notes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -249,4 +256,4 @@ def _line(r: Row, vs: float | None) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-__all__ = ["OK", "SCHEMA_VERSION", "SMOKE_HEADING", "BenchmarkResults", "Row"]
+__all__ = ["OK", "PARTIAL_NOTE", "SCHEMA_VERSION", "SMOKE_HEADING", "BenchmarkResults", "Row"]

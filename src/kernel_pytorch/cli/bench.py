@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                 bar.stop()
                 print(f"{name}: {exc}", file=sys.stderr)
                 return 2
-            if any(n.startswith("PARTIAL") for n in outputs[-1].results.notes):
+            if outputs[-1].results.partial:
                 break  # interrupted (Ctrl-C, a time limit): its rows are written; start no other suite
     for out in outputs:
         r = out.results
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             counts[row.status] = counts.get(row.status, 0) + 1
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         smoke = " [smoke run: not speed data]" if r.smoke else ""
-        partial = " [PARTIAL: interrupted]" if any(n.startswith("PARTIAL") for n in r.notes) else ""
+        partial = " [PARTIAL: interrupted]" if r.partial else ""
         print(f"{r.name}: {len(r.rows)} rows on {r.device} ({summary}){smoke}{partial}")
         for f in out.files:
             print(f"  wrote {f}")
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"FAILED ours {row.op} {row.shape} {row.pass_name}: {row.note}", file=sys.stderr)
         return 1
     # interrupted: what ran is written, but the run is not complete (130: the shell's code for SIGINT)
-    return 130 if any(n.startswith("PARTIAL") for o in outputs for n in o.results.notes) else 0
+    return 130 if any(o.results.partial for o in outputs) else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

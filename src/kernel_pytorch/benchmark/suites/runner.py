@@ -32,7 +32,7 @@ from kernel_pytorch._errors import short_error
 from kernel_pytorch.benchmark.ceilings import Ceilings, device_name, measure_ceilings, roofline
 from kernel_pytorch.benchmark.memory import peak_memory
 from kernel_pytorch.benchmark.module import pass_closure
-from kernel_pytorch.benchmark.results import BenchmarkResults, Row
+from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row
 from kernel_pytorch.benchmark.suites.gate import GateResult, gate
 from kernel_pytorch.benchmark.suites.providers import SAME, Impl, bind, resolve
 from kernel_pytorch.benchmark.suites.spec import OpBench, Shape, Suite
@@ -140,8 +140,8 @@ def run(
         _run_plan(plan, order, chosen, dev, dtype, ceil, timing, on_cuda, results, step)
     except KeyboardInterrupt:
         # a run stopped by Ctrl-C or a time limit (SIGINT) keeps the rows it finished, said so
-        done = len({(r.op, tuple(r.shape), r.provider) for r in results.rows})
-        results.notes.append(f"PARTIAL: interrupted after {done} (op, shape, provider) entries; the rows "
+        entries = len({(r.op, tuple(r.shape), r.provider) for r in results.rows})
+        results.notes.append(f"{PARTIAL_NOTE} after {entries} (op, shape, provider) entries; the rows "
                              "missing were not measured")
     # compile times and first-call kernel builds included: how long the whole run took
     results.notes.append(f"suite wall time {time.perf_counter() - started:.0f} s")
