@@ -160,19 +160,20 @@ def sdpa_findings(ctx: Any) -> list[Finding]:
             fix.append(f"pass the {call.k.shape[1] // r} K/V heads as they are with `enable_gqa=True` "
                        "(no repeat_kv / repeat_interleave copy)")
         shape = "x".join(str(s) for s in call.q.shape)
+        # measured, and the fix within noise of the call as made, or slower: information, not a warning
+        slower = before is not None and after is not None and after > before * (1 - NO_GAIN)
         if before is not None and after is not None:
             evidence = (f"{n} call(s) per forward at q {shape} ({call.q.dtype}): {before:.3f} ms per call as made, "
                         f"{after:.3f} ms fixed, timed here on the captured tensors"
                         + ("" if same else "; the fixed call's output differs, check the mask"))
             gain_ms = max(before - after, 0.0) * n
             gain = f"{gain_ms:.3f} ms per forward (measured on this device, {n} call(s))"
-            if after > before * (1 - NO_GAIN):  # within noise, or slower: not worth a warning here
+            if slower:
                 gain = (f"none measured on this device ({before:.3f} ms as made, {after:.3f} ms fixed)"
                         + ("; K/V are no longer copied, which saves their memory" if r > 1 else ""))
         else:
             evidence = f"{n} call(s) per forward at q {shape}; the fixed call could not be timed ({error})"
             gain_ms, gain = None, None
-        slower = before is not None and after is not None and after > before * (1 - NO_GAIN)
         out.append(Finding(
             id="kernel.sdpa-" + ("causal-mask" if causal else "repeat-kv") + ("-repeat-kv" if causal and r > 1 else ""),
             severity=Severity.INFO if slower else Severity.WARNING,
