@@ -28,7 +28,7 @@ from torch import nn
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.regional import find_repeated_blocks
 from kernel_pytorch.benchmark.module import infer_device
-from kernel_pytorch.optimize.compile_steps import channels_last_step, cuda_graph_step, fwd_bwd_ms
+from kernel_pytorch.optimize.compile_steps import channels_last_step, cuda_graph_step, faster, fwd_bwd_ms, timing
 from kernel_pytorch.optimize.dynamic import count_recompiles, varying_dims
 from kernel_pytorch.optimize.report import CompileStep
 
@@ -154,10 +154,8 @@ def _regional(model: nn.Module, inputs: Any, mode: CompileMode, options: dict[st
     except Exception as exc:
         uncompile(blocks)
         return CompileStep("regional", "reverted", f"{where}: {short_error(exc, 300)}"), []
-    measured = None
-    if before and after:
-        measured = {"eager_ms": before[0], "compiled_ms": after[0], "speedup": before[0] / after[0]}
-    if mode == "auto" and not (before and after and after[2] < before[1]):
+    measured = timing(before, after, ("eager", "compiled"))
+    if mode == "auto" and not faster(before, after):
         uncompile(blocks)
         return CompileStep("regional", "reverted", f"{where}: not faster beyond the timing spread", measured), []
     return CompileStep("regional", "applied", f"{where}: compiled each block", measured), blocks

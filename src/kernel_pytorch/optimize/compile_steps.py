@@ -29,29 +29,30 @@ from torch import Tensor, nn
 from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import call, map_tensors, tensors
 from kernel_pytorch.benchmark.module import benchmark_module, make_pass
+from kernel_pytorch.benchmark.timer import Timing, speedup
 from kernel_pytorch.optimize.report import CompileStep
 from kernel_pytorch.tolerances import compare_reordered
 
 NOT_MEASURED = "compile='auto' keeps only measured gains; compile=True applies it"
 
 
-def fwd_bwd_ms(model: nn.Module, inputs: Any) -> tuple[float, float, float] | None:
-    """(median, q20, q80) of the forward+backward in ms, or None when it cannot run."""
+def fwd_bwd_ms(model: nn.Module, inputs: Any) -> Timing | None:
+    """The forward+backward's timing (ms), or None when it cannot run."""
     result = benchmark_module(model, inputs, passes=("fwd+bwd",), measure_memory=False)
-    timing = result.passes["fwd+bwd"].timing
-    return None if timing is None else (timing.median_ms, timing.q20_ms, timing.q80_ms)
+    return result.passes["fwd+bwd"].timing
 
 
-def faster(before: tuple[float, float, float] | None, after: tuple[float, float, float] | None) -> bool:
-    """The slow end (q80) of `after` beats the fast end (q20) of `before`."""
-    return bool(before and after and after[2] < before[1])
+def faster(before: Timing | None, after: Timing | None) -> bool:
+    """The slow end (q80) of `after` beats the fast end (q20) of `before`: `speedup`'s low bound above 1."""
+    return bool(before and after and speedup(before, after)[1] > 1)
 
 
-def timing(before: tuple[float, float, float] | None, after: tuple[float, float, float] | None,
-           names: tuple[str, str]) -> dict[str, float] | None:
+def timing(before: Timing | None, after: Timing | None, names: tuple[str, str]) -> dict[str, float] | None:
+    """The two medians under `names` and their ratio, for a step's `measured`; None unless both ran."""
     if not (before and after):
         return None
-    return {f"{names[0]}_ms": before[0], f"{names[1]}_ms": after[0], "speedup": before[0] / after[0]}
+    return {f"{names[0]}_ms": before.median_ms, f"{names[1]}_ms": after.median_ms,
+            "speedup": speedup(before, after)[0]}
 
 
 @contextlib.contextmanager
