@@ -10,7 +10,6 @@ recompilation sweep of `sweep`) is built through `AnalysisContext.part`, not wri
 from __future__ import annotations
 
 import functools
-import inspect
 import re
 import statistics
 import time
@@ -37,6 +36,7 @@ from kernel_pytorch.assistant.inputs import (
     get_input,
     infer_input_dims,
     leaves,
+    positional_names,
     root_of,
 )
 from kernel_pytorch.assistant.locate import location_of
@@ -176,13 +176,9 @@ class AnalysisContext:
         """{argument key: the forward parameter it binds to}; positional ones beyond the signature keep
         Dynamo's `args[i]` name. Whole arguments only; `input_name` names any input key."""
         names: dict[int | str, str] = {k: k for k in self.kwargs}
-        try:
-            params = list(inspect.signature(self.module.forward).parameters.values())
-        except (TypeError, ValueError):
-            params = []
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        positional = positional_names(self.module)
         for i in range(len(self.args)):
-            names[i] = positional[i].name if i < len(positional) else f"args[{i}]"
+            names[i] = positional[i] if i < len(positional) else f"args[{i}]"
         return names
 
     def input_name(self, key: InputKey) -> str:

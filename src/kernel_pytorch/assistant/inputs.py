@@ -9,6 +9,7 @@ whole argument, or `(position or keyword, path)` for a tensor inside one (a dict
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -48,6 +49,16 @@ def clone_inputs(value: Any) -> Any:
     Parameters stay Parameters: whether an argument is one is part of what Dynamo guards on.
     """
     return map_tensors(_clone_tensor, value)
+
+
+def positional_names(module: nn.Module) -> list[str]:
+    """The names of `module.forward`'s parameters that positional arguments bind to, in order ([] where
+    the signature cannot be read)."""
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def root_of(key: InputKey) -> int | str:

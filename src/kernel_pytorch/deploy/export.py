@@ -25,7 +25,6 @@ another size (the example's plus one, within the program's range), compared with
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,18 +52,12 @@ class ExportMismatch(AssertionError):
     """The exported program does not match the eager model on fresh inputs."""
 
 
-def _forward_names(model: nn.Module) -> list[str]:
-    try:
-        params = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
-        return []
-    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-
-
 def _from_findings(model: nn.Module, args: tuple, kwargs: dict, findings: Any) -> dict[int | str, dict[int, str]]:
     """The (input, dim) pairs the analyser's `recompile.dynamic-dim` findings name, by input name."""
+    from kernel_pytorch.assistant.inputs import positional_names
+
     items = findings.findings() if hasattr(findings, "findings") else list(findings)
-    names = _forward_names(model)
+    names = positional_names(model)
     out: dict[int | str, dict[int, str]] = {}
     for f in items:
         if f.id != "recompile.dynamic-dim" or f.data.get("dim") is None:
@@ -121,7 +114,9 @@ def _shapes_spec(model: nn.Module, args: tuple, kwargs: dict, dims: Mapping[int 
 
     if not kwargs:
         return tuple(spec(i, a) for i, a in enumerate(args))
-    names = _forward_names(model)
+    from kernel_pytorch.assistant.inputs import positional_names
+
+    names = positional_names(model)
     return {**{names[i]: spec(i, a) for i, a in enumerate(args)}, **{k: spec(k, v) for k, v in kwargs.items()}}
 
 

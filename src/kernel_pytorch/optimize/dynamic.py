@@ -15,7 +15,6 @@ after the first call. It measures recompiles, not time, so it runs on any device
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,7 @@ from torch import nn
 from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import call, split_inputs
 from kernel_pytorch.assistant.dynamo import compilation_metrics, fresh_dynamo, metrics_room
-from kernel_pytorch.assistant.inputs import InputKey, clone_inputs, get_input, leaves
+from kernel_pytorch.assistant.inputs import InputKey, clone_inputs, get_input, leaves, positional_names
 
 Marks = dict[InputKey, list[int]]  # {input key: dims to mark dynamic}
 
@@ -47,12 +46,8 @@ def input_name(model: nn.Module, key: InputKey) -> str:
     "args[2]" for a position the signature does not name."""
     root, path = (key[0], key[1]) if isinstance(key, tuple) else (key, "")
     if isinstance(root, int):
-        try:
-            params = [p for p in inspect.signature(model.forward).parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        except (TypeError, ValueError):
-            params = []
-        root = params[root].name if root < len(params) else f"args[{root}]"
+        names = positional_names(model)
+        root = names[root] if root < len(names) else f"args[{root}]"
     return f"{root}{path}"
 
 
