@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kernel_pytorch.benchmark.ceilings import device_name, measure_ceilings, percent_of, tflops  # noqa: E402
 from kernel_pytorch.benchmark.memory import peak_memory  # noqa: E402
-from kernel_pytorch.benchmark.results import BenchmarkResults, Row  # noqa: E402
+from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row  # noqa: E402
 from kernel_pytorch.benchmark.timer import resolve_device, summarize  # noqa: E402
 
 TRAIN_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "liger", "liger+compile", "builtin")
@@ -317,10 +317,15 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str,
             continue
         try:
             row = job()
+        except KeyboardInterrupt:  # stopped at a time limit: keep the rows already measured
+            results.notes.append(f"{PARTIAL_NOTE} during {args['op']} / {args['provider']}")
+            break
         except Exception as exc:  # noqa: BLE001 (one provider's failure must not lose the others)
             row = _failed(args, exc)
         results.add(row)
         print(f"{row.op:>24} {row.provider:>26}: {row.status} {row.median_ms or 0:.4g} ms {row.note}", flush=True)
+        if out is not None:  # written after every row, so a run killed later still leaves these
+            results.write(out)
         _free(dev)
     results.notes.append(f"{steps} timed steps after {warmup} warm-up steps per training row; wall time "
                          f"{time.perf_counter() - start:.0f} s of a {budget_s:.0f} s budget")

@@ -56,7 +56,11 @@ for s in $steps; do
     # how the RoPE tile kernel forms its pairs (decides PAIRS_* in ops/rope.py)
     rope_pairs) step 90 probe_rope_pairs python3 scripts/probe_rope.py --sections pairs ;;
     norms | attention | rope | mlp | cross_entropy) bench 300 "$s" ;;
-    e2e) step 300 bench_e2e python3 benchmarks/bench_e2e.py --out "$work/results" ;;
+    # rows in the order the target reads them; the script writes after each row and stops starting rows
+    # at --budget-s, so the step's limit leaves the last started row time to finish
+    e2e) step 340 bench_e2e python3 benchmarks/bench_e2e.py --out "$work/results" --budget-s 250 \
+           --providers eager,torch.compile,ours+compile,liger,ours,liger+compile,builtin \
+           --profile torch.compile,ours+compile ;;
     corpus) step 300 corpus env KP_CORPUS_DEVICE=cuda python3 -m pytest tests/assistant/test_real_models.py \
               -q -p no:cacheprovider -rfxXs --durations=0 -s ;;
     analyze) step 150 analyze python3 -m kernel_pytorch.cli.main analyze --model llama-8l-2048 \
