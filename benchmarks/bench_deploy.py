@@ -155,6 +155,8 @@ def checkpoint_rows(run: Run, t: measure.CheckpointTiming, provider: str, dtype:
         row.note = f"{_gib(t.bytes)} in {t.files} file(s), {row.gbps:.3g} GB/s"
         if pass_name == "load":
             row.note += "; loaded == saved: " + {True: "yes", False: "NO", None: "not checked"}[t.equal]
+            if t.equal is False:
+                run.errors.append(f"{provider}: the loaded weights differ from the saved ones")
         row.note += (extra or {}).get(pass_name, "")
         run.add(row)
 
