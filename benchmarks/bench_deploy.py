@@ -34,7 +34,6 @@ import argparse  # noqa: E402
 import copy  # noqa: E402
 import importlib.metadata  # noqa: E402
 import shutil  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -47,9 +46,9 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import kernel_pytorch  # noqa: E402
-from kernel_pytorch._errors import short_error  # noqa: E402
 from kernel_pytorch.benchmark.ceilings import device_name  # noqa: E402
-from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row  # noqa: E402
+from kernel_pytorch.benchmark.results import BenchmarkResults, Row  # noqa: E402
+from kernel_pytorch.benchmark.sections import SectionRunner  # noqa: E402
 from kernel_pytorch.benchmark.timer import free_device_memory, resolve_device  # noqa: E402
 from kernel_pytorch.deploy import measure  # noqa: E402
 from kernel_pytorch.models import build_model, example_inputs  # noqa: E402
@@ -67,7 +66,8 @@ def _version(dist: str) -> str:
 
 @dataclass
 class Run:
-    """The run's settings, its results (written to `out` after every row) and the optimized model."""
+    """The run's settings, its section runner (results written after every row, the budget) and the
+    optimized model."""
 
     preset: str
     device: torch.device
@@ -75,13 +75,10 @@ class Run:
     quick: bool
     reps: int
     shapes: list[tuple[int, int]]
-    budget_s: float
     aoti_min_s: float
     compile_min_s: float
-    out: Path
     scratch: Path
-    results: BenchmarkResults
-    errors: list[str] = field(default_factory=list)
+    runner: SectionRunner
     inputs: list[tuple[str, list[int], torch.Tensor]] = field(default_factory=list)
     _optimized: tuple[torch.nn.Module, Any] | None = None
 
@@ -102,23 +99,22 @@ class Run:
         """CPU timing: seconds blocked_autorange measures for."""
         return 0.05 if self.quick else 0.2
 
+    @property
+    def results(self) -> BenchmarkResults:
+        return self.runner.results
+
     def left(self) -> float:
-        return self.budget_s - (time.perf_counter() - _T0)
+        return self.runner.left()
 
     def add(self, row: Row) -> Row:
-        self.results.add(row)
-        self.results.write(self.out)
-        shown = f"{row.median_ms:.4g} ms" if row.median_ms is not None else "-"
-        print(f"{row.op:>24} {row.provider:>22} {row.pass_name:>18}: {row.status} {shown} {row.note}", flush=True)
-        return row
+        return self.runner.add(row)
 
     def row(self, op: str, provider: str, pass_name: str, shape: list[int] | None = None, **kw: Any) -> Row:
         return Row(op=op, shape=shape or [], config=self.config, dtype=kw.pop("dtype", self.dt), provider=provider,
                    pass_name=pass_name, **kw)
 
     def skip(self, op: str, provider: str, pass_name: str, need: str = "", shape: list[int] | None = None) -> None:
-        why = f"skipped: budget ({self.budget_s - self.left():.0f} s of {self.budget_s:.0f} s spent{need})"
-        self.add(self.row(op, provider, pass_name, shape, status="skipped", note=why))
+        self.runner.skip(self.row(op, provider, pass_name, shape), need)
 
     def fresh(self) -> torch.nn.Module:
         """The original architecture, built on the device in the dtype (what a load starts from)."""
@@ -156,7 +152,7 @@ def checkpoint_rows(run: Run, t: measure.CheckpointTiming, provider: str, dtype:
         if pass_name == "load":
             row.note += "; loaded == saved: " + {True: "yes", False: "NO", None: "not checked"}[t.equal]
             if t.equal is False:
-                run.errors.append(f"{provider}: the loaded weights differ from the saved ones")
+                run.runner.errors.append(f"{provider}: the loaded weights differ from the saved ones")
         row.note += (extra or {}).get(pass_name, "")
         run.add(row)
 
@@ -223,7 +219,8 @@ def eager_rows(run: Run) -> None:
         time_provider(run, "eager", model, op, shape, ids, "the optimized model, eager")
     run.results.notes.append(
         "forward rows: under torch.no_grad, logits (B, T, vocab) out; 'fwd (no_grad)' = the timer's CUDA-event "
-        "loop (L2 flushed, host launch cost included), 'fwd (cuda graph)' = CUDA-graph replay (no host cost); "
+        "loop on a GPU (L2 flushed, host launch cost included; each row names its method), 'fwd (cuda graph)' = "
+        "CUDA-graph replay (no host cost); "
         "peak = allocator peak of one call above what was allocated before (weights not counted)")
 
 
@@ -253,7 +250,7 @@ def section_aoti(run: Run) -> None:
     with torch.no_grad():
         check = compare_reordered(runner(first), model(first))
     if not check.passed:
-        run.errors.append(f"aoti: {check.message('package vs eager')}")
+        run.runner.errors.append(f"aoti: {check.message('package vs eager')}")
         for op, shape, _ in forwards:
             run.add(run.row(op, "aoti", "fwd (no_grad)", shape, status="failed: correctness",
                             note=check.message("package vs eager")))
@@ -328,44 +325,18 @@ SECTION_FNS: dict[str, Callable[[Run], None]] = {"files": section_files, "aoti":
 
 
 def run_sections(run: Run, sections: list[str]) -> int:
-    """Each section in turn, each in its own try/except, within the budget; 130 when interrupted, 1 when a
-    section failed, else 0."""
-    interrupted = []
+    """The named sections in order (`SectionRunner.run`: budget, errors, SIGINT), the device's memory
+    handed back after each; returns the exit code."""
 
-    def on_sigint(signum: int, frame: Any) -> None:
-        interrupted.append(signum)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    code = 0
-    try:
-        for name in sections:
-            if run.left() <= 0:
-                run.skip(name, "-", "-")
-                continue
-            start = time.perf_counter()
+    def section(name: str) -> Callable[[], None]:
+        def go() -> None:
             try:
                 SECTION_FNS[name](run)
-                run.results.notes.append(f"section {name}: done in {time.perf_counter() - start:.0f} s")
-            except Exception as exc:  # noqa: BLE001 (one section's failure must not lose the others)
-                if interrupted:  # a child process killed by the same SIGINT, say: an interruption, not a failure
-                    raise KeyboardInterrupt from exc
-                text = short_error(exc, 600)
-                run.errors.append(f"{name}: {text}")
-                run.add(run.row(name, "-", "-", status="error", note=text))
-            run.results.write(run.out)
-            free_device_memory(run.device)
-    except KeyboardInterrupt:
-        run.results.notes.append(f"{PARTIAL_NOTE} at {time.perf_counter() - _T0:.0f} s: the rows above are "
-                                 "what finished before the signal")
-        code = 130
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if run.errors:
-        run.results.notes.append("errors: " + " | ".join(run.errors))
-    run.results.notes.append(f"wall time {time.perf_counter() - _T0:.0f} s of a {run.budget_s:.0f} s budget")
-    run.results.write(run.out)
-    return code or (1 if run.errors else 0)
+            finally:
+                free_device_memory(run.device)
+        return go
+
+    return run.runner.run([(name, section(name)) for name in sections], lambda name: run.row(name, "-", "-"))
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
@@ -407,12 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         results.notes.append("QUICK run: llama-tiny in fp32 on the CPU, few repetitions: checks the pipeline, "
                              "not deployment numbers")
+    runner = SectionRunner(results, out, args.budget_s, start=_T0)
     run = Run(preset=preset, device=dev, dtype=dtype, quick=args.quick, reps=args.reps or (2 if args.quick else 3),
               shapes=_shapes(args.shapes or ("1x32,2x64" if args.quick else "1x512,8x2048")),
-              budget_s=args.budget_s, aoti_min_s=args.aoti_min_s if args.aoti_min_s is not None else
+              aoti_min_s=args.aoti_min_s if args.aoti_min_s is not None else
               (30.0 if args.quick else 60.0),
               compile_min_s=args.compile_min_s if args.compile_min_s is not None else (10.0 if args.quick else 30.0),
-              out=out, scratch=scratch, results=results)
+              scratch=scratch, runner=runner)
     try:
         code = run_sections(run, sections)
     finally:
