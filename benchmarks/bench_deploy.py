@@ -224,46 +224,55 @@ def eager_rows(run: Run) -> None:
         "peak = allocator peak of one call above what was allocated before (weights not counted)")
 
 
+def _check(runner: Callable[..., Any], model: torch.nn.Module, ids: torch.Tensor, whole: bool) -> Any:
+    """The package's logits against eager's (the tolerance table, on the largest magnitude): all of them, or
+    (for large shapes, whose fp64 comparison on the host would take GBs) the last sequence's last 16
+    positions, which a wrongly specialised batch or sequence dim would get wrong."""
+    from kernel_pytorch.tolerances import compare_reordered
+
+    with torch.no_grad():
+        got, want = runner(ids), model(ids)
+    return compare_reordered(got, want) if whole else compare_reordered(got[-1:, -16:], want[-1:, -16:])
+
+
 def section_aoti(run: Run) -> None:
     from kernel_pytorch.deploy import aoti_package, export, load_package
-    from kernel_pytorch.tolerances import compare_reordered
 
     model, _ = run.optimized()
     eager_rows(run)
     forwards = forward_inputs(run)
-    first = forwards[0][2]
     pkg = "AOTInductor package"
     if run.left() < run.aoti_min_s:
         run.skip(pkg, "aoti", "export+build", f"; an AOTI build needs about {run.aoti_min_s:.0f} s")
         return
-    program, export_s = measure.timed(lambda: export(model, (first,)), run.device)
+    # batch 2, not 1: export specialises a dim whose example size is 1, and the package would then take
+    # only batch 1
+    example = example_inputs(run.preset, run.device, batch_size=2, seq_len=min(128, run.shapes[0][1]), seed=2)
+    program, export_s = measure.timed(lambda: export(model, example), run.device)
     path, build_s = measure.timed(lambda: aoti_package(program, None, run.scratch / "model.pt2"), run.device)
     runner, load_s = measure.timed(lambda: load_package(path), run.device)
     size = measure.dir_bytes(path)
     for pass_name, s, note in (("export", export_s, "torch.export (dynamic dims: auto), checked against eager"),
                                ("build", build_s, f"aoti_compile_and_package; file {_gib(size)}"),
                                ("load", load_s, "aoti_load_package, in this process")):
-        row = run.row(pkg, "aoti", pass_name, list(first.shape), median_ms=s * 1e3, reps=1,
+        row = run.row(pkg, "aoti", pass_name, list(example[0].shape), median_ms=s * 1e3, reps=1,
                       timing_method="wall clock, once", note=note)
         row.bytes = size if pass_name == "build" else None
         run.add(row)
-    with torch.no_grad():
-        check = compare_reordered(runner(first), model(first))
-    if not check.passed:
-        run.runner.errors.append(f"aoti: {check.message('package vs eager')}")
-        for op, shape, _ in forwards:
-            run.add(run.row(op, "aoti", "fwd (no_grad)", shape, status="failed: correctness",
-                            note=check.message("package vs eager")))
-        return
     for i, (op, shape, ids) in enumerate(forwards):
         if run.left() <= 0:
             run.skip(op, "aoti", "fwd (no_grad)", shape=shape)
             continue
-        note = check.message("output vs eager") if i == 0 else "the same package (dynamic batch and sequence)"
-        time_provider(run, "aoti", runner, op, shape, ids, note)
-    run.results.notes.append("aoti: the package is exported with dynamic batch and sequence dims, so one build "
-                             "serves every shape; its output is checked against eager at the first shape "
-                             "(the tolerance table, on the largest magnitude) before it is timed")
+        check = _check(runner, model, ids, whole=i == 0)
+        what = "output vs eager" if i == 0 else "last sequence's last 16 positions vs eager"
+        if not check.passed:
+            run.runner.errors.append(f"aoti {op}: {check.message(what)}")
+            run.add(run.row(op, "aoti", "fwd (no_grad)", shape, status="failed: correctness", note=check.message(what)))
+            continue
+        time_provider(run, "aoti", runner, op, shape, ids, check.message(what))
+    run.results.notes.append("aoti: one package, exported with dynamic batch and sequence dims, serves every shape; "
+                             "its output is checked against eager at each shape (the tolerance table, on the largest "
+                             "magnitude) before it is timed")
 
 
 def section_compile(run: Run) -> None:
