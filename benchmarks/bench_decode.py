@@ -106,6 +106,17 @@ class Decoder:
 
 # ---- the HF model, its static cache, ours ---------------------------------------------------------------
 
+def cast(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """model.to(dtype), except RoPE's inverse frequencies, which stay fp32 (as from_pretrained leaves them:
+    rounded to bf16, positions in the thousands would rotate by visibly wrong angles)."""
+    keep = {name: buf.clone() for name, buf in model.named_buffers() if name.endswith("inv_freq")}
+    model.to(dtype)
+    for name, buf in keep.items():
+        owner, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner), leaf, buf)
+    return model
+
+
 def hf_model(size: Size, dev: torch.device, dtype: torch.dtype) -> nn.Module:
     """A random LlamaForCausalLM, the same weights on every call (seeded)."""
     from transformers import LlamaForCausalLM
@@ -113,7 +124,7 @@ def hf_model(size: Size, dev: torch.device, dtype: torch.dtype) -> nn.Module:
     torch.manual_seed(0)
     with torch.device(dev):
         model = LlamaForCausalLM(size.hf_config())
-    return model.to(dtype).eval()
+    return cast(model, dtype).eval()
 
 
 def cache_values(layer: int, batch: int, size: Size, dev: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -189,11 +200,14 @@ def weights_bytes(model: nn.Module) -> int:
 
 
 def optimized(model: nn.Module, size: Size, dev: torch.device) -> nn.Module:
-    """kernel_pytorch.optimize() without its compile steps (the decode is compiled here), validated."""
+    """kernel_pytorch.optimize() without its compile steps (the decode is compiled here), validated on the
+    outputs of a short prompt (no gradients: nothing here trains, and the backward kernels' first builds
+    would cost device time)."""
     from kernel_pytorch.optimize import optimize
 
     ids = torch.randint(0, size.vocab, (1, min(size.cache, 128)), device=dev)
-    model, report = optimize(model, {"input_ids": ids}, compile=False, seeds=(0,))
+    model, report = optimize(model, {"input_ids": ids}, compile=False, seeds=(0,),
+                             validate_options={"check_gradients": False})
     if not report.passed:
         raise RuntimeError(f"optimize() did not validate: {report.summary(validation=False)}")
     return model
@@ -268,13 +282,17 @@ class NNDecoder(nn.Module):
 def nn_decoder(size: Size, batch: int, dev: torch.device, dtype: torch.dtype, backend: str) -> Decoder:
     hf = hf_model(size, dev, dtype)
     with torch.device(dev):
-        model = NNDecoder(size, hf.config, batch).to(dtype).eval()
+        model = cast(NNDecoder(size, hf.config, batch), dtype).eval()
     model.load_state_dict(hf.state_dict())  # strict: every HF weight has its place
     del hf
     for i, cache in enumerate(model.caches):
         k, v = cache_values(i, batch, size, dev, dtype)
         cache.k.copy_(k)
         cache.v.copy_(v)
+        # written in place every step: tag them as fixed addresses, as transformers does its cache's, so CUDA
+        # graphs keep them as they are rather than falling back for a mutated input
+        torch._dynamo.mark_static_address(cache.k)
+        torch._dynamo.mark_static_address(cache.v)
     step = compiled(model, backend, dev)
     return Decoder(lambda ids, pos, cpos: step(ids, pos, cpos), lambda pos: None, weights_bytes(model), [model])
 
@@ -567,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--providers", default=",".join(PROVIDERS), help="comma-separated providers")
     parser.add_argument("--backend", default=None, help="inductor (reduce-overhead on CUDA), eager, aot_eager or "
                         "none (no compile); default inductor, none with --quick")
+    parser.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
+                        help="default bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--steps", type=int, default=None, help="consecutive steps per timed run")
     parser.add_argument("--reps", type=int, default=None, help="timed runs")
     args = parser.parse_args(argv)
@@ -574,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     size = QUICK if args.quick else Size()
     if args.steps or args.reps:
         size = Size(**{**size.__dict__, "steps": args.steps or size.steps, "reps": args.reps or size.reps})
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if dev.type == "cuda" else torch.float32
     backend = args.backend or ("none" if args.quick else "inductor")
     out = Path(args.out) if args.out else Path("bench-results") / f"decode-{time.strftime('%Y%m%d-%H%M%S')}"
     providers = tuple(p for p in args.providers.split(",") if p)
