@@ -481,13 +481,14 @@ def write(results: BenchmarkResults, summary: list[dict], vers: dict[str, str], 
 
 
 def summary_markdown(summary: list[dict]) -> str:
-    """Tokens/s per provider and batch, against hf-compile at the same batch and against bf16 ours."""
+    """Tokens/s per provider and batch, against hf-compile and against unquantized ours at the same batch
+    (tokens/s, and peak memory in brackets)."""
     def ref(provider: str, batch: int) -> dict | None:
         return next((s for s in summary if s["provider"] == provider and s["batch"] == batch
                      and s.get("tokens_per_s")), None)
 
     lines = ["## Decode summary", "",
-             "| batch | provider | tok/s | ms/step | peak MiB | weights MiB | vs hf-compile | vs ours bf16 | "
+             "| batch | provider | tok/s | ms/step | peak MiB | weights MiB | vs hf-compile | vs ours (unquantized) | "
              "max logits err | recompiles | status |", "|" + " --- |" * 11]
     for s in summary:
         tok = s.get("tokens_per_s")
@@ -500,7 +501,7 @@ def summary_markdown(summary: list[dict]) -> str:
         cells = [str(s["batch"]), s["provider"], f"{tok:,.0f}" if tok else "-",
                  f"{s['ms_per_step']:.3f}" if s.get("ms_per_step") else "-",
                  f"{s['peak_mib']:.0f}" if s.get("peak_mib") else "-",
-                 f"{s['weights_mib']:.0f}" if s.get("weights_mib") else "-",
+                 f"{s['weights_mib']:.4g}" if s.get("weights_mib") else "-",
                  ratio(base, "tokens_per_s"),
                  ratio(bf16, "tokens_per_s") + (f" (memory {ratio(bf16, 'peak_mib')})" if s.get("peak_mib") else ""),
                  f"{err:.3g}" if err is not None else "-",
