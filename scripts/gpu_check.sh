@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
-#   steps: tests grid sweep norms attention rope_pairs rope mlp cross_entropy e2e corpus analyze ab_norms deploy
+#   steps: tests grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
 #   suite stopped that way still writes the rows it finished, marked PARTIAL.
@@ -13,7 +13,7 @@
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [STEP ...]}
 shift
-steps=${*:-tests grid sweep norms attention rope_pairs rope mlp cross_entropy e2e corpus analyze}
+steps=${*:-tests grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze}
 work="$out/gpu_check"
 mkdir -p "$work/results"
 T0=$(date +%s)
@@ -63,6 +63,8 @@ for s in $steps; do
            --profile torch.compile,ours+compile ;;
     # checkpoint files, the AOTInductor package vs torch.compile, quantized checkpoints (torchao from .whl/)
     deploy) step 170 bench_deploy python3 benchmarks/bench_deploy.py --out "$work/results" --budget-s 150 ;;
+    # model-level decode: HF static cache eager / compiled, ours, the nn decoder, int8/fp8 (200 s budget)
+    decode) step 220 bench_decode python3 benchmarks/bench_decode.py --out "$work/results" --budget-s 200 ;;
     corpus) step 300 corpus env KP_CORPUS_DEVICE=cuda python3 -m pytest tests/assistant/test_real_models.py \
               -q -p no:cacheprovider -rfxXs --durations=0 -s ;;
     analyze) step 150 analyze python3 -m kernel_pytorch.cli.main analyze --model llama-8l-2048 \

@@ -1,0 +1,609 @@
+"""Model-level decoding: single-token decode steps of an HF LlamaForCausalLM against a full static KV cache,
+transformers' static-cache decode (eager, and compiled with CUDA graphs) against ours (`optimize()` then
+the same compiled decode), a decoder built from kernel_pytorch.nn pieces, and torchao weight-only int8/fp8.
+
+    python benchmarks/bench_decode.py --out benchmarks/results       # H100: the issue's config, ~200 s
+    python benchmarks/bench_decode.py --quick --device cpu           # tiny config: checks the pipeline
+
+Model: a random HF Llama of the e2e benchmark's size (hidden 2048, intermediate 5632, 8 layers, 16/8
+heads, vocab 128256, bf16; no download). Cache: a StaticCache of `--cache` slots (4096) at batch 8,
+filled directly with the same seeded random keys and values for every provider, so the whole cache is
+read by every step; each timed run decodes `--steps` consecutive tokens at the last slots (the cache's
+write position rewound before each run, untimed). Time per step: CUDA events around the run / steps
+(`kernel_pytorch.benchmark.decode.time_steps`); tokens/s = batch / step time. Peak memory: the CUDA
+allocator's peak over the timed runs, with nothing else resident (weights, cache, CUDA-graph pools).
+
+Providers, in this order, each in its own try/except (a failure is a row with the reason):
+  hf-eager    transformers' forward with StaticCache and cache_position, eager (the reference logits)
+  hf-compile  the same forward under torch.compile(mode="reduce-overhead"), as transformers recommends
+  ours        kernel_pytorch.optimize(model) (module swaps; the attention rule passes HF's mask when
+              decoding), then the same compiled decode
+  ours-nn     a decoder of nn.Attention + StaticKVCache, RMSNorm, GatedMLP, Embedding and lm_head loaded
+              with the same weights, compiled the same way
+  ours+int8, ours+fp8   deploy.quantize after optimize, compiled (torchao; rows say so when missing);
+              then ours, ours+int8, ours+fp8 at batch 1, where decoding is bound by the weights
+Before timing, each provider's logits of one step are checked against hf-eager's (the tolerance table;
+quantized schemes by deploy.quantize.QUANT_TOLERANCES) and the max error is reported; Dynamo frames
+compiled during the timed runs (recompiles) are counted. New providers stop starting once the
+`--budget-s` wall budget could not hold another (judged by the slowest compiled provider so far); the
+results are written after every provider and on SIGINT; the exit code is nonzero if any row failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.metadata
+import inspect
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from kernel_pytorch.benchmark.ceilings import device_name  # noqa: E402
+from kernel_pytorch.benchmark.decode import compiled_frames, cudagraph_skips, time_steps  # noqa: E402
+from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row  # noqa: E402
+from kernel_pytorch.benchmark.timer import resolve_device  # noqa: E402
+
+BASELINE = "hf-compile"
+
+
+@dataclass(frozen=True)
+class Size:
+    """The decoder's sizes, the batch, the cache and the timing (the issue's config, or --quick's)."""
+
+    hidden: int = 2048
+    intermediate: int = 5632
+    layers: int = 8
+    heads: int = 16
+    kv_heads: int = 8
+    vocab: int = 128256
+    batch: int = 8
+    cache: int = 4096
+    steps: int = 32  # consecutive decode steps per timed run
+    reps: int = 15  # timed runs
+
+    @property
+    def label(self) -> str:
+        return (f"HF Llama h{self.hidden} i{self.intermediate} L{self.layers} H{self.heads}/{self.kv_heads} "
+                f"V{self.vocab}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def hf_config(self) -> Any:
+        from transformers import LlamaConfig
+
+        return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
+                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
+                           num_key_value_heads=self.kv_heads, max_position_embeddings=self.cache,
+                           attn_implementation="sdpa")
+
+
+QUICK = Size(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=256, batch=2, cache=64, steps=4,
+             reps=2)
+
+
+@dataclass
+class Decoder:
+    """One provider's decode step: forward(ids (B, 1), position_ids (B, 1), cache_position (1,)) -> logits
+    (B, 1, V); rewind(pos) sets where the next step writes; holds whatever keeps them alive."""
+
+    forward: Callable[[Tensor, Tensor, Tensor], Tensor]
+    rewind: Callable[[int], None]
+    weights_bytes: int
+    keep: list[Any] = field(default_factory=list)
+
+
+# ---- the HF model, its static cache, ours ---------------------------------------------------------------
+
+def cast(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """model.to(dtype), except RoPE's inverse frequencies, which stay fp32 (as from_pretrained leaves them:
+    rounded to bf16, positions in the thousands would rotate by visibly wrong angles)."""
+    keep = {name: buf.clone() for name, buf in model.named_buffers() if name.endswith("inv_freq")}
+    model.to(dtype)
+    for name, buf in keep.items():
+        owner, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner), leaf, buf)
+    return model
+
+
+def hf_model(size: Size, dev: torch.device, dtype: torch.dtype) -> nn.Module:
+    """A random LlamaForCausalLM, the same weights on every call (seeded)."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = LlamaForCausalLM(size.hf_config())
+    return cast(model, dtype).eval()
+
+
+def cache_values(layer: int, batch: int, size: Size, dev: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The keys and values every provider's cache holds for `layer`: (batch, Hkv, cache, Dh) each, seeded;
+    batch 1 gets batch 8's first row."""
+    g = torch.Generator(device=dev).manual_seed(1000 + layer)
+    shape = (max(batch, size.batch), size.kv_heads, size.cache, size.head_dim)
+    k = torch.randn(shape, generator=g, device=dev, dtype=dtype)
+    v = torch.randn(shape, generator=g, device=dev, dtype=dtype)
+    return k[:batch].contiguous(), v[:batch].contiguous()
+
+
+def static_cache(config: Any, max_len: int, batch: int, dev: torch.device, dtype: torch.dtype) -> Any:
+    """transformers' StaticCache; the constructor took the batch, device and dtype in early versions and
+    allocates lazily (on the first update) in later ones."""
+    from transformers import StaticCache
+
+    params = inspect.signature(StaticCache.__init__).parameters
+    if "max_batch_size" in params:
+        return StaticCache(config=config, max_batch_size=batch, max_cache_len=max_len, device=dev, dtype=dtype)
+    return StaticCache(config=config, max_cache_len=max_len)
+
+
+def filled_hf_cache(config: Any, size: Size, batch: int, dev: torch.device, dtype: torch.dtype) -> Any:
+    """A StaticCache of size.cache slots holding `cache_values` in every layer (allocated now, so its
+    tensors are marked as static addresses outside any compiled region)."""
+    cache = static_cache(config, size.cache, batch, dev, dtype)
+    layers = getattr(cache, "layers", None)
+    for i in range(size.layers):
+        k, v = cache_values(i, batch, size, dev, dtype)
+        if layers is not None:
+            layer = layers[i]
+            if not getattr(layer, "is_initialized", True) or getattr(layer, "keys", None) is None:
+                layer.lazy_initialization(k[:, :, :1], v[:, :, :1])
+            keys, values = layer.keys, layer.values
+        else:  # key_cache / value_cache lists (older releases)
+            keys, values = cache.key_cache[i], cache.value_cache[i]
+        keys.copy_(k)
+        values.copy_(v)
+    return cache
+
+
+def rewind_hf(cache: Any, pos: int) -> None:
+    """Where the next update writes: transformers >= 5 static layers write at their own running length
+    (a device tensor) rather than at cache_position; older ones at cache_position only."""
+    for layer in getattr(cache, "layers", []):
+        length = getattr(layer, "cumulative_length", None)
+        if isinstance(length, Tensor):
+            length.fill_(pos)
+
+
+def compiled(fn: Callable, backend: str, dev: torch.device) -> Callable:
+    """fn under torch.compile: inductor with mode="reduce-overhead" (CUDA graphs) on CUDA, or `backend`."""
+    if backend == "none":
+        return fn
+    if backend == "inductor":
+        return torch.compile(fn, mode="reduce-overhead" if dev.type == "cuda" else None)
+    return torch.compile(fn, backend=backend)
+
+
+def weights_bytes(model: nn.Module) -> int:
+    """Bytes of the saved weights (a quantized weight counted by its parts: int8/fp8 data and scales)."""
+    from kernel_pytorch.deploy.quantize import tensors_of
+
+    seen: set[int] = set()
+    total = 0
+    for t in tensors_of(model.state_dict()).values():
+        key = t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def optimized(model: nn.Module, size: Size, dev: torch.device) -> nn.Module:
+    """kernel_pytorch.optimize() without its compile steps (the decode is compiled here), validated on the
+    outputs of a short prompt (no gradients: nothing here trains, and the backward kernels' first builds
+    would cost device time)."""
+    from kernel_pytorch.optimize import optimize
+
+    ids = torch.randint(0, size.vocab, (1, min(size.cache, 128)), device=dev)
+    model, report = optimize(model, {"input_ids": ids}, compile=False, seeds=(0,),
+                             validate_options={"check_gradients": False})
+    if not report.passed:
+        raise RuntimeError(f"optimize() did not validate: {report.summary(validation=False)}")
+    return model
+
+
+def hf_decoder(provider: str, size: Size, batch: int, dev: torch.device, dtype: torch.dtype, backend: str) -> Decoder:
+    """hf-eager, hf-compile, ours, ours+int8, ours+fp8: transformers' forward with a filled StaticCache."""
+    model = hf_model(size, dev, dtype)
+    if provider.startswith("ours"):
+        model = optimized(model, size, dev)
+    if "+" in provider:
+        from kernel_pytorch.deploy.quantize import quantize
+
+        quantize(model, provider.split("+")[1])
+    cache = filled_hf_cache(model.config, size, batch, dev, dtype)
+    if provider != "hf-eager":
+        model.forward = compiled(model.forward, backend, dev)  # the instance's forward; hooks stay outside
+
+    def forward(ids: Tensor, position_ids: Tensor, cache_position: Tensor) -> Tensor:
+        out = model(input_ids=ids, position_ids=position_ids, cache_position=cache_position,
+                    past_key_values=cache, use_cache=True)
+        return out.logits
+
+    return Decoder(forward, lambda pos: rewind_hf(cache, pos), weights_bytes(model), [model, cache])
+
+
+# ---- ours-nn: the same decoder from kernel_pytorch.nn --------------------------------------------------
+
+class NNBlock(nn.Module):
+    """Pre-norm Llama block of kernel_pytorch.nn modules, HF's parameter names."""
+
+    def __init__(self, size: Size, config: Any) -> None:
+        super().__init__()
+        from kernel_pytorch import nn as knn
+
+        eps = config.rms_norm_eps
+        self.input_layernorm = knn.RMSNorm(size.hidden, eps, casting="llama")
+        self.self_attn = knn.Attention(size.hidden, size.heads, size.kv_heads, rope=config)
+        self.post_attention_layernorm = knn.RMSNorm(size.hidden, eps, casting="llama")
+        self.mlp = knn.GatedMLP(size.hidden, size.intermediate, "silu")
+
+    def forward(self, x: Tensor, position_ids: Tensor, cache: nn.Module, cache_position: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), position_ids, kv_cache=cache, cache_position=cache_position)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class NNDecoder(nn.Module):
+    """Embedding, NNBlocks with a StaticKVCache each, final RMSNorm, lm_head; an HF Llama's state dict loads.
+
+    forward: input_ids (B, T), position_ids (B, T), cache_position (T,) -> logits (B, T, V).
+    """
+
+    def __init__(self, size: Size, config: Any, batch: int) -> None:
+        super().__init__()
+        from kernel_pytorch import nn as knn
+
+        self.model = nn.Module()
+        self.model.embed_tokens = knn.Embedding(size.vocab, size.hidden)
+        self.model.layers = nn.ModuleList(NNBlock(size, config) for _ in range(size.layers))
+        self.model.norm = knn.RMSNorm(size.hidden, config.rms_norm_eps, casting="llama")
+        self.lm_head = nn.Linear(size.hidden, size.vocab, bias=False)
+        self.caches = nn.ModuleList(knn.StaticKVCache(batch, size.cache, size.kv_heads, size.head_dim)
+                                    for _ in range(size.layers))
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor, cache_position: Tensor) -> Tensor:
+        x = self.model.embed_tokens(input_ids)
+        for layer, cache in zip(self.model.layers, self.caches):
+            x = layer(x, position_ids, cache, cache_position)
+        return self.lm_head(self.model.norm(x))
+
+
+def nn_decoder(size: Size, batch: int, dev: torch.device, dtype: torch.dtype, backend: str) -> Decoder:
+    hf = hf_model(size, dev, dtype)
+    with torch.device(dev):
+        model = cast(NNDecoder(size, hf.config, batch), dtype).eval()
+    model.load_state_dict(hf.state_dict())  # strict: every HF weight has its place
+    del hf
+    for i, cache in enumerate(model.caches):
+        k, v = cache_values(i, batch, size, dev, dtype)
+        cache.k.copy_(k)
+        cache.v.copy_(v)
+        # written in place every step: tag them as fixed addresses, as transformers does its cache's, so CUDA
+        # graphs keep them as they are rather than falling back for a mutated input
+        torch._dynamo.mark_static_address(cache.k)
+        torch._dynamo.mark_static_address(cache.v)
+    step = compiled(model, backend, dev)
+    return Decoder(lambda ids, pos, cpos: step(ids, pos, cpos), lambda pos: None, weights_bytes(model), [model])
+
+
+# ---- one provider: check, warm up, time -----------------------------------------------------------------
+
+@dataclass
+class Job:
+    provider: str
+    batch: int
+    build: Callable[[], Decoder]
+    compiled: bool
+    scheme: str | None = None  # quantized rows: whose tolerance judges the logits
+
+    def row(self, size: Size, dtype: torch.dtype, backend: str, **kw: Any) -> Row:
+        how = "eager" if not self.compiled or backend == "none" else (
+            "compiled, reduce-overhead (CUDA graphs)" if backend == "inductor" else f"compiled, backend {backend}")
+        return Row(op=f"decode B={self.batch} cache={size.cache}", shape=[self.batch, size.cache], config=size.label,
+                   dtype=str(dtype).removeprefix("torch."), provider=self.provider, pass_name=f"decode step ({how})",
+                   **kw)
+
+
+@dataclass
+class Inputs:
+    """Per-step inputs of one timed run at one batch, on the device (no host copies while timing)."""
+
+    start: int
+    ids: list[Tensor]
+    position_ids: list[Tensor]
+    cache_position: list[Tensor]
+
+    @classmethod
+    def make(cls, size: Size, batch: int, dev: torch.device) -> Inputs:
+        start = size.cache - size.steps
+        g = torch.Generator(device="cpu").manual_seed(7)
+        ids = torch.randint(0, size.vocab, (size.steps, max(batch, size.batch), 1), generator=g)[:, :batch]
+        pos = [torch.full((batch, 1), start + j, dtype=torch.long, device=dev) for j in range(size.steps)]
+        cpos = [torch.tensor([start + j], dtype=torch.long, device=dev) for j in range(size.steps)]
+        return cls(start, [i.contiguous().to(dev) for i in ids], pos, cpos)
+
+
+def check_logits(provider: str, logits: Tensor, reference: Tensor | None, scheme: str | None) -> tuple[bool, str, dict]:
+    """One decode step's logits against hf-eager's: the table (reordered sums' bound) or the scheme's."""
+    if reference is None:
+        return True, "logits not checked (no hf-eager reference)", {}
+    if scheme is not None:
+        from kernel_pytorch.deploy.quantize import QUANT_TOLERANCES
+        from kernel_pytorch.tolerances import tolerance_for
+
+        err = float((logits.double() - reference.double()).abs().max())
+        allowed = tolerance_for(reference.dtype).atol + QUANT_TOLERANCES[scheme] * float(reference.abs().max())
+        ok = err <= allowed
+        how = f"QUANT_TOLERANCES[{scheme!r}]"
+    else:
+        from kernel_pytorch.validation.compare import check_tensor
+
+        c = check_tensor("logits", logits, reference, reordered=True)
+        ok, err, allowed = c.passed, c.max_abs_err, c.allowed
+        how = c.method
+    bound = allowed if isinstance(allowed, str) else f"{allowed:.3g}"
+    text = f"logits vs hf-eager {'ok' if ok else 'FAILED'}: max abs err {err:.3g} (allowed {bound}, {how})"
+    return ok, text, {"max_abs_err": err, "allowed": str(allowed), "passed": ok, "method": how}
+
+
+def measure(job: Job, size: Size, dev: torch.device, dtype: torch.dtype, backend: str, inputs: Inputs,
+            reference: Tensor | None, summary: dict) -> tuple[Row, Tensor]:
+    """Build the provider, check one step's logits, warm up, time; the row and the checked logits."""
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    dec = job.build()
+    frames0, skips0 = compiled_frames(), cudagraph_skips()  # after the build: optimize() may reset Dynamo
+    graphs = job.compiled and backend == "inductor" and cuda
+
+    def step(j: int) -> Tensor:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        return dec.forward(inputs.ids[j], inputs.position_ids[j], inputs.cache_position[j])
+
+    dec.rewind(inputs.start)
+    logits = step(0).detach().clone()  # the first call compiles; its output is checked
+    ok, check, info = check_logits(job.provider, logits, reference, job.scheme)
+    summary["check"] = info
+    # warm-up: CUDA-graph trees record on the second call of a shape; a few runs reach the steady state
+    for _ in range(2 if job.compiled and backend != "none" else 0):
+        dec.rewind(inputs.start)
+        for j in range(size.steps):
+            step(j)
+    if cuda:
+        torch.cuda.synchronize(dev)
+    warm_s = time.perf_counter() - t0
+    frames1 = compiled_frames()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+    timing = time_steps(step, steps=size.steps, reps=size.reps, warmup=1, reset=lambda: dec.rewind(inputs.start),
+                        device=dev)
+    # Inductor decides to fall back from CUDA graphs when it compiles, so these count from the build on
+    recompiles, skips = compiled_frames() - frames1, cudagraph_skips() - skips0
+    row = job.row(size, dtype, backend)
+    row.set_timing(timing)
+    if cuda:
+        row.peak_mem_bytes = torch.cuda.max_memory_allocated(dev)
+        row.peak_mem_method = "cuda allocator peak over the timed runs (weights, cache, graph pools)"
+    tok_s = job.batch / (timing.median_ms / 1e3)
+    compiles = f"{frames1 - frames0} frames compiled in warm-up, {recompiles} during the timed steps" + (
+        f", CUDA graphs skipped {skips} times (see the log)" if skips else "")
+    row.note = (f"{tok_s:,.0f} tok/s; {check}; {compiles}; weights {dec.weights_bytes / 2**20:.1f} MiB; "
+                f"build + check + warm-up {warm_s:.1f} s")
+    summary.update(tokens_per_s=tok_s, ms_per_step=timing.median_ms, q20_ms=timing.q20_ms, q80_ms=timing.q80_ms,
+                   peak_mib=row.peak_mem_bytes / 2**20 if row.peak_mem_bytes else None,
+                   weights_mib=dec.weights_bytes / 2**20, frames_compiled_warmup=frames1 - frames0,
+                   recompiles=recompiles, cudagraph_fallbacks=skips, warmup_s=warm_s)
+    if not ok:
+        row.status = "failed: correctness"
+    return row, logits
+
+
+def _free(dev: torch.device) -> None:
+    torch._dynamo.reset()
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _failed(job: Job, size: Size, dtype: torch.dtype, backend: str, exc: BaseException) -> Row:
+    oom = isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    first = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return job.row(size, dtype, backend, status="out of memory" if oom else "error",
+                   note=f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
+
+
+# ---- the run --------------------------------------------------------------------------------------------
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in ("torch", "triton", "transformers", "torchao"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    out["torch"] = torch.__version__
+    return out
+
+
+def torchao_missing() -> str | None:
+    try:
+        import torchao  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 (a broken install is as missing as an absent one)
+        return "torchao not installed" if isinstance(exc, ImportError) else f"torchao does not import: {exc}"
+    return None
+
+
+def jobs(size: Size, dev: torch.device, dtype: torch.dtype, backend: str, providers: tuple[str, ...]) -> list[Job]:
+    """Every row, in the order the issue compares them first; names not known become error rows."""
+    b, out = size.batch, []
+    for p in providers:
+        if p == "ours-nn":
+            out.append(Job(p, b, lambda: nn_decoder(size, b, dev, dtype, backend), True))
+        elif p in ("hf-eager", "hf-compile", "ours"):
+            out.append(Job(p, b, lambda p=p: hf_decoder(p, size, b, dev, dtype, backend), p != "hf-eager"))
+        elif p in ("ours+int8", "ours+fp8"):
+            out.append(Job(p, b, lambda p=p: hf_decoder(p, size, b, dev, dtype, backend), True, p.split("+")[1]))
+        else:
+            out.append(Job(p, b, lambda p=p: (_ for _ in ()).throw(ValueError(f"unknown provider {p!r}")), False))
+    for p in ("ours", "ours+int8", "ours+fp8"):  # batch 1: weight-bound, where weight-only quantization pays
+        if p in providers:
+            scheme = p.split("+")[1] if "+" in p else None
+            out.append(Job(p, 1, lambda p=p: hf_decoder(p, size, 1, dev, dtype, backend), True, scheme))
+    return out
+
+
+PROVIDERS = ("hf-eager", "hf-compile", "ours", "ours-nn", "ours+int8", "ours+fp8")
+
+
+def write(results: BenchmarkResults, summary: list[dict], vers: dict[str, str], out: Path) -> tuple[Path, Path]:
+    """decode.json (the results schema plus "versions" and a "decode" summary) and decode.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    d = results.to_dict()
+    d["versions"] = vers
+    d["decode"] = summary
+    js = out / f"{results.name}.json"
+    js.write_text(json.dumps(d, indent=2) + "\n")
+    md = out / f"{results.name}.md"
+    md.write_text(results.to_markdown(baseline=BASELINE) + "\n" + summary_markdown(summary) + "\n")
+    return js, md
+
+
+def summary_markdown(summary: list[dict]) -> str:
+    """Tokens/s per provider and batch, against hf-compile and against unquantized ours at the same batch
+    (tokens/s, and peak memory in brackets)."""
+    def ref(provider: str, batch: int) -> dict | None:
+        return next((s for s in summary if s["provider"] == provider and s["batch"] == batch
+                     and s.get("tokens_per_s")), None)
+
+    lines = ["## Decode summary", "",
+             "| batch | provider | tok/s | ms/step | peak MiB | weights MiB | vs hf-compile | vs ours (unquantized) | "
+             "max logits err | recompiles | status |", "|" + " --- |" * 11]
+    for s in summary:
+        tok = s.get("tokens_per_s")
+        base, bf16 = ref(BASELINE, s["batch"]), ref("ours", s["batch"])
+
+        def ratio(r: dict | None, key: str, s: dict = s) -> str:
+            return f"{s[key] / r[key]:.2f}x" if r and s.get(key) and r.get(key) else "-"
+
+        err = s.get("check", {}).get("max_abs_err")
+        cells = [str(s["batch"]), s["provider"], f"{tok:,.0f}" if tok else "-",
+                 f"{s['ms_per_step']:.3f}" if s.get("ms_per_step") else "-",
+                 f"{s['peak_mib']:.0f}" if s.get("peak_mib") else "-",
+                 f"{s['weights_mib']:.4g}" if s.get("weights_mib") else "-",
+                 ratio(base, "tokens_per_s"),
+                 ratio(bf16, "tokens_per_s") + (f" (memory {ratio(bf16, 'peak_mib')})" if s.get("peak_mib") else ""),
+                 f"{err:.3g}" if err is not None else "-",
+                 str(s.get("recompiles", "-")), s["status"]]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def run(size: Size, dev: torch.device, dtype: torch.dtype, backend: str, providers: tuple[str, ...],
+        budget_s: float, out: Path, smoke: bool) -> tuple[BenchmarkResults, int]:
+    """Every job in its own try/except within the budget, written after each; (results, exit code)."""
+    start = time.perf_counter()
+    results = BenchmarkResults(name="decode", device=device_name(dev), smoke=smoke)
+    vers = versions()
+    results.notes.append("versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()))
+    results.notes.append(
+        f"batch {size.batch} (and 1), static cache of {size.cache} slots filled with the same seeded random keys "
+        f"and values for every provider; {size.reps} timed runs of {size.steps} consecutive one-token steps at "
+        f"the cache's last slots; tokens/s = batch / median step time")
+    results.notes.append("compile: " + {"inductor": "torch.compile(mode='reduce-overhead'): CUDA graphs" if dev.type
+                                        == "cuda" else "torch.compile (inductor, no CUDA graphs on CPU)",
+                                        "none": "none (--backend none): every provider runs eager"}.get(
+                                            backend, f"torch.compile(backend={backend!r})"))
+    if smoke:
+        results.notes.append("quick run: tiny config, few steps; checks the pipeline, says nothing about speed")
+    missing_ao = torchao_missing()
+    summary: list[dict] = []
+    reference: dict[int, Tensor] = {}
+    slowest = {True: 0.0, False: 0.0}  # the longest job so far, compiled or not
+    failed = False
+    per_batch = {b: Inputs.make(size, b, dev) for b in sorted({size.batch, 1})}
+    try:
+        for job in jobs(size, dev, dtype, backend, providers):
+            entry: dict[str, Any] = {"provider": job.provider, "batch": job.batch, "cache": size.cache}
+            elapsed = time.perf_counter() - start
+            if job.scheme is not None and missing_ao:
+                row = job.row(size, dtype, backend, status="not installed", note=missing_ao)
+            elif elapsed + slowest[job.compiled] > budget_s:
+                kind = "compiled" if job.compiled else "eager"
+                row = job.row(size, dtype, backend, status="skipped",
+                              note=f"the {budget_s:.0f} s budget could not hold it ({elapsed:.0f} s spent, the "
+                                   f"slowest {kind} provider took {slowest[job.compiled]:.0f} s)")
+            else:
+                t0 = time.perf_counter()
+                try:
+                    ref = reference.get(job.batch)
+                    if ref is None and job.batch != size.batch and size.batch in reference:
+                        ref = reference[size.batch][:job.batch]  # rows are independent: batch 8's first row
+                    with torch.no_grad():
+                        row, logits = measure(job, size, dev, dtype, backend, per_batch[job.batch], ref, entry)
+                    if job.provider == "hf-eager":
+                        reference[job.batch] = logits
+                except Exception as exc:  # noqa: BLE001 (one provider's failure must not lose the others)
+                    row = _failed(job, size, dtype, backend, exc)
+                slowest[job.compiled] = max(slowest[job.compiled], time.perf_counter() - t0)
+                _free(dev)
+            failed |= not (row.ok or row.status in ("not installed", "skipped"))
+            entry.update(status=row.status, note=row.note)
+            summary.append(entry)
+            results.add(row)
+            print(f"{row.op:>22} {row.provider:>10}: {row.status} {row.median_ms or 0:.4g} ms/step  {row.note}",
+                  flush=True)
+            write(results, summary, vers, out)
+    except KeyboardInterrupt:
+        # stopped by Ctrl-C or a time limit (SIGINT): what finished is written, said so
+        results.notes.append(f"{PARTIAL_NOTE} after {len(results.rows)} rows; the rows missing were not measured")
+        failed = True
+    results.notes.append(f"wall time {time.perf_counter() - start:.0f} s of a {budget_s:.0f} s budget")
+    skipped = [f"{r.provider} B={r.shape[0]}" for r in results.rows if r.status == "skipped"]
+    if skipped:
+        results.notes.append(f"skipped for the time budget: {', '.join(skipped)}")
+    write(results, summary, vers, out)
+    return results, 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny config, few steps, no compile: checks the pipeline")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--out", default=None, help="results directory (default bench-results/decode-<time>)")
+    parser.add_argument("--budget-s", type=float, default=200.0, help="stop starting providers after this (s)")
+    parser.add_argument("--providers", default=",".join(PROVIDERS), help="comma-separated providers")
+    parser.add_argument("--backend", default=None, help="inductor (reduce-overhead on CUDA), eager, aot_eager or "
+                        "none (no compile); default inductor, none with --quick")
+    parser.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
+                        help="default bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument("--steps", type=int, default=None, help="consecutive steps per timed run")
+    parser.add_argument("--reps", type=int, default=None, help="timed runs")
+    args = parser.parse_args(argv)
+    dev = resolve_device(args.device)
+    size = QUICK if args.quick else Size()
+    if args.steps or args.reps:
+        size = Size(**{**size.__dict__, "steps": args.steps or size.steps, "reps": args.reps or size.reps})
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if dev.type == "cuda" else torch.float32
+    backend = args.backend or ("none" if args.quick else "inductor")
+    out = Path(args.out) if args.out else Path("bench-results") / f"decode-{time.strftime('%Y%m%d-%H%M%S')}"
+    providers = tuple(p for p in args.providers.split(",") if p)
+    results, code = run(size, dev, dtype, backend, providers, args.budget_s, out, smoke=args.quick)
+    print(f"wrote {out / 'decode.json'} and {out / 'decode.md'}")
+    return 130 if results.partial else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

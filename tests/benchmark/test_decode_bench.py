@@ -1,0 +1,91 @@
+"""benchmarks/bench_decode.py --quick on CPU (every provider's logits checked against hf-eager, a failing
+provider a row with its reason, the budget and SIGINT honoured), and benchmark.decode's loop timer."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernel_pytorch.benchmark.decode import compiled_frames, time_steps
+from kernel_pytorch.benchmark.results import BenchmarkResults
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_decode.py"
+
+
+def _bench():  # noqa: ANN202 (the script as a module)
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_time_steps_runs_consecutive_steps_after_reset() -> None:
+    calls: list[object] = []
+    timing = time_steps(calls.append, steps=3, reps=4, warmup=1, reset=lambda: calls.append("reset"), device="cpu")
+    assert timing.reps == 4 and timing.median_ms >= 0 and "3 consecutive steps" in timing.method
+    assert calls == ["reset", 0, 1, 2] * 5
+    with pytest.raises(ValueError):
+        time_steps(calls.append, steps=0, reps=1, device="cpu")
+
+
+def test_compiled_frames_counts_compiles() -> None:
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x * 2 + 1, backend="eager")
+    before = compiled_frames()
+    f(torch.randn(3))
+    f(torch.randn(3))
+    assert compiled_frames() - before == 1
+    torch._dynamo.reset()
+
+
+def test_quick_cpu_run(tmp_path: Path) -> None:
+    bench = _bench()
+    rc = bench.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--steps", "2", "--reps", "1",
+                     "--providers", "hf-eager,hf-compile,ours,ours-nn,ours+int8,bogus"])
+    assert rc == 1  # the bogus provider failed; every other row still ran
+    results = BenchmarkResults.load(tmp_path / "decode.json")
+    assert results.smoke
+    status = {(r.provider, r.shape[0]): r.status for r in results.rows}
+    assert status[("bogus", 2)] == "error"
+    for key in [("hf-eager", 2), ("hf-compile", 2), ("ours", 2), ("ours-nn", 2), ("ours", 1)]:
+        assert status[key] == "ok", key
+    assert status[("ours+int8", 2)] in ("ok", "not installed") and status[("ours+int8", 1)] == status[("ours+int8", 2)]
+    data = json.loads((tmp_path / "decode.json").read_text())
+    assert set(data["versions"]) == {"torch", "triton", "transformers", "torchao"}
+    checked = [s for s in data["decode"] if s["status"] == "ok" and s["provider"] != "hf-eager"]
+    assert checked and all(s["check"]["passed"] for s in checked)
+    assert all(s["tokens_per_s"] > 0 and s["recompiles"] == 0 for s in checked)
+    md = (tmp_path / "decode.md").read_text()
+    assert "## Decode summary" in md and "tok/s" in md and "transformers" in md
+
+
+def test_compiled_decode_does_not_recompile(tmp_path: Path) -> None:
+    bench = _bench()
+    assert bench.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--backend", "eager", "--steps", "2",
+                       "--providers", "hf-eager,ours-nn"]) == 0
+    nn_row = json.loads((tmp_path / "decode.json").read_text())["decode"][1]
+    assert nn_row["provider"] == "ours-nn" and nn_row["frames_compiled_warmup"] == 1 and nn_row["recompiles"] == 0
+    assert nn_row["check"]["passed"]
+
+
+def test_budget_and_interrupt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _bench()
+    assert bench.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--budget-s", "0",
+                       "--providers", "hf-eager,ours"]) == 0
+    results = BenchmarkResults.load(tmp_path / "decode.json")
+    assert {r.status for r in results.rows} == {"skipped"}
+    assert any("time budget" in n for n in results.notes)
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "measure", interrupted)
+    assert bench.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--providers", "hf-eager"]) == 130
+    assert BenchmarkResults.load(tmp_path / "decode.json").partial
