@@ -55,8 +55,8 @@ def _line(marker: str) -> int:
         return next(i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# MEM:{marker}"))
 
 
-def _memory(model: nn.Module, inputs: object, **kw: object) -> dict[str, object]:
-    ctx = kp.CompilerOptimizationAssistant(device="cpu", measure_compile_time=False).context(model, inputs)
+def _memory(model: nn.Module, inputs: object, device: str = "cpu", **kw: object) -> dict[str, object]:
+    ctx = kp.CompilerOptimizationAssistant(device=device, measure_compile_time=False).context(model, inputs)
     return {f.id: f for f in analyze_memory(ctx, **kw)}
 
 
@@ -124,5 +124,5 @@ def test_cuda_peak_is_measured() -> None:
     model, x = Stack().cuda(), torch.randn(4, 64, 32, device="cuda")
     run = measure_step(model, (x,), {})
     assert run.peak is not None and run.peak >= run.activations
-    summary = _memory(model, (x,))["memory.summary"]
+    summary = _memory(model, (x,), device="cuda")["memory.summary"]
     assert summary.data["peak_measured"] is True and summary.data["peak_bytes"] >= summary.data["activations"]
