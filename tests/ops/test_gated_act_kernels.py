@@ -280,3 +280,17 @@ def test_cuda_bitwise_with_hf_eager(act: str, dtype: torch.dtype) -> None:
     assert torch.equal(h, gated_act_fwd(gate, up, act))
     first, second = gated_act_bwd(dh, gate, up, act), gated_act_bwd(dh, gate, up, act)
     assert all(torch.equal(a, b) for a, b in zip(first[:2], second[:2]))
+
+
+def test_tiles_of_symbolic_sizes_follow_the_real_size() -> None:
+    # torch.export / AOTInductor trace the launch with SymInts: the block comes from the hint, the
+    # tile counts stay symbolic (an lru_cache keyed on a SymInt raised "unhashable type")
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    n = env.create_symintnode(env.create_symbol(5000, ConstantSource("n")), hint=5000)
+    sym, concrete = _activations.tiles(n, 1024), _activations.tiles(5000, 1024)
+    assert (sym.block_r, sym.block_c, sym.num_warps) == (concrete.block_r, concrete.block_c, concrete.num_warps)
+    assert isinstance(sym.row_tiles, torch.SymInt) and sym.col_tiles == concrete.col_tiles
+    assert sym.row_tiles.node.hint == concrete.row_tiles

@@ -187,11 +187,37 @@ class Tiles:
     num_warps: int
 
 
-@functools.lru_cache(maxsize=1024)
-def tiles(n_rows: int, n_cols: int, tile: int | None = None, per_thread: int | None = None) -> Tiles:
+def tiles(n_rows: int | torch.SymInt, n_cols: int | torch.SymInt, tile: int | None = None,
+          per_thread: int | None = None) -> Tiles:
     """Tile shape for an elementwise pass over (n_rows, n_cols); `tile` and `per_thread` default to
     TILE_ELEMENTS and ELEMENTS_PER_THREAD (read at call time, so a sweep can change them after
-    clearing this cache)."""
+    clearing this cache with `tiles.cache_clear()`).
+
+    Symbolic sizes (torch.export, AOTInductor, compile with dynamic shapes trace the launch with
+    SymInts): the block and warps are chosen from the sizes' hints, since they are compile-time
+    constants of the kernel, and the tile counts stay symbolic so the grid follows the real size. Any
+    block is correct at any size: the kernels mask their last row and column tiles."""
+    if isinstance(n_rows, torch.SymInt) or isinstance(n_cols, torch.SymInt):
+        t = _tiles(_hint(n_rows), _hint(n_cols), tile, per_thread)
+        return Tiles(t.block_r, t.block_c, (n_rows + t.block_r - 1) // t.block_r,
+                     (n_cols + t.block_c - 1) // t.block_c, t.num_warps)
+    return _tiles(n_rows, n_cols, tile, per_thread)
+
+
+# the size a symbolic dim without a hint (data-dependent) is tiled for
+UNHINTED_SIZE = 8192
+
+
+def _hint(n: int | torch.SymInt) -> int:
+    """A size's concrete value: itself, or a SymInt's hint (the example input's size)."""
+    if not isinstance(n, torch.SymInt):
+        return int(n)
+    node = n.node
+    return int(node.hint) if node.has_hint() else UNHINTED_SIZE
+
+
+@functools.lru_cache(maxsize=1024)
+def _tiles(n_rows: int, n_cols: int, tile: int | None, per_thread: int | None) -> Tiles:
     tile = tile or TILE_ELEMENTS
     per_thread = per_thread or ELEMENTS_PER_THREAD
     max_c = min(MAX_BLOCK_C, tile)
@@ -204,3 +230,6 @@ def tiles(n_rows: int, n_cols: int, tile: int | None = None, per_thread: int | N
     block_r = max(1, min(next_power_of_2(n_rows), tile // block_c))
     warps = next_power_of_2(min(8, max(1, block_r * block_c // (32 * per_thread))))
     return Tiles(block_r, block_c, triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c), warps)
+
+
+tiles.cache_clear = _tiles.cache_clear  # type: ignore[attr-defined]  # sweeps change the defaults
