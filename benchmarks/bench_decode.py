@@ -14,7 +14,7 @@ write position rewound before each run, untimed). Time per step: CUDA events aro
 allocator's peak over the timed runs, with nothing else resident (weights, cache, CUDA-graph pools).
 
 Providers, in this order, each in its own try/except (a failure is a row with the reason):
-  hf-eager    transformers' forward with StaticCache and cache_position, eager (the reference logits)
+  hf-eager    transformers' forward with StaticCache and cache_position, eager (its error is the budget's base)
   hf-compile  the same forward under torch.compile(mode="reduce-overhead"), as transformers recommends
   ours        kernel_pytorch.optimize(model) (module swaps; the attention rule passes HF's mask when
               decoding), then the same compiled decode
