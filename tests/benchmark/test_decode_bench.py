@@ -1,5 +1,6 @@
-"""benchmarks/bench_decode.py --quick on CPU (every provider's logits checked against hf-eager, a failing
-provider a row with its reason, the budget and SIGINT honoured), and benchmark.decode's loop timer."""
+"""benchmarks/bench_decode.py --quick on CPU (every provider's logits checked against a higher-precision
+reference within hf-eager's error budget, a wrong or failing provider a row with its reason, the budget and
+SIGINT honoured), and benchmark.decode's loop timer."""
 
 from __future__ import annotations
 
@@ -60,10 +61,54 @@ def test_quick_cpu_run(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "decode.json").read_text())
     assert set(data["versions"]) == {"torch", "triton", "transformers", "torchao"}
     checked = [s for s in data["decode"] if s["status"] == "ok" and s["provider"] != "hf-eager"]
-    assert checked and all(s["check"]["passed"] for s in checked)
+    assert checked and all(s["check"]["passed"] and s["check"]["reference"] == "fp64" for s in checked)
+    assert all(s["check"]["max_abs_err"] <= s["check"]["allowed"] for s in checked)
     assert all(s["tokens_per_s"] > 0 and s["recompiles"] == 0 for s in checked)
+    assert any("logits check: one step against the same model and cache in fp64" in n for n in results.notes)
     md = (tmp_path / "decode.md").read_text()
     assert "## Decode summary" in md and "tok/s" in md and "transformers" in md
+    assert "- batch 2: ours " in md and "x hf-compile" in md and "recompiles during the timed steps" in md
+
+
+def test_check_logits_budget_and_quant_rule() -> None:
+    bench = _bench()
+    hi = torch.linspace(-4, 4, 2 * 64, dtype=torch.float64).reshape(2, 1, 64)
+    eager = (hi + 0.01).to(torch.float32)  # eager's own error: 0.01
+    ref = bench.Reference(hi, eager)
+    floor = torch.finfo(torch.float32).eps * 4
+    ok, text, info = bench.check_logits((hi - 0.015).float(), ref, None)  # 1.5 x eager's error: within 2x
+    assert ok and "budget" in text and info["allowed"] == pytest.approx(0.02 + floor, rel=1e-4)
+    assert info["max_abs_err"] == pytest.approx(0.015, rel=1e-4) and info["vs_eager"] == pytest.approx(0.025, rel=1e-4)
+    assert not bench.check_logits((hi + 0.03).float(), ref, None)[0]  # 3x eager's error
+    nan = (hi + 0.0).float()
+    nan[0, 0, 0] = float("nan")
+    assert not bench.check_logits(nan, ref, None)[0]
+    # quantized: atol(fp32) + QUANT_TOLERANCES["int8"] (0.04) x max|ref| (4) = 0.16 against the reference
+    assert bench.check_logits((hi + 0.15).float(), ref, "int8")[0]
+    ok, text, info = bench.check_logits((hi + 0.17).float(), ref, "int8")
+    assert not ok and "QUANT_TOLERANCES['int8']" in text and info["allowed"] == pytest.approx(0.16 + 1e-5, rel=1e-4)
+    assert bench.check_logits(eager, None, None)[0]  # no reference: not checked
+
+
+def test_wrong_provider_fails_the_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _bench()
+    right = bench.nn_decoder
+
+    def wrong(*args: object, **kwargs: object):  # noqa: ANN202
+        dec = right(*args, **kwargs)
+        forward = dec.forward
+        dec.forward = lambda ids, pos, cpos: forward(ids, pos, cpos) * 1.001  # 0.1% off: far beyond fp32's
+        return dec
+
+    monkeypatch.setattr(bench, "nn_decoder", wrong)
+    assert bench.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--steps", "2", "--reps", "1",
+                       "--providers", "hf-eager,ours-nn"]) == 1
+    data = json.loads((tmp_path / "decode.json").read_text())
+    eager, nn_row = data["decode"]
+    assert eager["status"] == "ok" and eager["check"]["passed"]
+    assert nn_row["status"] == "failed: correctness" and not nn_row["check"]["passed"]
+    assert nn_row["check"]["max_abs_err"] > nn_row["check"]["allowed"]
+    assert "FAILED" in (tmp_path / "decode.md").read_text()
 
 
 def test_compiled_decode_does_not_recompile(tmp_path: Path) -> None:
