@@ -3,10 +3,13 @@ masks (built once per shape and cached where the mask depends only on the shape)
 
 A block mask records, per (query block, key block) tile of 128 x 128, whether the tile is empty, full
 or partial, so the kernel skips empty tiles: a causal mask halves the work, 8 documents of 512 tokens in
-4096 leave 1/8 of it. Masks that depend only on the lengths (causal, sliding window) are built once per
-(lengths, device) and cached; masks that read a tensor (documents, padding, a user's boolean mask) are
-built once per call: build one with `block_mask(...)` and pass it to every layer to build it once per
-batch.
+4096 leave 1/8 of it. Causal, sliding-window and document masks are built from each query's interval of
+allowed keys (`_range_block_mask`): a few ops on the (B, K) ids and the (Q / 128, K / 128) tiles, on the
+device, without the Q x K mask or a host sync, so documents can change every call (packed batches) and
+the build is captured in CUDA graphs and traced by torch.compile. Masks that depend only on the lengths
+are also cached per (lengths, device). A user's boolean or padding mask is evaluated over Q x K
+(create_block_mask) once per call: build one with `block_mask(...)` and pass it to every layer to build
+it once per batch.
 
 torch 2.13 runs FlexAttention on CPU through the same Python front end: forward only (it raises for
 inputs that require grad), unfused in eager (it materialises the scores), fused under torch.compile
@@ -72,10 +75,84 @@ def score_mod(
     return mod
 
 
+_BLOCK = 128  # FlexAttention's default tile (create_block_mask's BLOCK_SIZE)
+
+
+def _run_starts(ids: Tensor) -> Tensor:
+    """(B, K) -> (B, K): the position where each token's run of equal ids begins."""
+    new_run = torch.cat([torch.ones_like(ids[:, :1], dtype=torch.bool), ids[:, 1:] != ids[:, :-1]], dim=1)
+    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    return torch.where(new_run, positions, 0).cummax(dim=1).values
+
+
+def _key_bounds(rows: Tensor, q_len: int, kv_len: int, *, causal: bool, window: int | None,
+                seq_ids: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The allowed keys of the queries `rows` (R,) as intervals: lo, hi (B, R), and exact (B, 1): False
+    for a batch row whose documents are not contiguous (an id in two runs), where [lo, hi] is only the
+    causal / window bound.
+
+    With contiguous documents the query at position p sees [max(start(p), p - window + 1), min(end(p), p)]
+    (its document's run, cut by the window and causality): one interval, never empty (p sees itself),
+    and lo, hi never decrease with p."""
+    pos = rows + (kv_len - q_len)  # queries are end-aligned with the keys
+    lo = (pos - window + 1).clamp_min(0) if window is not None else torch.zeros_like(pos)
+    hi = pos if causal else torch.full_like(pos, kv_len - 1)
+    if seq_ids is None:
+        return lo[None], hi[None], torch.ones(1, 1, dtype=torch.bool, device=rows.device)
+    both = _run_starts(torch.cat([seq_ids, seq_ids.flip(1)]))  # run ends are the reversed row's starts
+    start, end = both[: len(seq_ids), pos], kv_len - 1 - both[len(seq_ids):].flip(1)[:, pos]
+    # contiguous documents <=> as many runs as distinct ids (never fewer runs than ids)
+    runs = (seq_ids[:, 1:] != seq_ids[:, :-1]).sum(1)
+    ordered = seq_ids.sort(dim=1).values
+    exact = (runs == (ordered[:, 1:] != ordered[:, :-1]).sum(1))[:, None]
+    return torch.where(exact, torch.maximum(lo, start), lo), torch.where(exact, torch.minimum(hi, end), hi), exact
+
+
+def _ordered(dense: Tensor) -> tuple[Tensor, Tensor]:
+    """(..., rows, cols) 0/1 -> the count per row and the column order create_block_mask stores: the
+    listed columns first, then the others, each group ascending (int32, contiguous as the kernels read them)."""
+    order = dense.argsort(dim=-1, descending=True, stable=True)
+    return dense.sum(-1, dtype=torch.int32), order.to(torch.int32, memory_format=torch.contiguous_format)
+
+
+def _range_block_mask(q_len: int, kv_len: int, *, is_causal: bool, window: int | None, seq_ids: Tensor | None,
+                      mask_mod: Callable, device: torch.device | str) -> BlockMask:
+    """The BlockMask of causal / window / document masks from the queries' key intervals: a few ops
+    over (B, K) ids and (B, Q / 128, K / 128) tiles on the device, no Q x K mask and no host sync;
+    the same tensors as create_block_mask's.
+
+    A query block's intervals join into [lo(first query), hi(last query)] (each query sees itself, so
+    neighbours' intervals touch): its non-empty key blocks. A key block is full when it lies inside every
+    query's interval, [lo(last query), hi(first query)], and the query block lies inside q_len (padded
+    rows are masked). Rows with non-contiguous documents keep the causal / window tiles, all partial."""
+    device = torch.device(device)
+    n_q, n_kv = -(-q_len // _BLOCK), -(-kv_len // _BLOCK)
+    first = torch.arange(n_q, device=device) * _BLOCK
+    last = (first + _BLOCK).clamp_max(q_len) - 1
+    lo, hi, exact = _key_bounds(torch.cat([first, last]), q_len, kv_len, causal=is_causal or window is not None,
+                                window=window, seq_ids=seq_ids)
+    lo_first, lo_last = lo[:, :n_q, None], lo[:, n_q:, None]
+    hi_first, hi_last = hi[:, :n_q, None], hi[:, n_q:, None]
+    kv_first = torch.arange(n_kv, device=device) * _BLOCK
+    kv_last = kv_first + _BLOCK - 1  # past kv_len for a short last block, which is never full
+    some = (kv_last >= lo_first) & (kv_first <= hi_last)  # (B, n_q, n_kv)
+    whole = (kv_first >= lo_last) & (kv_last <= hi_first) & exact[:, :, None] & (first + _BLOCK <= q_len)[:, None]
+    tiles = torch.stack([some & ~whole, whole])[:, :, None].int()  # partial, full: (2, B, 1, n_q, n_kv)
+    (kv_num, full_kv_num), (kv_idx, full_kv_idx) = _ordered(tiles)
+    # the backward's view (key block -> query blocks), as from_kv_blocks derives it
+    (q_num, full_q_num), (q_idx, full_q_idx) = _ordered(tiles.transpose(-2, -1))
+    return BlockMask(
+        seq_lengths=(q_len, kv_len), kv_num_blocks=kv_num, kv_indices=kv_idx, full_kv_num_blocks=full_kv_num,
+        full_kv_indices=full_kv_idx, q_num_blocks=q_num, q_indices=q_idx, full_q_num_blocks=full_q_num,
+        full_q_indices=full_q_idx, BLOCK_SIZE=(_BLOCK, _BLOCK), mask_mod=mask_mod,
+    )
+
+
 @functools.lru_cache(maxsize=64)
 def _shape_block_mask(is_causal: bool, window: int | None, q_len: int, kv_len: int, device: str) -> BlockMask:
     mod = _mask_mod(q_len, kv_len, is_causal=is_causal, window=window, seq_ids=None, keep=None)
-    return create_block_mask(mod, None, None, q_len, kv_len, device=device)
+    return _range_block_mask(q_len, kv_len, is_causal=is_causal, window=window, seq_ids=None, mask_mod=mod,
+                             device=device)
 
 
 def block_mask(
@@ -83,7 +160,9 @@ def block_mask(
     seq_ids: Tensor | None = None, keep: Tensor | None = None, batch: int | None = None,
     heads: int | None = None, device: torch.device | str = "cpu",
 ) -> BlockMask | None:
-    """The BlockMask of the options (None when nothing is masked). Shape-only masks come from a cache.
+    """The BlockMask of the options (None when nothing is masked). Shape-only masks come from a cache;
+    causal, window and document masks are built from each query's key interval (`_range_block_mask`),
+    a user's boolean mask by evaluating it over Q x K (create_block_mask).
 
     Args:
         q_len, kv_len: query and key lengths.
@@ -97,6 +176,9 @@ def block_mask(
         if not torch.compiler.is_compiling():
             return _shape_block_mask(is_causal, window, q_len, kv_len, str(torch.device(device)))
     mod = _mask_mod(q_len, kv_len, is_causal=is_causal, window=window, seq_ids=seq_ids, keep=keep)
+    if keep is None:
+        return _range_block_mask(q_len, kv_len, is_causal=is_causal, window=window, seq_ids=seq_ids,
+                                 mask_mod=mod, device=device)
     if seq_ids is not None:
         batch = seq_ids.shape[0]
     return create_block_mask(mod, batch, heads, q_len, kv_len, device=device)
