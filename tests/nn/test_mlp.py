@@ -174,3 +174,24 @@ def test_activation_from_a_torch_module_and_errors() -> None:
     with pytest.raises(RuntimeError, match="gate_up_proj.weight holds"):
         kp.nn.GatedMLP(H, I).load_state_dict({"gate_up_proj.weight": torch.zeros(2 * I + 1, H),
                                              "down_proj.weight": torch.zeros(H, I)})
+
+
+def test_compiled_backward_receives_x_gate_up_not_h() -> None:
+    """What torch.compile's partition (min-cut, as Inductor's) keeps for the backward: x, gate and up;
+    h is recomputed in the backward, not saved (before gated_down the composed Linear saved it)."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    saved: list[tuple[int, ...]] = []
+
+    def bw_compiler(gm, example_inputs):
+        saved.extend(tuple(n.meta["val"].shape) for n in gm.graph.nodes
+                     if n.op == "placeholder" and not n.name.startswith("tangents"))
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=bw_compiler,
+                           partition_fn=min_cut_rematerialization_partition)
+    torch._dynamo.reset()
+    model, x = kp.nn.GatedMLP(H, I, "gelu"), randn(5, H).requires_grad_()
+    torch.compile(model, backend=backend, fullgraph=True)(x).sum().backward()
+    assert sorted(s for s in saved if s and s[0] == 5) == [(5, H), (5, I), (5, I)]

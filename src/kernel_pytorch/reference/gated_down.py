@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernel_pytorch.reference._activations import activation
 from kernel_pytorch.reference._math import acc
 from kernel_pytorch.reference.gated_act import gated_act, gated_act_backward, split_packed
 from kernel_pytorch.reference.mlp import linear
@@ -42,7 +43,11 @@ def gated_down_backward(
     dy2 = acc(dy).reshape(-1, dy.shape[-1])
     dh = (dy2 @ acc(weight)).to(gate.dtype).reshape(gate.shape)
     d_gate, d_up = gated_act_backward(dh, gate, up, act)
-    h = gated_act(gate, up, act).reshape(-1, gate.shape[-1])
+    # h = gated_act(gate, up, act), its product written up * a: the same value, but not the forward's
+    # expression, which torch.compile's CSE would merge with the forward's h; the partitioner then saves
+    # it (a value a matmul reads in the backward is not recomputed), keeping h alive after all
+    a = acc(activation(acc(gate), act).to(gate.dtype))
+    h = (acc(up) * a).to(gate.dtype).reshape(-1, gate.shape[-1])
     d_weight = (dy2.t() @ acc(h)).to(weight.dtype)
     d_bias = dy2.sum(0).to(weight.dtype) if has_bias else None
     return d_gate, d_up, d_weight, d_bias
