@@ -121,6 +121,20 @@ def test_block_saves_x_and_the_gate_up_outputs_only(eager_path) -> None:
     assert len(_saved_activations(lambda: _hf_eager(split))) > 3
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu", "relu"])
+def test_op_path_saves_x_gate_up_not_h(act: str) -> None:
+    """The registered-op path (CPU here, compile anywhere): gated_down recomputes h in the backward,
+    so autograd keeps x (once per projection) and gate, up (gate_up), never h; output and every
+    gradient are the reference's."""
+    split, packed = _params(bias=True), _params(packed=True)
+    assert _saved_activations(lambda: _ours(split, act)) == [(N, H), (N, H), (N, I), (N, I)]
+    assert _saved_activations(lambda: _ours(packed, act)) == [(N, H), (N, 2 * I)]
+    for p in (split, packed):
+        _assert_same_function(p, lambda p=p: _ours(p, act), lambda p=p: _reference(p, act), f"op path {act}")
+    with torch.no_grad():  # inference composes the block: nothing to save
+        assert_close(_ours(split, act), _reference(split, act), "no_grad")
+
+
 def test_frozen_parameters_get_no_gradient(eager_path) -> None:
     p = _params(bias=True, packed=True)
     for name in ("gate_up_weight", "down_bias"):

@@ -116,10 +116,25 @@ def test_modules_compile_without_breaks() -> None:
     """One graph for both GatedMLP forms (one compile keeps the test short; the bias + activation MLP's
     op compiles in tests/functional/test_activation.py)."""
     model = torch.nn.Sequential(kp.nn.GatedMLP(H, I, "gelu_tanh"), kp.nn.GatedMLP(H, I, fuse_gate_up=True, bias=True))
-    x = randn(4, H)
+    x = randn(4, H).requires_grad_()
     out, breaks = compile_and_count_breaks(model, x)
     assert breaks == 0
-    assert_close(out, model(x), "compiled")
+    want = model(x)
+    assert_close(out, want, "compiled")
+    dy, wrt = randn(4, H), (x, *model.parameters())
+    for n, a, e in zip(range(len(wrt)), torch.autograd.grad(out, wrt, dy), torch.autograd.grad(want, wrt, dy)):
+        assert_close(a, e, f"compiled grad {n}")
+
+
+def test_module_saves_x_gate_up_not_h() -> None:
+    """Training keeps x, gate and up (the fused form: gate_up) for the backward, not h = act(gate) * up."""
+    for model, widths in ((kp.nn.GatedMLP(H, I, bias=True), [H, H, I, I]),
+                          (kp.nn.GatedMLP(H, I, "gelu", fuse_gate_up=True), [H, 2 * I])):
+        saved: list[tuple[int, ...]] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(tuple(t.shape)) or t,
+                                                      lambda t: t):
+            model(randn(5, H).requires_grad_())
+        assert sorted(s for s in saved if s[0] == 5) == sorted((5, w) for w in widths)
 
 
 def test_bias_act_mlp_matches_clip_mlp() -> None:
@@ -159,3 +174,24 @@ def test_activation_from_a_torch_module_and_errors() -> None:
     with pytest.raises(RuntimeError, match="gate_up_proj.weight holds"):
         kp.nn.GatedMLP(H, I).load_state_dict({"gate_up_proj.weight": torch.zeros(2 * I + 1, H),
                                              "down_proj.weight": torch.zeros(H, I)})
+
+
+def test_compiled_backward_receives_x_gate_up_not_h() -> None:
+    """What torch.compile's partition (min-cut, as Inductor's) keeps for the backward: x, gate and up;
+    h is recomputed in the backward, not saved (before gated_down the composed Linear saved it)."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    saved: list[tuple[int, ...]] = []
+
+    def bw_compiler(gm, example_inputs):
+        saved.extend(tuple(n.meta["val"].shape) for n in gm.graph.nodes
+                     if n.op == "placeholder" and not n.name.startswith("tangents"))
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=bw_compiler,
+                           partition_fn=min_cut_rematerialization_partition)
+    torch._dynamo.reset()
+    model, x = kp.nn.GatedMLP(H, I, "gelu"), randn(5, H).requires_grad_()
+    torch.compile(model, backend=backend, fullgraph=True)(x).sum().backward()
+    assert sorted(s for s in saved if s and s[0] == 5) == [(5, H), (5, I), (5, I)]

@@ -61,6 +61,23 @@ def test_llama_mlps_swapped_and_validated(llama_mlp_run: dict) -> None:
     assert type(fresh.model.layers[0].mlp) is modeling_llama.LlamaMLP  # the class is untouched
 
 
+def _saved_intermediate(model: nn.Module, inputs: dict) -> list[torch.Tensor]:
+    """The tensors of the MLPs' intermediate width that autograd keeps for the backward of one step."""
+    width, tokens, saved = model.config.intermediate_size, inputs["input_ids"].numel(), []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        model(**inputs)
+    return [t for t in saved if t.dim() >= 2 and t.shape[-1] == width and t.numel() == tokens * width]
+
+
+def test_llama_training_saves_gate_and_up_not_h(llama_mlp_run: dict) -> None:
+    """Per layer HF's LlamaMLP keeps gate, act(gate), up and h; the optimized one gate and up alone."""
+    saved = _saved_intermediate(llama_mlp_run["model"], llama_mlp_run["inputs"])
+    assert len(saved) == 2 * N_MLPS
+    assert len({t.untyped_storage().data_ptr() for t in saved}) == 2 * N_MLPS
+    fresh, inputs = models.llama()
+    assert len(_saved_intermediate(fresh, inputs)) == 4 * N_MLPS
+
+
 def test_llama_keeps_parameters_keys_and_generate(llama_mlp_run: dict) -> None:
     model, before = llama_mlp_run["model"], llama_mlp_run["before"]
     assert {n: id(p) for n, p in model.named_parameters()} == {n: id(p) for n, p in before["params"].items()}

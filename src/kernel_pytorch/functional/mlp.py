@@ -17,9 +17,17 @@ backward itself. So what lives from forward to backward is x and gate/up alone, 
 gate, up, act(gate) and h, and the backward's peak adds one (N, I) buffer to them. A second backward
 through the same graph raises (the saved buffers' versions are bumped after the write).
 
-Anywhere else (CPU, compile, export, autocast, mixed dtypes, inference) the block is composed of
-torch's Linear and the gated activation (`functional.gated_act`, registered op under compile), whose
-gate/up inputs are this call's own temporaries, so its eager backward writes its gradients over them.
+The registered-op path (CPU, and torch.compile anywhere), recording gradients with x and the
+parameters of one dtype and device, no autocast: gate/up come from torch's Linear, and the gated
+activation and the down projection are one registered op (`kernel_pytorch::gated_down_fwd`, packed:
+`gated_down_packed_fwd`, ops/gated_down.py) whose backward recomputes h in the kernel that computes
+d_gate, d_up. Autograd keeps x, gate and up (gate_up) and the weights, not h: under compile the AOT
+partitioner sees the op as one node and saves its declared inputs.
+
+Anywhere else (export, autocast, mixed dtypes, inference) the block is composed of torch's Linear and
+the gated activation (`functional.gated_act`, registered op under compile and export), whose gate/up
+inputs are this call's own temporaries, so its eager backward writes its gradients over them. An
+exported program has no backward, so nothing is saved there: it keeps the plain Linear nodes.
 
 bias_act_mlp(x, ...) = fc2(act(fc1(x))) with fc1's bias added by the fused bias + activation (one pass instead
 of two; its gradient written over fc1's bias-free output, which this call owns).
@@ -159,6 +167,8 @@ def gated_mlp(
     if path == "eager" and _block(x, params):
         return _GatedMLPBlock.apply(act, x, *params)
     gate, up = F.linear(x, gate_weight, gate_bias), F.linear(x, up_weight, up_bias)
+    if path == "op" and _recompute_h(x, params):
+        return torch.ops.kernel_pytorch.gated_down_fwd(gate, up, down_weight, down_bias, act)
     # gate and up are this call's own: their gradient may be written over them
     h = gated_act(gate, up, act, inplace_backward=True, backend=backend)
     return F.linear(h, down_weight, down_bias)
@@ -191,6 +201,8 @@ def gated_mlp_packed(
     if path == "eager" and _block(x, params):
         return _GatedMLPBlock.apply(act, x, *params)
     gate_up = F.linear(x, gate_up_weight, gate_up_bias)
+    if path == "op" and _recompute_h(x, params):
+        return torch.ops.kernel_pytorch.gated_down_packed_fwd(gate_up, down_weight, down_bias, act)
     h = gated_act_packed(gate_up, act, inplace_backward=True, backend=backend)
     return F.linear(h, down_weight, down_bias)
 
@@ -199,6 +211,17 @@ def _block(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
     """Whether an eager-path call takes the whole-block function: it records a gradient, and x and
     the parameters share a dtype and device with autocast off (the block runs its GEMMs as given)."""
     return _records_grad(x, *params) and _one_kind(x, params) and not _autocast_on(x.device.type)
+
+
+def _recompute_h(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
+    """Whether an op-path call takes the gated_down op: as `_block`, and not under torch.export (an
+    exported program has no backward to save h for; it keeps the composed Linear nodes)."""
+    return _block(x, params) and not _exporting()
+
+
+def _exporting() -> bool:
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting()) if is_exporting is not None else False
 
 
 def bias_act_mlp(

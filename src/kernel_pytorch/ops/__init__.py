@@ -13,6 +13,8 @@ from kernel_pytorch.ops import (  # noqa: F401  (registration)
     fused_linear_cross_entropy,
     gated_act,
     gated_act_packed,
+    gated_down,
+    gated_down_packed,
     layer_norm,
     rms_norm,
     rope,
@@ -30,6 +32,8 @@ from kernel_pytorch.ops.gated_act import (
     gated_act_packed_fwd,
 )
 from kernel_pytorch.ops.gated_act_packed import gated_act_packed_eager
+from kernel_pytorch.ops.gated_down import gated_down_eager
+from kernel_pytorch.ops.gated_down_packed import gated_down_packed_eager
 from kernel_pytorch.ops.layer_norm import layer_norm_eager
 from kernel_pytorch.ops.rms_norm import rms_norm_eager
 from kernel_pytorch.ops.rope import rope_eager
@@ -55,6 +59,10 @@ __all__ = [
     "gated_act_packed_bwd",
     "gated_act_packed_eager",
     "gated_act_packed_fwd",
+    "gated_down",
+    "gated_down_eager",
+    "gated_down_packed",
+    "gated_down_packed_eager",
     "layer_norm",
     "layer_norm_eager",
     "rms_norm",

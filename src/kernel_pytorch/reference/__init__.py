@@ -17,6 +17,12 @@ from kernel_pytorch.reference.gated_act import (
     geglu,
     swiglu,
 )
+from kernel_pytorch.reference.gated_down import (
+    gated_down,
+    gated_down_backward,
+    gated_down_packed,
+    gated_down_packed_backward,
+)
 from kernel_pytorch.reference.layer_norm import layer_norm, layer_norm_backward
 from kernel_pytorch.reference.mlp import gated_mlp, gated_mlp_packed, mlp
 from kernel_pytorch.reference.positions import (
@@ -59,6 +65,10 @@ __all__ = [
     "gated_act_backward",
     "gated_act_packed",
     "gated_act_packed_backward",
+    "gated_down",
+    "gated_down_backward",
+    "gated_down_packed",
+    "gated_down_packed_backward",
     "gated_mlp",
     "gated_mlp_packed",
     "geglu",
