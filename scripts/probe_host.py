@@ -13,15 +13,20 @@ fwd+bwd through torch.autograd.grad with a fixed upstream gradient, as the suite
 
 CPU (--host): the eager CUDA path of every op family run on CPU tensors with the Triton launch replaced
 by a no-op (`Launcher.__call__`), so what is left is our Python: the functional entry (checks, backend
-resolution), the eager autograd.Function, the launchers (tile choice, allocations, strides). Columns:
-    total      the functional call (fwd under no_grad; fwd+bwd with autograd.grad)
-    entry      the eager autograd.Function called directly (what total costs less checks and dispatch)
-    launchers  the launchers alone (fwd, then bwd), eager=True, no autograd
-    registered the registered op (torch.ops.kernel_pytorch.*_fwd) with its kernel a no-op, for comparison
-The direct launch itself (Launcher's cached-binary path: argument key, stream, Triton's C launcher) is
-not in these numbers: it needs CUDA (about 5 us of the 16 us a Triton launch costs on our H100 host).
-CPU-only work is in them where the functional layer reads values off CUDA only (embedding's index
-range: one min/max).
+resolution), the eager entry (autograd.Function), the launchers (tile choice, allocations, strides).
+Microseconds of this thread's CPU time per call, the least of 15 repeats (other users of a shared
+machine only ever add time). Columns, for fwd (under no_grad) and f+b (fwd + torch.autograd.grad):
+    fwd, fwd+bwd      the functional call (kernel_pytorch.functional, backend="triton")
+    entry             the eager entry called directly (the functional call less checks and dispatch)
+    launch            the launchers alone, eager=True, no autograd
+    torch             eager torch's formula for the op on tiny CPU tensors: its own host path (dispatch,
+                      autograd nodes), the compute negligible; the yardstick (on the GPU each of its ops
+                      is a kernel launch too)
+A second table times the direct launch's lookup key per fwd+bwd on the recorded arguments of every
+launch: Triton's specialisation key (`_arg_key`, built on every launch before) against the per-call key
+(`_call_key`). The rest of a direct launch (stream, Triton's launcher) needs CUDA and is not measured.
+CPU-only work is in the columns where the functional layer reads values off CUDA only (embedding's
+index range, one min/max) and in cross-entropy's target range check (a host sync on CUDA as well).
 """
 
 from __future__ import annotations
@@ -64,6 +69,10 @@ def per_call_us(fn: Call, min_s: float = 0.2, repeats: int = 15, clock: Callable
 # ---- the CPU probe: our eager path without the launch ------------------------------------------------
 
 
+# the arguments of each launch, while a probe records them (launch_keys)
+RECORDED: list[tuple] | None = None
+
+
 @contextlib.contextmanager
 def eager_path_without_launch() -> Iterator[None]:
     """Route CPU tensors down the eager CUDA path (functional sees an active Triton path) and make every
@@ -73,7 +82,12 @@ def eager_path_without_launch() -> Iterator[None]:
 
     saved = _dispatch.triton_status, _launch.Launcher.__call__
     _dispatch.triton_status = lambda device=None: (True, "probe: launch replaced by a no-op")
-    _launch.Launcher.__call__ = lambda self, grid, *args, eager, num_warps, **meta: None
+
+    def no_launch(self: Any, grid: Any, *args: Any, eager: bool, num_warps: int, **meta: Any) -> None:
+        if RECORDED is not None:
+            RECORDED.append(args)
+
+    _launch.Launcher.__call__ = no_launch
     try:
         yield
     finally:
@@ -246,6 +260,24 @@ def _no_grad(fn: Call) -> Call:
     return run
 
 
+def launch_keys(name: str, step: Call) -> None:
+    """Time the two launch keys of ops/_launch.py on the arguments of the launches of one call."""
+    from kernel_pytorch.ops import _launch
+
+    global RECORDED
+    RECORDED = []
+    step()
+    launches, RECORDED = RECORDED, None
+    if not launches:
+        print(f"  {name:14s} no Triton launch")
+        return
+    spec = per_call_us(lambda: [_launch._arg_key(a) for a in launches], clock=time.thread_time)
+    call_key = getattr(_launch, "_call_key", None)
+    now = per_call_us(lambda: [call_key(a) for a in launches], clock=time.thread_time) if call_key else float("nan")
+    n_args = sum(map(len, launches))
+    print(f"  {name:14s} {len(launches)} launches, {n_args} arguments: {spec:5.1f} us -> {now:5.1f} us")
+
+
 def host_probe(only: list[str] | None, profile: str | None) -> None:
     torch.set_num_threads(1)  # host cost, not CPU kernels: no thread pool to wake (and other users share the CPU)
     with eager_path_without_launch():
@@ -260,6 +292,11 @@ def host_probe(only: list[str] | None, profile: str | None) -> None:
             row = [per_call_us(_no_grad(calls[c]) if "fwd" in c and "+" not in c else calls[c], clock=time.thread_time)
                    for c in COLUMNS]
             print(f"{name:14s}" + "".join(f"{v:11.1f}" for v in row), flush=True)
+        print("\nlaunch keys (the direct launch's lookup, not in the columns above): us per fwd+bwd, "
+              "Triton's specialisation key built on every launch (before) vs the per-call key (now)")
+        for name, calls in cases.items():
+            if not only or name in only:
+                launch_keys(name, calls["fwd+bwd"])
         if profile:
             step = cases[profile]["fwd+bwd"]
             for _ in range(50):

@@ -118,3 +118,17 @@ def test_triton_status_of_a_cpu_device_is_not_cached() -> None:
     active, why = _env.triton_status(torch.device("cpu"))
     assert not active and "cpu" in why
     assert 0 not in _env._CUDA_STATUS or torch.cuda.is_available()
+
+
+@pytest.mark.cuda
+def test_direct_launches_by_the_call_key_on_cuda() -> None:
+    """Repeated shapes find their binary by the per-call key; a new shape of the same specialisation
+    (rows 5 and 7) and a misaligned view take the specialisation key, and every result is right."""
+    from kernel_pytorch.ops import rms_norm as rms_ops
+
+    w = randn(64, device="cuda")
+    base = randn(8 * 64 + 1, device="cuda")
+    for x in (randn(4, 64, device="cuda"), randn(4, 64, device="cuda"), randn(5, 64, device="cuda"),
+              randn(7, 64, device="cuda"), base[1:].view(8, 64), base[:-1].view(8, 64)):
+        assert_close(rms_norm_eager(x, w, 1e-6, 0.0), R.rms_norm(x, w, 1e-6), "rms_norm")
+    assert rms_ops._fwd_kernel._calls and rms_ops._fwd_kernel._binaries
