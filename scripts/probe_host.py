@@ -6,7 +6,7 @@
     PYTHONPATH=src python scripts/probe_host.py --host --profile rms_norm   # + cProfile of one op
 
 GPU: median ms of kernel_pytorch.benchmark's timer (CUDA events, L2 flushed, as the suites time their
-do_bench rows) of ours (backend="triton") against eager torch as transformers writes it, at shapes where
+do_bench rows) of ours (backend=backend) against eager torch as transformers writes it, at shapes where
 host time decides: SwiGLU 4096x1024 fwd and fwd+bwd, RoPE decode q (32, 32, 1, 128) + k (32, 8, 1, 128)
 fwd, RMSNorm 8x4096 fwd+bwd; the ratio is eager / ours (>= 1: ours no slower). fwd under no_grad,
 fwd+bwd through torch.autograd.grad with a fixed upstream gradient, as the suites do.
@@ -16,7 +16,7 @@ by a no-op (`Launcher.__call__`), so what is left is our Python: the functional 
 resolution), the eager entry (autograd.Function), the launchers (tile choice, allocations, strides).
 Microseconds of this thread's CPU time per call, the least of 15 repeats (other users of a shared
 machine only ever add time). Columns, for fwd (under no_grad) and f+b (fwd + torch.autograd.grad):
-    fwd, fwd+bwd      the functional call (kernel_pytorch.functional, backend="triton")
+    fwd, fwd+bwd      the functional call (kernel_pytorch.functional, backend=backend)
     entry             the eager entry called directly (the functional call less checks and dispatch)
     launch            the launchers alone, eager=True, no autograd
     torch             eager torch's formula for the op on tiny CPU tensors: its own host path (dispatch,
@@ -314,10 +314,14 @@ def host_probe(only: list[str] | None, profile: str | None) -> None:
 # ---- the GPU probe: ours vs eager torch at launch-bound shapes -----------------------------------
 
 
-def gpu_probe() -> None:
+def gpu_probe(device: str = "cuda", backend: str = "triton") -> None:
+    """The GPU table (device/backend other than cuda/triton: a dry run of this code elsewhere)."""
     from kernel_pytorch.benchmark.timer import time_fn
 
-    dev = torch.device("cuda")
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else device
+    print(f"{name}, torch {torch.__version__}; ours backend={backend!r}; fwd under no_grad, fwd+bwd autograd.grad")
+    start = time.perf_counter()
     bf = torch.bfloat16
     torch.manual_seed(0)
     rows: list[tuple[str, float, float]] = []
@@ -334,19 +338,19 @@ def gpu_probe() -> None:
         t_ours = time_fn(wrap(ours), device=dev, warmup_ms=10, rep_ms=60).median_ms
         t_eager = time_fn(wrap(eager), device=dev, warmup_ms=10, rep_ms=60).median_ms
         rows.append((label, t_ours, t_eager))
-        print(f"{label:42s} ours {t_ours:8.4f} ms  eager {t_eager:8.4f} ms  eager/ours {t_eager / t_ours:5.2f}x",
+        print(f"{label:44s} ours {t_ours:8.4f} ms  eager {t_eager:8.4f} ms  eager/ours {t_eager / t_ours:5.2f}x",
               flush=True)
 
     gate = torch.randn(4096, 1024, device=dev, dtype=bf, requires_grad=True)
     up = torch.randn(4096, 1024, device=dev, dtype=bf, requires_grad=True)
     dh = torch.randn(4096, 1024, device=dev, dtype=bf)
     silu = torch.nn.functional.silu
-    bench("swiglu 4096x1024 fwd", lambda: F.swiglu(gate, up, backend="triton"), lambda: silu(gate) * up, True)
+    bench("swiglu 4096x1024 fwd", lambda: F.swiglu(gate, up, backend=backend), lambda: silu(gate) * up, True)
     bench("swiglu 4096x1024 fwd+bwd",
-          lambda: torch.autograd.grad(F.swiglu(gate, up, backend="triton"), (gate, up), dh),
+          lambda: torch.autograd.grad(F.swiglu(gate, up, backend=backend), (gate, up), dh),
           lambda: torch.autograd.grad(silu(gate) * up, (gate, up), dh), False)
     bench("swiglu 4096x1024 fwd+bwd (inplace_backward)",
-          lambda: torch.autograd.grad(F.swiglu(gate * 1, up * 1, inplace_backward=True, backend="triton"),
+          lambda: torch.autograd.grad(F.swiglu(gate * 1, up * 1, inplace_backward=True, backend=backend),
                                       (gate, up), dh),
           lambda: torch.autograd.grad(silu(gate * 1) * (up * 1), (gate, up), dh), False)
 
@@ -362,7 +366,7 @@ def gpu_probe() -> None:
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
 
-    bench("rope decode (32,32|8,1,128) fwd", lambda: F.apply_rotary(q, k, cos, sin, backend="triton"), hf_rope,
+    bench("rope decode (32,32|8,1,128) fwd", lambda: F.apply_rotary(q, k, cos, sin, backend=backend), hf_rope,
           True)
 
     x = torch.randn(8, 4096, device=dev, dtype=bf, requires_grad=True)
@@ -373,11 +377,12 @@ def gpu_probe() -> None:
         t32 = t.float()
         return w * (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(t.dtype)
 
-    bench("rms_norm 8x4096 fwd+bwd", lambda: torch.autograd.grad(F.rms_norm(x, w, backend="triton"), (x, w), dy),
+    bench("rms_norm 8x4096 fwd+bwd", lambda: torch.autograd.grad(F.rms_norm(x, w, backend=backend), (x, w), dy),
           lambda: torch.autograd.grad(hf_rms(x), (x, w), dy), False)
     print("\nsummary (eager/ours >= 1.00: ours not slower, median of do_bench-style CUDA-event timing):")
     for label, t_ours, t_eager in rows:
-        print(f"  {label:42s} {t_eager / t_ours:5.2f}x  {'ok' if t_ours <= t_eager else 'SLOWER'}")
+        print(f"  {label:44s} {t_eager / t_ours:5.2f}x  {'ok' if t_ours <= t_eager else 'SLOWER'}")
+    print(f"probe wall time {time.perf_counter() - start:.1f} s")
 
 
 def main() -> None:
