@@ -2,6 +2,7 @@
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
+#   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
 #   suite stopped that way still writes the rows it finished, marked PARTIAL.
@@ -53,6 +54,7 @@ for s in $steps; do
     # the paired partial rows (repeated, to catch a race) and bitwise determinism
     grid) step 120 pytest_grid python3 -m pytest -q -p no:cacheprovider tests/ops -k "paired or tails or deterministic" ;;
     sweep) step 120 sweep python3 scripts/probe_norms.py --sweep ;;
+    host) step 60 probe_host python3 scripts/probe_host.py ;;
     # how the RoPE tile kernel forms its pairs (decides PAIRS_* in ops/rope.py)
     rope_pairs) step 90 probe_rope_pairs python3 scripts/probe_rope.py --sections pairs ;;
     norms | attention | rope | mlp | cross_entropy) bench 300 "$s" ;;

@@ -42,6 +42,12 @@ def triton_status(device: torch.device | str | None = None) -> tuple[bool, str]:
     Returns:
         (active, reason): reason is a short human sentence, suitable for a log line.
     """
+    if device.__class__ is torch.device and device.index is not None:
+        # the functional layer asks with x.device on every call: a CUDA device answered before is
+        # one lookup (torch.device(), is_available() and the index cost a few microseconds)
+        known = _CUDA_STATUS.get(device.index) if device.type == "cuda" else None
+        if known is not None:
+            return known
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type != "cuda":
         if triton_version() is None:
@@ -50,7 +56,12 @@ def triton_status(device: torch.device | str | None = None) -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, "no CUDA device is available"
     index = dev.index if dev is not None and dev.index is not None else torch.cuda.current_device()
-    return _cuda_triton_status(index)
+    status = _CUDA_STATUS[index] = _cuda_triton_status(index)
+    return status
+
+
+# device index -> triton_status of that CUDA device, once asked (CUDA does not come and go in a process)
+_CUDA_STATUS: dict[int, tuple[bool, str]] = {}
 
 
 @functools.cache

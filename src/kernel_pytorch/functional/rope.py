@@ -25,7 +25,35 @@ from torch import Tensor
 
 from kernel_pytorch import reference
 from kernel_pytorch.functional._dispatch import Backend, _resolve, kernels
-from kernel_pytorch.reference.rope_checks import check_position_range, check_rope_args
+from kernel_pytorch.reference.rope_checks import RopeShape, check_position_range, check_rope_args
+
+# Argument signatures that passed `check_rope_args` (types, shapes, dtypes, devices, layout): a decode
+# loop meets one signature every step, and the checks cost tens of microseconds of Python per call
+# where the signature's lookup costs a few. Failures are never stored: a bad call raises every time.
+_CHECKED: dict[tuple, RopeShape] = {}
+MAX_CHECKED = 1024
+
+
+def _checked_shape(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None, unsqueeze_dim: int
+) -> RopeShape:
+    """check_rope_args, remembered per argument signature (everything the checks read)."""
+    try:
+        key = (
+            type(q), type(k), type(cos), type(sin), q.shape, k.shape, cos.shape, sin.shape, q.dtype, k.dtype,
+            cos.dtype, sin.dtype, q.device, k.device, cos.device, sin.device, unsqueeze_dim,
+            None if position_ids is None else (type(position_ids), position_ids.shape, position_ids.dtype,
+                                               position_ids.device),
+        )
+        shape = _CHECKED.get(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: the checks name it
+        return check_rope_args(q, k, cos, sin, position_ids, unsqueeze_dim)
+    if shape is None:
+        shape = check_rope_args(q, k, cos, sin, position_ids, unsqueeze_dim)
+        if len(_CHECKED) >= MAX_CHECKED:
+            _CHECKED.clear()
+        _CHECKED[key] = shape
+    return shape
 
 
 class _RopeInplace(torch.autograd.Function):
@@ -94,7 +122,7 @@ def apply_rotary(
     """
     compiling = torch.compiler.is_compiling()
     if not compiling:
-        shape = check_rope_args(q, k, cos, sin, position_ids, unsqueeze_dim)
+        shape = _checked_shape(q, k, cos, sin, position_ids, unsqueeze_dim)
         if position_ids is not None and position_ids.device.type != "cuda":
             check_position_range(position_ids, shape.n_positions)
     path = _resolve(backend, "apply_rotary", q, compiling)

@@ -7,8 +7,9 @@ For an op `name` with a backward, `register_op` defines
         launcher on CUDA and the reference elsewhere (compile, export and opcheck trace the body for
         every device, so the non-CUDA branch lives in the body as well as in register_kernel("cpu"))
     register_fake for both, register_autograd for the forward (the backward op has none)
-    an eager autograd.Function and its `apply`, the eager CUDA entry: the launchers with eager=True,
-        without the op dispatcher (30-50 us of host time per call, which decides small shapes)
+    an eager autograd.Function and the eager CUDA entry (`_eager_entry`: its C apply, or the forward
+        launcher alone in no-grad mode): the launchers with eager=True, without the op dispatcher (30-50
+        us of host time per call, which decides small shapes)
 
 A forward-only op (no backward) gets `<name>_fwd` alone, and the launcher with eager=True as its eager
 entry.
@@ -44,6 +45,11 @@ from typing import Any, NamedTuple, Optional
 import torch
 from torch import Tensor
 from torch.library import triton_op
+
+try:  # where autograd.Function.apply decides whether it binds default arguments (torch >= 2.1)
+    from torch.autograd.function import _is_setup_context_defined
+except ImportError:  # pragma: no cover - the plain `.apply` is used
+    _is_setup_context_defined = None
 
 # map(is_not, optional_inputs, _NONES): whether each was given, without a Python frame per call
 _NONES = itertools.repeat(None)
@@ -325,6 +331,44 @@ def _eager_function(
     )
 
 
+def _eager_entry(
+    name: str, cls: type[torch.autograd.Function], launch_fwd: Callable[..., Any], plan: _Plan, fs: _Schema
+) -> Callable[..., Any]:
+    """The eager entry: `cls.apply` without autograd.Function.apply's Python layer, and without the
+    Function at all where grad mode is off.
+
+    autograd.Function.apply's Python layer binds default arguments (only with a setup_context, which
+    these Functions do not define) and unwraps tensors left over from a finished functorch transform,
+    at 2-3 us per call on our hosts; the functional layer calls the entry with tensors it has just
+    checked, not such leftovers, so the entry calls the C apply. With grad mode off (no_grad,
+    inference_mode: a decode step) nothing is recorded, so the forward launcher runs alone, as
+    Function.apply would run it, without the Function's context and output wrapping. Under functorch
+    transforms every call takes `cls.apply`, as before.
+    """
+    full, transforms_active, grad_enabled = cls.apply, torch._C._are_functorch_transforms_active, torch.is_grad_enabled
+    if _is_setup_context_defined is None or _is_setup_context_defined(cls.setup_context):
+        return full
+    c_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, cls)
+    returned, fwd_single = plan.returned, fs.single
+    n_inputs, defaults = len(fs.inputs), fs.defaults
+    n_required = n_inputs - len(defaults)
+
+    def entry(*args: Any) -> Any:
+        if transforms_active():
+            return full(*args)
+        if grad_enabled():
+            return c_apply(*args)
+        if n_required <= len(args) < n_inputs:
+            args += defaults[len(args) - n_inputs :]
+        outs = launch_fwd(*args)
+        return returned((outs,) if fwd_single else outs)
+
+    entry.__doc__ = f"{cls.__name__}.apply, by its C apply; the forward launcher alone in no-grad mode."
+    entry.__name__ = entry.__qualname__ = f"{name}_eager"
+    entry.Function = cls  # type: ignore[attr-defined]  # the autograd.Function behind it
+    return entry
+
+
 def register_op(
     name: str,
     forward: Impl,
@@ -363,4 +407,5 @@ def register_op(
     plan = _plan(name, forward, backward, fs, bs, differentiable, save, keep, present, dict(grads or {}))
     fwd, bwd = _define(fwd_name, forward, fs, module), _define(bwd_name, backward, bs, module)
     _register_autograd(fwd, bwd, plan, fs, bs)
-    return RegisteredOp(fwd, bwd, _eager_function(name, module, launch_fwd, launch_bwd, plan, fs, bs).apply)
+    function = _eager_function(name, module, launch_fwd, launch_bwd, plan, fs, bs)
+    return RegisteredOp(fwd, bwd, _eager_entry(name, function, launch_fwd, plan, fs))

@@ -125,6 +125,22 @@ def heads_per_tile(heads: int, block_r2: int) -> int:
     return max(1, min(next_power_of_2(heads), next_power_of_2(max(1, TILE_ELEMENTS // (2 * block_r2)))))
 
 
+def plan(
+    batch: int, seq_len: int, heads_q: int, heads_k: int, half: int, n_pass: int, n_positions: int, *,
+    interleaved: bool, has_pos: bool, copy_pass: bool, backward: bool, hf_rounding: bool, num_warps: int,
+) -> tuple[Launcher, tuple[int, ...], tuple, dict]:
+    """The per-token kernel's launch for ops/rope.py: (kernel, grid, the scalar arguments after the
+    strides, the constexprs and warps)."""
+    block_r2 = next_power_of_2(half)
+    meta = dict(
+        BLOCK_R2=block_r2, BLOCK_P=next_power_of_2(n_pass) if copy_pass else 1,
+        BLOCK_HQ=heads_per_tile(heads_q, block_r2), BLOCK_HK=heads_per_tile(heads_k, block_r2),
+        INTERLEAVED=interleaved, HAS_POS=has_pos, COPY_PASS=copy_pass, BACKWARD=backward,
+        HF_ROUNDING=hf_rounding, num_warps=num_warps,
+    )
+    return _kernel, (batch * seq_len,), (seq_len, heads_q, heads_k, half, n_pass, n_positions, -0.0), meta
+
+
 def launch(
     tensors: tuple, strides: tuple, batch: int, seq_len: int, heads_q: int, heads_k: int, half: int,
     n_pass: int, n_positions: int, *, interleaved: bool, has_pos: bool, copy_pass: bool, backward: bool,
@@ -133,11 +149,8 @@ def launch(
     """Start the per-token kernel on arguments ops/rope.py prepared: tensors (q, k, q_out, k_out, cos,
     sin, pos) and strides (q, k, q_out, k_out as (batch, token, head, feature); then cos, sin and
     position-id strides)."""
-    block_r2 = next_power_of_2(half)
-    _kernel(
-        (batch * seq_len,), *tensors, *strides, seq_len, heads_q, heads_k, half, n_pass, n_positions, -0.0,
-        BLOCK_R2=block_r2, BLOCK_P=next_power_of_2(n_pass) if copy_pass else 1,
-        BLOCK_HQ=heads_per_tile(heads_q, block_r2), BLOCK_HK=heads_per_tile(heads_k, block_r2),
-        INTERLEAVED=interleaved, HAS_POS=has_pos, COPY_PASS=copy_pass, BACKWARD=backward,
-        HF_ROUNDING=hf_rounding, num_warps=num_warps, eager=eager,
+    kernel, grid, scalars, meta = plan(
+        batch, seq_len, heads_q, heads_k, half, n_pass, n_positions, interleaved=interleaved, has_pos=has_pos,
+        copy_pass=copy_pass, backward=backward, hf_rounding=hf_rounding, num_warps=num_warps,
     )
+    kernel(grid, *tensors, *strides, *scalars, **meta, eager=eager)

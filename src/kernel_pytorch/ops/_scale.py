@@ -105,7 +105,7 @@ def scaled_grad(grad: Tensor, dloss: Tensor, *, eager: bool = False) -> Tensor:
     Args:
         grad: any shape; dloss: one element, or one per row of grad.
     """
-    out = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+    out = torch.empty_like(grad, memory_format=torch.contiguous_format)
     if grad.numel():
         _launch(_rows(grad), contiguous_rows(out if out.dim() > 1 else out.unsqueeze(0)), dloss, grad.shape[-1],
                 False, eager)

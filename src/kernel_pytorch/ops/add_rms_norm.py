@@ -59,14 +59,14 @@ def _fwd_fake(
     x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama"
 ) -> tuple[Tensor, Tensor, Tensor]:
     rounds_normed(casting)  # an unknown casting fails under compile and export too
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
     return y, torch.empty_like(y), x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
 
 
 def _bwd_fake(
     dy: Tensor, dh: Tensor, h: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama"
 ) -> tuple[Tensor, Tensor]:
-    return torch.empty(h.shape, dtype=h.dtype, device=h.device), torch.empty_like(weight)
+    return torch.empty_like(h, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
 # kernel_pytorch::add_rms_norm_fwd (x, residual, weight, eps, offset, casting="llama") -> (y, h, rstd) and

@@ -131,7 +131,7 @@ def bias_act_fwd(
     Returns:
         y of x's shape and dtype (contiguous unless `out` is given).
     """
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+    y = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
     x2, y2 = as_2d(x), as_2d_out(y, "out")
     n_rows, n_cols = x2.shape
     if n_rows == 0 or n_cols == 0:
@@ -158,7 +158,7 @@ def bias_act_bwd(
     Returns:
         dx of x's shape and dtype; dbias (D,) of bias's dtype, or None without a bias.
     """
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
     dy2, x2, dx2 = as_2d(dy), as_2d(x), as_2d_out(dx, "out")
     n_rows, n_cols = x2.shape
     if n_rows == 0 or n_cols == 0:
@@ -191,11 +191,12 @@ def _bwd_reference(dy: Tensor, x: Tensor, bias: Tensor | None, act: str) -> tupl
 
 
 def _fwd_fake(x: Tensor, bias: Tensor | None, act: str) -> Tensor:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _bwd_fake(dy: Tensor, x: Tensor, bias: Tensor | None, act: str) -> tuple[Tensor, Tensor | None]:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(bias) if bias is not None else None
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(bias) if bias is not None else None)
 
 
 # kernel_pytorch::bias_act_fwd (x, bias?, act) -> y and bias_act_bwd (dy, x, bias?, act) -> (dx, dbias);

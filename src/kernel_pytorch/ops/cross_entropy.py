@@ -164,7 +164,7 @@ def _grad_rows(logits: Tensor, rows: Rows, inplace: bool) -> tuple[Tensor, Rows]
     had to copy them) the copy, in place; else a new contiguous buffer."""
     if inplace:
         return (logits if rows.same_storage(logits) else rows.tensor.view(logits.shape)), rows
-    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
     return grad, contiguous_rows(grad)
 
 
@@ -292,12 +292,12 @@ def _fwd_fake(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_inde
     dtype = acc_dtype(logits.dtype)
     loss = logits.new_empty(target.shape if reduction == "none" else (), dtype=dtype)
     lse = logits.new_empty(target.numel(), dtype=dtype)
-    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device) if with_grad else None
+    grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if with_grad else None
     return loss, lse, grad
 
 
 def _bwd_fake(dloss: Tensor, grad: Tensor) -> Tensor:
-    return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+    return torch.empty_like(grad, memory_format=torch.contiguous_format)
 
 
 # kernel_pytorch::cross_entropy_fwd (logits, target, weight?, ignore_index, reduction, label_smoothing,

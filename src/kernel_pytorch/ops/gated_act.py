@@ -152,7 +152,7 @@ def gated_act_fwd(gate: Tensor, up: Tensor, act: str, *, out: Tensor | None = No
     Returns:
         h of gate's shape and dtype (contiguous unless `out` is given).
     """
-    h = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) if out is None else out
+    h = torch.empty_like(gate, memory_format=torch.contiguous_format) if out is None else out
     if dense(gate, up, h):
         n = gate.numel()
         _launch_fwd(gate, up, h, 1, n, _flat(n, 3), act, eager)
@@ -179,13 +179,13 @@ def gated_act_bwd(
         (d_gate, d_up, h or None), of gate's shape and dtype.
     """
     if d_gate is None:
-        d_gate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        d_gate = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if d_up is None:
-        d_up = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        d_up = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if not with_h:
         h = None
     elif h is None:
-        h = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        h = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if dense(dh, gate, up, d_gate, d_up) and (h is None or h.is_contiguous()):
         n = gate.numel()
         _launch_bwd(dh, gate, up, d_gate, d_up, h, 1, n, _flat(n, 6), act, eager)
@@ -238,7 +238,7 @@ def gated_act_packed_bwd(
     Returns:
         ([d_gate | d_up] of gate_up's shape and dtype, h or None).
     """
-    d = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device) if out is None else out
+    d = torch.empty_like(gate_up, memory_format=torch.contiguous_format) if out is None else out
     if not with_h:
         h = None
     elif h is None:
@@ -262,12 +262,12 @@ def _bwd_reference(dh: Tensor, gate: Tensor, up: Tensor, act: str) -> tuple[Tens
 
 
 def _fwd_fake(gate: Tensor, up: Tensor, act: str) -> Tensor:
-    return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    return torch.empty_like(gate, memory_format=torch.contiguous_format)
 
 
 def _bwd_fake(dh: Tensor, gate: Tensor, up: Tensor, act: str) -> tuple[Tensor, Tensor]:
-    return (torch.empty(gate.shape, dtype=gate.dtype, device=gate.device),
-            torch.empty(gate.shape, dtype=gate.dtype, device=gate.device))
+    return (torch.empty_like(gate, memory_format=torch.contiguous_format),
+            torch.empty_like(gate, memory_format=torch.contiguous_format))
 
 
 # kernel_pytorch::gated_act_fwd (gate, up, act) -> h and gated_act_bwd (dh, gate, up, act) -> (d_gate,

@@ -39,7 +39,7 @@ def _fwd_fake(gate_up: Tensor, act: str) -> Tensor:
 
 
 def _bwd_fake(dh: Tensor, gate_up: Tensor, act: str) -> Tensor:
-    return torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device)
+    return torch.empty_like(gate_up, memory_format=torch.contiguous_format)
 
 
 # kernel_pytorch::gated_act_packed_fwd (gate_up, act) -> h and gated_act_packed_bwd (dh, gate_up, act) ->

@@ -251,7 +251,7 @@ def layer_norm_fwd(
     """
     x2 = as_rows(x)
     n_rows, n_cols = x2.shape
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
     mean = torch.empty(x.shape[:-1], dtype=acc_dtype(x.dtype), device=x.device)
     rstd = torch.empty_like(mean)
     if n_rows == 0:
@@ -292,7 +292,7 @@ def layer_norm_bwd(
     x2 = as_rows(x)
     dy2 = as_rows(dy)
     n_rows, n_cols = x2.shape
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     param_dtype = weight.dtype if weight is not None else x.dtype
     if n_rows == 0:
         dw = torch.zeros_like(weight) if weight is not None else None
@@ -356,7 +356,7 @@ def _bwd_reference(
 
 def _fwd_fake(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     stats = x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device), stats, torch.empty_like(stats)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), stats, torch.empty_like(stats)
 
 
 def _bwd_fake(
@@ -365,7 +365,7 @@ def _bwd_fake(
     param_dtype = weight.dtype if weight is not None else x.dtype
     dw = torch.empty_like(weight) if weight is not None else None
     db = x.new_empty(x.shape[-1], dtype=param_dtype) if has_bias else None
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device), dw, db
+    return torch.empty_like(x, memory_format=torch.contiguous_format), dw, db
 
 
 # kernel_pytorch::layer_norm_fwd (x, weight?, bias?, eps) -> (y, mean, rstd) and layer_norm_bwd (dy, x,

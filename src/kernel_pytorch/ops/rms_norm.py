@@ -229,7 +229,7 @@ def rms_norm_fwd(
     """
     x2 = as_rows(x)
     n_rows, n_cols = x2.shape
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
     rstd = torch.empty(x.shape[:-1], dtype=acc_dtype(x.dtype), device=x.device)
     h = torch.empty_like(y) if residual is not None else None
     round_normed = rounds_normed(casting)
@@ -265,7 +265,7 @@ def rms_norm_bwd(
     dy2 = as_rows(dy)
     dres2 = as_rows(dres) if dres is not None else dy2
     n_rows, n_cols = x2.shape
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     round_normed = rounds_normed(casting)
     if n_rows == 0:
         return dx, torch.zeros_like(weight)
@@ -316,14 +316,14 @@ def _fwd_fake(
     x: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama"
 ) -> tuple[Tensor, Tensor]:
     rounds_normed(casting)  # an unknown casting fails under compile and export too
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
     return y, x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
 
 
 def _bwd_fake(
     dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama"
 ) -> tuple[Tensor, Tensor]:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(weight)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
 # kernel_pytorch::rms_norm_fwd (x, weight, eps, offset, casting="llama") -> (y, rstd) and rms_norm_bwd

@@ -259,16 +259,54 @@ def tile_shape(seq_len: int, heads_q: int, heads_k: int, width: int, heads_conti
     return block_t, block_hq, min(next_power_of_2(heads_k), max(1, rows // block_t))
 
 
+# Eager launch plans by the inputs' shapes and strides, flags and the tunables (a decode step meets the
+# same shapes every call): `_plan` costs tens of microseconds of Python per call, the lookup a few.
+_PLANS: dict[tuple, tuple | None] = {}
+MAX_PLANS = 1024
+
+
 def _launch(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None, interleaved: bool,
     unsqueeze_dim: int, hf_rounding: bool, inplace: bool, backward: bool, eager: bool,
 ) -> tuple[Tensor, Tensor]:
     qo = q if inplace else torch.empty_like(q)
     ko = k if inplace else torch.empty_like(k)
+    if cos.stride(-1) != 1:
+        cos = cos.contiguous()  # (rows, r) of cos/sin: small next to q and k
+    if sin.stride(-1) != 1:
+        sin = sin.contiguous()
+    pos = position_ids
+    if not eager:  # traced (compile, export): sizes may be symbolic, nothing to cache
+        plan = _plan(q, k, qo, ko, cos, sin, pos, interleaved, unsqueeze_dim, hf_rounding, inplace, backward)
+    else:
+        key = (
+            q.shape, q.stride(), k.shape, k.stride(), qo.stride(), ko.stride(), cos.shape, cos.stride(), sin.shape,
+            sin.stride(), None if pos is None else (pos.shape, pos.stride()), interleaved, unsqueeze_dim,
+            hf_rounding, inplace, backward, TILE_ELEMENTS, TOKENS_PER_TILE, NUM_WARPS, PAIRS_ROTATE_HALF,
+            PAIRS_INTERLEAVED, SCHEDULE, SCHEDULES[interleaved], _rope_token.TILE_ELEMENTS,
+        )
+        plan = _PLANS.get(key, False)
+        if plan is False:
+            plan = _plan(q, k, qo, ko, cos, sin, pos, interleaved, unsqueeze_dim, hf_rounding, inplace, backward)
+            if len(_PLANS) >= MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    if plan is not None:
+        kernel, grid, scalars, meta = plan
+        kernel(grid, q, k, qo, ko, cos, sin, cos if pos is None else pos, *scalars, **meta, eager=eager)
+    return qo, ko
+
+
+def _plan(
+    q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None,
+    interleaved: bool, unsqueeze_dim: int, hf_rounding: bool, inplace: bool, backward: bool,
+) -> tuple | None:
+    """(kernel, grid, the scalar arguments after the tensors, constexprs and warps) for these inputs'
+    shapes and strides, or None when there is nothing to rotate; cos and sin have a unit last stride."""
     batch, seq_len, d = q.shape[0], q.shape[3 - unsqueeze_dim], q.shape[-1]
     heads_q, heads_k = q.shape[unsqueeze_dim], k.shape[unsqueeze_dim]
     if batch * seq_len * (heads_q + heads_k) == 0:
-        return qo, ko
+        return None
     table = position_ids is not None
     cos, scb, sct = _row_strides(cos, table)
     sin, ssb, sst = _row_strides(sin, table)
@@ -276,20 +314,20 @@ def _launch(
         pos = position_ids
         spb, spt = (0, pos.stride(0)) if pos.dim() == 1 else (pos.stride(0) if pos.shape[0] > 1 else 0, pos.stride(1))
     else:
-        pos, spb, spt = cos, 0, 0
+        spb, spt = 0, 0
     half = cos.shape[-1] // 2
     n_pass = d - 2 * half
     copy_pass = not inplace and n_pass > 0
     sq = _bthd_strides(q, unsqueeze_dim)
-    tensors = (q, k, qo, ko, cos, sin, pos)
     strides = (*sq, *_bthd_strides(k, unsqueeze_dim), *_bthd_strides(qo, unsqueeze_dim),
                *_bthd_strides(ko, unsqueeze_dim), scb, sct, ssb, sst, spb, spt)
     n_positions = cos.shape[0] if table else 0
     if (SCHEDULE or SCHEDULES[interleaved]) == "token":
-        _rope_token.launch(tensors, strides, batch, seq_len, heads_q, heads_k, half, n_pass, n_positions,
-                           interleaved=interleaved, has_pos=table, copy_pass=copy_pass, backward=backward,
-                           hf_rounding=hf_rounding, num_warps=NUM_WARPS, eager=eager)
-        return qo, ko
+        kernel, grid, scalars, meta = _rope_token.plan(
+            batch, seq_len, heads_q, heads_k, half, n_pass, n_positions, interleaved=interleaved, has_pos=table,
+            copy_pass=copy_pass, backward=backward, hf_rounding=hf_rounding, num_warps=NUM_WARPS,
+        )
+        return kernel, grid, (*strides, *scalars), meta
     pairs = PAIRS_INTERLEAVED if interleaved else PAIRS_ROTATE_HALF
     if pairs not in _PAIRS or (interleaved and pairs == "halves"):
         raise ValueError(f"no pair method {pairs!r} for {'interleaved' if interleaved else 'rotate-half'} pairs")
@@ -297,14 +335,12 @@ def _launch(
     block_t, block_hq, block_hk = tile_shape(seq_len, heads_q, heads_k, 2 * block_r2, sq[2] < sq[1])
     q_blocks = triton.cdiv(heads_q, block_hq)
     grid = (batch * triton.cdiv(seq_len, block_t), q_blocks + triton.cdiv(heads_k, block_hk))
-    _kernel(
-        grid, *tensors, *strides, seq_len, heads_q, heads_k, half, n_pass, n_positions, -0.0, q_blocks,
+    meta = dict(
         BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_R2=block_r2,
         BLOCK_P=next_power_of_2(n_pass) if copy_pass else 1, PAIRS=_PAIRS[pairs], INTERLEAVED=interleaved,
-        HAS_POS=table, COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding,
-        num_warps=NUM_WARPS, eager=eager,
+        HAS_POS=table, COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding, num_warps=NUM_WARPS,
     )
-    return qo, ko
+    return _kernel, grid, (*strides, seq_len, heads_q, heads_k, half, n_pass, n_positions, -0.0, q_blocks), meta
 
 
 def rope_fwd(
