@@ -141,3 +141,27 @@ def test_cuda_build_is_captured_in_a_cuda_graph() -> None:
     graph.replay()
     mod = _flex._mask_mod(640, 640, is_causal=True, window=None, seq_ids=ids, keep=None)
     _assert_same(captured, create_block_mask(mod, 4, None, 640, 640, device="cuda"))
+
+
+def test_fused_flex_retries_with_smaller_tiles_when_shared_memory_runs_out(monkeypatch) -> None:
+    # torch 2.11 on the H100 picked a bf16 head_dim-64 config needing more shared memory than the GPU has
+    monkeypatch.setattr(_flex, "_small_tiles", set())
+    calls = []
+
+    def run(q, k, v, kernel_options=None, **kwargs):
+        calls.append(kernel_options)
+        if kernel_options is None:
+            raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: Required: 245760")
+        return q + 1
+
+    q = torch.randn(1, 2, 4, 8)
+    out = _flex.run_fused(run, q, q, q, score_mod=None, block_mask=None, scale=None, enable_gqa=False)
+    assert torch.equal(out, q + 1) and calls == [None, _flex.SMALL_TILES]
+    _flex.run_fused(run, q, q, q, score_mod=None, block_mask=None, scale=None, enable_gqa=False)
+    assert calls[2:] == [_flex.SMALL_TILES]  # remembered: no second failing compile
+
+    def broken(q, k, v, **kwargs):
+        raise RuntimeError("something else")
+
+    with pytest.raises(RuntimeError, match="something else"):
+        _flex.run_fused(broken, q.double(), q, q, score_mod=None, block_mask=None, scale=None, enable_gqa=False)

@@ -26,6 +26,8 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from kernel_pytorch._env import log_once
+
 
 def _mask_mod(
     q_len: int, kv_len: int, *, is_causal: bool, window: int | None, seq_ids: Tensor | None, keep: Tensor | None,
@@ -200,4 +202,38 @@ def flex(
     gqa = False
     if q.shape[1] != k.shape[1]:  # a branch: with dynamic shapes the comparison is a SymBool (see _sdpa)
         gqa = True
-    return run(q, k, v, score_mod=score, block_mask=mask, scale=scale, enable_gqa=gqa)
+    kwargs = dict(score_mod=score, block_mask=mask, scale=scale, enable_gqa=gqa)
+    if run is flex_attention:
+        return run(q, k, v, **kwargs)
+    return run_fused(run, q, k, v, **kwargs)
+
+
+# Smaller tiles for the fused kernel where Inductor's default configs need more shared memory than the
+# GPU has: torch 2.11 picked one needing 245760 B of the H100's 232448 for a bf16, head_dim 64 forward
+# ("No valid triton configs ... out of resource"). 64 and 32 divide the 128-token mask blocks.
+SMALL_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1,
+               "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
+_small_tiles: set[tuple] = set()  # (dtype, head dims, score_mod or not) whose default tiles did not fit
+
+
+def _out_of_shared_memory(err: Exception) -> bool:
+    text = str(err)
+    return "No valid triton configs" in text or "out of resource" in text
+
+
+def run_fused(run: Callable, q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """`run` (the compiled flex_attention) with Inductor's default tiles, or SMALL_TILES where those
+    do not fit in shared memory: retried once and remembered per dtype, head dims and score mod, with
+    a log line. (A backward that alone does not fit is not caught here: it runs later, in autograd.)"""
+    key = (q.dtype, q.shape[-1], v.shape[-1], kwargs.get("score_mod") is not None)
+    if key in _small_tiles:
+        return run(q, k, v, kernel_options=dict(SMALL_TILES), **kwargs)
+    try:
+        return run(q, k, v, **kwargs)
+    except Exception as err:  # Inductor raises its own error types, which wrap the Triton one
+        if not _out_of_shared_memory(err):
+            raise
+    _small_tiles.add(key)
+    log_once(f"kernel_pytorch.attention: FlexAttention's default tiles need more shared memory than this GPU "
+             f"has for {q.dtype} head_dim {q.shape[-1]}; using {SMALL_TILES}")
+    return run(q, k, v, kernel_options=dict(SMALL_TILES), **kwargs)
