@@ -40,20 +40,27 @@ def test_rows_of_a_larger_buffer() -> None:
 
 
 def test_compiled_accumulation_copies_nothing() -> None:
-    """The chunk loop of the fused linear cross-entropy's grad_W: compiled, the accumulator stays one
-    buffer updated in place (an out= addmm traced functionally copies it for every chunk after the first)."""
+    """The chunk loop of the fused linear cross-entropy: compiled, grad_W stays one buffer updated in
+    place and grad_x's rows are written where they lie (an out= addmm traced functionally copies the
+    accumulator for every chunk after the first; a mutation Inductor did not put back in place would
+    show as a clone in its code)."""
+    from torch._inductor.utils import run_and_get_code
 
-    def grad_w(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        w = torch.empty(g.shape[1], x.shape[1])
+    def grads(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gw, gx = torch.empty(g.shape[1], x.shape[1]), torch.empty_like(x)
         for start in range(0, g.shape[0], 4):
-            gemm_into(w, g[start:start + 4].t(), x[start:start + 4], start > 0)
-        return w
+            gemm_into(gw, g[start:start + 4].t(), x[start:start + 4], start > 0)
+            gemm_into(gx[start:start + 4], g[start:start + 4], w, False)
+        return gw, gx
 
-    g, x = randn(12, 40), randn(12, 6)
-    compiled = torch.compile(grad_w, fullgraph=True)
-    assert_close(compiled(g, x), g.t() @ x, "grad_w")
+    g, x, w = randn(12, 40), randn(12, 6), randn(40, 6)
+    compiled = torch.compile(grads, fullgraph=True)
+    (gw, gx), code = run_and_get_code(compiled, g, x, w)
+    assert_close(gw, g.t() @ x, "grad_w")
+    assert_close(gx, g @ w, "grad_x")
+    assert "clone" not in "".join(code)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        compiled(g, x)
+        compiled(g, x, w)
     assert [e.name for e in prof.events() if e.name in COPIES] == []
 
 
