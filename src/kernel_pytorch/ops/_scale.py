@@ -8,10 +8,16 @@ as many bytes as the whole forward). `scale_grad_` reads g on the device and tou
 factor is 1 (one launch and no memory traffic when g is a single 1). A persistent grid of
 SCALE_PROGRAMS_PER_SM programs per SM walks (row, column block) tiles, computing g * grad in fp32 and
 rounding once. `scaled_grad` writes g * grad into a new tensor (a registered op may not write into
-its inputs).
+its inputs). Traced (compile, AOTInductor) it is the same math as torch ops instead of the kernel: the
+saved gradient is then a buffer AOTAutograd donates to the backward, and Inductor writes the product
+over it, where the kernel's new tensor would hold a second copy of the gradient (V x H for the fused
+linear cross-entropy's grad_W) alive beside the saved one. The pass itself stays: g's value is not
+known when the graph is traced.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -99,13 +105,31 @@ def scale_grad_(grad: Tensor, dloss: Tensor, *, eager: bool = False) -> Tensor:
     return grad
 
 
+def _traced(t: Tensor) -> bool:
+    """Whether `t` is a tracer's stand-in (a fake tensor, possibly wrapped for functionalization)."""
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:  # a torch without it: the kernel, which is correct, only not reused in place
+        return False
+    return is_fake(t)
+
+
 def scaled_grad(grad: Tensor, dloss: Tensor, *, eager: bool = False) -> Tensor:
     """dloss * grad into a new contiguous tensor of grad's shape and dtype (one rounding).
 
     Args:
         grad: any shape; dloss: one element, or one per row of grad.
     """
+<<<<<<< HEAD
     out = torch.empty_like(grad, memory_format=torch.contiguous_format)
+=======
+    if not eager and _traced(grad):  # torch ops Inductor can write over a donated grad (docstring)
+        rows = grad.shape[:-1] if grad.dim() > 1 else (1,)
+        factors, stride = _factors(dloss, math.prod(rows))
+        factors = factors.float().reshape(*rows, 1) if stride else factors.float().reshape(())
+        return (grad.float() * factors).to(grad.dtype).contiguous()
+    out = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+>>>>>>> e2e-copies
     if grad.numel():
         _launch(_rows(grad), contiguous_rows(out if out.dim() > 1 else out.unsqueeze(0)), dloss, grad.shape[-1],
                 False, eager)

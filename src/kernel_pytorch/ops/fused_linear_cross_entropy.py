@@ -12,7 +12,10 @@ Forward ("mean"/"sum"; it computes the gradients, the backward only scales them)
         grad_x[c] = logits @ W                     written straight into grad_x's rows
         grad_W (+)= logits.T @ x_c                 the first chunk writes, the others accumulate
         grad_b += column sums of logits            fp32
-Backward: each gradient times the 0-d upstream gradient (ops/_scale.scale_grad_: nothing when it is 1).
+    The two gradient GEMMs go through ops/_gemm_into, which compile keeps in place (an out= GEMM traced
+    functionally copies the whole grad_W accumulator for every chunk after the first).
+Backward: each gradient times the 0-d upstream gradient (ops/_scale.scale_grad_: nothing when it is 1;
+under compile ops/_scale.scaled_grad, which Inductor writes over the saved gradient).
 reduction "none": the forward computes loss and lse only (each row's upstream gradient is not known
 yet); `fused_linear_cross_entropy_bwd` recomputes each chunk's logits, runs the cross-entropy backward
 kernel with the rows' upstream gradients in place, then the two gradient GEMMs: four GEMMs in all
@@ -36,13 +39,14 @@ ops/cross_entropy.py explains) or, for "none", recomputes them chunk by chunk.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
+from kernel_pytorch.ops._gemm_into import fp32_accumulate_in_place as fp32_accumulate_in_place  # its old home
+from kernel_pytorch.ops._gemm_into import gemm_into
 from kernel_pytorch.ops._register import Impl, register_op
 from kernel_pytorch.ops._row_view import contiguous_rows
 from kernel_pytorch.ops._scale import scale_grad_, scaled_grad
@@ -99,44 +103,13 @@ def chunk_rows(n_rows: int, vocab: int, element_size: int, *, max_bytes: int | N
     return max(1, min(max(rows, ROW_ALIGN), n_rows))
 
 
-@functools.cache
-def fp32_accumulate_in_place(device: torch.device) -> bool:
-    """Whether this torch adds a product of low-precision matrices into an fp32 matrix in place on
-    `device` (addmm with out_dtype=float32 and an fp32 `self`; some releases take only a `self` of the
-    operands' dtype, and CPUs have no mixed-dtype product). Tried once on a 1 x 1 product."""
-    try:
-        acc = torch.zeros(1, 1, device=device)
-        one = torch.ones(1, 1, dtype=torch.bfloat16, device=device)
-        torch.addmm(acc, one, one, out_dtype=torch.float32, out=acc)
-        return bool(acc.item() == 1.0)
-    except (RuntimeError, TypeError, NotImplementedError):
-        return False
-
-
-def _accumulate_grad_w(acc: Tensor, g: Tensor, x_c: Tensor, first: bool) -> None:
-    """acc (+)= g.T @ x_c: written by the first chunk (no zero fill, no read), added by the others."""
-    beta = 0.0 if first else 1.0
-    if acc.dtype == g.dtype:
-        torch.addmm(acc, g.t(), x_c, beta=beta, out=acc)
-    elif fp32_accumulate_in_place(acc.device):  # cuBLAS reads and writes the fp32 accumulator itself
-        torch.addmm(acc, g.t(), x_c, beta=beta, out_dtype=torch.float32, out=acc)
-    elif acc.is_cuda:  # an fp32 product, then added: a (V, H) fp32 temporary per chunk
-        product = torch.mm(g.t(), x_c, out_dtype=torch.float32)
-        if first:
-            acc.copy_(product)
-        else:
-            acc.add_(product)
-    else:  # upcast operands (bf16 and fp16 products are exact in fp32)
-        torch.addmm(acc, g.t().float(), x_c.float(), beta=beta, out=acc)
-
-
 class _Grads:
     """The gradient buffers of one pass and the per-chunk GEMMs that fill them."""
 
     def __init__(self, x2: Tensor, weight: Tensor, bias: Tensor | None, needs: tuple[bool, bool, bool],
-                 grad_w_fp32: bool) -> None:
+                 grad_w_fp32: bool, eager: bool) -> None:
         need_x, need_w, need_b = needs
-        self.weight, self.bias = weight, bias
+        self.weight, self.bias, self.eager = weight, bias, eager
         self.x = torch.empty_like(x2) if need_x else None
         acc_dtype = torch.float32 if grad_w_fp32 else weight.dtype
         self.w = torch.empty(weight.shape, dtype=acc_dtype, device=weight.device) if need_w else None
@@ -145,10 +118,11 @@ class _Grads:
 
     def add_chunk(self, g: Tensor, x_c: Tensor, start: int, first: bool) -> None:
         """Gradients from one chunk's logits gradient g (C, V) and inputs x_c (C, H)."""
+        # gemm_into: under compile these stay in place (ops/_gemm_into.py: an out= GEMM would copy grad_W)
         if self.x is not None:
-            torch.mm(g, self.weight, out=self.x[start:start + g.shape[0]])
+            gemm_into(self.x[start:start + g.shape[0]], g, self.weight, False, eager=self.eager)
         if self.w is not None:
-            _accumulate_grad_w(self.w, g, x_c, first)
+            gemm_into(self.w, g.t(), x_c, not first, eager=self.eager)
         if self.b is not None:
             self.b += g.sum(0, dtype=torch.float32)
 
@@ -218,7 +192,7 @@ def fused_linear_cross_entropy_fwd(
     loss_rows = torch.empty(n, dtype=torch.float32, device=x.device)
     lse = torch.empty_like(loss_rows)
     with_grad = reduction != "none" and any(needs)
-    grads = _Grads(x2, weight, bias, needs, grad_w_fp32) if with_grad else None
+    grads = _Grads(x2, weight, bias, needs, grad_w_fp32, eager) if with_grad else None
     for start in range(0, n, c):
         end = min(start + c, n)
         x_c = x2[start:end]
@@ -267,7 +241,7 @@ def fused_linear_cross_entropy_bwd(
     if stats is None and opts.needs_stats(ce_weight):
         stats = cross_entropy_stats(t, ce_weight, v, ignore_index, eager=eager)
     dl = dloss.reshape(-1).contiguous() if reduction == "none" else dloss.reshape(1)
-    grads = _Grads(x2, weight, bias, needs, grad_w_fp32)
+    grads = _Grads(x2, weight, bias, needs, grad_w_fp32, eager)
     for start in range(0, n, c):
         end = min(start + c, n)
         x_c = x2[start:end]
