@@ -120,16 +120,12 @@ def scaled_grad(grad: Tensor, dloss: Tensor, *, eager: bool = False) -> Tensor:
     Args:
         grad: any shape; dloss: one element, or one per row of grad.
     """
-<<<<<<< HEAD
-    out = torch.empty_like(grad, memory_format=torch.contiguous_format)
-=======
     if not eager and _traced(grad):  # torch ops Inductor can write over a donated grad (docstring)
         rows = grad.shape[:-1] if grad.dim() > 1 else (1,)
         factors, stride = _factors(dloss, math.prod(rows))
         factors = factors.float().reshape(*rows, 1) if stride else factors.float().reshape(())
         return (grad.float() * factors).to(grad.dtype).contiguous()
-    out = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
->>>>>>> e2e-copies
+    out = torch.empty_like(grad, memory_format=torch.contiguous_format)
     if grad.numel():
         _launch(_rows(grad), contiguous_rows(out if out.dim() > 1 else out.unsqueeze(0)), dloss, grad.shape[-1],
                 False, eager)
