@@ -11,9 +11,9 @@ import triton.language as tl
 
 from kernel_pytorch import reference as R
 from kernel_pytorch.ops import _activations, bias_act_eager, gated_act_eager, gated_act_packed_eager
-from tests.grid import DTYPES, compile_and_count_breaks, device_under_test, randn
+from tests.grid import DTYPES, device_under_test, randn
 from tests.ops.act_helpers import gate_input
-from tests.ops.norm_helpers import assert_close
+from tests.ops.norm_helpers import assert_close, assert_compiles_like_eager
 
 DEV = device_under_test()
 OPS = torch.ops.kernel_pytorch
@@ -108,13 +108,7 @@ def test_compile_fullgraph_no_breaks_same_grads() -> None:
         return OPS.bias_act_fwd(h, bias, "gelu_tanh")
 
     wrt = (gate, up, bias)
-    eager = f(*wrt)
-    compiled, breaks = compile_and_count_breaks(f, *wrt)
-    assert breaks == 0
-    assert_close(compiled, eager, "compiled")
-    dy = randn(*eager.shape, device=DEV)
-    for a, e in zip(torch.autograd.grad(compiled, wrt, dy), torch.autograd.grad(eager, wrt, dy)):
-        assert_close(a, e, "compiled grad")
+    assert_compiles_like_eager(f, wrt)
 
 
 def test_export() -> None:

@@ -10,9 +10,9 @@ import torch
 
 from kernel_pytorch import reference as R
 from kernel_pytorch.ops import gated_down_eager, gated_down_packed_eager
-from tests.grid import compile_and_count_breaks, device_under_test, randn
+from tests.grid import device_under_test, randn
 from tests.ops.act_helpers import ACTS, gate_input
-from tests.ops.norm_helpers import assert_close
+from tests.ops.norm_helpers import assert_close, assert_compiles_like_eager
 
 DEV = device_under_test()
 OPS = torch.ops.kernel_pytorch
@@ -122,13 +122,7 @@ def test_compile_fullgraph_no_breaks_same_grads() -> None:
                                                                                              "gelu")
 
     wrt = (gate_up, weight, bias)
-    eager = f(*wrt)
-    compiled, breaks = compile_and_count_breaks(f, *wrt)
-    assert breaks == 0
-    assert_close(compiled, eager, "compiled")
-    dy = randn(*eager.shape, device=DEV)
-    for a, e in zip(torch.autograd.grad(compiled, wrt, dy), torch.autograd.grad(eager, wrt, dy)):
-        assert_close(a, e, "compiled grad")
+    assert_compiles_like_eager(f, wrt)
 
 
 def test_export() -> None:
