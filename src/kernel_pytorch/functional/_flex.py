@@ -196,16 +196,13 @@ def flex(
     q: Tensor, k: Tensor, v: Tensor, *, mask: BlockMask | None, score: Callable | None, scale: float | None,
 ) -> Tensor:
     """flex_attention with GQA by enable_gqa (no repeated K/V); the compiled kernel on CUDA in eager."""
-    run = flex_attention
-    if q.device.type == "cuda" and not torch.compiler.is_compiling():
-        run = _compiled_flex()
     gqa = False
     if q.shape[1] != k.shape[1]:  # a branch: with dynamic shapes the comparison is a SymBool (see _sdpa)
         gqa = True
     kwargs = dict(score_mod=score, block_mask=mask, scale=scale, enable_gqa=gqa)
-    if run is flex_attention:
-        return run(q, k, v, **kwargs)
-    return run_fused(run, q, k, v, **kwargs)
+    if q.device.type == "cuda" and not torch.compiler.is_compiling():
+        return run_fused(_compiled_flex(), q, k, v, **kwargs)
+    return flex_attention(q, k, v, **kwargs)
 
 
 # Smaller tiles for the fused kernel where Inductor's default configs need more shared memory than the

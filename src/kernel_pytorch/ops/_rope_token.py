@@ -140,17 +140,3 @@ def plan(
     )
     return _kernel, (batch * seq_len,), (seq_len, heads_q, heads_k, half, n_pass, n_positions, -0.0), meta
 
-
-def launch(
-    tensors: tuple, strides: tuple, batch: int, seq_len: int, heads_q: int, heads_k: int, half: int,
-    n_pass: int, n_positions: int, *, interleaved: bool, has_pos: bool, copy_pass: bool, backward: bool,
-    hf_rounding: bool, num_warps: int, eager: bool,
-) -> None:
-    """Start the per-token kernel on arguments ops/rope.py prepared: tensors (q, k, q_out, k_out, cos,
-    sin, pos) and strides (q, k, q_out, k_out as (batch, token, head, feature); then cos, sin and
-    position-id strides)."""
-    kernel, grid, scalars, meta = plan(
-        batch, seq_len, heads_q, heads_k, half, n_pass, n_positions, interleaved=interleaved, has_pos=has_pos,
-        copy_pass=copy_pass, backward=backward, hf_rounding=hf_rounding, num_warps=num_warps,
-    )
-    kernel(grid, *tensors, *strides, *scalars, **meta, eager=eager)
