@@ -25,6 +25,7 @@ from torch import nn
 
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.benchmark.memory import MemoryMeasurement, peak_memory
+from kernel_pytorch.benchmark.module import infer_device
 from kernel_pytorch.benchmark.timer import Timing, free_device_memory, summarize, time_cuda_graph, time_fn
 from kernel_pytorch.deploy.loading import load
 from kernel_pytorch.deploy.saving import save
@@ -71,11 +72,6 @@ def dir_bytes(path: str | Path) -> int:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _device(model: nn.Module) -> torch.device:
-    p = next(iter(model.state_dict().values()), None)
-    return p.device if isinstance(p, torch.Tensor) else torch.device("cpu")
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -127,7 +123,7 @@ def time_checkpoint(model: nn.Module, fmt: CheckpointFormat, fresh: Callable[[],
         reps: repetitions of each (at least 1).
     """
     d = Path(directory)
-    device = _device(model)
+    device = infer_device(model, ())
     saves, loads = [], []
     equal: bool | None = None
     n = max(1, reps)
