@@ -7,7 +7,8 @@ not. `optimize()` swaps the instance in the model, validates, and reverts what f
 
 Families: `norms.py` (torch and Hugging Face norms), `mlp.py` (gated, packed gate_up and fc1/fc2
 MLPs), `attention.py` (Hugging Face decoder attention, RoPE applied inside it), `loss.py` (LM head +
-causal-LM loss -> fused linear cross-entropy).
+causal-LM loss -> fused linear cross-entropy), `embedding.py` (torch.nn.Embedding, for its deterministic
+backward in the table's dtype).
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ class Rule(Protocol):
 def default_rules() -> list[Rule]:
     """Every built-in rule, in the order they are tried (the first rule that matches a module wins)."""
     from kernel_pytorch.optimize.rules.attention import ATTENTION_RULES
+    from kernel_pytorch.optimize.rules.embedding import EMBEDDING_RULES
     from kernel_pytorch.optimize.rules.loss import LOSS_RULES
     from kernel_pytorch.optimize.rules.mlp import MLP_RULES
     from kernel_pytorch.optimize.rules.norms import NORM_RULES
 
-    return [*NORM_RULES, *MLP_RULES, *ATTENTION_RULES, *LOSS_RULES]
+    return [*NORM_RULES, *MLP_RULES, *ATTENTION_RULES, *LOSS_RULES, *EMBEDDING_RULES]
 
 
 __all__ = ["Match", "Rule", "default_rules"]
