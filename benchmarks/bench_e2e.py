@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kernel_pytorch.benchmark.ceilings import device_name, measure_ceilings, percent_of, tflops  # noqa: E402
 from kernel_pytorch.benchmark.memory import peak_memory  # noqa: E402
+from kernel_pytorch.benchmark.memory_peak import record_peak  # noqa: E402
 from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row  # noqa: E402
 from kernel_pytorch.benchmark.timer import resolve_device, summarize  # noqa: E402
 
@@ -220,6 +221,10 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
     row.note = f"{tok_s / 1e3:.1f}k tok/s; warm-up {warm_s:.1f} s ({warmup} steps); {mfu}"
     if profile_to is not None:
         profile_steps(step, dev, profile_to)
+        if dev.type == "cuda":  # and what is live at the step's peak, by the line that allocated it
+            peak = record_peak(step, dev)
+            profile_to.with_name(profile_to.name.replace("_profile_", "_memory_")).write_text(
+                f"one training step of {provider} ({batch}x{seq}), CUDA allocator trace\n" + peak.table(40) + "\n")
     return row
 
 
@@ -348,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-long", action="store_true", help="skip the 16k-context row")
     parser.add_argument("--no-inference", action="store_true", help="skip the generate() row")
     parser.add_argument("--profile", default="", help="comma-separated training providers to profile (two more "
-                        "steps each, e2e_profile_<provider>.txt beside the results)")
+                        "steps each, e2e_profile_<provider>.txt beside the results; on CUDA one more, what is "
+                        "live at its memory peak by allocating line, e2e_memory_<provider>.txt)")
     args = parser.parse_args(argv)
     dev = resolve_device(args.device)
     size = QUICK if args.quick else Size()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
-#   steps: tests grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
+#   steps: tests tests_subset grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -50,6 +50,9 @@ bench() { step "$1" "bench_$2" python3 "benchmarks/bench_$2.py" --out "$work/res
 for s in $steps; do
   case $s in
     tests) step 300 pytest_cuda python3 -m pytest -m cuda -q -p no:cacheprovider -rf tests ;;
+    # the CUDA tests of the files in KP_CUDA_TESTS only (space-separated paths)
+    tests_subset) step 240 pytest_cuda_subset python3 -m pytest -m cuda -q -p no:cacheprovider -rf --durations=10 \
+                    ${KP_CUDA_TESTS:?set KP_CUDA_TESTS to the test files} ;;
     # unmarked grid tests that also run on the GPU when one is present: the backward schedules' tails,
     # the paired partial rows (repeated, to catch a race) and bitwise determinism
     grid) step 120 pytest_grid python3 -m pytest -q -p no:cacheprovider tests/ops -k "paired or tails or deterministic" ;;
@@ -60,8 +63,10 @@ for s in $steps; do
     norms | attention | rope | mlp | cross_entropy) bench 300 "$s" ;;
     # rows in the order the target reads them; the script writes after each row and stops starting rows
     # at --budget-s, so the step's limit leaves the last started row time to finish
-    e2e) step 340 bench_e2e python3 benchmarks/bench_e2e.py --out "$work/results" --budget-s 250 \
-           --providers eager,torch.compile,ours+compile,liger,ours,liger+compile,builtin \
+    # (KP_E2E_PROVIDERS, KP_E2E_BUDGET_S and KP_E2E_FLAGS narrow it to what a call has time for)
+    e2e) step $((${KP_E2E_BUDGET_S:-250} + 90)) bench_e2e python3 benchmarks/bench_e2e.py --out "$work/results" \
+           --budget-s "${KP_E2E_BUDGET_S:-250}" ${KP_E2E_FLAGS:-} \
+           --providers "${KP_E2E_PROVIDERS:-eager,torch.compile,ours+compile,liger,ours,liger+compile,builtin}" \
            --profile torch.compile,ours+compile ;;
     # checkpoint files, the AOTInductor package vs torch.compile, quantized checkpoints (torchao from .whl/)
     deploy) step 170 bench_deploy python3 benchmarks/bench_deploy.py --out "$work/results" --budget-s 150 ;;
