@@ -1,7 +1,7 @@
 """Which optimize() component families run under torch.compile on this GPU: one fresh process per set
 of families (a CUDA fault poisons its process), each building bench_e2e's HF Llama at the e2e widths
 (fewer layers), `optimize(components=...)`, `torch.compile`, and running fused-AdamW training steps;
-then the loss against the eager optimized model's on the same step.
+then the loss and every gradient against the eager optimized model's on the same batch.
 
     python scripts/probe_compile_components.py                       # the default sets, 2 layers
     python scripts/probe_compile_components.py --sets embedding loss,embedding --layers 2
@@ -21,11 +21,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 DEFAULT_SETS = ("auto", "norms,mlp,attention", "embedding", "loss", "loss,embedding")
 
 
+def _flce_variant(variant: str) -> None:
+    """Replace the fused linear cross-entropy's per-chunk gradient GEMMs: "current" (the library's),
+    "gemm_into_w" (grad_W through the registered gemm_into_ op), "gemm_into_x" (grad_x's rows too) or
+    "out" (both as out= GEMMs)."""
+    import torch
+
+    from kernel_pytorch.ops import fused_linear_cross_entropy as flce
+    from kernel_pytorch.ops._gemm_into import gemm_into
+
+    if variant == "current":
+        return
+
+    def add_chunk(self, g, x_c, start, first):  # noqa: ANN001, ANN202 (mirrors _Grads.add_chunk)
+        if self.x is not None:
+            out = self.x[start:start + g.shape[0]]
+            if variant == "gemm_into_x":
+                gemm_into(out, g, self.weight, False, eager=self.eager)
+            else:
+                torch.mm(g, self.weight, out=out)
+        if self.w is not None:
+            gemm_into(self.w, g.t(), x_c, not first, eager=self.eager or variant == "out")
+        if self.b is not None:
+            self.b += g.sum(0, dtype=torch.float32)
+
+    flce._Grads.add_chunk = add_chunk
+
+
 def one(families: str, layers: int, batch: int, seq: int) -> None:
     import torch
     from bench_e2e import Size, hf_model
 
     from kernel_pytorch.optimize import optimize
+    from kernel_pytorch.tolerances import compare_reordered
 
     size = Size(layers=layers, batch=batch, seq=seq)
     dev = torch.device("cuda")
@@ -37,19 +65,30 @@ def one(families: str, layers: int, batch: int, seq: int) -> None:
     print(f"[{families}] {len(report.applied())} modules replaced; validated={report.passed}", flush=True)
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, size.vocab, (batch, seq), generator=g).to(dev)
-    with torch.no_grad():
-        eager_loss = model(input_ids=ids, labels=ids).loss.float().item()
+    eager_loss = model(input_ids=ids, labels=ids).loss
+    eager_loss.backward()
+    eager = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
     compiled = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     t0 = time.perf_counter()
     for i in range(3):
         loss = compiled(input_ids=ids, labels=ids).loss
         loss.backward()
-        if i == 0:
+        if i == 0:  # the compiled step's gradients against the eager step's, parameter by parameter
             torch.cuda.synchronize()
-            grads = sum(p.grad.float().norm().item() ** 2 for p in model.parameters() if p.grad is not None)
-            print(f"[{families}] step 0: loss {loss.item():.5f} (eager {eager_loss:.5f}), |grad| {grads ** 0.5:.4g}",
-                  flush=True)
+            print(f"[{families}] step 0: loss {loss.item():.5f} (eager {eager_loss.item():.5f})", flush=True)
+            bad = 0
+            for n, p in model.named_parameters():
+                if n not in eager or p.grad is None:
+                    continue
+                result = compare_reordered(p.grad, eager[n])
+                finite = bool(torch.isfinite(p.grad).all())
+                if not (result.passed and finite):
+                    bad += 1
+                    print(f"[{families}]   grad {n}: finite={finite} {result.message()[:200]}", flush=True)
+            print(f"[{families}] step 0: {bad} of {len(eager)} gradients differ from eager", flush=True)
+            del eager
         opt.step()
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
@@ -65,14 +104,17 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--timeout-s", type=float, default=150)
+    parser.add_argument("--flce", default="current", choices=("current", "gemm_into_w", "gemm_into_x", "out"),
+                        help="the fused linear cross-entropy's chunk GEMMs (_flce_variant)")
     args = parser.parse_args()
     if args.one is not None:
+        _flce_variant(args.flce)
         one(args.one, args.layers, args.batch, args.seq)
         return 0
     failed = 0
     for s in args.sets:
         cmd = [sys.executable, __file__, "--one", s, "--layers", str(args.layers), "--batch", str(args.batch),
-               "--seq", str(args.seq)]
+               "--seq", str(args.seq), "--flce", args.flce]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
             lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]

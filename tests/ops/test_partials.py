@@ -32,3 +32,17 @@ def test_sum_partials_eager_launch_matches_traceable_launch() -> None:
     for _ in range(2):  # the second call takes the cached-binary launch
         direct = sum_partials(buf, (torch.bfloat16, torch.float32), eager=True)
         assert all(torch.equal(a, b) for a, b in zip(traced, direct))
+
+
+def test_sum_partials_never_passes_one_output_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Traced, each written argument of a user Triton kernel is functionalized on its own: one tensor passed
+    as both outputs made Inductor return the unwritten copy as the sum (a garbage RMSNorm weight gradient
+    under torch.compile on the H100)."""
+    from kernel_pytorch.ops import _partials
+
+    seen = []
+    monkeypatch.setattr(_partials, "_sum_partials", lambda grid, part, a, b, *args, **kw: seen.append((a, b)))
+    parts = torch.randn(3, 8)
+    (out,) = _partials.sum_partials(parts, (torch.float32,))
+    a, b = seen[0]
+    assert a is out and b is not a and b.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()

@@ -138,8 +138,12 @@ def sum_partials(parts: Tensor, dtypes: tuple[torch.dtype, ...], *, eager: bool 
     """
     n_parts, n_cols = parts.shape[-2:]
     outs = [torch.empty(n_cols, dtype=dt, device=parts.device) for dt in dtypes]
+    # OUT_B is never the same tensor as OUT_A, even unused: traced, a user Triton kernel's written
+    # arguments are functionalized one by one, and with one tensor passed twice Inductor returned the
+    # unwritten copy as the sum (a compiled RMSNorm's weight gradient was garbage on the H100)
+    out_b = outs[1] if len(outs) > 1 else torch.empty(1, dtype=dtypes[0], device=parts.device)
     _sum_partials(
-        (triton.cdiv(n_cols, _BLOCK_D), len(outs)), parts, outs[0], outs[-1], n_parts, n_cols,
+        (triton.cdiv(n_cols, _BLOCK_D), len(outs)), parts, outs[0], out_b, n_parts, n_cols,
         BLOCK_P=_BLOCK_P, BLOCK_D=_BLOCK_D, eager=eager, num_warps=4,
     )
     return outs

@@ -12,8 +12,10 @@ Forward ("mean"/"sum"; it computes the gradients, the backward only scales them)
         grad_x[c] = logits @ W                     written straight into grad_x's rows
         grad_W (+)= logits.T @ x_c                 the first chunk writes, the others accumulate
         grad_b += column sums of logits            fp32
-    The two gradient GEMMs go through ops/_gemm_into, which compile keeps in place (an out= GEMM traced
-    functionally copies the whole grad_W accumulator for every chunk after the first).
+    Both are out= GEMMs, traced as such under compile, where each accumulating chunk copies the grad_W
+    accumulator (an out-of-place addmm starts from a copy of `self`). ops/_gemm_into's registered op
+    keeps it in place on the CPU, but the compiled HF Llama training step with it faulted on an illegal
+    address on the H100 (torch 2.11), so the chunk loop does not use it.
 Backward: each gradient times the 0-d upstream gradient (ops/_scale.scale_grad_: nothing when it is 1;
 under compile ops/_scale.scaled_grad, which Inductor writes over the saved gradient).
 reduction "none": the forward computes loss and lse only (each row's upstream gradient is not known
@@ -118,11 +120,13 @@ class _Grads:
 
     def add_chunk(self, g: Tensor, x_c: Tensor, start: int, first: bool) -> None:
         """Gradients from one chunk's logits gradient g (C, V) and inputs x_c (C, H)."""
-        # gemm_into: under compile these stay in place (ops/_gemm_into.py: an out= GEMM would copy grad_W)
+        # out= GEMMs, also when traced: through the registered kernel_pytorch::gemm_into_ (which would
+        # keep grad_W's accumulation in place under compile) the compiled e2e step faulted on the H100
+        # (module docstring)
         if self.x is not None:
-            gemm_into(self.x[start:start + g.shape[0]], g, self.weight, False, eager=self.eager)
+            torch.mm(g, self.weight, out=self.x[start:start + g.shape[0]])
         if self.w is not None:
-            gemm_into(self.w, g.t(), x_c, not first, eager=self.eager)
+            gemm_into(self.w, g.t(), x_c, not first, eager=True)
         if self.b is not None:
             self.b += g.sum(0, dtype=torch.float32)
 
