@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
-#   steps: tests tests_subset grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
+#   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -68,6 +68,10 @@ for s in $steps; do
            --budget-s "${KP_E2E_BUDGET_S:-250}" ${KP_E2E_FLAGS:-} \
            --providers "${KP_E2E_PROVIDERS:-eager,torch.compile,ours+compile,liger,ours,liger+compile,builtin}" \
            --profile torch.compile,ours+compile ;;
+    # every optimize() family on the e2e model under torch.compile, gradients against eager; a faulting set
+    # is rerun synchronously with the generated code logged, and the faulting kernel named
+    compile_check) step 430 compile_check python3 scripts/probe_compile_components.py --sets auto --layers 8 \
+                     --timeout-s 200 --out "$work/results/compile_check" ;;
     # checkpoint files, the AOTInductor package vs torch.compile, quantized checkpoints (torchao from .whl/)
     deploy) step 170 bench_deploy python3 benchmarks/bench_deploy.py --out "$work/results" --budget-s 150 ;;
     # model-level decode: HF static cache eager / compiled, ours, the nn decoder, int8/fp8 (200 s budget)

@@ -6,11 +6,14 @@ then the loss and every gradient against the eager optimized model's on the same
     python scripts/probe_compile_components.py                       # the default sets, 2 layers
     python scripts/probe_compile_components.py --sets embedding loss,embedding --layers 2
     CUDA_LAUNCH_BLOCKING=1 python scripts/probe_compile_components.py --one embedding   # one set, in-process
+    python scripts/probe_compile_components.py --sets auto --layers 8 --out DIR   # a failing set is rerun with
+        CUDA_LAUNCH_BLOCKING=1 TORCH_LOGS=output_code (log in DIR), and the faulting kernel's source nodes printed
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -96,6 +99,26 @@ def one(families: str, layers: int, batch: int, seq: int) -> None:
           f"peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB", flush=True)
 
 
+def fault_site(log: str) -> list[str]:
+    """From a `CUDA_LAUNCH_BLOCKING=1 TORCH_LOGS=output_code` run's output: the kernel Inductor reports
+    failing to launch, and the lines of the generated code that launch it with the comment naming the
+    graph nodes it came from (which op's traced body, or which fused aten ops)."""
+    import re
+
+    found = re.search(r"Failed during launch (\S+?):?\s*$", log, re.MULTILINE)
+    if found is None:
+        return ["no 'Failed during launch' line (the fault may be in a library kernel: see the traceback)"]
+    name = found.group(1)
+    out = [f"faulting kernel: {name}"]
+    lines = [ln.split("[__output_code]", 1)[-1] for ln in log.splitlines()]
+    for i, ln in enumerate(lines):
+        if f"{name}.run(" in ln:
+            nodes = next((lines[j].strip() for j in range(i - 1, max(i - 4, -1), -1)
+                          if "Source Nodes" in lines[j]), "(no source-node comment)")
+            out += [f"  {nodes[:400]}", f"  {ln.strip()[:400]}"]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="*", default=list(DEFAULT_SETS), help="comma-separated families per set")
@@ -104,6 +127,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--timeout-s", type=float, default=150)
+    parser.add_argument("--out", default=None, help="a directory for the failing sets' blocking-rerun logs")
     parser.add_argument("--flce", default="current", choices=("current", "gemm_into_w", "gemm_into_x", "out"),
                         help="the fused linear cross-entropy's chunk GEMMs (_flce_variant)")
     args = parser.parse_args()
@@ -123,6 +147,15 @@ def main() -> int:
                 failed += 1
                 errors = [ln for ln in lines if "Error" in ln or "error" in ln][-4:]
                 tail += [f"[{s}] FAILED rc={done.returncode}"] + [f"    {ln[:300]}" for ln in errors]
+                if args.out is not None:  # again, synchronous and with the generated code, to name the kernel
+                    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1", TORCH_LOGS="output_code")
+                    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s, env=env)
+                    log = rerun.stdout + rerun.stderr
+                    path = Path(args.out) / f"fault_{s.replace(',', '_')}.log"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(log)
+                    tail += [f"[{s}] blocking rerun rc={rerun.returncode} ({path}):"]
+                    tail += [f"[{s}]   {ln}" for ln in fault_site(log)]
         except subprocess.TimeoutExpired:
             failed += 1
             tail = [f"[{s}] timed out after {args.timeout_s:.0f} s"]
