@@ -75,3 +75,28 @@ def test_bad_factory_exits_2(tmp_path: Path) -> None:
 
 def test_unknown_component_exits_2(factory: str) -> None:
     assert main(["optimize", factory, "--components", "nope"]) == 2
+
+
+EXTRA = FACTORY + textwrap.dedent('''
+
+    def get_extra_inputs():
+        return [(torch.randn(2, 16),), (torch.randn(7, 16),)]
+''')
+
+
+def test_extra_inputs_mark_the_varying_dims(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "model.py"
+    path.write_text(EXTRA)
+    assert main(["optimize", f"{path}:make", "--seeds", "1", "--json", "--save", str(tmp_path / "out")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    marked = next(s for s in report["compile"] if s["name"] == "mark_dynamic")
+    assert marked["measured"]["calls"] == 3, marked
+    manifest = json.loads((tmp_path / "out" / "kernel_pytorch.json").read_text())
+    assert manifest["dynamic_dims"] == report["dynamic_dims"]
+
+
+def test_bad_extra_inputs_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "model.py"
+    path.write_text(FACTORY + "\n\ndef get_extra_inputs():\n    return 3\n")
+    assert main(["optimize", f"{path}:make"]) == 2
+    assert "get_extra_inputs() must return a list" in capsys.readouterr().err

@@ -162,6 +162,27 @@ def check_pair(result: Any, spec: str) -> tuple[nn.Module, Inputs]:
     return model, normalize_inputs(inputs)
 
 
+def load_extra_inputs(spec: str) -> list[Inputs]:
+    """The calls of other shapes that the module of `spec` offers through an optional `get_extra_inputs()`
+    (a list of example inputs like the factory's, e.g. other batch sizes and sequence lengths), normalised;
+    [] when it defines none. optimize() marks the dims that vary across them dynamic (`mark_dynamic`).
+
+    Raises:
+        FactoryError: get_extra_inputs is not callable or does not return a list or tuple of inputs.
+    """
+    target, _ = _split(spec)
+    fn = getattr(load_module(target), "get_extra_inputs", None)
+    if fn is None:
+        return []
+    if not callable(fn):
+        raise FactoryError(f"{target}: get_extra_inputs is a {type(fn).__name__}, not a function")
+    calls = fn()
+    if not isinstance(calls, (list, tuple)):
+        raise FactoryError(f"{target}: get_extra_inputs() must return a list of example inputs "
+                           f"(got {type(calls).__name__})")
+    return [normalize_inputs(c) for c in calls]
+
+
 def load_factory(spec: str) -> Callable[[], tuple[nn.Module, tuple | dict]]:
     """A zero-argument callable returning `(model, example_inputs)` for the factory `spec` names.
 
@@ -189,6 +210,7 @@ __all__ = [
     "Inputs",
     "check_pair",
     "load_callable",
+    "load_extra_inputs",
     "load_factory",
     "load_module",
     "normalize_inputs",

@@ -4,7 +4,10 @@ what changed and the validation of the result against the original.
 FACTORY is a factory spec (`FILE.py:NAME`, `module:NAME`, or a `FILE.py` defining `Model`,
 `get_inputs()`, `get_init_inputs()`) returning `(model, example_inputs)`; without one, `--model NAME`
 names a built-in model (default llama-tiny). The model is optimized with `kernel_pytorch.optimize` on
-those inputs, validated, and the report printed.
+those inputs, validated, and the report printed. A factory's file may also define `get_extra_inputs()`,
+a list of calls of other shapes (other batch sizes, sequence lengths): they go to optimize() as
+`extra_inputs`, which marks the dims that vary dynamic where that recompiles less (the report's
+`mark_dynamic` step; `--save` writes them to the manifest's `dynamic_dims`).
 
 `--save DIR` writes the optimized model with `kernel_pytorch.save`: `DIR/model.safetensors` (the
 weights under the original model's state_dict keys, which optimize() keeps; shards and
@@ -28,7 +31,7 @@ import torch
 from torch import nn
 
 from kernel_pytorch._tree import move
-from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_factory
+from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_extra_inputs, load_factory
 from kernel_pytorch.optimize import OptimizeReport, optimize
 
 
@@ -80,15 +83,29 @@ def load_placed(args: argparse.Namespace) -> tuple[nn.Module, Any, str] | None:
     return model, inputs, target
 
 
+def _extra_inputs(args: argparse.Namespace) -> list[Any] | None:
+    """The factory file's `get_extra_inputs()` calls, placed as the example inputs are; None (the error
+    printed) when they cannot be loaded."""
+    if not args.factory:
+        return []
+    try:
+        calls = load_extra_inputs(args.factory)
+    except FactoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    dtype = DTYPES[args.dtype] if args.dtype else None
+    return [move(c, args.device, dtype) for c in calls] if args.device or args.dtype else calls
+
+
 def run(args: argparse.Namespace) -> int:
-    if (loaded := load_placed(args)) is None:
+    if (loaded := load_placed(args)) is None or (extra := _extra_inputs(args)) is None:
         return 2
     model, inputs, target = loaded
     compile_mode: Any = {"auto": "auto", "on": True, "off": False}[args.compile]
     options = {"backend": args.backend} if args.backend else None
     try:
-        model, report = optimize(model, inputs, components=_components(args.components), compile=compile_mode,
-                                 validate=not args.no_validate, compile_options=options,
+        model, report = optimize(model, inputs, extra_inputs=extra, components=_components(args.components),
+                                 compile=compile_mode, validate=not args.no_validate, compile_options=options,
                                  seeds=tuple(range(args.seeds)), tf32=args.tf32)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
