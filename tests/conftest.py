@@ -15,6 +15,10 @@ except Exception:  # pragma: no cover - torch is a hard dependency
     _HAS_CUDA = False
 if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    if os.environ.get("KP_SANITIZE") == "1":  # every interpreted load and store checked (tests/_sanitize.py)
+        from tests._sanitize import install
+
+        install()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
