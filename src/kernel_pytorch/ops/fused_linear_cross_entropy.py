@@ -14,8 +14,9 @@ Forward ("mean"/"sum"; it computes the gradients, the backward only scales them)
         grad_b += column sums of logits            fp32
     Both are out= GEMMs, traced as such under compile, where each accumulating chunk copies the grad_W
     accumulator (an out-of-place addmm starts from a copy of `self`). ops/_gemm_into's registered op
-    keeps it in place on the CPU, but the compiled HF Llama training step with it faulted on an illegal
-    address on the H100 (torch 2.11), so the chunk loop does not use it.
+    keeps it in place on the CPU; with it (grad_x's rows included) a compiled HF Llama training step
+    faulted on an illegal address on the H100 (torch 2.11), so the loop keeps the out= GEMMs that the
+    measured e2e runs used until the fault is understood (benchmarks/NOTES.md).
 Backward: each gradient times the 0-d upstream gradient (ops/_scale.scale_grad_: nothing when it is 1;
 under compile ops/_scale.scaled_grad, which Inductor writes over the saved gradient).
 reduction "none": the forward computes loss and lse only (each row's upstream gradient is not known
@@ -120,9 +121,7 @@ class _Grads:
 
     def add_chunk(self, g: Tensor, x_c: Tensor, start: int, first: bool) -> None:
         """Gradients from one chunk's logits gradient g (C, V) and inputs x_c (C, H)."""
-        # out= GEMMs, also when traced: through the registered kernel_pytorch::gemm_into_ (which would
-        # keep grad_W's accumulation in place under compile) the compiled e2e step faulted on the H100
-        # (module docstring)
+        # out= GEMMs, also when traced (module docstring: why not kernel_pytorch::gemm_into_ yet)
         if self.x is not None:
             torch.mm(g, self.weight, out=self.x[start:start + g.shape[0]])
         if self.w is not None:
