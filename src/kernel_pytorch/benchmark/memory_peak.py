@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from kernel_pytorch.benchmark.timer import resolve_device
+
 # frames from these parts of torch say how, not where: the allocation is named by its first other frame
 _TORCH_INTERNAL = ("/torch/nn/", "/torch/autograd/", "/torch/_ops.py", "/torch/_tensor.py", "/torch/utils/",
                    "/torch/_dynamo/", "/torch/_functorch/", "/torch/_library/", "/torch/optim/",
@@ -96,11 +98,9 @@ def record_peak(fn: Callable[[], Any], device: torch.device | str | None = None,
                 max_entries: int = 1_000_000) -> PeakBreakdown:
     """Run `fn()` once on CUDA with the allocator's history recorded (Python stacks) and return what was
     live at its peak. Raises ValueError off CUDA, where there is no such allocator trace."""
-    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device()) \
-        if torch.cuda.is_available() else torch.device("cpu")
+    dev = resolve_device(device)
     if dev.type != "cuda":
         raise ValueError(f"device must be a CUDA device: the allocator trace is CUDA's (got {dev})")
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
     torch.cuda.synchronize(dev)
     baseline = torch.cuda.memory_allocated(dev)
     torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
@@ -110,7 +110,7 @@ def record_peak(fn: Callable[[], Any], device: torch.device | str | None = None,
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    return live_at_peak(snapshot["device_traces"][index], baseline)
+    return live_at_peak(snapshot["device_traces"][dev.index], baseline)
 
 
 __all__ = ["PeakBreakdown", "PeakGroup", "live_at_peak", "record_peak"]
