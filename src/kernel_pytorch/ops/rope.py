@@ -229,14 +229,12 @@ def _bthd_strides(x: Tensor, unsqueeze_dim: int) -> tuple[int, int, int, int]:
     return (s[0], s[2], s[1], s[3]) if unsqueeze_dim == 1 else s
 
 
-def _row_strides(t: Tensor, table: bool) -> tuple[Tensor, int, int]:
-    """cos or sin with a unit last stride, and its (batch, row) strides: batch 0 where it broadcasts;
-    a table's rows are indexed by position (batch stride unused)."""
-    if t.stride(-1) != 1:
-        t = t.contiguous()  # (rows, r) of cos/sin: small next to q and k
+def _row_strides(t: Tensor, table: bool) -> tuple[int, int]:
+    """The (batch, row) strides of cos or sin (unit last stride, which `_launch` makes sure of): batch
+    0 where it broadcasts; a table's rows are indexed by position (batch stride unused)."""
     if table or t.dim() == 2:
-        return t, 0, t.stride(0)
-    return t, (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
+        return 0, t.stride(0)
+    return (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
 
 
 def tile_shape(seq_len: int, heads_q: int, heads_k: int, width: int, heads_contiguous: bool) -> tuple[int, int, int]:
@@ -308,8 +306,8 @@ def _plan(
     if batch * seq_len * (heads_q + heads_k) == 0:
         return None
     table = position_ids is not None
-    cos, scb, sct = _row_strides(cos, table)
-    sin, ssb, sst = _row_strides(sin, table)
+    scb, sct = _row_strides(cos, table)
+    ssb, sst = _row_strides(sin, table)
     if table:
         pos = position_ids
         spb, spt = (0, pos.stride(0)) if pos.dim() == 1 else (pos.stride(0) if pos.shape[0] > 1 else 0, pos.stride(1))
