@@ -77,10 +77,15 @@ def load_placed(args: argparse.Namespace) -> tuple[nn.Module, Any, str] | None:
         print(f"error: {exc}", file=sys.stderr)
         return None
     if args.device or args.dtype:
-        dtype = DTYPES[args.dtype] if args.dtype else None
-        model.to(device=args.device, dtype=dtype)
-        inputs = move(inputs, args.device, dtype)
-    return model, inputs, target
+        model.to(device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None)
+    return model, _placed(args, inputs), target
+
+
+def _placed(args: argparse.Namespace, inputs: Any) -> Any:
+    """`inputs` moved to --device and their floating tensors cast to --dtype (as given where neither is)."""
+    if not (args.device or args.dtype):
+        return inputs
+    return move(inputs, args.device, DTYPES[args.dtype] if args.dtype else None)
 
 
 def _extra_inputs(args: argparse.Namespace) -> list[Any] | None:
@@ -93,8 +98,7 @@ def _extra_inputs(args: argparse.Namespace) -> list[Any] | None:
     except FactoryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
-    dtype = DTYPES[args.dtype] if args.dtype else None
-    return [move(c, args.device, dtype) for c in calls] if args.device or args.dtype else calls
+    return [_placed(args, c) for c in calls]
 
 
 def run(args: argparse.Namespace) -> int:
