@@ -220,6 +220,13 @@ def _recompute_h(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
 
 
 def _exporting() -> bool:
+    """Whether torch.export is tracing this call. Dynamo before torch 2.14 folds a call of
+    `torch.compiler.is_exporting()` to True under torch.compile too (pytorch/pytorch#176347), which sent
+    every compiled gated MLP down the composed path that saves h; the flag that function returns is
+    read instead (set by strict and non-strict export alike)."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    if isinstance(flag, bool):
+        return flag
     is_exporting = getattr(torch.compiler, "is_exporting", None)
     return bool(is_exporting()) if is_exporting is not None else False
 

@@ -12,11 +12,11 @@ Forward ("mean"/"sum"; it computes the gradients, the backward only scales them)
         grad_x[c] = logits @ W                     written straight into grad_x's rows
         grad_W (+)= logits.T @ x_c                 the first chunk writes, the others accumulate
         grad_b += column sums of logits            fp32
-    Both are out= GEMMs, traced as such under compile, where each accumulating chunk copies the grad_W
-    accumulator (an out-of-place addmm starts from a copy of `self`). ops/_gemm_into's registered op
-    keeps it in place on the CPU; with it (grad_x's rows included) a compiled HF Llama training step
-    faulted on an illegal address on the H100 (torch 2.11), so the loop keeps the out= GEMMs that the
-    measured e2e runs used until the fault is understood (benchmarks/NOTES.md).
+    grad_x's rows are an out= GEMM. grad_W goes through ops/_gemm_into's registered op when traced:
+    an out= accumulation would be traced as an out-of-place addmm, which copies the (V, H) accumulator
+    for every chunk after the first (one more accumulator alive, and a copy per chunk); the op declares
+    its mutation and Inductor keeps it in place. (grad_x's row views are not given to that op: with
+    them a compiled step once faulted on the H100, torch 2.11; benchmarks/NOTES.md.)
 Backward: each gradient times the 0-d upstream gradient (ops/_scale.scale_grad_: nothing when it is 1;
 under compile ops/_scale.scaled_grad, which Inductor writes over the saved gradient).
 reduction "none": the forward computes loss and lse only (each row's upstream gradient is not known
@@ -121,11 +121,10 @@ class _Grads:
 
     def add_chunk(self, g: Tensor, x_c: Tensor, start: int, first: bool) -> None:
         """Gradients from one chunk's logits gradient g (C, V) and inputs x_c (C, H)."""
-        # out= GEMMs, also when traced (module docstring: why not kernel_pytorch::gemm_into_ yet)
-        if self.x is not None:
+        if self.x is not None:  # an out= GEMM on a row view (module docstring)
             torch.mm(g, self.weight, out=self.x[start:start + g.shape[0]])
-        if self.w is not None:
-            gemm_into(self.w, g.t(), x_c, not first, eager=True)
+        if self.w is not None:  # traced: the registered op, which stays in place (module docstring)
+            gemm_into(self.w, g.t(), x_c, not first, eager=self.eager)
         if self.b is not None:
             self.b += g.sum(0, dtype=torch.float32)
 

@@ -48,11 +48,13 @@ def _causal_lm_loss_function() -> Any:
     return ForCausalLMLoss
 
 
-def _output_class(outputs: Any) -> Any:
-    """transformers' causal-LM output class matching the base model's `outputs`."""
+def _output_classes() -> tuple[type, type]:
+    """transformers' causal-LM output classes, (with past, with cross-attentions). Looked up when the
+    wrapper is attached: inside a compiled forward, importing from transformers' lazy modules breaks
+    the graph."""
     from transformers import modeling_outputs as mo
 
-    return mo.CausalLMOutputWithCrossAttentions if hasattr(outputs, "cross_attentions") else mo.CausalLMOutputWithPast
+    return mo.CausalLMOutputWithPast, mo.CausalLMOutputWithCrossAttentions
 
 
 def fused_causal_lm_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, *,
@@ -85,9 +87,8 @@ def _fused_forward(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The wrapper put on the instance (module docstring); `model.forward` when bound."""
     head = model.lm_head
     labels = kwargs.get("labels")
-    original = type(model).forward.__get__(model)
     if labels is None or len(args) > 1 or not isinstance(head, FusedLossLMHead) or kwargs.get("return_dict") is False:
-        return original(*args, **kwargs)
+        return type(model).forward(model, *args, **kwargs)  # (not forward.__get__: Dynamo cannot trace it)
     kwargs = dict(kwargs)
     del kwargs["labels"]
     keep = kwargs.pop("logits_to_keep", 0)
@@ -104,7 +105,8 @@ def _fused_forward(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
     for name in ("past_key_values", "hidden_states", "attentions", "cross_attentions"):
         if hasattr(outputs, name):
             fields[name] = getattr(outputs, name)
-    return _output_class(outputs)(**fields)
+    with_past, with_cross = head.output_classes
+    return (with_cross if hasattr(outputs, "cross_attentions") else with_past)(**fields)
 
 
 class FusedLossLMHead(nn.Linear):
@@ -112,9 +114,11 @@ class FusedLossLMHead(nn.Linear):
     compute the loss by fused linear cross-entropy (module docstring). As a module it is the Linear."""
 
     logits_in_training = False
+    output_classes: tuple[type, type] = ()
 
     def attach(self, model: nn.Module) -> None:
         """Put the fused forward on the model instance, signing as the class's forward."""
+        self.output_classes = _output_classes()
         wrapper = functools.wraps(type(model).forward)(_fused_forward)
         model.forward = types.MethodType(wrapper, model)
 
@@ -190,6 +194,7 @@ class FusedLinearCrossEntropyRule:
         head = build_on_meta(
             lambda: FusedLossLMHead(module.in_features, module.out_features, bias=module.bias is not None,
                                     device="meta"), module, names)
+        head.output_classes = _output_classes()
         try:
             why = _probe(model, head)
         except Exception as exc:  # noqa: BLE001 (the model cannot run the probe: leave it)
