@@ -121,6 +121,27 @@ def test_block_saves_x_and_the_gate_up_outputs_only(eager_path) -> None:
     assert len(_saved_activations(lambda: _hf_eager(split))) > 3
 
 
+def test_compiled_calls_take_the_gated_down_op_and_exports_do_not() -> None:
+    """Under torch.compile the op path keeps gated_down (torch.compiler.is_exporting() reads True
+    inside Dynamo before torch 2.14, so it cannot tell compile from export); export composes."""
+    x, w = torch.randn(4, 8), torch.nn.Parameter(torch.randn(8, 8))
+
+    def flags(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([float(mlp_mod._exporting()), float(mlp_mod._recompute_h(x, (w, None)))]) + 0 * x.sum()
+
+    assert torch.compile(flags, fullgraph=True)(x, w).tolist() == [0.0, 1.0]
+
+    class Flags(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = w
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return flags(x, self.w)
+
+    assert torch.export.export(Flags(), (x,), strict=False).module()(x).tolist() == [1.0, 0.0]
+
+
 @pytest.mark.parametrize("act", ["silu", "gelu", "relu"])
 def test_op_path_saves_x_gate_up_not_h(act: str) -> None:
     """The registered-op path (CPU here, compile anywhere): gated_down recomputes h in the backward,

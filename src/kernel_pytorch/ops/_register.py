@@ -185,8 +185,8 @@ def _checked_schema(qualname: str, impl: Impl) -> _Schema:
     return schema
 
 
-def _define(qualname: str, impl: Impl, schema: _Schema, module: str) -> Any:
-    """The triton_op `qualname` with its CPU kernel and fake."""
+def _define(qualname: str, impl: Impl, schema: _Schema, module: str, opaque: bool = False) -> Any:
+    """The triton_op `qualname` (a plain custom_op where `opaque`) with its CPU kernel and fake."""
     cpu = _filled(impl.reference, schema)
     cuda = _filled(_op_outputs(impl.launch, schema), schema)
 
@@ -201,7 +201,7 @@ def _define(qualname: str, impl: Impl, schema: _Schema, module: str) -> Any:
     body.__name__ = body.__qualname__ = qualname.split("::")[1]
     body.__module__ = module
     body.__doc__ = f"Registered {qualname}: Triton on CUDA, the reference elsewhere."
-    op = triton_op(qualname, body, mutates_args=())
+    op = (torch.library.custom_op if opaque else triton_op)(qualname, body, mutates_args=())
     op.register_kernel("cpu")(cpu)
     op.register_fake(_filled(impl.fake, schema))
     return op
@@ -380,6 +380,7 @@ def register_op(
     present: Sequence[str] = (),
     grads: Mapping[str, str] | None = None,
     namespace: str = "kernel_pytorch",
+    opaque_forward: bool = False,
 ) -> RegisteredOp:
     """Register `<namespace>::<name>_fwd` (and `_bwd` with a backward) and build the eager entry.
 
@@ -393,6 +394,10 @@ def register_op(
         present: optional tensor inputs whose presence (a bool) the backward takes last.
         grads: forward input -> the backward output that is its gradient; other inputs get None.
         namespace: the torch.library namespace.
+        opaque_forward: register the forward as a plain custom_op, which compile and export keep as one
+            node, instead of a triton_op whose body they trace. For a forward whose traced body the
+            AOT partitioner would split between the forward and the backward graphs (a chunk loop
+            whose last steps it moves into the backward, saving their inputs instead of the result).
     Returns:
         RegisteredOp(fwd, bwd, eager): for a forward-only op, bwd is None and eager the launcher with
         eager=True.
@@ -405,7 +410,7 @@ def register_op(
         return RegisteredOp(_define(fwd_name, forward, fs, module), None, launch_fwd)
     bs, launch_bwd = _checked_schema(bwd_name, backward), _eager_launcher(backward.launch)
     plan = _plan(name, forward, backward, fs, bs, differentiable, save, keep, present, dict(grads or {}))
-    fwd, bwd = _define(fwd_name, forward, fs, module), _define(bwd_name, backward, bs, module)
+    fwd, bwd = _define(fwd_name, forward, fs, module, opaque_forward), _define(bwd_name, backward, bs, module)
     _register_autograd(fwd, bwd, plan, fs, bs)
     function = _eager_function(name, module, launch_fwd, launch_bwd, plan, fs, bs)
     return RegisteredOp(fwd, bwd, _eager_entry(name, function, launch_fwd, plan, fs))

@@ -35,7 +35,10 @@ where torch cannot accumulate into fp32 in place, an fp32 product per chunk: see
 input embedding) is only read here; adding grad_W to its other gradient is autograd's job.
 
 Registration: the forward op returns (loss, lse, grad_x, grad_w, grad_b), the gradients for an
-upstream gradient of 1 (empty where not needed, and for "none"); the backward op scales them by the
+upstream gradient of 1 (empty where not needed, and for "none"). It is an opaque custom op: compile
+keeps it as one node, since with its body traced the AOT partitioner moved the last chunk's grad_W
+update into the backward graph and saved that chunk's (C, V) logits gradient and the partial
+accumulator instead of grad_W (one accumulator more at the step's peak). The backward op scales them by the
 upstream gradient (a new tensor each under compile and export; in place on the eager CUDA path, as
 ops/cross_entropy.py explains) or, for "none", recomputes them chunk by chunk.
 """
@@ -361,4 +364,5 @@ fused_linear_cross_entropy_fwd_op, fused_linear_cross_entropy_bwd_op, fused_line
     save=("grad_x", "grad_w", "grad_b", "x", "weight", "target", "lse", "bias", "ce_weight"),
     keep=_OPTIONS,
     grads={"x": "dx", "weight": "dweight", "bias": "dbias"},
+    opaque_forward=True,  # traced, the partitioner moved the last chunk's grad_W update into the backward
 )
