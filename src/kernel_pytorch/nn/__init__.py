@@ -1,5 +1,6 @@
 """Drop-in modules backed by kernel_pytorch's kernels."""
 
+from kernel_pytorch.nn._recompute import recompute_norm_outputs
 from kernel_pytorch.nn.attention import (
     Attention,
     LoopAttention,
@@ -31,4 +32,5 @@ __all__ = [
     "SinusoidalPositionalEmbedding",
     "StandardAttention",
     "StaticKVCache",
+    "recompute_norm_outputs",
 ]

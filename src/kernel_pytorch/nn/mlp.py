@@ -23,6 +23,7 @@ from torch import Tensor
 
 from kernel_pytorch import functional as F
 from kernel_pytorch.functional import Backend
+from kernel_pytorch.nn._recompute import recompute_norm_outputs
 from kernel_pytorch.reference._act_checks import check_activation
 
 _GATE, _UP, _PACKED = "gate_proj.", "up_proj.", "gate_up_proj."
@@ -127,13 +128,14 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         down = self.down_proj
-        if self.fuse_gate_up:
-            gu = self.gate_up_proj
-            return F.gated_mlp_packed(x, gu.weight, down.weight, self.activation, gate_up_bias=gu.bias,
-                                      down_bias=down.bias, backend=self.backend)
-        gate, up = self.gate_proj, self.up_proj
-        return F.gated_mlp(x, gate.weight, up.weight, down.weight, self.activation, gate_bias=gate.bias,
-                           up_bias=up.bias, down_bias=down.bias, backend=self.backend)
+        with recompute_norm_outputs():  # where x is a norm's output, its input is kept instead
+            if self.fuse_gate_up:
+                gu = self.gate_up_proj
+                return F.gated_mlp_packed(x, gu.weight, down.weight, self.activation, gate_up_bias=gu.bias,
+                                          down_bias=down.bias, backend=self.backend)
+            gate, up = self.gate_proj, self.up_proj
+            return F.gated_mlp(x, gate.weight, up.weight, down.weight, self.activation, gate_bias=gate.bias,
+                               up_bias=up.bias, down_bias=down.bias, backend=self.backend)
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "

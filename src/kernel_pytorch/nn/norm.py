@@ -20,6 +20,7 @@ from torch import Tensor
 
 from kernel_pytorch import functional as F
 from kernel_pytorch.functional import Backend, Casting
+from kernel_pytorch.nn._recompute import remember
 from kernel_pytorch.reference.rms_norm import rounds_normed
 
 
@@ -48,6 +49,10 @@ class RMSNorm(torch.nn.RMSNorm):
     backend: Backend = "auto"
     casting: Casting = "torch"  # class defaults too: modules pickled before the arguments existed load
     offset: float = 0.0
+    # True (optimize() sets it): in eager mode, recording gradients, the output is remembered, and the
+    # modules that enter nn._recompute.recompute_norm_outputs() (our attention and gated MLP) keep for
+    # their backward not the output but a way to make it again; False: no cost (a few microseconds)
+    recompute_output: bool = False
 
     def __init__(
         self,
@@ -71,6 +76,12 @@ class RMSNorm(torch.nn.RMSNorm):
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, x: Tensor) -> Tensor:
+        out = self._normed(x)
+        if self.recompute_output and out.requires_grad and not torch.compiler.is_compiling():
+            remember(out, self, x, self.weight)
+        return out
+
+    def _normed(self, x: Tensor) -> Tensor:
         x2, d = _flatten_normalized(x, tuple(self.normalized_shape))
         eps = self.eps
         if eps is None:  # torch's default; a non-float x goes on to F.rms_norm, whose error names it

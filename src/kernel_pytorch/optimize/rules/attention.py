@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from kernel_pytorch.functional.attention import attention, prepare_mask
 from kernel_pytorch.functional.rope import apply_rotary
+from kernel_pytorch.nn._recompute import recompute_norm_outputs
 from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.optimize.rules._common import projections_left_alone, same_output
 from kernel_pytorch.optimize.rules.norms import HFRMSNormRule
@@ -142,10 +143,11 @@ class HFAttention(nn.Module):
                 cache_position: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, None]:
         """hidden_states (B, T, hidden) -> ((B, T, hidden), None), as transformers' attention."""
         b, t = hidden_states.shape[:2]
-        if hasattr(self, "qkv_proj"):
-            q, k, v = self.qkv_proj(hidden_states).split(self._sizes, dim=-1)
-        else:
-            q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        with recompute_norm_outputs():  # the projections keep not a norm's output but its input
+            if hasattr(self, "qkv_proj"):
+                q, k, v = self.qkv_proj(hidden_states).split(self._sizes, dim=-1)
+            else:
+                q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
         q = q.view(b, t, -1, self.head_dim)
         k = k.view(b, t, -1, self.head_dim)
         if hasattr(self, "q_norm"):

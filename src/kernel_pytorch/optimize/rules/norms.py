@@ -37,11 +37,18 @@ def rms_norm_options(style: str) -> dict[str, Any]:
 
 
 def _rms_norm(width: int, eps: float | None, affine: bool, options: dict[str, Any], old: nn.Module) -> nn.Module:
-    return build_on_meta(
+    return _recomputing(build_on_meta(
         lambda: kp_nn.RMSNorm(width, eps=eps, elementwise_affine=affine, device="meta", **options),
         old,
         ("weight",) if affine else (),
-    )
+    ))
+
+
+def _recomputing(norm: kp_nn.RMSNorm) -> kp_nn.RMSNorm:
+    """In an optimized model our attention and MLP, fed by the norm, keep its input instead of its output
+    for their backward (nn/_recompute.py): the norm remembers how to make its output again."""
+    norm.recompute_output = True
+    return norm
 
 
 def _own_forward(module: nn.Module, base: type[nn.Module]) -> bool:
@@ -63,12 +70,12 @@ class TorchRMSNormRule:
         if (why := blocked(module)) is not None:
             return Match(None, why)
         options = rms_norm_options("torch")
-        new = build_on_meta(
+        new = _recomputing(build_on_meta(
             lambda: kp_nn.RMSNorm(module.normalized_shape, eps=module.eps,
                                   elementwise_affine=module.elementwise_affine, device="meta", **options),
             module,
             ("weight",) if module.elementwise_affine else (),
-        )
+        ))
         return Match(new, "torch.nn.RMSNorm -> kernel_pytorch.nn.RMSNorm")
 
 

@@ -1,0 +1,112 @@
+"""Norm outputs made again in the backward instead of kept from the forward (eager mode).
+
+A decoder layer's norm output feeds projections (q/k/v, gate/up) that save it for their weight
+gradients: one (N, D) tensor per norm kept from forward to backward, although the norm's own backward
+keeps its input already, from which the output is one cheap pass. In a Llama-style layer that is two
+(N, D) tensors per layer (at 4 x 2048 tokens and D = 2048, 64 MiB per layer).
+
+`remember(out, module, x)` records, while `out` lives, how to make it again (the module and its input).
+Inside `recompute_norm_outputs()` (entered by the consuming modules) autograd's pack hook replaces a
+saved tensor that is `out` or a view of it by a handle, and the unpack hook makes the output again, once
+per backward, and hands out the same view. The kernels are deterministic, so the gradients are bitwise
+those of the saving path. The hooks stand aside where other saved-tensor hooks are active (activation
+checkpointing, a memory measurement) and under torch.compile (nothing is remembered while tracing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# storage address -> the source of the live norm output whose storage it is
+_LIVE: dict[int, _Source] = {}
+
+
+class _Source:
+    """How to make one norm output again: its module (`module._normed(x)`), input and weight, the
+    versions input and weight had in the forward, and, once made in the backward, the output itself."""
+
+    __slots__ = ("module", "x", "weight", "nbytes", "dtype", "versions", "made", "out_ref", "__weakref__")
+
+    def __init__(self, module: torch.nn.Module, x: Tensor, weight: Tensor | None, out: Tensor) -> None:
+        self.module, self.x, self.weight = module, x, weight
+        self.nbytes, self.dtype = out.untyped_storage().nbytes(), out.dtype
+        self.versions = self._versions()
+        self.made: Tensor | None = None
+        self.out_ref: weakref.ref | None = None  # to the output, calling _forget when it dies
+
+    def _versions(self) -> tuple[int, int]:
+        return self.x._version, -1 if self.weight is None else self.weight._version
+
+    def output(self) -> Tensor:
+        if self.made is None:
+            if self._versions() != self.versions:
+                raise RuntimeError(
+                    f"the input or the weight of {type(self.module).__name__} was modified in place after the "
+                    "forward, so its output, which the backward makes again, would differ")
+            with torch.no_grad():
+                self.made = self.module._normed(self.x)
+        return self.made
+
+
+class _Saved:
+    """What the pack hook keeps instead of a norm output (or a view of it): the source and the view."""
+
+    __slots__ = ("source", "size", "stride", "offset")
+
+    def __init__(self, source: _Source, t: Tensor) -> None:
+        self.source, self.size, self.stride, self.offset = source, t.size(), t.stride(), t.storage_offset()
+
+    def tensor(self) -> Tensor:
+        return self.source.output().as_strided(self.size, self.stride, self.offset)
+
+
+def remember(out: Tensor, module: torch.nn.Module, x: Tensor, weight: Tensor | None) -> None:
+    """Record that `out` is `module._normed(x)` (with `weight`, or None) while `out` lives (the caller
+    checked that out records a gradient and that this is not a traced call). A few microseconds."""
+    key = out.untyped_storage().data_ptr()
+    source = _LIVE[key] = _Source(module, x, weight, out)
+    source.out_ref = weakref.ref(out, functools.partial(_forget, key, weakref.ref(source)))
+
+
+def _forget(key: int, source: weakref.ref, _: Any) -> None:
+    """When the output dies: drop its entry (it holds the norm's input), unless a newer one took it."""
+    if _LIVE.get(key) is source():
+        del _LIVE[key]
+
+
+def _source_of(t: Tensor) -> _Source | None:
+    """The source when t is a live norm output or a view of one (same storage), else None."""
+    if not _LIVE:
+        return None
+    storage = t.untyped_storage()
+    source = _LIVE.get(storage.data_ptr())
+    if source is None or source.nbytes != storage.nbytes() or source.dtype != t.dtype:
+        return None
+    return source
+
+
+def _pack(t: Tensor) -> Any:
+    source = _source_of(t)
+    return t if source is None else _Saved(source, t)
+
+
+def _unpack(saved: Any) -> Tensor:
+    return saved.tensor() if type(saved) is _Saved else saved
+
+
+_TOP_HOOKS: Callable[[bool], Any] | None = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
+def recompute_norm_outputs() -> contextlib.AbstractContextManager:
+    """A context in which a saved norm output (one `remember`ed) is made again in the backward instead
+    of kept. A no-op when none is live, while tracing, or where other saved-tensor hooks are active."""
+    if not _LIVE or _TOP_HOOKS is None or torch.compiler.is_compiling() or _TOP_HOOKS(False) is not None:
+        return contextlib.nullcontext()
+    return torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
