@@ -77,7 +77,8 @@ def remember(out: Tensor, module: torch.nn.Module, x: Tensor, weight: Tensor | N
 
 def _forget(key: int, source: weakref.ref, _: Any) -> None:
     """When the output dies: drop its entry (it holds the norm's input), unless a newer one took it."""
-    if _LIVE.get(key) is source():
+    entry = source()
+    if entry is not None and _LIVE.get(key) is entry:
         del _LIVE[key]
 
 
@@ -87,7 +88,7 @@ def _source_of(t: Tensor) -> _Source | None:
         return None
     storage = t.untyped_storage()
     source = _LIVE.get(storage.data_ptr())
-    if source is None or source.nbytes != storage.nbytes() or source.dtype != t.dtype:
+    if source is None or source.nbytes != storage.nbytes() or source.dtype != t.dtype or source.x.device != t.device:
         return None
     return source
 
