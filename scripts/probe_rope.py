@@ -275,31 +275,31 @@ def decode(args) -> None:
 
 
 def variants(args) -> None:
-    print("\n== variants: our kernel, graph replay, train shape (TILE_ELEMENTS x NUM_WARPS)")
+    print("\n== variants: our kernel, graph replay, train shape (TILE_ELEMENTS x NUM_WARPS x TOKENS_PER_TILE)")
     ceil = args.ceiling
-    tiles = (4096,) if args.quick else (1024, 2048, 4096, 8192)
-    warps = (4, 8) if args.quick else (2, 4, 8)
-    saved = (rope_ops.TILE_ELEMENTS, rope_ops.NUM_WARPS)
-    for layout in ("bhtd", "bthd"):
-        for il in (False, True):
-            ud = 1 if layout == "bhtd" else 2
-            q, k, cos, sin, pos = make_inputs(TRAIN, layout, il)
-            tc, ts = cos_sin_table(default_inv_freq(10000.0, 128, "cuda"), int(pos.max()) + 1, 1.0, q.dtype, il)
-            nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
-            kw = dict(interleaved=il, unsqueeze_dim=ud)
-            for tile in tiles:
-                for w in warps:
-                    rope_ops.TILE_ELEMENTS, rope_ops.NUM_WARPS = tile, w
-                    cells = []
-                    for key, fn in (("fwd", lambda: rope_fwd(q, k, cos, sin, **kw)),
-                                    ("fwd inplace", lambda: rope_fwd(q, k, cos, sin, inplace=True, **kw)),
-                                    ("fwd table", lambda: rope_fwd(q, k, tc, ts, pos, **kw)),
-                                    ("bwd", lambda: rope_bwd(q, k, cos, sin, **kw))):
-                        ms = soft(f"{layout} {tile} {w} {key}", graph_ms, fn)
-                        cells.append(f"{key} " + ("--" if ms is None else
-                                                  f"{ms * 1e3:6.1f}us {nbytes / ms / 1e6 / ceil * 100:5.1f}%"))
-                    print(f"  {layout} {'il' if il else 'half'} tile {tile:5d} warps {w:2d}: " + " | ".join(cells))
-    rope_ops.TILE_ELEMENTS, rope_ops.NUM_WARPS = saved
+    tiles = args.tiles or ((4096,) if args.quick else (1024, 2048, 4096, 8192))
+    warps = args.warps or ((4, 8) if args.quick else (2, 4, 8))
+    tokens = args.tokens or (rope_ops.TOKENS_PER_TILE,)
+    saved = (rope_ops.TILE_ELEMENTS, rope_ops.NUM_WARPS, rope_ops.TOKENS_PER_TILE)
+    for layout, il in args.layouts or [(lo, il) for lo in ("bhtd", "bthd") for il in (False, True)]:
+        ud = 1 if layout == "bhtd" else 2
+        q, k, cos, sin, pos = make_inputs(TRAIN, layout, il)
+        tc, ts = cos_sin_table(default_inv_freq(10000.0, 128, "cuda"), int(pos.max()) + 1, 1.0, q.dtype, il)
+        nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
+        kw = dict(interleaved=il, unsqueeze_dim=ud)
+        for tile, w, tpt in ((a, b, c) for a in tiles for b in warps for c in tokens):
+            rope_ops.TILE_ELEMENTS, rope_ops.NUM_WARPS, rope_ops.TOKENS_PER_TILE = tile, w, tpt
+            cells = []
+            for key, fn in (("fwd", lambda: rope_fwd(q, k, cos, sin, **kw)),
+                            ("fwd inplace", lambda: rope_fwd(q, k, cos, sin, inplace=True, **kw)),
+                            ("fwd table", lambda: rope_fwd(q, k, tc, ts, pos, **kw)),
+                            ("bwd", lambda: rope_bwd(q, k, cos, sin, **kw))):
+                ms = soft(f"{layout} {tile} {w} {key}", graph_ms, fn)
+                cells.append(f"{key} " + ("--" if ms is None else
+                                          f"{ms * 1e3:6.1f}us {nbytes / ms / 1e6 / ceil * 100:5.1f}%"))
+            print(f"  {layout} {'il' if il else 'half'} tile {tile:5d} warps {w:2d} tokens {tpt:3d}: "
+                  + " | ".join(cells))
+    rope_ops.TILE_ELEMENTS, rope_ops.NUM_WARPS, rope_ops.TOKENS_PER_TILE = saved
     fn = rope_ops._rope_kernel
     for cache in getattr(fn, "device_caches", {}).values():
         for key, compiled in cache[0].items():
@@ -400,6 +400,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
     parser.add_argument("--quick", action="store_true", help="fewer layouts and variants")
+    ints = lambda v: tuple(int(x) for x in v.split(","))
+    parser.add_argument("--tiles", type=ints, help="variants: TILE_ELEMENTS values, comma-separated")
+    parser.add_argument("--warps", type=ints, help="variants: NUM_WARPS values")
+    parser.add_argument("--tokens", type=ints, help="variants: TOKENS_PER_TILE values")
+    parser.add_argument("--layouts", type=lambda v: [(x.split(":")[0], x.endswith(":il")) for x in v.split(",")],
+                        help="variants: bhtd, bthd, bhtd:il, bthd:il (comma-separated; default all four)")
     args = parser.parse_args()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
     args.ceiling = measure_copy_gbps("cuda")
