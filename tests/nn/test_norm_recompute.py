@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import weakref
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,6 +14,10 @@ import torch.nn.functional as TF
 import kernel_pytorch as kp
 from kernel_pytorch.nn import _recompute
 from kernel_pytorch.nn._recompute import recompute_norm_outputs
+from kernel_pytorch.tolerances import compare_reordered
+from tests.grid import device_under_test, randn
+
+DEV = device_under_test()
 
 
 def _norm_and_weights(seed: int = 0) -> tuple[kp.nn.RMSNorm, torch.Tensor, torch.Tensor]:
@@ -114,3 +119,110 @@ def test_the_output_is_freed_after_the_forward_only_when_made_again(recompute: b
     gc.collect()
     assert (storage() is None) is recompute
     z.sum().backward()
+
+
+class _NormQK(torch.nn.Module):
+    """x (B, T, D) -> RMSNorm -> the q and k projections, as in a decoder layer's attention."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = kp.nn.RMSNorm(dim, eps=1e-6)
+        self.q = torch.nn.Linear(dim, dim, bias=False)
+        self.k = torch.nn.Linear(dim, dim // 2, bias=False)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.norm(x)
+        return self.q(y), self.k(y)
+
+
+@contextlib.contextmanager
+def _saved_numels() -> Iterator[list[int]]:
+    """The element counts of the tensors saved for the backward inside it (a compiled forward: those
+    its graph saves)."""
+    numels: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        numels.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield numels
+
+
+def _compiled(model: torch.nn.Module) -> torch.nn.Module:
+    # the partitioner Inductor uses (min-cut), without its code generation: a second instead of ten
+    return torch.compile(model, fullgraph=True, backend="aot_eager_decomp_partition")
+
+
+def _step(model: _NormQK, x: torch.Tensor, compiled: bool) -> tuple[list[torch.Tensor], list[int]]:
+    """Outputs and gradients (x, then the parameters) of one forward and backward, and the element
+    counts of the tensors the forward saved for the backward."""
+    model.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_()
+    with _saved_numels() as numels:
+        q, k = (_compiled(model) if compiled else model)(x)
+    torch.autograd.backward((q, k), (torch.ones_like(q), torch.full_like(k, 0.5)))
+    return [q.detach(), k.detach(), x.grad] + [p.grad for p in model.parameters()], numels
+
+
+def test_a_compiled_forward_keeps_the_norm_input_and_the_backward_makes_the_output_again() -> None:
+    torch._dynamo.reset()
+    dtype, (b, t, d) = torch.bfloat16, (2, 8, 64)
+    model = _NormQK(d).to(DEV, dtype)
+    x = randn(b, t, d, dtype=dtype, device=DEV)
+    runs = {}
+    for recompute in (False, True):
+        model.norm.recompute_output = recompute
+        runs[recompute] = _step(model, x, compiled=True)
+    (kept, kept_numels), (made, made_numels) = runs[False], runs[True]
+    # kept: x (for the norm's backward) and the norm output (for the projections'); made: x alone
+    assert kept_numels.count(b * t * d) == 2 and made_numels.count(b * t * d) == 1
+    assert sum(made_numels) <= sum(kept_numels) - b * t * d
+    for got, want in zip(made, kept):
+        assert torch.equal(got, want)  # the same kernels on the same input
+    model.norm.recompute_output = False
+    for got, want in zip(made, _step(model, x, compiled=False)[0]):
+        result = compare_reordered(got, want)
+        assert result.passed, result.message("compiled against eager")
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_export_keeps_the_plain_norm_with_recompute_output(strict: bool) -> None:
+    model = _NormQK(16)
+    model.norm.recompute_output = True
+    x = torch.randn(3, 16)
+    for train in (True, False):
+        model.train(train)
+        program = torch.export.export(model, (x,), strict=strict)
+        targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+        assert "kernel_pytorch.rms_norm_fwd.default" in targets
+        assert not any("checkpoint" in name for name in targets)  # no checkpoint region in the program
+        for got, want in zip(program.module()(x), model(x)):
+            assert torch.equal(got, want)
+
+
+def test_a_compiled_optimized_hf_llama_keeps_two_norm_outputs_less_per_layer() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config).train()
+    ids = torch.randint(0, 128, (2, 12))
+    model, _ = kp.optimize(model, {"input_ids": ids, "labels": ids}, compile=False, validate=False)
+    norms = [m for m in model.modules() if isinstance(m, kp.nn.RMSNorm)]
+    runs = {}
+    for recompute in (False, True):
+        for m in norms:
+            m.recompute_output = recompute
+        model.zero_grad(set_to_none=True)
+        with _saved_numels() as numels:
+            loss = _compiled(model)(input_ids=ids, labels=ids).loss
+        loss.backward()
+        runs[recompute] = numels, [loss.detach()] + [p.grad for p in model.parameters()]
+    tokens_x_hidden = ids.numel() * config.hidden_size
+    (kept_numels, kept), (made_numels, made) = runs[False], runs[True]
+    # the input and post-attention norms' outputs, which q/k/v and gate/up would keep
+    assert kept_numels.count(tokens_x_hidden) - made_numels.count(tokens_x_hidden) == 2 * config.num_hidden_layers
+    assert all(torch.equal(a, b) for a, b in zip(kept, made))

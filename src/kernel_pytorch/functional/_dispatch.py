@@ -47,6 +47,18 @@ def kernels_ready() -> bool:
     return True
 
 
+def _exporting() -> bool:
+    """Whether torch.export is tracing this call. Dynamo before torch 2.14 folds a call of
+    `torch.compiler.is_exporting()` to True under torch.compile too (pytorch/pytorch#176347), which sent
+    compiled calls down their export paths; the flag that function returns is read instead (set by
+    strict and non-strict export alike)."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    if isinstance(flag, bool):
+        return flag
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting()) if is_exporting is not None else False
+
+
 def _check_float(name: str, t: Tensor) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a tensor (got {type(t).__name__})")

@@ -39,7 +39,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernel_pytorch.functional._dispatch import Backend, _check_float, _check_same_device, _resolve, kernels
+from kernel_pytorch.functional._dispatch import (
+    Backend,
+    _check_float,
+    _check_same_device,
+    _exporting,
+    _resolve,
+    kernels,
+)
 from kernel_pytorch.functional.activation import _records_grad, bias_act, gated_act, gated_act_packed
 from kernel_pytorch.reference._act_checks import check_activation
 
@@ -217,18 +224,6 @@ def _recompute_h(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
     """Whether an op-path call takes the gated_down op: as `_block`, and not under torch.export (an
     exported program has no backward to save h for; it keeps the composed Linear nodes)."""
     return _block(x, params) and not _exporting()
-
-
-def _exporting() -> bool:
-    """Whether torch.export is tracing this call. Dynamo before torch 2.14 folds a call of
-    `torch.compiler.is_exporting()` to True under torch.compile too (pytorch/pytorch#176347), which sent
-    every compiled gated MLP down the composed path that saves h; the flag that function returns is
-    read instead (set by strict and non-strict export alike)."""
-    flag = getattr(torch.compiler, "_is_exporting_flag", None)
-    if isinstance(flag, bool):
-        return flag
-    is_exporting = getattr(torch.compiler, "is_exporting", None)
-    return bool(is_exporting()) if is_exporting is not None else False
 
 
 def bias_act_mlp(

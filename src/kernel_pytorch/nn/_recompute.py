@@ -1,4 +1,4 @@
-"""Norm outputs made again in the backward instead of kept from the forward (eager mode).
+"""Norm outputs made again in the backward instead of kept from the forward.
 
 A decoder layer's norm output feeds projections (q/k/v, gate/up) that save it for their weight
 gradients: one (N, D) tensor per norm kept from forward to backward, although the norm's own backward
@@ -11,6 +11,16 @@ saved tensor that is `out` or a view of it by a handle, and the unpack hook make
 per backward, and hands out the same view. The kernels are deterministic, so the gradients are bitwise
 those of the saving path. The hooks stand aside where other saved-tensor hooks are active (activation
 checkpointing, a memory measurement) and under torch.compile (nothing is remembered while tracing).
+
+Under torch.compile the norm runs inside `recompute_in_backward` instead: a non-reentrant checkpoint of
+the norm alone, which Dynamo records as the `tag_activation_checkpoint` higher-order op. Its nodes reach
+the AOT partitioner tagged for recomputation (the tag overrides the rule that keeps custom ops and
+Triton kernels out of the backward), so the compiled forward keeps the norm's input, which the norm's
+backward needs anyway, and the backward runs the norm's forward again. The same kernels run on the same
+input: the gradients are bitwise those of the saving graph. A norm whose output no consumer keeps (the
+final norm before a fused loss) runs again too, for its rstd: one norm pass, no memory. Not while
+torch.export traces (strict export refuses the checkpoint, and an exported program has no backward to
+save for).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 
 # storage address -> the source of the live norm output whose storage it is
@@ -111,3 +122,11 @@ def recompute_norm_outputs() -> contextlib.AbstractContextManager:
     if not _LIVE or _TOP_HOOKS is None or torch.compiler.is_compiling() or _TOP_HOOKS(False) is not None:
         return contextlib.nullcontext()
     return torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
+
+
+def recompute_in_backward(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """fn(x) (a norm: x (..., D) -> (..., D)), which a compiled graph makes again in the backward rather
+    than keeping it from the forward: the caller checked that it is compiling, not exporting, with
+    gradients recorded. The region holds the norm's op and views alone, so a plain checkpoint recomputes
+    exactly the norm (no selection policy needed)."""
+    return torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=False)

@@ -20,7 +20,8 @@ from torch import Tensor
 
 from kernel_pytorch import functional as F
 from kernel_pytorch.functional import Backend, Casting
-from kernel_pytorch.nn._recompute import remember
+from kernel_pytorch.functional._dispatch import _exporting
+from kernel_pytorch.nn._recompute import recompute_in_backward, remember
 from kernel_pytorch.reference.rms_norm import rounds_normed
 
 
@@ -51,7 +52,9 @@ class RMSNorm(torch.nn.RMSNorm):
     offset: float = 0.0
     # True (optimize() sets it): in eager mode, recording gradients, the output is remembered, and the
     # modules that enter nn._recompute.recompute_norm_outputs() (our attention and gated MLP) keep for
-    # their backward not the output but a way to make it again; False: no cost (a few microseconds)
+    # their backward not the output but a way to make it again (a few microseconds); under
+    # torch.compile, training, the compiled backward makes the output again, whoever consumes it
+    # (nn._recompute.recompute_in_backward); False: the output is kept where a consumer saves it
     recompute_output: bool = False
 
     def __init__(
@@ -76,8 +79,13 @@ class RMSNorm(torch.nn.RMSNorm):
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.recompute_output and torch.compiler.is_compiling():
+            # constants to Dynamo (grad mode is guarded on): no branch left in the graph
+            if torch.is_grad_enabled() and not _exporting():
+                return recompute_in_backward(self._normed, x)
+            return self._normed(x)
         out = self._normed(x)
-        if self.recompute_output and out.requires_grad and not torch.compiler.is_compiling():
+        if self.recompute_output and out.requires_grad:
             remember(out, self, x, self.weight)
         return out
 
