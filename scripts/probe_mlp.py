@@ -235,6 +235,7 @@ def sweep(ceil: float) -> None:
     defaults = {k: getattr(A, k) for k in ("TILE_ELEMENTS", "ELEMENTS_PER_THREAD", "MAX_BLOCK_C", "PRECISE_MATH")}
     variants = [{}, {"TILE_ELEMENTS": 2048}, {"TILE_ELEMENTS": 8192},
                 {"TILE_ELEMENTS": 8192, "ELEMENTS_PER_THREAD": 32}, {"ELEMENTS_PER_THREAD": 8},
+                {"TILE_ELEMENTS": 16384}, {"TILE_ELEMENTS": 2048, "ELEMENTS_PER_THREAD": 8},
                 {"MAX_BLOCK_C": 1024}, {"PRECISE_MATH": False}]
     for n, i in SHAPES:
         gu = torch.randn(n, 2 * i, device="cuda", dtype=BF16)

@@ -140,8 +140,11 @@ class HFAttention(nn.Module):
 
     def forward(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor] | None = None,
                 attention_mask: Tensor | None = None, past_key_values: Any = None,
-                cache_position: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, None]:
-        """hidden_states (B, T, hidden) -> ((B, T, hidden), None), as transformers' attention."""
+                cache_position: Tensor | None = None, cache: Any = None, **kwargs: Any) -> tuple[Tensor, None]:
+        """hidden_states (B, T, hidden) -> ((B, T, hidden), None), as transformers' attention (which
+        takes the KV cache as `past_key_values` in older transformers and as `cache` in newer ones)."""
+        if cache is not None:
+            past_key_values = cache
         b, t = hidden_states.shape[:2]
         with recompute_norm_outputs():  # the projections keep not a norm's output but its input
             if hasattr(self, "qkv_proj"):

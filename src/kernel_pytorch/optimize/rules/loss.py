@@ -102,11 +102,14 @@ def _fused_forward(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
         rows = slice(-keep, None) if isinstance(keep, int) else keep
         logits = nn.functional.linear(hidden[:, rows, :], head.weight, head.bias)
     fields = {"loss": loss, "logits": logits}
-    for name in ("past_key_values", "hidden_states", "attentions", "cross_attentions"):
-        if hasattr(outputs, name):
-            fields[name] = getattr(outputs, name)
     with_past, with_cross = head.output_classes
-    return (with_cross if hasattr(outputs, "cross_attentions") else with_past)(**fields)
+    cls = with_cross if hasattr(outputs, "cross_attentions") else with_past
+    # the cache field is `past_key_values` in older transformers and `cache` in newer ones: every field the
+    # output class has besides loss and logits is carried over, whatever its name
+    for name in cls.__dataclass_fields__:
+        if name not in fields and hasattr(outputs, name):
+            fields[name] = getattr(outputs, name)
+    return cls(**fields)
 
 
 class FusedLossLMHead(nn.Linear):
