@@ -76,15 +76,22 @@ def test_a_parameter_changed_in_place_after_the_forward_is_reported() -> None:
         z.sum().backward()
 
 
-def test_an_optimized_hf_llama_makes_two_norm_outputs_per_layer_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def _optimized_llama(layers: int) -> tuple[torch.nn.Module, torch.Tensor, list[kp.nn.RMSNorm]]:
+    """A tiny random HF Llama in training mode, optimize()d (no compile, no validation): the model,
+    input ids (2, 12) and its RMSNorms."""
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                                       num_attention_heads=4, num_key_value_heads=2)
     model = transformers.LlamaForCausalLM(config).train()
     ids = torch.randint(0, 128, (2, 12))
-    model, report = kp.optimize(model, {"input_ids": ids, "labels": ids}, compile=False, validate=False)
-    norms = [m for m in model.modules() if isinstance(m, kp.nn.RMSNorm)]
+    model, _ = kp.optimize(model, {"input_ids": ids, "labels": ids}, compile=False, validate=False)
+    return model, ids, [m for m in model.modules() if isinstance(m, kp.nn.RMSNorm)]
+
+
+def test_an_optimized_hf_llama_makes_two_norm_outputs_per_layer_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model, ids, norms = _optimized_llama(2)
+    config = model.config
     assert len(norms) == 2 * config.num_hidden_layers + 1 and all(m.recompute_output for m in norms)
     made = []
     output = _recompute._Source.output
@@ -204,14 +211,9 @@ def test_export_keeps_the_plain_norm_with_recompute_output(strict: bool) -> None
 
 
 def test_a_compiled_optimized_hf_llama_keeps_two_norm_outputs_less_per_layer() -> None:
-    transformers = pytest.importorskip("transformers")
     torch._dynamo.reset()
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=2)
-    model = transformers.LlamaForCausalLM(config).train()
-    ids = torch.randint(0, 128, (2, 12))
-    model, _ = kp.optimize(model, {"input_ids": ids, "labels": ids}, compile=False, validate=False)
-    norms = [m for m in model.modules() if isinstance(m, kp.nn.RMSNorm)]
+    model, ids, norms = _optimized_llama(1)
+    config = model.config
     runs = {}
     for recompute in (False, True):
         for m in norms:
