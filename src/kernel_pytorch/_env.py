@@ -56,17 +56,18 @@ def triton_status(device: torch.device | str | None = None) -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, "no CUDA device is available"
     index = dev.index if dev is not None and dev.index is not None else torch.cuda.current_device()
-    status = _CUDA_STATUS[index] = _cuda_triton_status(index)
+    status = _CUDA_STATUS.get(index)
+    if status is None:
+        status = _CUDA_STATUS[index] = _cuda_triton_status(index)
     return status
 
 
-# device index -> triton_status of that CUDA device, once asked (CUDA does not come and go in a process)
+# device index -> triton_status of that CUDA device, once asked (CUDA does not come and go in a process;
+# device queries cost tens of microseconds, and every op call asks)
 _CUDA_STATUS: dict[int, tuple[bool, str]] = {}
 
 
-@functools.cache
 def _cuda_triton_status(index: int) -> tuple[bool, str]:
-    # cached: device queries cost tens of microseconds, and every op call asks
     if triton_version() is None:
         return False, "triton is not installed"
     major, minor = torch.cuda.get_device_capability(index)
