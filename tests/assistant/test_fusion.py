@@ -8,6 +8,7 @@ import torch
 
 import kernel_pytorch as kp
 from kernel_pytorch.assistant.components import COMPONENTS, component
+from kernel_pytorch.assistant.dynamo import module_path
 from kernel_pytorch.assistant.fusion import analyze_fusion
 from kernel_pytorch.assistant.fusion_graph import GraphView
 from kernel_pytorch.assistant.fusion_patterns import find_all
@@ -77,3 +78,13 @@ def test_transformers_llama() -> None:
         assert by["fusion.rms-norm"].data["modules"][0] == "model.layers.0.input_layernorm"
         assert by["fusion.gated-act"].location.file.endswith("modeling_llama.py")
         assert ("fusion.attention" in by) == (impl == "eager"), impl
+
+
+@pytest.mark.parametrize(("dynamo", "named"), [
+    ("L['self'].model.layers[0].input_layernorm", "model.layers.0.input_layernorm"),
+    ("L['self']._modules['mlp']", "mlp"),
+    ("L['args'][0].model.layers[0].mlp", "model.layers.0.mlp"),  # a forward behind a (*args, **kwargs) wrapper
+    ("L['self']", ""),
+])
+def test_module_paths_read_as_named_modules_names_them(dynamo: str, named: str) -> None:
+    assert module_path(dynamo) == named

@@ -196,8 +196,10 @@ def _plain(value: Any) -> Any:
 
 def module_path(dynamo_path: str) -> str:
     """Dynamo's module path ("L['self'].model.layers[0]", "L['self']._modules['mlp']") as
-    `named_modules` names it ("model.layers.0", "mlp"); "" for the root module."""
-    path = re.sub(r"^L\['self'\]|^self\b", "", dynamo_path)
+    `named_modules` names it ("model.layers.0", "mlp"); "" for the root module. A forward behind a
+    `(*args, **kwargs)` wrapper (newer transformers wrap forward in `deprecate_kwarg`) reaches the root
+    module as "L['args'][0]"."""
+    path = re.sub(r"^L\['self'\]|^self\b|^L\['args'\]\[0\]", "", dynamo_path)
     path = re.sub(r"\._modules\['([^']+)'\]", r".\1", path)
     path = re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", path)
     return path.strip(".")
