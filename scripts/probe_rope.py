@@ -11,8 +11,9 @@ Usage: PYTHONPATH=src python3 scripts/probe_rope.py [--sections check,rope,decod
   decode     B=32, one token, 32/8 heads: eager host time decides (target: ours <= eager median)
   variants   launch-parameter sweep of our kernel (heads per tile x warps), in place, table form,
              graph replay, plus registers/spills of the binaries
-  pairs      how the tile kernel forms its pairs (PAIRS_ROTATE_HALF / PAIRS_INTERLEAVED) and the
-             per-token kernel (SCHEDULE="token"; the defaults are ops/rope.py's SCHEDULES), fwd and bwd
+  pairs      how the tile kernel forms its pairs (PAIRS_ROTATE_HALF / PAIRS_INTERLEAVED), the per-token
+             kernel (SCHEDULE="token") and the flat kernel (SCHEDULE="flat"; the defaults are ops/rope.py's
+             SCHEDULES), fwd and bwd
              in graph replay: the data that picks the defaults
   embedding  vocab 128256 x hidden 4096, 16384 tokens, bf16: ours (rows/segments, variants) vs torch's
              embedding backward, uniform and Zipf token streams, bitwise reruns
@@ -311,8 +312,8 @@ def variants(args) -> None:
 
 
 def pairs(args) -> None:
-    """How a tile forms its pairs (ops/rope.py's PAIRS_*), and the per-token kernel (SCHEDULE), at the
-    train shape in graph replay: the data that picks the defaults."""
+    """How a tile forms its pairs (ops/rope.py's PAIRS_*), and the per-token and flat kernels (SCHEDULE),
+    at the train shape in graph replay: the data that picks the defaults."""
     print("\n== pairs: how tiles form pairs (PAIRS_*) and SCHEDULE, graph replay, train shape")
     ceil = args.ceiling
     saved = (rope_ops.PAIRS_ROTATE_HALF, rope_ops.PAIRS_INTERLEAVED, rope_ops.SCHEDULE)
@@ -323,7 +324,7 @@ def pairs(args) -> None:
             nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
             kw = dict(interleaved=il, unsqueeze_dim=ud)
             methods = ("split", "partner") if il else ("halves", "split", "partner")
-            for schedule, method in [("tile", m) for m in methods] + [("token", "-")]:
+            for schedule, method in [("tile", m) for m in methods] + [("token", "-"), ("flat", "-")]:
                 rope_ops.SCHEDULE = schedule
                 if method != "-":
                     setattr(rope_ops, "PAIRS_INTERLEAVED" if il else "PAIRS_ROTATE_HALF", method)

@@ -1,6 +1,7 @@
 """Rotary embedding kernels against the reference: both conventions, both layouts, partial rotary, GQA,
 rows and position-id tables, fused-QKV views in place, tiles cut short, bad positions, transformers'
-eager rounding; every pair method of the tile kernel and the per-token kernel; on the GPU the benchmark
+eager rounding; every pair method of the tile kernel, the per-token kernel and the flat kernel (with
+its fallback for strides it does not take); on the GPU the benchmark
 shapes, bitwise parity with transformers and determinism."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_pytorch.ops import _rope_token
+from kernel_pytorch.ops import _rope_flat, _rope_token
 from kernel_pytorch.ops import rope as rope_ops
 from kernel_pytorch.ops.rope import rope_bwd, rope_fwd
 from kernel_pytorch.reference.rope import rope, rope_backward
@@ -24,6 +25,7 @@ VARIANTS = {
     "tile-split-partner": ("tile", "split", "partner"),
     "tile-halves": ("tile", "halves", "split"),
     "token": ("token", "partner", "split"),
+    "flat": ("flat", "partner", "split"),  # dense q/k only: other strides run the default
 }
 
 
@@ -108,7 +110,9 @@ def test_fused_qkv_views_in_place(interleaved: bool, variant: str) -> None:
     assert_close(dk, ref_dk, "dk in place")
 
 
-def test_in_place_leaves_the_pass_through_features() -> None:
+@pytest.mark.parametrize("schedule", [None, "flat"], ids=["default", "flat"])
+def test_in_place_leaves_the_pass_through_features(schedule: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rope_ops, "SCHEDULE", schedule)
     case = RopeCase(1, 2, 2, 1, 12, 4, "bhtd")
     q, k = make_heads(case, 2, torch.float16, DEV), make_heads(case, 1, torch.float16, DEV)
     cos, sin = make_rows(case, torch.float16, DEV)
@@ -123,6 +127,7 @@ def test_tiles_cut_short(layout: str, interleaved: bool, variant: str, monkeypat
     monkeypatch.setattr(rope_ops, "TILE_ELEMENTS", 32)
     monkeypatch.setattr(rope_ops, "TOKENS_PER_TILE", 2)
     monkeypatch.setattr(_rope_token, "TILE_ELEMENTS", 16)
+    monkeypatch.setattr(_rope_flat, "BLOCK_ELEMENTS", 16)  # two rows a program: the last q and k ones short
     case = RopeCase(2, 5, 5, 3, 8, 8, layout)
     bt, bhq, bhk = rope_ops.tile_shape(case.t, case.hq, case.hk, 8, layout == "bthd")
     assert (case.t % bt, case.hq % bhq, case.hk % bhk) != (0, 0, 0) and bt < case.t and bhq < case.hq
@@ -130,6 +135,33 @@ def test_tiles_cut_short(layout: str, interleaved: bool, variant: str, monkeypat
     q, k = make_heads(case, 5, torch.float32, DEV), make_heads(case, 3, torch.float32, DEV)
     cos, sin = make_rows(case, torch.float32, DEV)
     _check(q, k, cos, sin, None, interleaved, case.unsqueeze_dim)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_flat_takes_dense_layouts_and_falls_back(interleaved: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SCHEDULE = "flat" plans the flat kernel for q/k dense in (B, H, T, D) or (B, T, H, D) order (also
+    seen through a transpose), and nothing for views of a fused QKV projection or a sliced q, which then
+    run the default schedule and still give the reference's values."""
+    monkeypatch.setattr(rope_ops, "SCHEDULE", "flat")
+    for layout in ("bhtd", "bthd", "bthd_as_bhtd"):
+        case = RopeCase(2, 3, 2, 1, 8, 8, layout)
+        q, k = make_heads(case, 2, torch.float32, DEV), make_heads(case, 1, torch.float32, DEV)
+        flat = _rope_flat.plan(q, k, torch.empty_like(q), torch.empty_like(k), case.unsqueeze_dim, 4, (0,) * 6, 0,
+                               interleaved=interleaved, has_pos=False, copy_pass=False, backward=False,
+                               hf_rounding=False, num_warps=4)
+        assert flat is not None, layout
+    b, t, hq, hk, d = 2, 3, 2, 1, 8
+    qkv = randn(b, t, hq + 2 * hk, d, dtype=torch.bfloat16, device=DEV)
+    q, k = qkv[:, :, :hq], qkv[:, :, hq:hq + hk]
+    sliced = randn(b, t, hq, d + 4, dtype=torch.bfloat16, device=DEV)[..., :d]  # rows not contiguous
+    dense_k = randn(b, t, hk, d, dtype=torch.bfloat16, device=DEV)
+    assert _rope_flat.row_divisor(q, 2) is None and _rope_flat.row_divisor(k, 2) is None
+    assert _rope_flat.row_divisor(sliced, 2) is None and _rope_flat.row_divisor(dense_k, 2) == hk
+    cos, sin = rotation_rows(torch.arange(t, device=DEV)[None], d, torch.bfloat16, interleaved)
+    for qq, kk in ((q, k), (sliced, dense_k)):
+        assert _rope_flat.plan(qq, kk, qq, kk, 2, d // 2, (0,) * 6, 0, interleaved=interleaved, has_pos=False,
+                               copy_pass=False, backward=False, hf_rounding=False, num_warps=4) is None
+        _check(qq, kk, cos, sin, None, interleaved, 2)  # in place: test_fused_qkv_views_in_place[flat-*]
 
 
 def test_tile_shape_follows_the_layout(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,7 +26,11 @@ its heads. How a tile forms its pairs (PAIRS_*; the probe times each):
                rotate-half: the two halves as a [2, r/2] tile, transposed)
     "halves"   rotate-half only: two half-row loads per head (the first kernel's way)
 The first kernel (one program per token, all heads; ops/_rope_token.py) stays selectable as
-SCHEDULE = "token".
+SCHEDULE = "token". SCHEDULE = "flat" (ops/_rope_flat.py) runs a 1-D grid over the rows of q then of
+k where each of q, k and their outputs is dense in (B, H, T, D) or (B, T, H, D) order (other strides
+run the default): contiguous runs of BLOCK_ELEMENTS, token and batch found by integer division, the
+shape of torch.compile's pointwise kernel (~95% of copy on an H200 against the tile kernel's ~78%,
+benchmarks/results/probes/probe_rope_variants_h200.log). Not a default until measured on a GPU.
 
 Which kernel runs (SCHEDULES, by convention), from the first GPU round (H100, q (4, 32, 4096, 128) +
 k (4, 8, 4096, 128) bf16, benchmarks/results/probes/probe_rope.log), which measured the per-token
@@ -51,9 +55,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops import _rope_token
+from kernel_pytorch.ops import _rope_flat, _rope_token
 from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._rope_math import _cs, _pair_outputs, _products
 from kernel_pytorch.reference.rope import rope, rope_backward
 
 # Elements of q or k per program (8 KiB of bf16), tokens per tile where a head's tokens are contiguous,
@@ -63,44 +68,9 @@ TOKENS_PER_TILE = 8
 NUM_WARPS = 4
 PAIRS_ROTATE_HALF = "partner"
 PAIRS_INTERLEAVED = "split"
-SCHEDULE: str | None = None  # None: SCHEDULES[interleaved]; "tile" or "token" forces one (tests, probe)
+SCHEDULE: str | None = None  # None: SCHEDULES[interleaved]; "tile", "token" or "flat" forces one (tests, probe)
 SCHEDULES = {False: "tile", True: "token"}  # rotate-half, interleaved (module docstring)
 _PAIRS = {"halves": 0, "split": 1, "partner": 2}
-
-
-@triton.jit
-def _products(a, n, c, e, z, DTYPE: tl.constexpr, HF_ROUNDING: tl.constexpr):
-    # a * c + n * e in fp32. HF_ROUNDING rounds each product to DTYPE before the sum, as eager
-    # transformers does. Each product is then fma(., ., z) with z = -0.0 given at run time: the
-    # product rounded to fp32 (exact for bf16/fp16 operands), and an addend the compiler cannot see
-    # stops it from narrowing the product to DTYPE and fusing it with the sum into one FMA, which
-    # skips the product's rounding (the first kernel's plain `(a * c).to(DTYPE)` was not bitwise
-    # eager on the GPU for that reason)
-    if HF_ROUNDING:
-        y = tl.fma(a, c, z).to(DTYPE).to(tl.float32) + tl.fma(n, e, z).to(DTYPE).to(tl.float32)
-    else:
-        y = a * c + n * e
-    return y
-
-
-@triton.jit
-def _pair_outputs(x1, x2, c1, c2, s1, s2, z, DTYPE: tl.constexpr, BACKWARD: tl.constexpr,
-                  HF_ROUNDING: tl.constexpr):
-    if BACKWARD:  # the transpose
-        y1 = _products(x1, x2, c1, s2, z, DTYPE, HF_ROUNDING)
-        y2 = _products(x2, -x1, c2, s1, z, DTYPE, HF_ROUNDING)
-    else:
-        y1 = _products(x1, -x2, c1, s1, z, DTYPE, HF_ROUNDING)
-        y2 = _products(x2, x1, c2, s2, z, DTYPE, HF_ROUNDING)
-    return y1, y2
-
-
-@triton.jit
-def _cs(v, DTYPE_IN: tl.constexpr, HF_ROUNDING: tl.constexpr):
-    # cos/sin in fp32; transformers multiplies by them in q's dtype
-    if HF_ROUNDING:
-        v = v.to(DTYPE_IN)
-    return v.to(tl.float32)
 
 
 @triton.jit
@@ -282,6 +252,7 @@ def _launch(
             sin.stride(), None if pos is None else (pos.shape, pos.stride()), interleaved, unsqueeze_dim,
             hf_rounding, inplace, backward, TILE_ELEMENTS, TOKENS_PER_TILE, NUM_WARPS, PAIRS_ROTATE_HALF,
             PAIRS_INTERLEAVED, SCHEDULE, SCHEDULES[interleaved], _rope_token.TILE_ELEMENTS,
+            _rope_flat.BLOCK_ELEMENTS,
         )
         plan = _PLANS.get(key, False)
         if plan is False:
@@ -320,7 +291,15 @@ def _plan(
     strides = (*sq, *_bthd_strides(k, unsqueeze_dim), *_bthd_strides(qo, unsqueeze_dim),
                *_bthd_strides(ko, unsqueeze_dim), scb, sct, ssb, sst, spb, spt)
     n_positions = cos.shape[0] if table else 0
-    if (SCHEDULE or SCHEDULES[interleaved]) == "token":
+    schedule = SCHEDULE or SCHEDULES[interleaved]
+    if schedule == "flat":
+        flat = _rope_flat.plan(q, k, qo, ko, unsqueeze_dim, half, strides[-6:], n_positions, interleaved=interleaved,
+                               has_pos=table, copy_pass=copy_pass, backward=backward, hf_rounding=hf_rounding,
+                               num_warps=NUM_WARPS)
+        if flat is not None:
+            return flat
+        schedule = SCHEDULES[interleaved]  # not dense in one of the two orders
+    if schedule == "token":
         kernel, grid, scalars, meta = _rope_token.plan(
             batch, seq_len, heads_q, heads_k, half, n_pass, n_positions, interleaved=interleaved, has_pos=table,
             copy_pass=copy_pass, backward=backward, hf_rounding=hf_rounding, num_warps=NUM_WARPS,

@@ -1,0 +1,158 @@
+"""The flat rotary-embedding kernel (ops/rope.py's SCHEDULE = "flat"): a 1-D grid over the rows (one
+head of one token, D features) of q and then of k, for q, k and their outputs each a dense tensor in
+(B, H, T, D) or (B, T, H, D) memory order; `plan` returns None for any other strides (ops/rope.py then
+runs its default schedule).
+
+Each program rotates ROWS = BLOCK_ELEMENTS / D consecutive rows: one contiguous run of memory, loaded
+and stored as wide vectors. A row's token t (and batch b, for cos/sin rows with a batch dim or position
+ids) comes from its index by integer division by the layout's sizes, once per row. Pairs: rotate-half
+loads every feature's partner (j + r/2 mod r) a second time from the same cache lines; interleaved
+splits one load into even/odd lanes. The math is the tile kernel's (`_products`, `_pair_outputs`,
+`_cs`). This is the shape of torch.compile's pointwise kernel, which reached ~95% of the copy
+bandwidth on an H200 where the tile kernel reached ~78% (benchmarks/results/probes/
+probe_rope_variants_h200.log); the flat kernel itself is not measured yet, so it is not a default.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernel_pytorch.ops._launch import Launcher, next_power_of_2
+from kernel_pytorch.ops._rope_math import _cs, _pair_outputs, _products
+
+# Elements per program (4 KiB of bf16: 4 warps x 32 threads x one 16-byte vector, twice).
+BLOCK_ELEMENTS = 2048
+
+
+@triton.jit
+def _rope_rows(
+    X, XO, COS, SIN, POS, r0, n_rows, row_div, rows_per_batch, seq_len, scb, sct, ssb, sst, spb, spt,
+    n_positions, z,
+    D: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
+    HAS_POS: tl.constexpr, COPY_PASS: tl.constexpr, BACKWARD: tl.constexpr, HF_ROUNDING: tl.constexpr,
+):
+    # rows r0 .. r0 + ROWS - 1 of one dense tensor; row r is (b, t) = (r // rows_per_batch,
+    # (r // row_div) % seq_len): row_div is 1 for (B, H, T, D) memory, H for (B, T, H, D)
+    r = r0 + tl.arange(0, ROWS)[:, None]
+    ok = r < n_rows
+    t = ((r // row_div) % seq_len).to(tl.int64)
+    b = (r // rows_per_batch).to(tl.int64)
+    if HAS_POS:
+        pos = tl.load(POS + b * spb + t * spt, mask=ok, other=0).to(tl.int64)
+        limit = tl.where((pos >= 0) & (pos < n_positions) & ok, HALF, 0)
+        c_row, s_row = COS + pos * sct, SIN + pos * sst
+    else:
+        limit = tl.where(ok, HALF, 0)
+        c_row, s_row = COS + b * scb + t * sct, SIN + b * ssb + t * sst
+    j = tl.arange(0, BLOCK_D)[None, :]
+    offs = r.to(tl.int64) * D + j  # int64: q may hold 2^31 elements or more
+    m = ok & (j < D)
+    rot = j < 2 * HALF
+    DTYPE_IN = X.dtype.element_ty
+    DTYPE = XO.dtype.element_ty
+    x_raw = tl.load(X + offs, mask=m, other=0.0)
+    x = x_raw.to(tl.float32)
+    cm = j < 2 * limit
+    if INTERLEAVED:  # even/odd lanes of the one load: neighbours in one thread's registers
+        x1, x2 = tl.split(tl.reshape(x, [ROWS, BLOCK_D // 2, 2]))
+        c1, c2 = tl.split(tl.reshape(_cs(tl.load(c_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING),
+                                     [ROWS, BLOCK_D // 2, 2]))
+        s1, s2 = tl.split(tl.reshape(_cs(tl.load(s_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING),
+                                     [ROWS, BLOCK_D // 2, 2]))
+        y1, y2 = _pair_outputs(x1, x2, c1, c2, s1, s2, z, DTYPE, BACKWARD, HF_ROUNDING)
+        y = tl.reshape(tl.join(y1, y2), [ROWS, BLOCK_D])
+    else:  # each feature's partner, a second load from the same lines; the modulo keeps it in the row
+        # (features past r read some rotary feature, unused) and lets the compiler see contiguous runs
+        first = j < HALF
+        p = (j + HALF) % (2 * HALF)
+        xp = tl.load(X + r.to(tl.int64) * D + p, mask=m, other=0.0).to(tl.float32)
+        c = _cs(tl.load(c_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+        if BACKWARD:  # dx[j] = dy[j] c[j] +- dy[p] s[p]
+            s = _cs(tl.load(s_row + p, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+            xp = tl.where(first, xp, -xp)
+        else:  # y[j] = x[j] c[j] -+ x[p] s[j]
+            s = _cs(tl.load(s_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+            xp = tl.where(first, -xp, xp)
+        y = _products(x, xp, c, s, z, DTYPE, HF_ROUNDING)
+    y = tl.where(rot, y.to(DTYPE), x_raw.to(DTYPE))
+    if COPY_PASS:
+        tl.store(XO + offs, y, mask=m)
+    else:  # in place: the pass-through features are left as they are
+        tl.store(XO + offs, y, mask=m & rot)
+
+
+@triton.jit
+def _rope_flat_kernel(
+    Q, K, QO, KO, COS, SIN, POS,
+    rows_q, rows_k, div_q, div_k, per_batch_q, per_batch_k, seq_len,
+    scb, sct, ssb, sst, spb, spt, n_positions, neg_zero, q_programs,
+    D: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
+    HAS_POS: tl.constexpr, COPY_PASS: tl.constexpr, BACKWARD: tl.constexpr, HF_ROUNDING: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < q_programs:
+        _rope_rows(Q, QO, COS, SIN, POS, pid * ROWS, rows_q, div_q, per_batch_q, seq_len, scb, sct, ssb, sst,
+                   spb, spt, n_positions, neg_zero, D, HALF, ROWS, BLOCK_D, INTERLEAVED, HAS_POS, COPY_PASS,
+                   BACKWARD, HF_ROUNDING)
+    else:
+        _rope_rows(K, KO, COS, SIN, POS, (pid - q_programs) * ROWS, rows_k, div_k, per_batch_k, seq_len, scb,
+                   sct, ssb, sst, spb, spt, n_positions, neg_zero, D, HALF, ROWS, BLOCK_D, INTERLEAVED, HAS_POS,
+                   COPY_PASS, BACKWARD, HF_ROUNDING)
+
+
+_kernel = Launcher(_rope_flat_kernel)
+
+
+def row_divisor(x: Tensor, unsqueeze_dim: int) -> int | None:
+    """How a dense q or k numbers its rows: 1 when its memory is (B, H, T, D) order (row = (b, h, t)),
+    H when (B, T, H, D) order (row = (b, t, h)); None when it is neither (a view of a fused QKV, a
+    slice, a unit feature stride missing). Strides of size-1 dims are ignored."""
+    s = x.stride()
+    b, h, t, d = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]) if unsqueeze_dim == 1 else \
+        (x.shape[0], x.shape[2], x.shape[1], x.shape[3])
+    sb, sh, st, sd = (s[0], s[1], s[2], s[3]) if unsqueeze_dim == 1 else (s[0], s[2], s[1], s[3])
+
+    def dense(*pairs: tuple[int, int, int]) -> bool:
+        return all(size == 1 or stride == want for size, stride, want in pairs)
+
+    if dense((d, sd, 1), (t, st, d), (h, sh, t * d), (b, sb, h * t * d)):
+        return 1
+    if dense((d, sd, 1), (h, sh, d), (t, st, h * d), (b, sb, t * h * d)):
+        return h
+    return None
+
+
+def plan(
+    q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, unsqueeze_dim: int, half: int, strides: tuple[int, ...],
+    n_positions: int, *, interleaved: bool, has_pos: bool, copy_pass: bool, backward: bool, hf_rounding: bool,
+    num_warps: int,
+) -> tuple[Launcher, tuple[int, ...], tuple, dict] | None:
+    """The flat kernel's launch for ops/rope.py: (kernel, grid, the scalar arguments after the tensors,
+    the constexprs and warps), or None where q, k or an output is not dense in one of the two orders
+    (or an output's order differs from its input's).
+
+    Args:
+        q, k: (B, H, T, D) (unsqueeze_dim=1) or (B, T, H, D); qo, ko: the outputs (q and k in place).
+        half: r / 2 rotary pairs per row.
+        strides: (scb, sct, ssb, sst, spb, spt), cos/sin's (batch, row) strides and position ids'.
+    """
+    div_q, div_k = row_divisor(q, unsqueeze_dim), row_divisor(k, unsqueeze_dim)
+    if div_q is None or div_k is None or row_divisor(qo, unsqueeze_dim) != div_q \
+            or row_divisor(ko, unsqueeze_dim) != div_k:
+        return None
+    batch, seq_len, d = q.shape[0], q.shape[3 - unsqueeze_dim], q.shape[-1]
+    heads_q, heads_k = q.shape[unsqueeze_dim], k.shape[unsqueeze_dim]
+    rows_q, rows_k = batch * heads_q * seq_len, batch * heads_k * seq_len
+    if rows_q + rows_k >= 2**31:  # row indices are int32
+        return None
+    block_d = next_power_of_2(d)
+    rows = max(1, BLOCK_ELEMENTS // block_d)
+    q_programs = triton.cdiv(rows_q, rows)
+    grid = (q_programs + triton.cdiv(rows_k, rows),)
+    meta = dict(D=d, HALF=half, ROWS=rows, BLOCK_D=block_d, INTERLEAVED=interleaved, HAS_POS=has_pos,
+                COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding, num_warps=num_warps)
+    scalars = (rows_q, rows_k, div_q, div_k, heads_q * seq_len, heads_k * seq_len, seq_len, *strides,
+               n_positions, -0.0, q_programs)
+    return _kernel, grid, scalars, meta

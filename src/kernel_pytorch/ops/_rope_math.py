@@ -1,0 +1,43 @@
+"""The pair arithmetic the rotary-embedding kernels share (ops/rope.py's tile kernel, ops/_rope_flat.py):
+fp32 products of a feature and its partner with cos/sin, optionally rounded as transformers' eager code
+rounds them. @triton.jit helpers only; the math is in ops/rope.py's docstring."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _products(a, n, c, e, z, DTYPE: tl.constexpr, HF_ROUNDING: tl.constexpr):
+    # a * c + n * e in fp32. HF_ROUNDING rounds each product to DTYPE before the sum, as eager
+    # transformers does. Each product is then fma(., ., z) with z = -0.0 given at run time: the
+    # product rounded to fp32 (exact for bf16/fp16 operands), and an addend the compiler cannot see
+    # stops it from narrowing the product to DTYPE and fusing it with the sum into one FMA, which
+    # skips the product's rounding (the first kernel's plain `(a * c).to(DTYPE)` was not bitwise
+    # eager on the GPU for that reason)
+    if HF_ROUNDING:
+        y = tl.fma(a, c, z).to(DTYPE).to(tl.float32) + tl.fma(n, e, z).to(DTYPE).to(tl.float32)
+    else:
+        y = a * c + n * e
+    return y
+
+
+@triton.jit
+def _pair_outputs(x1, x2, c1, c2, s1, s2, z, DTYPE: tl.constexpr, BACKWARD: tl.constexpr,
+                  HF_ROUNDING: tl.constexpr):
+    if BACKWARD:  # the transpose
+        y1 = _products(x1, x2, c1, s2, z, DTYPE, HF_ROUNDING)
+        y2 = _products(x2, -x1, c2, s1, z, DTYPE, HF_ROUNDING)
+    else:
+        y1 = _products(x1, -x2, c1, s1, z, DTYPE, HF_ROUNDING)
+        y2 = _products(x2, x1, c2, s2, z, DTYPE, HF_ROUNDING)
+    return y1, y2
+
+
+@triton.jit
+def _cs(v, DTYPE_IN: tl.constexpr, HF_ROUNDING: tl.constexpr):
+    # cos/sin in fp32; transformers multiplies by them in q's dtype
+    if HF_ROUNDING:
+        v = v.to(DTYPE_IN)
+    return v.to(tl.float32)
