@@ -7,8 +7,8 @@ Each program rotates ROWS = BLOCK_ELEMENTS / D consecutive rows: one contiguous 
 and stored as wide vectors. A row's token t (and batch b, for cos/sin rows with a batch dim or position
 ids) comes from its index by integer division by the layout's sizes, once per row. Pairs: rotate-half
 loads every feature's partner (j + r/2 mod r) a second time from the same cache lines; interleaved
-splits one load into even/odd lanes. The math is the tile kernel's (`_products`, `_pair_outputs`,
-`_cs`). This is the shape of torch.compile's pointwise kernel, which reached ~95% of the copy
+splits one load into even/odd lanes. The math is the tile kernel's (ops/_rope_math.py: `_partner_outputs`,
+`_pair_outputs`). This is the shape of torch.compile's pointwise kernel, which reached ~95% of the copy
 bandwidth on an H200 where the tile kernel reached ~78% (benchmarks/results/probes/
 probe_rope_variants_h200.log); the flat kernel itself is not measured yet, so it is not a default.
 """
@@ -20,7 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernel_pytorch.ops._launch import Launcher, next_power_of_2
-from kernel_pytorch.ops._rope_math import _cs, _pair_outputs, _products
+from kernel_pytorch.ops._rope_math import _cs, _pair_outputs, _partner_outputs
 
 # Elements per program (4 KiB of bf16: 4 warps x 32 threads x one 16-byte vector, twice).
 BLOCK_ELEMENTS = 2048
@@ -68,14 +68,7 @@ def _rope_rows(
         first = j < HALF
         p = (j + HALF) % (2 * HALF)
         xp = tl.load(X + r.to(tl.int64) * D + p, mask=m, other=0.0).to(tl.float32)
-        c = _cs(tl.load(c_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
-        if BACKWARD:  # dx[j] = dy[j] c[j] +- dy[p] s[p]
-            s = _cs(tl.load(s_row + p, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
-            xp = tl.where(first, xp, -xp)
-        else:  # y[j] = x[j] c[j] -+ x[p] s[j]
-            s = _cs(tl.load(s_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
-            xp = tl.where(first, -xp, xp)
-        y = _products(x, xp, c, s, z, DTYPE, HF_ROUNDING)
+        y = _partner_outputs(x, xp, first, c_row, s_row, j, p, cm, z, DTYPE_IN, DTYPE, BACKWARD, HF_ROUNDING)
     y = tl.where(rot, y.to(DTYPE), x_raw.to(DTYPE))
     if COPY_PASS:
         tl.store(XO + offs, y, mask=m)

@@ -58,7 +58,7 @@ from torch import Tensor
 from kernel_pytorch.ops import _rope_flat, _rope_token
 from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._register import Impl, register_op
-from kernel_pytorch.ops._rope_math import _cs, _pair_outputs, _products
+from kernel_pytorch.ops._rope_math import _cs, _pair_outputs, _partner_outputs
 from kernel_pytorch.reference.rope import rope, rope_backward
 
 # Elements of q or k per program (8 KiB of bf16), tokens per tile where a head's tokens are contiguous,
@@ -100,14 +100,7 @@ def _rope_tile(
         x = tl.load(row + j * sxd, mask=m, other=0.0).to(tl.float32)
         xp = tl.load(row + p * sxd, mask=m, other=0.0).to(tl.float32)
         cm = j < 2 * limit
-        c = _cs(tl.load(c_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
-        if BACKWARD:  # dx[j] = dy[j] c[j] +- dy[p] s[p]
-            s = _cs(tl.load(s_row + p, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
-            xp = tl.where(first, xp, -xp)
-        else:  # y[j] = x[j] c[j] -+ x[p] s[j]
-            s = _cs(tl.load(s_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
-            xp = tl.where(first, -xp, xp)
-        y = _products(x, xp, c, s, z, DTYPE, HF_ROUNDING)
+        y = _partner_outputs(x, xp, first, c_row, s_row, j, p, cm, z, DTYPE_IN, DTYPE, BACKWARD, HF_ROUNDING)
         tl.store(out + j * sod, y.to(DTYPE), mask=m)
     elif PAIRS == 1 and INTERLEAVED:  # split: even/odd lanes of one contiguous load
         j = tl.arange(0, 2 * BLOCK_R2)[None, None, :]
