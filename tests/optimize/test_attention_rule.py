@@ -160,3 +160,19 @@ def test_mask_hint_reads_the_call() -> None:
         assert not hint.plain_causal
     hint.before(torch.nn.Identity(), (ids, ones), {})  # a positional mask: not read, not plain
     assert not hint.plain_causal
+
+
+@pytest.mark.parametrize("name", ["past_key_values", "cache"])
+def test_the_kv_cache_is_taken_under_either_name(name: str) -> None:
+    # transformers hands attention the cache as `past_key_values`, newer releases as `cache`
+    torch.manual_seed(0)
+    model, inputs = models.llama()
+    optimize(model, inputs, components="attention", seeds=(0,))
+    attn = model.model.layers[0].self_attn
+    assert isinstance(attn, HFAttention)
+    hidden = torch.randn(2, 8, model.config.hidden_size)
+    position_embeddings = model.model.rotary_emb(hidden, torch.arange(8)[None].expand(2, -1))
+    cache = transformers.DynamicCache()
+    with torch.no_grad():
+        attn(hidden, position_embeddings, None, **{name: cache})
+    assert cache.get_seq_length(0) == 8
