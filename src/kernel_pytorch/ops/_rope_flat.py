@@ -20,7 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernel_pytorch.ops._launch import Launcher, next_power_of_2
-from kernel_pytorch.ops._rope_math import _cs, _pair_outputs, _partner_outputs
+from kernel_pytorch.ops._rope_math import _cos_sin_rows, _cs, _pair_outputs, _partner_outputs
 
 # Elements per program (4 KiB of bf16: 4 warps x 32 threads x one 16-byte vector, twice).
 BLOCK_ELEMENTS = 2048
@@ -39,15 +39,11 @@ def _rope_rows(
     ok = r < n_rows
     t = ((r // row_div) % seq_len).to(tl.int64)
     b = (r // rows_per_batch).to(tl.int64)
-    if HAS_POS:
-        pos = tl.load(POS + b * spb + t * spt, mask=ok, other=0).to(tl.int64)
-        limit = tl.where((pos >= 0) & (pos < n_positions) & ok, HALF, 0)
-        c_row, s_row = COS + pos * sct, SIN + pos * sst
-    else:
-        limit = tl.where(ok, HALF, 0)
-        c_row, s_row = COS + b * scb + t * sct, SIN + b * ssb + t * sst
+    limit, c_row, s_row = _cos_sin_rows(COS, SIN, POS, b, t, ok, HALF, n_positions, scb, sct, ssb, sst, spb, spt,
+                                        HAS_POS)
     j = tl.arange(0, BLOCK_D)[None, :]
-    offs = r.to(tl.int64) * D + j  # int64: q may hold 2^31 elements or more
+    base = r.to(tl.int64) * D  # int64: q may hold 2^31 elements or more
+    offs = base + j
     m = ok & (j < D)
     rot = j < 2 * HALF
     DTYPE_IN = X.dtype.element_ty
@@ -67,7 +63,7 @@ def _rope_rows(
         # (features past r read some rotary feature, unused) and lets the compiler see contiguous runs
         first = j < HALF
         p = (j + HALF) % (2 * HALF)
-        xp = tl.load(X + r.to(tl.int64) * D + p, mask=m, other=0.0).to(tl.float32)
+        xp = tl.load(X + base + p, mask=m, other=0.0).to(tl.float32)
         y = _partner_outputs(x, xp, first, c_row, s_row, j, p, cm, z, DTYPE_IN, DTYPE, BACKWARD, HF_ROUNDING)
     y = tl.where(rot, y.to(DTYPE), x_raw.to(DTYPE))
     if COPY_PASS:

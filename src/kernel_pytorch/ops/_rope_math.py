@@ -1,6 +1,7 @@
-"""The pair arithmetic the rotary-embedding kernels share (ops/rope.py's tile kernel, ops/_rope_flat.py):
-fp32 products of a feature and its partner with cos/sin, optionally rounded as transformers' eager code
-rounds them. @triton.jit helpers only; the math is in ops/rope.py's docstring."""
+"""What the rotary-embedding kernels share (ops/rope.py's tile kernel, ops/_rope_flat.py): the cos/sin
+rows of a block of tokens, and fp32 products of a feature and its partner with cos/sin, optionally
+rounded as transformers' eager code rounds them. @triton.jit helpers only; the math is in ops/rope.py's
+docstring."""
 
 from __future__ import annotations
 
@@ -56,3 +57,19 @@ def _partner_outputs(x, xp, first, c_row, s_row, j, p, cm, z, DTYPE_IN: tl.const
         s = _cs(tl.load(s_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
         xp = tl.where(first, -xp, xp)
     return _products(x, xp, c, s, z, DTYPE, HF_ROUNDING)
+
+
+@triton.jit
+def _cos_sin_rows(COS, SIN, POS, b, t, ok, half, n_positions, scb, sct, ssb, sst, spb, spt,
+                  HAS_POS: tl.constexpr):
+    # (limit, cos row, sin row) of tokens (b, t) where ok: the row position_ids[b, t] of a table, or row
+    # (b, t) of (B or 1, T, r) rows; limit is the pairs to read, 0 past the tokens or outside the table
+    if HAS_POS:
+        pos = tl.load(POS + b * spb + t * spt, mask=ok, other=0).to(tl.int64)
+        limit = tl.where((pos >= 0) & (pos < n_positions) & ok, half, 0)
+        c_row, s_row = COS + pos * sct, SIN + pos * sst
+    else:
+        limit = tl.where(ok, half, 0)
+        c_row, s_row = COS + b * scb + t * sct, SIN + b * ssb + t * sst
+    return limit, c_row, s_row
+

@@ -58,7 +58,7 @@ from torch import Tensor
 from kernel_pytorch.ops import _rope_flat, _rope_token
 from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._register import Impl, register_op
-from kernel_pytorch.ops._rope_math import _cs, _pair_outputs, _partner_outputs
+from kernel_pytorch.ops._rope_math import _cos_sin_rows, _cs, _pair_outputs, _partner_outputs
 from kernel_pytorch.reference.rope import rope, rope_backward
 
 # Elements of q or k per program (8 KiB of bf16), tokens per tile where a head's tokens are contiguous,
@@ -165,13 +165,8 @@ def _rope_kernel(
     t = (pid % token_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None, None]
     t_ok = t < seq_len
     t = t.to(tl.int64)
-    if HAS_POS:
-        pos = tl.load(POS + b * spb + t * spt, mask=t_ok, other=0).to(tl.int64)
-        limit = tl.where((pos >= 0) & (pos < n_positions) & t_ok, half, 0)
-        c_row, s_row = COS + pos * sct, SIN + pos * sst
-    else:
-        limit = tl.where(t_ok, half, 0)
-        c_row, s_row = COS + b * scb + t * sct, SIN + b * ssb + t * sst
+    limit, c_row, s_row = _cos_sin_rows(COS, SIN, POS, b, t, t_ok, half, n_positions, scb, sct, ssb, sst, spb, spt,
+                                        HAS_POS)
     hb = tl.program_id(1)
     if hb < q_blocks:
         _rope_tile(Q, QO, b * sqb + t * sqt, b * soqb + t * soqt, hb * BLOCK_HQ, heads_q, sqh, sqd, soqh, soqd,
