@@ -6,6 +6,7 @@ inference row (prefill + 256 greedy decode tokens).
     python benchmarks/bench_e2e.py --out benchmarks/results         # replace the committed results
     python benchmarks/bench_e2e.py --quick --device cpu             # tiny config: checks the pipeline
     python benchmarks/bench_e2e.py --profile eager,ours+compile     # + where the step's time goes
+    python benchmarks/bench_e2e.py --providers torch.compile-cg,ours+compile-cg   # mode="reduce-overhead"
 
 The step is forward + backward + fused AdamW on (batch x seq) tokens, labels = input_ids. Each provider
 gets a fresh model from the same seed, `--warmup` untimed steps (the first one's time is the warm-up /
@@ -43,7 +44,9 @@ from kernel_pytorch.benchmark.memory_peak import record_peak  # noqa: E402
 from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row  # noqa: E402
 from kernel_pytorch.benchmark.timer import resolve_device, summarize  # noqa: E402
 
-TRAIN_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "liger", "liger+compile", "builtin")
+TRAIN_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "liger", "liger+compile", "builtin",
+                   "torch.compile-cg", "ours+compile-cg")
+# "-cg": the same model compiled with mode="reduce-overhead" (CUDA graphs, one per compiled graph)
 
 
 @dataclass(frozen=True)
@@ -147,9 +150,11 @@ def build(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> t
         model = ours(builtin_model(size, dev, dtype), size, dev)
     else:
         model = hf_model(size, dev, dtype)
-    if provider in ("ours", "ours+compile"):
+    if provider.startswith("ours"):
         model = ours(model, size, dev)
-    if provider.endswith("compile") or provider == "builtin":
+    if provider.endswith("-cg"):
+        model = torch.compile(model, mode="reduce-overhead")
+    elif provider.endswith("compile") or provider == "builtin":
         model = torch.compile(model)
     return model
 
@@ -185,7 +190,11 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, size.vocab, (batch, seq), generator=g).to(dev)
 
+    graphs = provider.endswith("-cg")
+
     def step() -> torch.Tensor:
+        if graphs:  # a new training step: the graphs' previous outputs (the gradients) are consumed
+            torch.compiler.cudagraph_mark_step_begin()
         loss = _loss(model, ids)
         loss.backward()
         opt.step()
@@ -300,7 +309,7 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str,
             continue
         where = out / f"e2e_profile_{p.replace('+', '_').replace('.', '_')}.txt" if p in profile and out else None
         row_args = (p, size, dev, dtype, size.batch, size.seq, steps, warmup, matmul, where)
-        if p.startswith("liger") or (p == "ours+compile" and dev.type == "cuda"):
+        if p.startswith("liger") or (p.startswith("ours+compile") and dev.type == "cuda"):
             jobs.append((args, lambda row_args=row_args: in_child(train_row, row_args)))
         else:
             jobs.append((args, lambda row_args=row_args: train_row(*row_args)))
@@ -350,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per training row (default 8; quick 2)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; quick 1)")
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting rows after this many seconds")
-    parser.add_argument("--providers", default=",".join(TRAIN_PROVIDERS), help="comma-separated training providers")
+    parser.add_argument("--providers", default=",".join(TRAIN_PROVIDERS[:7]), help="comma-separated training providers")
     parser.add_argument("--no-long", action="store_true", help="skip the 16k-context row")
     parser.add_argument("--no-inference", action="store_true", help="skip the generate() row")
     parser.add_argument("--profile", default="", help="comma-separated training providers to profile (two more "

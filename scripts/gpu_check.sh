@@ -2,6 +2,7 @@
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
+#   probes (opt-in): mlp_sweep ce_sweep flce_chunks reinplace
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -60,6 +61,15 @@ for s in $steps; do
     host) step 60 probe_host python3 scripts/probe_host.py ;;
     # how the RoPE tile kernel forms its pairs (decides PAIRS_* in ops/rope.py)
     rope_pairs) step 90 probe_rope_pairs python3 scripts/probe_rope.py --sections pairs ;;
+    # launch sweeps of the bandwidth-bound kernels (re-run when the chip's memory rate changes)
+    mlp_sweep) step 120 probe_mlp_sweep python3 scripts/probe_mlp.py --sweep ;;
+    ce_sweep) step 120 probe_ce_sweep python3 scripts/probe_cross_entropy.py --only ce --quick --no-check \
+                ${KP_CE_VARIANTS:+--variants "$KP_CE_VARIANTS"} ;;
+    # fused linear CE chunk sizes at FLCE_SHAPES indices KP_FLCE_SHAPES (default 0,2: vocab 128256 and 262144)
+    flce_chunks) step 150 probe_flce_chunks python3 scripts/probe_cross_entropy.py --only flce --quick --no-check \
+                   --shapes "${KP_FLCE_SHAPES:-0,2}" --chunks "${KP_FLCE_CHUNKS:-512,1024,2048}" ;;
+    # does this torch's Inductor write a backward op's declared mutations over saved activations?
+    reinplace) step 90 probe_reinplace env TORCH_LOGS=output_code python3 scripts/probe_reinplace.py cuda ;;
     norms | attention | rope | mlp | cross_entropy) bench 300 "$s" ;;
     # rows in the order the target reads them; the script writes after each row and stops starting rows
     # at --budget-s, so the step's limit leaves the last started row time to finish

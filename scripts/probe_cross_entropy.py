@@ -10,6 +10,7 @@ Usage, from the repo root with PYTHONPATH=src (torch >= 2.6, triton >= 3.2; H100
         forward variants as BLOCKxWARPSxPROGRAMS_PER_SM[xnoevict][xreverse][xnoprefetch] (0 programs:
         one program per row)
   python3 scripts/probe_cross_entropy.py --chunks 256,512,1024   fused linear chunk sizes (rows)
+  python3 scripts/probe_cross_entropy.py --only flce --shapes 2 --no-check   timing of FLCE_SHAPES[2] only
   python3 scripts/probe_cross_entropy.py --compile        no GPU needed: compile the kernels for sm_90a
                                                           and print registers / spills per variant
 Every step fails soft: an error prints one FAILED line and the rest runs. Times: "graph" is the median
@@ -455,6 +456,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="skip torch.compile and the larger fused shapes")
     p.add_argument("--variants", help="comma-separated forward variants (see above)")
     p.add_argument("--chunks", help="comma-separated fused linear chunk sizes (rows)")
+    p.add_argument("--shapes", help="comma-separated indices into FLCE_SHAPES to time (default: all; 0 with --quick)")
+    p.add_argument("--no-check", action="store_true", help="skip the correctness sections (timing only)")
     p.add_argument("--compile", action="store_true", help="compile for sm_90a offline and print register use")
     args = p.parse_args()
     variants = args.variants.split(",") if args.variants else DEFAULT_VARIANTS
@@ -471,12 +474,18 @@ def main() -> None:
     print(f"fp32 grad_W accumulation in place (addmm out_dtype): {fp32_accumulate_in_place(torch.device('cuda'))}")
     copy = copy_gbps()
     print(f"copy ceiling {copy:.0f} GB/s (1 GiB device copy, bytes read + written)")
+    if args.shapes:
+        shapes = [FLCE_SHAPES[int(i)] for i in args.shapes.split(",")]
+    else:
+        shapes = FLCE_SHAPES[:1] if args.quick else FLCE_SHAPES
     if args.only in (None, "ce"):
-        check_ce()
+        if not args.no_check:
+            check_ce()
         time_ce(variants, copy, compile_too=not args.quick)
     if args.only in (None, "flce"):
-        check_flce(chunks)
-        time_flce(FLCE_SHAPES[:1] if args.quick else FLCE_SHAPES, chunks, compile_too=not args.quick)
+        if not args.no_check:
+            check_flce(chunks)
+        time_flce(shapes, chunks, compile_too=not args.quick)
     print("\n== summary ==")
     for line in SUMMARY:
         print("  " + line)

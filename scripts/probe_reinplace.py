@@ -7,10 +7,12 @@ composed eager block and, from the generated backward, the lines that allocate b
 (an in-place write shows the op handed the saved mm outputs, with no clone or copy_ beside it).
 
 Usage:
-    TORCH_LOGS=output_code python3 scripts/probe_reinplace.py 2>&1 | grep -E "act_bwd_|empty_strided|clone|match"
+    TORCH_LOGS=output_code python3 scripts/probe_reinplace.py [cuda] 2>&1 | grep -E "act_bwd_|empty_strided|clone|match"
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -65,9 +67,10 @@ class Block(torch.nn.Module):
 
 
 def main() -> None:
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     torch.manual_seed(0)
-    block = Block()
-    x = torch.randn(128, 64, requires_grad=True)
+    block = Block().to(device)
+    x = torch.randn(128, 64, device=device, requires_grad=True)
     torch.compile(block)(x).sum().backward()
     grads = [x.grad] + [p.grad for p in block.parameters()]
     x.grad = None
