@@ -232,11 +232,12 @@ def time_providers(n: int, i: int, ceil: float) -> None:
 def sweep(ceil: float) -> None:
     """Kernel-only graph replays of fwd and bwd for tile, warp and precise-math variants."""
     A = _activations
-    defaults = {k: getattr(A, k) for k in ("TILE_ELEMENTS", "ELEMENTS_PER_THREAD", "MAX_BLOCK_C", "PRECISE_MATH")}
+    defaults = {k: getattr(A, k) for k in ("TILE_ELEMENTS", "ELEMENTS_PER_THREAD", "MAX_BLOCK_C", "PRECISE_MATH",
+                                          "PRECISE_BF16")}
     variants = [{}, {"TILE_ELEMENTS": 2048}, {"TILE_ELEMENTS": 8192},
                 {"TILE_ELEMENTS": 8192, "ELEMENTS_PER_THREAD": 32}, {"ELEMENTS_PER_THREAD": 8},
                 {"TILE_ELEMENTS": 16384}, {"TILE_ELEMENTS": 2048, "ELEMENTS_PER_THREAD": 8},
-                {"MAX_BLOCK_C": 1024}, {"PRECISE_MATH": False}]
+                {"MAX_BLOCK_C": 1024}, {"PRECISE_BF16": True}]
     for n, i in SHAPES:
         gu = torch.randn(n, 2 * i, device="cuda", dtype=BF16)
         g, u = (t.contiguous() for t in gu.chunk(2, dim=-1))

@@ -130,10 +130,11 @@ def test_empty_input() -> None:
 def test_chunk_rows_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fl, "CHUNK_BYTES", 256 * 2**20)
     assert chunk_rows(8192, 128256, 2) == 1024  # 256 MiB of bf16 logits
-    assert chunk_rows(8192, 262144, 2) == 512
+    assert chunk_rows(8192, 262144, 2) == 1024  # the MIN_ROWS floor over the 256 MiB cap's 512
     assert chunk_rows(8192, 128256, 2, max_bytes=64 * 2**20) == 256  # Liger-Kernel's chunk there
     assert chunk_rows(8192, 128256, 2, free_bytes=2**28) == 512  # half the free memory
-    assert chunk_rows(8192, 2**20, 4) == 128  # never less than one tile
+    assert chunk_rows(8192, 2**20, 4) == 1024  # the floor
+    assert chunk_rows(8192, 2**20, 4, free_bytes=2**20) == 128  # never less than one tile
     assert chunk_rows(100, 32000, 2) == 100  # never more than the rows
     assert chunk_rows(0, 32000, 2) == 1
 

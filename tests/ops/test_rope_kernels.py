@@ -25,7 +25,7 @@ VARIANTS = {
     "tile-split-partner": ("tile", "split", "partner"),
     "tile-halves": ("tile", "halves", "split"),
     "token": ("token", "partner", "split"),
-    "flat": ("flat", "partner", "split"),  # dense q/k only: other strides run the default
+    "flat": ("flat", "partner", "split"),  # dense q/k only: other strides run the fallback
 }
 
 
@@ -175,9 +175,10 @@ def test_tile_shape_follows_the_layout(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_default_schedules_follow_the_probe() -> None:
-    """Interleaved keeps the per-token kernel the first GPU round measured at 90.1%; rotate-half runs the
-    tile kernel (ops/rope.py's docstring)."""
-    assert rope_ops.SCHEDULE is None and rope_ops.SCHEDULES == {False: "tile", True: "token"}
+    """The flat kernel wherever q/k are dense, the tile (rotate-half) or per-token (interleaved) kernel
+    elsewhere (ops/rope.py's docstring: the H200 probe)."""
+    assert rope_ops.SCHEDULE is None and rope_ops.SCHEDULES == {False: "flat", True: "flat"}
+    assert rope_ops.FALLBACK == {False: "tile", True: "token"}
 
 
 def test_unknown_pair_method(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,13 +37,18 @@ _KAPPA = tl.constexpr(0.044715)
 # On the GPU, exp and tanh come from libdevice (the CUDA math library torch's kernels call) and
 # divisions are IEEE-rounded (Triton's `/` is approximate), so the fp32 activation, hence its rounding
 # to bf16, agrees with eager torch more often; the interpreter has no libdevice and uses the tanh-free
-# forms. A tunable: the probe measures what it costs.
+# forms. Tunables: the probe measures what they cost. For bf16 tensors the fast forms run
+# (PRECISE_BF16 off): a bf16 result keeps 8 bits, so a 2-ulp fp32 error changes its rounding about once
+# in 2^15 elements, while on an H200 the precise forms made the SwiGLU forward compute-bound: 89.0% of
+# the copy bandwidth against 100.4% with the fast forms, the backward level at ~99%
+# (benchmarks/results/probes/probe_mlp_sweep_h200.log, 16384 x 14336).
 PRECISE_MATH = libdevice is not None
+PRECISE_BF16 = False
 
 
 def precise_math(t: torch.Tensor) -> bool:
-    """The PRECISE constexpr for a launch on t's device."""
-    return PRECISE_MATH and t.is_cuda
+    """The PRECISE constexpr for a launch on t (its device and dtype)."""
+    return PRECISE_MATH and t.is_cuda and (PRECISE_BF16 or t.dtype != torch.bfloat16)
 
 
 @triton.jit

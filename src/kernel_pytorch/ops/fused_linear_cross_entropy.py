@@ -66,8 +66,13 @@ from kernel_pytorch.reference.fused_linear_cross_entropy import (
 # The chunk buffer's default cap: 1024 rows of a 128K bf16 vocabulary, where the grad_W update is
 # compute-bound and bf16 accumulation rounds 8 times over 8K tokens. Liger-Kernel's rule (chunk logits
 # as large as x) gives 256 rows there: its peak memory, but a memory-bound update (module docstring).
-# scripts/probe_cross_entropy.py measures time and memory at several sizes.
+# MIN_ROWS is a floor under that cap: each chunk re-reads and re-writes the (V, H) grad_W accumulator,
+# whose traffic against the chunk's three GEMMs depends on the rows only (~11% of their time at 1024
+# rows on an H200, ~21% at 512), so at a 262144 vocabulary the cap's 512 rows cost 1.19x the GEMMs and
+# 1024 rows 1.08x (benchmarks/results/probes/probe_flce_chunks_h200.log). The free-memory share
+# still wins over the floor. scripts/probe_cross_entropy.py measures time and memory at several sizes.
 CHUNK_BYTES = 256 * 2**20
+MIN_ROWS = 1024
 ROW_ALIGN = 128  # rows per chunk come in whole GEMM tiles
 FREE_FRACTION = 0.5  # at most this share of the device's free memory goes to the chunk buffer
 
@@ -95,17 +100,22 @@ def free_device_bytes(device: torch.device) -> int | None:
 def chunk_rows(n_rows: int, vocab: int, element_size: int, *, max_bytes: int | None = None,
                free_bytes: int | None = None) -> int:
     """Rows per chunk: the most whole tiles of ROW_ALIGN rows whose (rows, vocab) logits buffer fits in
-    `max_bytes` (default CHUNK_BYTES) and in FREE_FRACTION of `free_bytes` (when given); at least one
-    tile, at most n_rows.
+    `max_bytes` (default: CHUNK_BYTES, or MIN_ROWS rows where that is more) and in FREE_FRACTION of
+    `free_bytes` (when given); at least one tile, at most n_rows.
 
     Args:
         n_rows: tokens; vocab: V; element_size: bytes per logit (x's dtype).
-        max_bytes: cap on the buffer; free_bytes: the device's free memory (`free_device_bytes`).
+        max_bytes: cap on the buffer (no floor then); free_bytes: the device's free memory
+            (`free_device_bytes`).
     """
-    budget = CHUNK_BYTES if max_bytes is None else max_bytes
+    row_bytes = vocab * element_size
+    if max_bytes is None:
+        rows = max(CHUNK_BYTES // row_bytes, MIN_ROWS)
+    else:
+        rows = max_bytes // row_bytes
     if free_bytes is not None:
-        budget = min(budget, int(free_bytes * FREE_FRACTION))
-    rows = budget // (vocab * element_size) // ROW_ALIGN * ROW_ALIGN
+        rows = min(rows, int(free_bytes * FREE_FRACTION) // row_bytes)
+    rows = rows // ROW_ALIGN * ROW_ALIGN
     return max(1, min(max(rows, ROW_ALIGN), n_rows))
 
 

@@ -26,19 +26,19 @@ its heads. How a tile forms its pairs (PAIRS_*; the probe times each):
                rotate-half: the two halves as a [2, r/2] tile, transposed)
     "halves"   rotate-half only: two half-row loads per head (the first kernel's way)
 The first kernel (one program per token, all heads; ops/_rope_token.py) stays selectable as
-SCHEDULE = "token". SCHEDULE = "flat" (ops/_rope_flat.py) runs a 1-D grid over the rows of q then of
-k where each of q, k and their outputs is dense in (B, H, T, D) or (B, T, H, D) order (other strides
-run the default): contiguous runs of BLOCK_ELEMENTS, token and batch found by integer division, the
-shape of torch.compile's pointwise kernel (~95% of copy on an H200 against the tile kernel's ~78%,
-benchmarks/results/probes/probe_rope_variants_h200.log). Not a default until measured on a GPU.
+SCHEDULE = "token". The flat kernel (ops/_rope_flat.py) runs a 1-D grid over the rows of q then of k
+where each of q, k and their outputs is dense in (B, H, T, D) or (B, T, H, D) order: contiguous runs
+of BLOCK_ELEMENTS, token and batch found by integer division, the shape of torch.compile's pointwise
+kernel.
 
-Which kernel runs (SCHEDULES, by convention), from the first GPU round (H100, q (4, 32, 4096, 128) +
-k (4, 8, 4096, 128) bf16, benchmarks/results/probes/probe_rope.log), which measured the per-token
-kernel only: interleaved pairs (one contiguous load, split in registers) reached 90.1% of the copy
-bandwidth in fwd+bwd graph replay, ahead of torch.compile (86.7%), so interleaved keeps that measured
-kernel; rotate-half (two half-row loads) reached 86.2% against compile's 91.9%, so rotate-half runs
-the tile kernel, whose whole-row loads are the candidate fix -- not yet measured on a GPU
-(scripts/probe_rope.py --sections pairs times every combination).
+Which kernel runs (SCHEDULES, by convention): the flat kernel wherever it applies, else FALLBACK (the
+tile kernel for rotate-half pairs, the per-token kernel for interleaved ones). Measured on an H200
+(benchmarks/results/probes/probe_rope_pairs_h200.log; q (4, 32, 4096, 128) + k (4, 8, 4096, 128)
+bf16, graph replay, fwd / bwd % of copy): rotate-half (B, H, T, D) flat 81.6 / 83.3 against the tile
+kernel's 75.1 / 77.8 (its best pairs, 78.5 / 77.9 split); interleaved (B, T, H, D) flat 88.1 / 86.2
+against the per-token kernel's 84.6 / 84.6; the flat kernel leads in three of the four layouts and is
+within 1.4 points of the best tile form (halves) in the fourth. The H100's first round had measured
+the per-token kernel only (interleaved 90.1% fwd+bwd, rotate-half 86.2%; probes/probe_rope.log).
 
 Traffic is q and k read once and written once (the copy bound); an out-of-range
 position id gives NaN rows instead of reading outside the table.
@@ -69,7 +69,8 @@ NUM_WARPS = 4
 PAIRS_ROTATE_HALF = "partner"
 PAIRS_INTERLEAVED = "split"
 SCHEDULE: str | None = None  # None: SCHEDULES[interleaved]; "tile", "token" or "flat" forces one (tests, probe)
-SCHEDULES = {False: "tile", True: "token"}  # rotate-half, interleaved (module docstring)
+SCHEDULES = {False: "flat", True: "flat"}  # rotate-half, interleaved (module docstring)
+FALLBACK = {False: "tile", True: "token"}  # where the flat kernel does not apply (strides)
 _PAIRS = {"halves": 0, "split": 1, "partner": 2}
 
 
@@ -286,7 +287,7 @@ def _plan(
                                num_warps=NUM_WARPS)
         if flat is not None:
             return flat
-        schedule = SCHEDULES[interleaved]  # not dense in one of the two orders
+        schedule = FALLBACK[interleaved]  # not dense in one of the two orders
     if schedule == "token":
         kernel, grid, scalars, meta = _rope_token.plan(
             batch, seq_len, heads_q, heads_k, half, n_pass, n_positions, interleaved=interleaved, has_pos=table,

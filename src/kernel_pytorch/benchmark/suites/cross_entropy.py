@@ -11,6 +11,9 @@ Providers (see suites/providers.py; the runner is suites/runner.py):
     liger    Liger-Kernel's LigerCrossEntropyLoss / LigerFusedLinearCrossEntropyLoss when importable.
              Liger's cross-entropy writes its gradient over the logits (the gate runs every provider
              on copies of the inputs, so the reference is not affected).
+    gemms    the fused loss's floor: its three GEMMs alone, by cuBLAS (`x @ W.T`; its backward with an
+             upstream gradient of ones is `g @ W` and `g.T @ x`), timed in the same run and not gated
+             (it is not the loss): the issue's "<= 1.1x the same three GEMMs" compares ours to it.
 
 Bytes are the minimum each pass must move (N tokens, V vocabulary, H hidden, s element size):
     cross_entropy   fwd: read the logits                         N V s   (+ 8 N for the targets)
@@ -33,7 +36,7 @@ from torch import Tensor
 
 from kernel_pytorch import functional as kpf
 from kernel_pytorch import reference
-from kernel_pytorch.benchmark.suites.spec import ModulePeer, OpBench, Shape, Suite, generator
+from kernel_pytorch.benchmark.suites.spec import ExtraProvider, ModulePeer, OpBench, Shape, Suite, generator
 
 NAME = "cross_entropy"
 IGNORE_FRACTION = 16  # one target in 16 is ignore_index (padding / prompt tokens), as in real batches
@@ -121,6 +124,16 @@ def _flce_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: i
     return {"x": x, "weight": weight, "target": _target(device, shape.tokens, shape.vocab, seed)}
 
 
+GEMMS_NOTE = "the floor: the three GEMMs alone (x @ W.T, then g @ W and g.T @ x in its backward; cuBLAS on CUDA)"
+
+
+def _gemms(x: Tensor, weight: Tensor, target: Tensor) -> Tensor:
+    """The fused loss's three GEMMs and nothing else: logits (N, V) = x @ W.T, whose backward under an
+    upstream gradient of ones runs grad_x = g @ W and grad_W = g.T @ x."""
+    del target
+    return x @ weight.t()
+
+
 CROSS_ENTROPY = OpBench(
     name="cross_entropy", make_inputs=_ce_inputs,
     arg_names=("logits", "target"), grad_names=("logits",), param_names=(), out_names=("loss",),
@@ -149,6 +162,7 @@ FUSED_LINEAR_CROSS_ENTROPY = OpBench(
     flops=lambda s: (2 * s.tokens * s.hidden * s.vocab, 4 * s.tokens * s.hidden * s.vocab),
     cuda_shapes=FLCE_CUDA_SHAPES, cpu_shapes=FLCE_CPU_SHAPES, quick_shapes=FLCE_QUICK, unit_upstream=True,
     gate_shape=gate_shape,
+    extras=(ExtraProvider("gemms", lambda device: (_gemms, GEMMS_NOTE), floor=True),),
 )
 
 SPECS = {s.name: s for s in (CROSS_ENTROPY, FUSED_LINEAR_CROSS_ENTROPY)}

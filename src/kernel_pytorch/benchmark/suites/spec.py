@@ -117,11 +117,14 @@ class ExtraProvider:
     """A provider beyond ours/eager/compile/liger, e.g. "ours-auto" (what a default call gets).
 
     `make(device)` returns (callable taking the inputs positionally, note), or (None, "") where it
-    runs exactly what "ours" runs on that device: then it gets no rows.
+    runs exactly what "ours" runs on that device: then it gets no rows. `floor`: a lower bound that
+    does not compute the op (e.g. the bare GEMMs of a fused loss), timed without the correctness gate
+    and named so in its rows' note.
     """
 
     name: str
     make: Callable[[torch.device], tuple[Callable[..., Any] | None, str]]
+    floor: bool = False
 
 
 OURS_CPU_NOTE = "cpu: the registered op's CPU kernel (the reference); Triton runs on CUDA"
