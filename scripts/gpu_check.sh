@@ -2,7 +2,7 @@
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
-#   probes (opt-in): mlp_sweep ce_sweep flce_chunks reinplace
+#   opt-in: loss_curve; probes: mlp_sweep ce_sweep flce_chunks reinplace
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -71,6 +71,8 @@ for s in $steps; do
     # does this torch's Inductor write a backward op's declared mutations over saved activations?
     reinplace) step 90 probe_reinplace env TORCH_LOGS=output_code python3 scripts/probe_reinplace.py cuda ;;
     norms | attention | rope | mlp | cross_entropy) bench 300 "$s" ;;
+    # 50 AdamW steps of the built-in Llama, fused linear CE against the unfused loss (bf16)
+    loss_curve) step 90 loss_curve python3 benchmarks/bench_loss_curve.py --out "$work/results" ;;
     # rows in the order the target reads them; the script writes after each row and stops starting rows
     # at --budget-s, so the step's limit leaves the last started row time to finish
     # (KP_E2E_PROVIDERS, KP_E2E_BUDGET_S and KP_E2E_FLAGS narrow it to what a call has time for)

@@ -124,14 +124,43 @@ def _flce_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: i
     return {"x": x, "weight": weight, "target": _target(device, shape.tokens, shape.vocab, seed)}
 
 
-GEMMS_NOTE = "the floor: the three GEMMs alone (x @ W.T, then g @ W and g.T @ x in its backward; cuBLAS on CUDA)"
+GEMMS_NOTE = ("the floor: the three GEMMs alone, x @ W.T, then g @ W and g.T @ x on a random (N, V) gradient g "
+              "(cuBLAS on CUDA)")
+_FLOOR_GRAD: dict[tuple, Tensor] = {}  # the floor's logits gradient, one shape at a time
+
+
+class _ThreeGemms(torch.autograd.Function):
+    """logits = x @ W.T; backward grad_x = g @ W, grad_W = g.T @ x with a fixed random g, not the upstream
+    gradient: the timed upstream gradient is ones, and GEMMs on constant data run faster than on a
+    loss's gradient (lower power, higher clocks), which would make the floor too low."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, g: Tensor) -> Tensor:  # noqa: ANN001
+        ctx.save_for_backward(x, weight, g)
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, None]:  # noqa: ANN001
+        x, weight, g = ctx.saved_tensors
+        return g @ weight, g.t() @ x, None
+
+
+def _floor_grad(n: int, v: int, like: Tensor) -> Tensor:
+    key = (n, v, like.dtype, like.device)
+    if key not in _FLOOR_GRAD:
+        _FLOOR_GRAD.clear()  # one shape's buffer at a time
+        draw = generator(like.device, 7)
+        _FLOOR_GRAD[key] = (draw(n, v) * 1e-3).to(like.dtype)
+    return _FLOOR_GRAD[key]
 
 
 def _gemms(x: Tensor, weight: Tensor, target: Tensor) -> Tensor:
-    """The fused loss's three GEMMs and nothing else: logits (N, V) = x @ W.T, whose backward under an
-    upstream gradient of ones runs grad_x = g @ W and grad_W = g.T @ x."""
+    """The fused loss's three GEMMs and nothing else: logits (N, V) = x @ W.T forward; grad_x and grad_W
+    GEMMs on a random (N, V) gradient backward (`_ThreeGemms`)."""
     del target
-    return x @ weight.t()
+    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return x @ weight.t()
+    return _ThreeGemms.apply(x, weight, _floor_grad(x.shape[0], weight.shape[0], x))
 
 
 CROSS_ENTROPY = OpBench(
