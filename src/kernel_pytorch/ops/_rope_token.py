@@ -1,6 +1,6 @@
-"""The first rotary-embedding kernel, one program per token: the one the first GPU round measured, so
-interleaved pairs run it by default (ops/rope.py's SCHEDULES); `rope.SCHEDULE = "token"` forces it for
-both conventions (same arguments, same results as the tile kernel).
+"""The first rotary-embedding kernel, one program per token: the one the first GPU round measured;
+interleaved pairs run it where the flat kernel does not apply (ops/rope.py's FALLBACK);
+`rope.SCHEDULE = "token"` forces it for both conventions (same arguments, same results as the tile kernel).
 
 One program per (batch, token) reads that token's cos/sin row once and rotates all Hq + Hk heads
 with it, BLOCK_H heads at a time ([BLOCK_H, r/2] tiles, a loop over head tiles for wide models).

@@ -13,11 +13,13 @@ Per feature j with partner p(j) (the other member of its pair): y[j] = x[j] c[j]
 dx[j] = dy[j] c[j] +- dy[p] s[p] backward (minus on the first member of a pair going forward).
 
 Design. q/k/outputs are addressed through (batch, token, head, feature) strides, so (B, H, T, D),
-(B, T, H, D) and views of one fused QKV projection run without a copy. Grid (batch x token blocks,
-head blocks of q then of k): each program rotates one [BLOCK_T tokens, BLOCK_H heads, r] tile of q or
-of k, about TILE_ELEMENTS elements, all loaded at once. The tile follows the memory: (B, H, T, D)
-keeps tokens contiguous within a head, so a tile takes TOKENS_PER_TILE tokens of a few heads (2 KiB
-runs); (B, T, H, D) keeps a token's heads contiguous, so a tile takes a token's heads. cos/sin rows
+(B, T, H, D) and views of one fused QKV projection run without a copy. Dense q/k run the flat kernel
+(below); other strides the tile kernel (rotate-half) or the per-token kernel (interleaved). The tile
+kernel's grid is (batch x token blocks, head blocks of q then of k): each program rotates one
+[BLOCK_T tokens, BLOCK_H heads, r] tile of q or of k, about TILE_ELEMENTS elements, all loaded at
+once. The tile follows the memory: (B, H, T, D) keeps tokens contiguous within a head, so a tile
+takes TOKENS_PER_TILE tokens of a few heads (2 KiB runs); (B, T, H, D) keeps a token's heads
+contiguous, so a tile takes a token's heads. cos/sin rows
 (B or 1, T, r), or rows position_ids[b, t] of a (P, r) table, are read once per tile and shared by
 its heads. How a tile forms its pairs (PAIRS_*; the probe times each):
     "partner"  each head's rotary features in one contiguous load, and a second load of every
