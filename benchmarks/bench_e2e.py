@@ -44,9 +44,9 @@ from kernel_pytorch.benchmark.memory_peak import record_peak  # noqa: E402
 from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row  # noqa: E402
 from kernel_pytorch.benchmark.timer import resolve_device, summarize  # noqa: E402
 
-TRAIN_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "liger", "liger+compile", "builtin",
-                   "torch.compile-cg", "ours+compile-cg")
-# "-cg": the same model compiled with mode="reduce-overhead" (CUDA graphs, one per compiled graph)
+DEFAULT_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "liger", "liger+compile", "builtin")
+# opt-in "-cg": the same model compiled with mode="reduce-overhead" (CUDA graphs, one per compiled graph)
+TRAIN_PROVIDERS = (*DEFAULT_PROVIDERS, "torch.compile-cg", "ours+compile-cg")
 
 
 @dataclass(frozen=True)
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per training row (default 8; quick 2)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; quick 1)")
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting rows after this many seconds")
-    parser.add_argument("--providers", default=",".join(TRAIN_PROVIDERS[:7]), help="comma-separated training providers")
+    parser.add_argument("--providers", default=",".join(DEFAULT_PROVIDERS), help="comma-separated training providers")
     parser.add_argument("--no-long", action="store_true", help="skip the 16k-context row")
     parser.add_argument("--no-inference", action="store_true", help="skip the generate() row")
     parser.add_argument("--profile", default="", help="comma-separated training providers to profile (two more "

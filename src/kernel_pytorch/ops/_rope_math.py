@@ -72,4 +72,3 @@ def _cos_sin_rows(COS, SIN, POS, b, t, ok, half, n_positions, scb, sct, ssb, sst
         limit = tl.where(ok, half, 0)
         c_row, s_row = COS + b * scb + t * sct, SIN + b * ssb + t * sst
     return limit, c_row, s_row
-

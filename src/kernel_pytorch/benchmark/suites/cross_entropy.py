@@ -11,9 +11,10 @@ Providers (see suites/providers.py; the runner is suites/runner.py):
     liger    Liger-Kernel's LigerCrossEntropyLoss / LigerFusedLinearCrossEntropyLoss when importable.
              Liger's cross-entropy writes its gradient over the logits (the gate runs every provider
              on copies of the inputs, so the reference is not affected).
-    gemms    the fused loss's floor: its three GEMMs alone, by cuBLAS (`x @ W.T`; its backward with an
-             upstream gradient of ones is `g @ W` and `g.T @ x`), timed in the same run and not gated
-             (it is not the loss): the issue's "<= 1.1x the same three GEMMs" compares ours to it.
+    gemms    the fused loss's floor: its three GEMMs alone, by cuBLAS (`x @ W.T`, then `g @ W` and
+             `g.T @ x` in its backward on a fixed random (N, V) gradient g, `_ThreeGemms`), timed in the
+             same run and not gated (it is not the loss): the issue's "<= 1.1x the same three GEMMs"
+             compares ours to it.
 
 Bytes are the minimum each pass must move (N tokens, V vocabulary, H hidden, s element size):
     cross_entropy   fwd: read the logits                         N V s   (+ 8 N for the targets)

@@ -206,10 +206,11 @@ def measure(
         return [_row(spec, shape, dtype, provider, p, status=status, note=note) for p in passes], None
     gshape = spec.gate_shape(shape) if spec.gate_shape is not None else shape
     where = "" if gshape == shape else f"correctness gated at {gshape.label} ({GATED_SMALLER})"
-    if any(e.name == provider and e.floor for e in spec.extras):
-        gshape, where = shape, FLOOR_NOTE  # not the op: nothing to gate
+    floor = any(e.name == provider and e.floor for e in spec.extras)
+    if floor:  # not the op: nothing to gate
+        gshape, where = shape, FLOOR_NOTE
     try:
-        checks, result = ([], None) if where == FLOOR_NOTE else gate(spec, impl, gshape, dtype, dev, eager_result)
+        checks, result = ([], None) if floor else gate(spec, impl, gshape, dtype, dev, eager_result)
     except Exception as exc:
         note = short_error(exc, 300, lines=1)
         del exc
