@@ -12,6 +12,8 @@ work that leaves the GPU idle counts, as an eager user sees it), medians in ms:
          old path); both checked equal, and the build captured in a CUDA graph, replayed on other ids.
   fwd    functional.attention(seq_ids=..., backend="flex") vs SDPA with the equivalent dense mask, no_grad.
   bwd    the same, fwd+bwd (torch.autograd.grad with a fixed upstream gradient).
+  profile  the device kernels of ours (documents and plain causal, fwd and fwd+bwd) under torch.profiler:
+         where the documents' forward spends its time (the suite had it level with the causal one).
 Target: SDPA / ours >= 3. The first flex call of each pass compiles flex_attention (seconds).
 """
 
@@ -101,6 +103,39 @@ def attention(s: int, dev: torch.device, backward: bool) -> tuple[float, float]:
     return t_ours, t_sdpa
 
 
+def profile(s: int, dev: torch.device) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    gen = torch.Generator(dev).manual_seed(0)
+    q, k, v = (torch.randn(B, h, s, D, device=dev, generator=gen, dtype=torch.bfloat16, requires_grad=True)
+               for h in (HQ, HK, HK))
+    dy = torch.randn(B, HQ, s, D, device=dev, generator=gen, dtype=torch.bfloat16)
+    docs = lambda: kpf.attention(q, k, v, is_causal=True, seq_ids=doc_ids(s, dev), backend="flex")
+    causal = lambda: kpf.attention(q, k, v, is_causal=True, backend="flex")
+    for label, fn, backward in (("documents fwd", docs, False), ("causal fwd", causal, False),
+                                ("documents fwd+bwd", docs, True), ("causal fwd+bwd", causal, True)):
+        def call(fn=fn, backward=backward):
+            if backward:
+                torch.autograd.grad(fn(), (q, k, v), dy)
+            else:
+                with torch.no_grad():
+                    fn()
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                call()
+            torch.cuda.synchronize()
+        events = [e for e in prof.key_averages() if e.device_time_total > 0]
+        events.sort(key=lambda e: -e.device_time_total)
+        total = sum(e.device_time_total for e in events) / 5 / 1e3
+        print(f"profile {label}: {total:.3f} ms of kernels per call")
+        for e in events[:10]:
+            print(f"  {e.device_time_total / 5 / 1e3:8.3f} ms  x{e.count // 5:<3d} {e.key[:110]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--passes", default="build,fwd,bwd")
@@ -119,6 +154,8 @@ def main() -> None:
     for name, backward in (("fwd", False), ("bwd", True)):
         if name in passes:
             attention(args.seq, dev, backward)
+    if "profile" in passes and dev.type == "cuda":
+        profile(args.seq, dev)
 
 
 if __name__ == "__main__":

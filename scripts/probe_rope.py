@@ -15,6 +15,9 @@ Usage: PYTHONPATH=src python3 scripts/probe_rope.py [--sections check,rope,decod
              kernel (SCHEDULE="token") and the flat kernel (SCHEDULE="flat"; the defaults are ops/rope.py's
              SCHEDULES), fwd and bwd
              in graph replay: the data that picks the defaults
+  flat       the flat kernel's launch sweep (ops/_rope_flat.py: BLOCK_ELEMENTS x warps x PARTNER x
+             EVICT_TABLES), fwd and bwd in graph replay, beside torch.compile's forward and backward kernels
+             of the eager formula in the same run (the target the flat kernel is chasing)
   embedding  vocab 128256 x hidden 4096, 16384 tokens, bf16: ours (rows/segments, variants) vs torch's
              embedding backward, uniform and Zipf token streams, bitwise reruns
 Every measurement fails soft: an error prints one line and the rest runs. A summary table ends the run.
@@ -30,6 +33,7 @@ from triton.testing import do_bench
 
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
 from kernel_pytorch.benchmark.memory import peak_memory
+from kernel_pytorch.ops import _rope_flat
 from kernel_pytorch.ops import embedding as emb_ops
 from kernel_pytorch.ops import rope as rope_ops
 from kernel_pytorch.ops.embedding import embedding_grad
@@ -393,8 +397,49 @@ def _print_emb(stream, label, ms, gms, nbytes, ceil, extra) -> None:
     print(f"  {stream:7s} {label:44s} do_bench {fmt(ms)} graph {fmt(gms)} {extra}")
 
 
+def flat(args) -> None:
+    """The flat kernel's launch parameters, in graph replay at the train shape, against torch.compile."""
+    print("\n== flat: BLOCK_ELEMENTS x warps x PARTNER x EVICT_TABLES, graph replay, train shape")
+    ceil = args.ceiling
+    blocks = args.tiles or (2048, 4096, 8192)
+    warps = args.warps or (4, 8)
+    saved = (rope_ops.SCHEDULE, _rope_flat.BLOCK_ELEMENTS, _rope_flat.NUM_WARPS, _rope_flat.PARTNER,
+             _rope_flat.EVICT_TABLES)
+    rope_ops.SCHEDULE = "flat"
+    compiled = torch.compile(eager_rope)
+    for layout, il in args.layouts or [("bhtd", False), ("bthd", False)]:
+        ud = 1 if layout == "bhtd" else 2
+        q, k, cos, sin, _ = make_inputs(TRAIN, layout, il, grad=True)
+        nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
+        dq, dk = torch.randn_like(q), torch.randn_like(k)
+        kw = dict(interleaved=il, unsqueeze_dim=ud)
+        tag = f"{layout} {'il' if il else 'half'}"
+        pct = lambda ms: "--" if ms is None else f"{ms * 1e3:6.1f}us {nbytes / ms / 1e6 / ceil * 100:5.1f}%"
+        # compile's backward kernel alone: the fwd+bwd replay minus the forward replay
+        c_fwd = soft(f"{tag} compile fwd", graph_ms, lambda: compiled(q.detach(), k.detach(), cos, sin, **kw))
+        c_fb = soft(f"{tag} compile fwd+bwd", graph_ms,
+                    lambda: torch.autograd.grad(compiled(q, k, cos, sin, **kw), (q, k), (dq, dk)))
+        c_bwd = None if c_fwd is None or c_fb is None else c_fb - c_fwd
+        line = f"  {tag} compile {'':27s}: fwd {pct(c_fwd)} | bwd {pct(c_bwd)}"
+        print(line)
+        SUMMARY.append("flat " + line.strip())
+        forms = [("wrap", ""), ("halves", ""), ("wrap", "evict_last"), ("halves", "evict_last")]
+        for partner, evict in forms[::2] if il else forms:  # interleaved reads no partner
+            for block, w in ((a, b) for a in blocks for b in warps):
+                (_rope_flat.BLOCK_ELEMENTS, _rope_flat.NUM_WARPS, _rope_flat.PARTNER,
+                 _rope_flat.EVICT_TABLES) = block, w, partner, evict
+                label = f"{tag} {partner:6s} {evict or '-':10s} {block:5d} x {w}w"
+                fwd = soft(f"{label} fwd", graph_ms, lambda: rope_fwd(q.detach(), k.detach(), cos, sin, **kw))
+                bwd = soft(f"{label} bwd", graph_ms, lambda: rope_bwd(dq, dk, cos, sin, **kw))
+                line = f"  {label:36s}: fwd {pct(fwd)} | bwd {pct(bwd)}"
+                print(line)
+                SUMMARY.append("flat " + line.strip())
+    (rope_ops.SCHEDULE, _rope_flat.BLOCK_ELEMENTS, _rope_flat.NUM_WARPS, _rope_flat.PARTNER,
+     _rope_flat.EVICT_TABLES) = saved
+
+
 SECTIONS = {"check": check, "rope": rope_timing, "decode": decode, "variants": variants, "pairs": pairs,
-            "embedding": embedding}
+            "flat": flat, "embedding": embedding}
 
 
 def main() -> None:

@@ -19,23 +19,30 @@ from tests.ops.rope_helpers import RopeCase, make_heads, make_rows, rotation_row
 
 DEV = device_under_test()
 
-# (schedule, rotate-half pairs, interleaved pairs): the default first
+# (schedule, rotate-half pairs, interleaved pairs, the flat kernel's (PARTNER, EVICT_TABLES))
 VARIANTS = {
-    "tile": ("tile", "partner", "split"),
-    "tile-split-partner": ("tile", "split", "partner"),
-    "tile-halves": ("tile", "halves", "split"),
-    "token": ("token", "partner", "split"),
-    "flat": ("flat", "partner", "split"),  # dense q/k only: other strides run the fallback
+    "tile": ("tile", "partner", "split", ("wrap", "")),
+    "tile-split-partner": ("tile", "split", "partner", ("wrap", "")),
+    "tile-halves": ("tile", "halves", "split", ("wrap", "")),
+    "token": ("token", "partner", "split", ("wrap", "")),
+    "flat": ("flat", "partner", "split", ("wrap", "")),  # dense q/k only: other strides run the fallback
+    "flat-halves": ("flat", "partner", "split", ("halves", "evict_last")),
 }
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, schedule: str, half: str, interleaved: str, flat: tuple) -> None:
+    monkeypatch.setattr(rope_ops, "SCHEDULE", schedule)
+    monkeypatch.setattr(rope_ops, "PAIRS_ROTATE_HALF", half)
+    monkeypatch.setattr(rope_ops, "PAIRS_INTERLEAVED", interleaved)
+    monkeypatch.setattr(_rope_flat, "PARTNER", flat[0])
+    monkeypatch.setattr(_rope_flat, "EVICT_TABLES", flat[1])
 
 
 @pytest.fixture(params=list(VARIANTS))
 def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test on each kernel variant (ops/rope.py's SCHEDULE and PAIRS_*)."""
-    schedule, half, interleaved = VARIANTS[request.param]
-    monkeypatch.setattr(rope_ops, "SCHEDULE", schedule)
-    monkeypatch.setattr(rope_ops, "PAIRS_ROTATE_HALF", half)
-    monkeypatch.setattr(rope_ops, "PAIRS_INTERLEAVED", interleaved)
+    """Run a test on each kernel variant (ops/rope.py's SCHEDULE and PAIRS_*, ops/_rope_flat.py's
+    PARTNER and EVICT_TABLES)."""
+    _use(monkeypatch, *VARIANTS[request.param])
     return request.param
 
 
@@ -295,13 +302,11 @@ def test_cuda_variants_agree_at_the_train_shape(layout: str, interleaved: bool, 
     cos, sin = rotation_rows(torch.arange(t, device="cuda")[None], d, torch.bfloat16, interleaved)
     kw = dict(interleaved=interleaved, unsqueeze_dim=case.unsqueeze_dim)
     expected = (*rope_fwd(q, k, cos, sin, **kw), *rope_bwd(q, k, cos, sin, **kw))
-    for schedule, half, inter in list(VARIANTS.values())[1:]:
-        monkeypatch.setattr(rope_ops, "SCHEDULE", schedule)
-        monkeypatch.setattr(rope_ops, "PAIRS_ROTATE_HALF", half)
-        monkeypatch.setattr(rope_ops, "PAIRS_INTERLEAVED", inter)
+    for name, chosen in list(VARIANTS.items())[1:]:
+        _use(monkeypatch, *chosen)
         got = (*rope_fwd(q, k, cos, sin, **kw), *rope_bwd(q, k, cos, sin, **kw))
         for a, e in zip(got, expected):
-            assert_close(a, e, f"{schedule} {half} {inter}")
+            assert_close(a, e, name)
 
 
 @pytest.mark.cuda

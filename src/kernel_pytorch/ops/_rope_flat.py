@@ -26,6 +26,11 @@ from kernel_pytorch.ops._rope_math import _cos_sin_rows, _cs, _pair_outputs, _pa
 
 # Elements per program (4 KiB of bf16: 4 warps x 32 threads x one 16-byte vector, twice).
 BLOCK_ELEMENTS = 2048
+# How rotate-half reads each feature's partner: "wrap", one load at (j + r/2) mod r; "halves", two loads
+# masked to the row's halves (j + r/2 for the first, j - r/2 for the second), each a contiguous run.
+PARTNER = "wrap"
+EVICT_TABLES = ""  # the eviction policy of the cos/sin loads ("" or "evict_last": reused by every head)
+NUM_WARPS: int | None = None  # None: ops/rope.py's NUM_WARPS
 
 
 @triton.jit
@@ -34,6 +39,7 @@ def _rope_rows(
     n_positions, z,
     D: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
     HAS_POS: tl.constexpr, COPY_PASS: tl.constexpr, BACKWARD: tl.constexpr, HF_ROUNDING: tl.constexpr,
+    HALVES: tl.constexpr, EVICT: tl.constexpr,
 ):
     # rows r0 .. r0 + ROWS - 1 of one dense tensor; row r is (b, t) = (r // rows_per_batch,
     # (r // row_div) % seq_len): row_div is 1 for (B, H, T, D) memory, H for (B, T, H, D)
@@ -55,18 +61,23 @@ def _rope_rows(
     cm = j < 2 * limit
     if INTERLEAVED:  # even/odd lanes of the one load: neighbours in one thread's registers
         x1, x2 = tl.split(tl.reshape(x, [ROWS, BLOCK_D // 2, 2]))
-        c1, c2 = tl.split(tl.reshape(_cs(tl.load(c_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING),
-                                     [ROWS, BLOCK_D // 2, 2]))
-        s1, s2 = tl.split(tl.reshape(_cs(tl.load(s_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING),
-                                     [ROWS, BLOCK_D // 2, 2]))
+        c = tl.load(c_row + j, mask=cm, other=float("nan"), eviction_policy=EVICT)
+        s = tl.load(s_row + j, mask=cm, other=float("nan"), eviction_policy=EVICT)
+        c1, c2 = tl.split(tl.reshape(_cs(c, DTYPE_IN, HF_ROUNDING), [ROWS, BLOCK_D // 2, 2]))
+        s1, s2 = tl.split(tl.reshape(_cs(s, DTYPE_IN, HF_ROUNDING), [ROWS, BLOCK_D // 2, 2]))
         y1, y2 = _pair_outputs(x1, x2, c1, c2, s1, s2, z, DTYPE, BACKWARD, HF_ROUNDING)
         y = tl.reshape(tl.join(y1, y2), [ROWS, BLOCK_D])
     else:  # each feature's partner, a second load from the same lines; the modulo keeps it in the row
         # (features past r read some rotary feature, unused) and lets the compiler see contiguous runs
         first = j < HALF
         p = (j + HALF) % (2 * HALF)
-        xp = tl.load(X + base + p, mask=m, other=0.0).to(tl.float32)
-        y = _partner_outputs(x, xp, first, c_row, s_row, j, p, cm, z, DTYPE_IN, DTYPE, BACKWARD, HF_ROUNDING)
+        if HALVES:  # two loads, each contiguous within its half (features past r read nothing)
+            xp = tl.where(first, tl.load(X + base + j + HALF, mask=m & first, other=0.0),
+                          tl.load(X + base + j - HALF, mask=m & ~first & rot, other=0.0)).to(tl.float32)
+        else:
+            xp = tl.load(X + base + p, mask=m, other=0.0).to(tl.float32)
+        y = _partner_outputs(x, xp, first, c_row, s_row, j, p, cm, z, DTYPE_IN, DTYPE, BACKWARD, HF_ROUNDING,
+                             EVICT)
     y = tl.where(rot, y.to(DTYPE), x_raw.to(DTYPE))
     if COPY_PASS:
         tl.store(XO + offs, y, mask=m)
@@ -81,16 +92,17 @@ def _rope_flat_kernel(
     scb, sct, ssb, sst, spb, spt, n_positions, neg_zero, q_programs,
     D: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
     HAS_POS: tl.constexpr, COPY_PASS: tl.constexpr, BACKWARD: tl.constexpr, HF_ROUNDING: tl.constexpr,
+    HALVES: tl.constexpr, EVICT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < q_programs:
         _rope_rows(Q, QO, COS, SIN, POS, pid * ROWS, rows_q, div_q, per_batch_q, seq_len, scb, sct, ssb, sst,
                    spb, spt, n_positions, neg_zero, D, HALF, ROWS, BLOCK_D, INTERLEAVED, HAS_POS, COPY_PASS,
-                   BACKWARD, HF_ROUNDING)
+                   BACKWARD, HF_ROUNDING, HALVES, EVICT)
     else:
         _rope_rows(K, KO, COS, SIN, POS, (pid - q_programs) * ROWS, rows_k, div_k, per_batch_k, seq_len, scb,
                    sct, ssb, sst, spb, spt, n_positions, neg_zero, D, HALF, ROWS, BLOCK_D, INTERLEAVED, HAS_POS,
-                   COPY_PASS, BACKWARD, HF_ROUNDING)
+                   COPY_PASS, BACKWARD, HF_ROUNDING, HALVES, EVICT)
 
 
 _kernel = Launcher(_rope_flat_kernel)
@@ -143,7 +155,8 @@ def plan(
     q_programs = triton.cdiv(rows_q, rows)
     grid = (q_programs + triton.cdiv(rows_k, rows),)
     meta = dict(D=d, HALF=half, ROWS=rows, BLOCK_D=block_d, INTERLEAVED=interleaved, HAS_POS=has_pos,
-                COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding, num_warps=num_warps)
+                COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding, HALVES=PARTNER == "halves",
+                EVICT=EVICT_TABLES, num_warps=NUM_WARPS or num_warps)
     scalars = (rows_q, rows_k, div_q, div_k, heads_q * seq_len, heads_k * seq_len, seq_len, *strides,
                n_positions, -0.0, q_programs)
     return _kernel, grid, scalars, meta

@@ -46,15 +46,15 @@ def _cs(v, DTYPE_IN: tl.constexpr, HF_ROUNDING: tl.constexpr):
 
 @triton.jit
 def _partner_outputs(x, xp, first, c_row, s_row, j, p, cm, z, DTYPE_IN: tl.constexpr, DTYPE: tl.constexpr,
-                     BACKWARD: tl.constexpr, HF_ROUNDING: tl.constexpr):
+                     BACKWARD: tl.constexpr, HF_ROUNDING: tl.constexpr, EVICT: tl.constexpr):
     # fp32 outputs of features x with their pair partners xp (first: x is a pair's first member), cos/sin
-    # read at feature j (and the partner's p in the backward) where cm holds
-    c = _cs(tl.load(c_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+    # read at feature j (and the partner's p in the backward) where cm holds, with eviction policy EVICT
+    c = _cs(tl.load(c_row + j, mask=cm, other=float("nan"), eviction_policy=EVICT), DTYPE_IN, HF_ROUNDING)
     if BACKWARD:  # dx[j] = dy[j] c[j] +- dy[p] s[p]
-        s = _cs(tl.load(s_row + p, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+        s = _cs(tl.load(s_row + p, mask=cm, other=float("nan"), eviction_policy=EVICT), DTYPE_IN, HF_ROUNDING)
         xp = tl.where(first, xp, -xp)
     else:  # y[j] = x[j] c[j] -+ x[p] s[j]
-        s = _cs(tl.load(s_row + j, mask=cm, other=float("nan")), DTYPE_IN, HF_ROUNDING)
+        s = _cs(tl.load(s_row + j, mask=cm, other=float("nan"), eviction_policy=EVICT), DTYPE_IN, HF_ROUNDING)
         xp = tl.where(first, -xp, xp)
     return _products(x, xp, c, s, z, DTYPE, HF_ROUNDING)
 

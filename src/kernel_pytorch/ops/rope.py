@@ -103,7 +103,8 @@ def _rope_tile(
         x = tl.load(row + j * sxd, mask=m, other=0.0).to(tl.float32)
         xp = tl.load(row + p * sxd, mask=m, other=0.0).to(tl.float32)
         cm = j < 2 * limit
-        y = _partner_outputs(x, xp, first, c_row, s_row, j, p, cm, z, DTYPE_IN, DTYPE, BACKWARD, HF_ROUNDING)
+        y = _partner_outputs(x, xp, first, c_row, s_row, j, p, cm, z, DTYPE_IN, DTYPE, BACKWARD, HF_ROUNDING,
+                             "")
         tl.store(out + j * sod, y.to(DTYPE), mask=m)
     elif PAIRS == 1 and INTERLEAVED:  # split: even/odd lanes of one contiguous load
         j = tl.arange(0, 2 * BLOCK_R2)[None, None, :]
@@ -243,7 +244,7 @@ def _launch(
             sin.stride(), None if pos is None else (pos.shape, pos.stride()), interleaved, unsqueeze_dim,
             hf_rounding, inplace, backward, TILE_ELEMENTS, TOKENS_PER_TILE, NUM_WARPS, PAIRS_ROTATE_HALF,
             PAIRS_INTERLEAVED, SCHEDULE, SCHEDULES[interleaved], _rope_token.TILE_ELEMENTS,
-            _rope_flat.BLOCK_ELEMENTS,
+            _rope_flat.BLOCK_ELEMENTS, _rope_flat.PARTNER, _rope_flat.EVICT_TABLES, _rope_flat.NUM_WARPS,
         )
         plan = _PLANS.get(key, False)
         if plan is False:
