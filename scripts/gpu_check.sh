@@ -2,7 +2,7 @@
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
-#   opt-in: loss_curve; probes: mlp_sweep ce_sweep flce_chunks reinplace rope_flat flex_docs aoti
+#   opt-in: loss_curve; probes: mlp_sweep ce_sweep flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -62,11 +62,15 @@ for s in $steps; do
     # how the RoPE tile kernel forms its pairs (decides PAIRS_* in ops/rope.py)
     rope_pairs) step 90 probe_rope_pairs python3 scripts/probe_rope.py --sections pairs ;;
     # the flat RoPE kernel's launch sweep beside torch.compile's kernels (decides ops/_rope_flat.py's knobs)
-    rope_flat) step 200 probe_rope_flat python3 scripts/probe_rope.py --sections flat ;;
+    rope_flat) step 200 probe_rope_flat python3 scripts/probe_rope.py --sections flat ${KP_ROPE_FLAT_ARGS:-} ;;
     # the document mask's forward and backward against dense-mask SDPA, and their kernels under the profiler
     flex_docs) step 150 probe_flex_docs python3 scripts/probe_flex_mask.py --passes build,fwd,bwd,profile ;;
     # AOTInductor packages of small models, built and loaded on the GPU (a faulting one under gdb)
-    aoti) step 300 probe_aoti python3 scripts/probe_aoti.py --out /tmp/kp_aoti_probe --jobs 4 ;;
+    aoti) step 300 probe_aoti python3 scripts/probe_aoti.py --out /tmp/kp_aoti_probe --jobs 4 \
+            ${KP_AOTI_VARIANTS:+--variants "$KP_AOTI_VARIANTS"} ;;
+    # where a faulting AOTInductor load faults: native backtrace, ldd, other aot_inductor settings, legacy loader
+    aoti_diagnose) step 300 probe_aoti_diagnose python3 scripts/probe_aoti.py --out /tmp/kp_aoti_diag \
+                     --diagnose "${KP_AOTI_DIAGNOSE:-tiny-plain}" ;;
     # launch sweeps of the bandwidth-bound kernels (re-run when the chip's memory rate changes)
     mlp_sweep) step 120 probe_mlp_sweep python3 scripts/probe_mlp.py --sweep ;;
     ce_sweep) step 120 probe_ce_sweep python3 scripts/probe_cross_entropy.py --only ce --quick --no-check \

@@ -2,6 +2,10 @@
 
 Usage: PYTHONPATH=src python3 scripts/probe_aoti.py [--variants a,b,...] [--out DIR] [--jobs N]
        PYTHONPATH=src python3 scripts/probe_aoti.py --one VARIANT --out DIR   (one variant, this process)
+       PYTHONPATH=src python3 scripts/probe_aoti.py --diagnose tiny-plain --out DIR
+           where a package faults: its files and their libraries (ldd), the native backtrace of a fresh
+           load (a SIGSEGV handler preloaded, built here with gcc), packages built with other
+           aot_inductor settings, and the legacy aot_compile / aot_load path
 
 Each variant builds a model on the device, exports it (kernel_pytorch.deploy.export), compiles an
 AOTInductor package and loads it, first in the building process and then in a fresh one, and compares
@@ -102,8 +106,111 @@ def one(variant: str, out: Path) -> int:
     return 0
 
 
-def fresh_load(variant: str, out: Path) -> int:
+SEGV_C = r"""
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+static void on_fault(int sig) {
+    void *frames[64];
+    int n = backtrace(frames, 64);
+    write(2, "native backtrace:\n", 18);
+    backtrace_symbols_fd(frames, n, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+__attribute__((constructor)) static void install(void) { signal(SIGSEGV, on_fault); signal(SIGBUS, on_fault); }
+"""
+
+SETTINGS = {  # aot_inductor settings a faulting load is retried with
+    "default": {},
+    "consts_object": {"aot_inductor.use_consts_asm_build": False},
+    "consts_outside_so": {"aot_inductor.package_constants_in_so": False},
+    "embed_kernels": {"aot_inductor.embed_kernel_binary": True},
+    "no_precompiled_headers": {"aot_inductor.precompile_headers": False},
+}
+
+
+def build_with(variant: str, out: Path, setting: str) -> int:
+    """Package `variant` with SETTINGS[setting] (no load here); the model's outputs saved beside it."""
+    import torch
+    from torch._inductor import aoti_compile_and_package
+
+    from kernel_pytorch.deploy import export
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, inputs = build(variant, device)
+    program = export(model, inputs, dynamic=None)
+    t0 = time.perf_counter()
+    path = aoti_compile_and_package(program, package_path=str(out / f"{variant}-{setting}.pt2"),
+                                    inductor_configs=SETTINGS[setting])
+    print(f"[{variant} {setting}] built in {time.perf_counter() - t0:.1f} s: {path}", flush=True)
+    with torch.no_grad():
+        torch.save({"x": inputs, "y": model(*inputs)}, out / f"{variant}-{setting}.io.pt")
+    return 0
+
+
+def legacy(variant: str, out: Path) -> int:
+    """torch._inductor.aot_compile to a .so, loaded by torch._export.aot_load in this process."""
     faulthandler.enable()
+    import torch
+
+    from kernel_pytorch.deploy import export
+    from kernel_pytorch.tolerances import compare_reordered
+
+    model, inputs = build(variant, "cuda")
+    program = export(model, inputs, dynamic=None)
+    so = torch._inductor.aot_compile(program.module(), inputs)
+    print(f"[{variant} legacy] built {so}", flush=True)
+    runner = torch._export.aot_load(so, "cuda")
+    with torch.no_grad():
+        got, want = runner(*inputs), model(*inputs)
+    print(f"[{variant} legacy] {compare_reordered(got, want).message('aot_load')}", flush=True)
+    return 0
+
+
+def diagnose(variant: str, out: Path, timeout: float) -> None:
+    import zipfile
+
+    me = [sys.executable, __file__, "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
+    handler = out / "segv_bt.so"
+    done = subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(handler), "-x", "c", "-"], input=SEGV_C,
+                          capture_output=True, text=True)
+    print(f"== segv handler: gcc rc {done.returncode} {done.stderr[-500:]}", flush=True)
+
+    def build_one(setting: str) -> tuple[str, int, str]:
+        d = subprocess.run(me + ["--build", variant, "--setting", setting], capture_output=True, text=True,
+                           env=env, timeout=timeout)
+        return setting, d.returncode, (d.stdout + d.stderr)[-1500:]
+
+    with ThreadPoolExecutor(len(SETTINGS) + 1) as pool:
+        legacy_job = pool.submit(lambda: subprocess.run(me + ["--legacy", variant], capture_output=True, text=True,
+                                                        env={**env, "PYTHONFAULTHANDLER": "1"}, timeout=timeout))
+        builds = list(pool.map(build_one, SETTINGS))
+        lg = legacy_job.result()
+    print(f"== legacy aot_compile + aot_load: rc {lg.returncode}\n{(lg.stdout + lg.stderr)[-2500:]}", flush=True)
+    for setting, rc, tail in builds:
+        print(f"== build {setting}: rc {rc}\n{tail if rc else tail[-300:]}", flush=True)
+        pkg = out / f"{variant}-{setting}.pt2"
+        if rc or not pkg.exists():
+            continue
+        if setting == "default":
+            unpacked = out / "unpacked"
+            with zipfile.ZipFile(pkg) as z:
+                print("files:\n" + "\n".join(f"  {i.file_size:10d} {i.filename}" for i in z.infolist()), flush=True)
+                z.extractall(unpacked)
+            for so in unpacked.rglob("*.so"):
+                ld = subprocess.run(["ldd", str(so)], capture_output=True, text=True)
+                print(f"ldd {so.name}:\n{ld.stdout}{ld.stderr}", flush=True)
+        load_env = {**env, "LD_PRELOAD": str(handler)} if handler.exists() else env
+        d = subprocess.run(me + ["--fresh", f"{variant}-{setting}"], capture_output=True, text=True, env=load_env,
+                           timeout=timeout)
+        print(f"== fresh load {setting}: rc {d.returncode}\n{(d.stdout + d.stderr)[-4000:]}", flush=True)
+
+
+def fresh_load(variant: str, out: Path) -> int:
+    if "LD_PRELOAD" not in os.environ:
+        faulthandler.enable()
     import torch
 
     from kernel_pytorch.deploy import load_package
@@ -113,6 +220,7 @@ def fresh_load(variant: str, out: Path) -> int:
     runner = load_package(out / f"{variant}.pt2")
     with torch.no_grad():
         got = runner(*io["x"])
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
     print(f"[{variant}] fresh process: {compare_reordered(got, io['y']).message('package')}", flush=True)
     return 0
 
@@ -146,12 +254,22 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--one")
     p.add_argument("--fresh")
+    p.add_argument("--diagnose")
+    p.add_argument("--build")
+    p.add_argument("--setting", default="default")
+    p.add_argument("--legacy")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.one:
         raise SystemExit(one(args.one, args.out))
     if args.fresh:
         raise SystemExit(fresh_load(args.fresh, args.out))
+    if args.build:
+        raise SystemExit(build_with(args.build, args.out, args.setting))
+    if args.legacy:
+        raise SystemExit(legacy(args.legacy, args.out))
+    if args.diagnose:
+        return diagnose(args.diagnose, args.out, args.timeout)
     names = [v for v in args.variants.split(",") if v]
     print(f"gdb: {shutil.which('gdb') or 'not installed'}", flush=True)
     with ThreadPoolExecutor(args.jobs) as pool:

@@ -151,12 +151,17 @@ def liger_provider():
     return lambda q, k, cos, sin, interleaved=False, unsqueeze_dim=1: liger_rotary_pos_emb(q, k, cos, sin)
 
 
-def make_inputs(shape, layout: str, interleaved: bool, dtype=torch.bfloat16, grad=False):
+def make_inputs(shape, layout: str, interleaved: bool, dtype=torch.bfloat16, grad=False, shared=False):
+    """q, k in `layout` memory order, cos/sin rows (B, T, D) at per-row offsets, or (1, T, D) when
+    `shared` (one table for the batch, as the rope suite and a plain training batch have)."""
     b, t, hq, hk, d = shape
     mk = (lambda h: torch.randn(b, h, t, d, device="cuda")) if layout == "bhtd" else \
         (lambda h: torch.randn(b, t, h, d, device="cuda"))
     q, k = mk(hq).to(dtype), mk(hk).to(dtype)
-    pos = torch.arange(t, device="cuda")[None] + torch.arange(b, device="cuda")[:, None] * 37
+    if shared:
+        pos = torch.arange(t, device="cuda")[None]
+    else:
+        pos = torch.arange(t, device="cuda")[None] + torch.arange(b, device="cuda")[:, None] * 37
     cos, sin = cos_sin(default_inv_freq(10000.0, d, "cuda"), pos, 1.0, dtype, interleaved)
     if grad:
         q.requires_grad_()
@@ -409,11 +414,11 @@ def flat(args) -> None:
     compiled = torch.compile(eager_rope)
     for layout, il in args.layouts or [("bhtd", False), ("bthd", False)]:
         ud = 1 if layout == "bhtd" else 2
-        q, k, cos, sin, _ = make_inputs(TRAIN, layout, il, grad=True)
+        q, k, cos, sin, _ = make_inputs(TRAIN, layout, il, grad=True, shared=args.shared_table)
         nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
         dq, dk = torch.randn_like(q), torch.randn_like(k)
         kw = dict(interleaved=il, unsqueeze_dim=ud)
-        tag = f"{layout} {'il' if il else 'half'}"
+        tag = f"{layout} {'il' if il else 'half'}{' shared' if args.shared_table else ''}"
         pct = lambda ms: "--" if ms is None else f"{ms * 1e3:6.1f}us {nbytes / ms / 1e6 / ceil * 100:5.1f}%"
         # compile's backward kernel alone: the fwd+bwd replay minus the forward replay
         c_fwd = soft(f"{tag} compile fwd", graph_ms, lambda: compiled(q.detach(), k.detach(), cos, sin, **kw))
@@ -424,7 +429,9 @@ def flat(args) -> None:
         print(line)
         SUMMARY.append("flat " + line.strip())
         forms = [("wrap", ""), ("halves", ""), ("wrap", "evict_last"), ("halves", "evict_last")]
-        for partner, evict in forms[::2] if il else forms:  # interleaved reads no partner
+        if args.forms:
+            forms = [tuple((f.split(":") + [""])[:2]) for f in args.forms.split(",")]
+        for partner, evict in [f for f in forms if f[0] == "wrap"] if il else forms:  # interleaved: no partner
             for block, w in ((a, b) for a in blocks for b in warps):
                 (_rope_flat.BLOCK_ELEMENTS, _rope_flat.NUM_WARPS, _rope_flat.PARTNER,
                  _rope_flat.EVICT_TABLES) = block, w, partner, evict
@@ -452,6 +459,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=ints, help="variants: TOKENS_PER_TILE values")
     parser.add_argument("--layouts", type=lambda v: [(x.split(":")[0], x.endswith(":il")) for x in v.split(",")],
                         help="variants: bhtd, bthd, bhtd:il, bthd:il (comma-separated; default all four)")
+    parser.add_argument("--shared-table", action="store_true", help="flat: cos/sin (1, T, D), one table for all rows")
+    parser.add_argument("--forms", help="flat: PARTNER:EVICT_TABLES pairs, e.g. wrap:,wrap:evict_last")
     args = parser.parse_args()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
     args.ceiling = measure_copy_gbps("cuda")

@@ -125,6 +125,36 @@ def test_the_build_compiles_in_one_graph() -> None:
     assert counter.frame_count == 1
 
 
+def test_eager_document_masks_build_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager callers on COMPILED_BUILD devices (CUDA) get the compiled ops' mask: the same tensors as
+    create_block_mask for new ids, batch sizes and windows (one compile, then one dynamic one)."""
+    monkeypatch.setattr(_flex, "COMPILED_BUILD", ("cpu",))
+    monkeypatch.setattr(_flex, "_compile_failed", [])
+    calls = []
+    compiled = _flex._compiled_range_tensors()
+    monkeypatch.setattr(_flex, "_compiled_range_tensors", lambda: lambda *a: calls.append(a) or compiled(*a))
+    for layout, opts in (("ragged", {"is_causal": True}), ("unaligned", {"is_causal": True}),
+                         ("per_row", {"window": 150})):
+        got, want = _both(640, 640, seq_ids=LAYOUTS[layout], **opts)
+        _assert_same(got, want)
+    assert len(calls) == 3 and not _flex._compile_failed
+
+
+def test_a_failing_compiled_build_falls_back_to_eager_ops(monkeypatch, caplog) -> None:
+    def broken(*args):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(_flex, "COMPILED_BUILD", ("cpu",))
+    monkeypatch.setattr(_flex, "_compile_failed", [])
+    monkeypatch.setattr(_flex, "_compiled_range_tensors", lambda: broken)
+    with caplog.at_level("WARNING", logger="kernel_pytorch"):
+        for _ in range(2):
+            got, want = _both(640, 640, seq_ids=LAYOUTS["ragged"], is_causal=True)
+            _assert_same(got, want)
+    assert len(_flex._compile_failed) == 1
+    assert "building it with eager ops" in caplog.text
+
+
 @pytest.mark.cuda
 def test_cuda_build_is_captured_in_a_cuda_graph() -> None:
     """No host sync: the build records into a CUDA graph, and a replay on other ids gives their mask."""

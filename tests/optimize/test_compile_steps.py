@@ -132,6 +132,28 @@ def test_cli_tf32_flag(tmp_path, capsys) -> None:
     assert "not applicable on the CPU" in steps["tf32"]["reason"] and torch.get_float32_matmul_precision() == before
 
 
+def test_graphs_run_only_where_gradients_are_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks given CUDA graphs call the reduce-overhead compile with gradients on and the default
+    compile under no_grad (where CUDA graph trees would free one block's output before the next reads it)."""
+    from kernel_pytorch.optimize import compile_steps
+
+    made = []
+
+    def fake_compile(fn, **opts):
+        made.append(opts)
+        return lambda *a, **kw: (opts.get("mode", "default"), fn(*a, **kw))
+
+    monkeypatch.setattr(compile_steps.torch, "compile", fake_compile)
+    block = torch.nn.Linear(3, 3)
+    compile_steps.compile_with_graphs([block], {"dynamic": False})
+    assert made == [{"dynamic": False, "mode": "reduce-overhead"}, {"dynamic": False}]
+    x = torch.randn(2, 3)
+    mode, y = block(x)
+    assert mode == "reduce-overhead" and torch.equal(y, block._call_impl(x))
+    with torch.no_grad():
+        assert block(x)[0] == "default"
+
+
 # ----- CUDA: the measured paths ---------------------------------------------------------------------
 
 @pytest.mark.cuda
@@ -178,3 +200,11 @@ def test_cuda_graphs_step_on_cuda() -> None:
         assert s.status in ("applied", "reverted") and "idle_fraction" in s.measured
         assert all(b._compiled_call_impl is not None for b in model.blocks)  # compiled either way
         assert "reduce-overhead" in s.reason
+    # evaluation at other batch sizes, then a training step: each call's blocks hand on live outputs
+    model.eval()
+    with torch.no_grad():
+        for n in (3, 5):
+            xs = torch.randn(n, *x.shape[1:], device="cuda")
+            assert torch.isfinite(model(xs)).all()
+    model.train()
+    model(x).float().square().mean().backward()

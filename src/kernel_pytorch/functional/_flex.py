@@ -6,7 +6,9 @@ or partial, so the kernel skips empty tiles: a causal mask halves the work, 8 do
 4096 leave 1/8 of it. Causal, sliding-window and document masks are built from each query's interval of
 allowed keys (`_range_block_mask`): a few ops on the (B, K) ids and the (Q / 128, K / 128) tiles, on the
 device, without the Q x K mask or a host sync, so documents can change every call (packed batches) and
-the build is captured in CUDA graphs and traced by torch.compile. Masks that depend only on the lengths
+the build is captured in CUDA graphs and traced by torch.compile. An eager caller's document mask on
+CUDA is built by those ops compiled (`_compiled_range_tensors`): their launches cost more host time
+than the sparse kernel saves otherwise. Masks that depend only on the lengths
 are also cached per (lengths, device). A user's boolean or padding mask is evaluated over Q x K
 (create_block_mask) once per call: build one with `block_mask(...)` and pass it to every layer to build
 it once per batch.
@@ -20,6 +22,7 @@ flex_attention once (`_compiled_flex`) so an uncompiled caller still gets the fu
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 
 import torch
@@ -117,17 +120,10 @@ def _ordered(dense: Tensor) -> tuple[Tensor, Tensor]:
     return dense.sum(-1, dtype=torch.int32), order.to(torch.int32, memory_format=torch.contiguous_format)
 
 
-def _range_block_mask(q_len: int, kv_len: int, *, is_causal: bool, window: int | None, seq_ids: Tensor | None,
-                      mask_mod: Callable, device: torch.device | str) -> BlockMask:
-    """The BlockMask of causal / window / document masks from the queries' key intervals: a few ops
-    over (B, K) ids and (B, Q / 128, K / 128) tiles on the device, no Q x K mask and no host sync;
-    the same tensors as create_block_mask's.
-
-    A query block's intervals join into [lo(first query), hi(last query)] (each query sees itself, so
-    neighbours' intervals touch): its non-empty key blocks. A key block is full when it lies inside every
-    query's interval, [lo(last query), hi(first query)], and the query block lies inside q_len (padded
-    rows are masked). Rows with non-contiguous documents keep the causal / window tiles, all partial."""
-    device = torch.device(device)
+def _range_tensors(q_len: int, kv_len: int, is_causal: bool, window: int | None, seq_ids: Tensor | None,
+                   device: torch.device) -> tuple[Tensor, ...]:
+    """The eight index tensors of `_range_block_mask`'s BlockMask (kv_num_blocks, kv_indices, full_kv_*,
+    q_num_blocks, q_indices, full_q_*), from the queries' key intervals."""
     n_q, n_kv = -(-q_len // _BLOCK), -(-kv_len // _BLOCK)
     first = torch.arange(n_q, device=device) * _BLOCK
     last = (first + _BLOCK).clamp_max(q_len) - 1
@@ -143,11 +139,51 @@ def _range_block_mask(q_len: int, kv_len: int, *, is_causal: bool, window: int |
     (kv_num, full_kv_num), (kv_idx, full_kv_idx) = _ordered(tiles)
     # the backward's view (key block -> query blocks), as from_kv_blocks derives it
     (q_num, full_q_num), (q_idx, full_q_idx) = _ordered(tiles.transpose(-2, -1))
+    return kv_num, kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num, full_q_idx
+
+
+@functools.cache
+def _compiled_range_tensors() -> Callable:
+    # eager callers with documents build a mask every call: ~40 small ops whose launches cost more host
+    # time than the sparse kernel saves (1.9 ms against 0.5 ms of kernels on an H200, B 4, S 4096);
+    # compiled they are a few fused kernels behind one guard check
+    return torch.compile(_range_tensors)
+
+
+def _range_block_mask(q_len: int, kv_len: int, *, is_causal: bool, window: int | None, seq_ids: Tensor | None,
+                      mask_mod: Callable, device: torch.device | str) -> BlockMask:
+    """The BlockMask of causal / window / document masks from the queries' key intervals: a few ops
+    over (B, K) ids and (B, Q / 128, K / 128) tiles on the device, no Q x K mask and no host sync;
+    the same tensors as create_block_mask's. Document masks built by an eager caller on CUDA run those
+    ops compiled (`_compiled_range_tensors`), falling back to eager ops, with a log line, if that fails.
+
+    A query block's intervals join into [lo(first query), hi(last query)] (each query sees itself, so
+    neighbours' intervals touch): its non-empty key blocks. A key block is full when it lies inside every
+    query's interval, [lo(last query), hi(first query)], and the query block lies inside q_len (padded
+    rows are masked). Rows with non-contiguous documents keep the causal / window tiles, all partial."""
+    device = torch.device(device)
+    tensors = None
+    if seq_ids is not None and device.type in COMPILED_BUILD and not torch.compiler.is_compiling() \
+            and not _compile_failed:
+        try:
+            tensors = _compiled_range_tensors()(q_len, kv_len, is_causal, window, seq_ids, device)
+        except Exception as err:  # Inductor's errors have no common base; the eager ops give the same mask
+            _compile_failed.append(err)
+            log_once(f"kernel_pytorch.attention: compiling the document block mask failed "
+                     f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}); "
+                     "building it with eager ops", logging.WARNING)
+    if tensors is None:
+        tensors = _range_tensors(q_len, kv_len, is_causal, window, seq_ids, device)
+    kv_num, kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num, full_q_idx = tensors
     return BlockMask(
         seq_lengths=(q_len, kv_len), kv_num_blocks=kv_num, kv_indices=kv_idx, full_kv_num_blocks=full_kv_num,
         full_kv_indices=full_kv_idx, q_num_blocks=q_num, q_indices=q_idx, full_q_num_blocks=full_q_num,
         full_q_indices=full_q_idx, BLOCK_SIZE=(_BLOCK, _BLOCK), mask_mod=mask_mod,
     )
+
+
+COMPILED_BUILD = ("cuda",)  # device types whose eager document masks are built by the compiled ops
+_compile_failed: list[Exception] = []  # the compiled build's error, once it failed: eager from then on
 
 
 @functools.lru_cache(maxsize=64)

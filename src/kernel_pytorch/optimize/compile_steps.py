@@ -179,6 +179,31 @@ def launch_bound(model: nn.Module, inputs: Any) -> tuple[bool, dict[str, float],
     return True, numbers, finding.title
 
 
+class GradModeGraphs:
+    """A block's compiled call with CUDA graphs where gradients are on, plain compiled where they are off.
+
+    Regionally compiled blocks share one compiled function, and under `mode="reduce-overhead"` each
+    block's call is a new torch.compile invocation. With gradients off (evaluation, `generate()`) no
+    backward is pending, so CUDA graph trees start a new generation at every block and free the
+    previous block's output, the next block's input: the second call at a new shape fails with
+    "accessing tensor output of CUDAGraphs that has been overwritten". The graphs were measured on the
+    training step, so that is where they run; no_grad calls take the default compiled mode.
+    """
+
+    def __init__(self, block: nn.Module, options: dict[str, Any]) -> None:
+        self.graphs = torch.compile(block._call_impl, **{**options, "mode": "reduce-overhead"})
+        self.plain = torch.compile(block._call_impl, **options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return (self.graphs if torch.is_grad_enabled() else self.plain)(*args, **kwargs)
+
+
+def compile_with_graphs(blocks: list[nn.Module], options: dict[str, Any]) -> None:
+    """Compile `blocks` (as `nn.Module.compile` does) with CUDA graphs for gradient-enabled calls only."""
+    for b in blocks:
+        b._compiled_call_impl = GradModeGraphs(b, options)
+
+
 def cuda_graph_step(model: nn.Module, inputs: Any, blocks: list[nn.Module], options: dict[str, Any],
                     device: torch.device, mode: Any) -> tuple[CompileStep, bool]:
     """Recompile the compiled blocks with `mode="reduce-overhead"` when the step is launch-bound and
@@ -207,7 +232,8 @@ def cuda_graph_step(model: nn.Module, inputs: Any, blocks: list[nn.Module], opti
     try:
         with kept_buffers(model):
             before = fwd_bwd_ms(model, inputs)
-            recompile({**options, "mode": "reduce-overhead"})
+            uncompile(blocks)
+            compile_with_graphs(blocks, options)
             after = fwd_bwd_ms(model, inputs)
     except Exception as exc:
         recompile(options)
@@ -218,8 +244,8 @@ def cuda_graph_step(model: nn.Module, inputs: Any, blocks: list[nn.Module], opti
         recompile(options)
         return CompileStep("cuda_graphs", "reverted", f"{evidence}; reduce-overhead not faster beyond the timing "
                            "spread", measured), False
-    return CompileStep("cuda_graphs", "applied", f"{evidence}; blocks compiled with mode='reduce-overhead'",
-                       measured), True
+    return CompileStep("cuda_graphs", "applied", f"{evidence}; blocks compiled with mode='reduce-overhead' for "
+                       "calls with gradients (no_grad calls run the default compiled mode)", measured), True
 
 
 # ----- TF32 ---------------------------------------------------------------------------------------
