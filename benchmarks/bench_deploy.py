@@ -236,7 +236,7 @@ def _check(runner: Callable[..., Any], model: torch.nn.Module, ids: torch.Tensor
 
 
 def section_aoti(run: Run) -> None:
-    from kernel_pytorch.deploy import aoti_package, export, load_package
+    from kernel_pytorch.deploy import aoti_package, export, load_package, try_package
 
     model, _ = run.optimized()
     eager_rows(run)
@@ -250,15 +250,26 @@ def section_aoti(run: Run) -> None:
     example = example_inputs(run.preset, run.device, batch_size=2, seq_len=min(128, run.shapes[0][1]), seed=2)
     program, export_s = measure.timed(lambda: export(model, example), run.device)
     path, build_s = measure.timed(lambda: aoti_package(program, None, run.scratch / "model.pt2"), run.device)
-    runner, load_s = measure.timed(lambda: load_package(path), run.device)
     size = measure.dir_bytes(path)
+    # a loader that crashes would end this run: a fresh process tries the package first
+    fresh, fresh_s = measure.timed(lambda: try_package(path), run.device)
     for pass_name, s, note in (("export", export_s, "torch.export (dynamic dims: auto), checked against eager"),
                                ("build", build_s, f"aoti_compile_and_package; file {_gib(size)}"),
-                               ("load", load_s, "aoti_load_package, in this process")):
-        row = run.row(pkg, "aoti", pass_name, list(example[0].shape), median_ms=s * 1e3, reps=1,
-                      timing_method="wall clock, once", note=note)
+                               ("load (fresh process)", fresh_s, f"kernel_pytorch.deploy.try_package: "
+                                f"{fresh.summary()} (the time includes starting Python and importing torch)")):
+        ok = pass_name != "load (fresh process)" or fresh.ok
+        row = run.row(pkg, "aoti", pass_name, list(example[0].shape), median_ms=s * 1e3 if ok else None, reps=1,
+                      timing_method="wall clock, once", note=note, status="ok" if ok else "failed: load")
         row.bytes = size if pass_name == "build" else None
         run.add(row)
+    if not fresh.ok:
+        run.runner.errors.append(f"aoti: {fresh.summary()}")
+        for op, shape, _ in forwards:
+            run.add(run.row(op, "aoti", "fwd (no_grad)", shape, status="failed: load", note=fresh.summary()))
+        return
+    runner, load_s = measure.timed(lambda: load_package(path), run.device)
+    run.add(run.row(pkg, "aoti", "load", list(example[0].shape), median_ms=load_s * 1e3, reps=1,
+                    timing_method="wall clock, once", note="aoti_load_package, in this process"))
     for i, (op, shape, ids) in enumerate(forwards):
         if run.left() <= 0:
             run.skip(op, "aoti", "fwd (no_grad)", shape=shape)

@@ -95,7 +95,9 @@ for s in $steps; do
     compile_check) step 430 compile_check python3 scripts/probe_compile_components.py --sets auto --layers 8 \
                      --timeout-s 200 --out "$work/results/compile_check" ;;
     # checkpoint files, the AOTInductor package vs torch.compile, quantized checkpoints (torchao from .whl/)
-    deploy) step 170 bench_deploy python3 benchmarks/bench_deploy.py --out "$work/results" --budget-s 150 ;;
+    # (KP_DEPLOY_BUDGET_S and KP_DEPLOY_ARGS, e.g. "--sections aoti,compile", widen or narrow it)
+    deploy) step $((${KP_DEPLOY_BUDGET_S:-150} + 20)) bench_deploy python3 benchmarks/bench_deploy.py \
+              --out "$work/results" --budget-s "${KP_DEPLOY_BUDGET_S:-150}" ${KP_DEPLOY_ARGS:-} ;;
     # model-level decode: HF static cache eager / compiled, ours, the nn decoder, int8/fp8 (200 s budget)
     decode) step 220 bench_decode python3 benchmarks/bench_decode.py --out "$work/results" --budget-s 200 ;;
     corpus) step 300 corpus env KP_CORPUS_DEVICE=cuda python3 -m pytest tests/assistant/test_real_models.py \

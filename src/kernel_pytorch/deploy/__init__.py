@@ -20,6 +20,7 @@ from kernel_pytorch.deploy.convert import convert
 from kernel_pytorch.deploy.export import (
     ExportCheck,
     ExportMismatch,
+    PackageLoad,
     aoti_package,
     check_program,
     dynamic_dims,
@@ -28,6 +29,7 @@ from kernel_pytorch.deploy.export import (
     load_package,
     load_program,
     our_ops,
+    try_package,
 )
 from kernel_pytorch.deploy.loading import load
 from kernel_pytorch.deploy.manifest import Manifest, ManifestError, describe_differences, version_differences
@@ -49,6 +51,7 @@ __all__ = [
     "LoadError",
     "Manifest",
     "ManifestError",
+    "PackageLoad",
     "PickleRefusedError",
     "QuantDeterminism",
     "QuantValidation",
@@ -68,6 +71,7 @@ __all__ = [
     "quantize",
     "save",
     "save_state_dict",
+    "try_package",
     "validate_quantized",
     "version_differences",
 ]

@@ -304,8 +304,52 @@ def load_package(path: str | Path) -> Any:
     return aoti_load_package(str(path))
 
 
+@dataclass(frozen=True)
+class PackageLoad:
+    """How loading an AOTInductor package in a fresh process ended (`try_package`)."""
+
+    ok: bool
+    returncode: int | None  # negative: killed by that signal (-11: SIGSEGV); None: timed out
+    detail: str  # the child's last output lines
+
+    def summary(self) -> str:
+        if self.ok:
+            return "loads in a fresh process"
+        if self.returncode is None:
+            return f"loading timed out in a fresh process: {self.detail}"
+        if self.returncode < 0:
+            import signal
+
+            name = signal.Signals(-self.returncode).name if -self.returncode in signal.valid_signals() else "a signal"
+            return f"the loader was killed by {name} in a fresh process: {self.detail}"
+        return f"loading failed in a fresh process (exit {self.returncode}): {self.detail}"
+
+
+def try_package(path: str | Path, timeout_s: float = 300.0) -> PackageLoad:
+    """Load the package at `path` in a fresh Python process and report how that ended, so a loader
+    that crashes the process (torch 2.11's CUDA packages fault inside aoti_load_package on some hosts'
+    C++ toolchains) is found without taking the caller's process down. Call before `load_package`
+    where a crash would cost more than the seconds a fresh process takes."""
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom kernel_pytorch.deploy import load_package\n"
+              "load_package(sys.argv[1])\nprint('loaded')\n")
+    env = dict(__import__("os").environ)
+    src = str(Path(__file__).resolve().parents[2])  # the kernel_pytorch this process imported
+    env["PYTHONPATH"] = src + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:
+        done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True,
+                              env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return PackageLoad(False, None, f"no result after {timeout_s:.0f} s")
+    tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])[-400:]
+    return PackageLoad(done.returncode == 0 and "loaded" in done.stdout, done.returncode, tail)
+
+
 __all__ = [
     "OP_NAMESPACE",
+    "PackageLoad",
     "Dynamic",
     "DynamicDims",
     "ExportCheck",
@@ -318,4 +362,5 @@ __all__ = [
     "load_package",
     "load_program",
     "our_ops",
+    "try_package",
 ]

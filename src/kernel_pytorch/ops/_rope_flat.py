@@ -24,10 +24,14 @@ from torch import Tensor
 from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._rope_math import _cos_sin_rows, _cs, _pair_outputs, _partner_outputs
 
-# Elements per program (4 KiB of bf16: 4 warps x 32 threads x one 16-byte vector, twice).
-BLOCK_ELEMENTS = 2048
+# Elements per program: 2 KiB of bf16, 4 warps x 32 threads x one 16-byte vector. The same-run sweep
+# on the H200 (benchmarks/results/probes/probe_rope_flat_h200.log, q + k at the train shape, one cos/sin
+# table) put 1024 x 4 warps first in both memory orders: (B, T, H, D) fwd / bwd 86.0 / 85.8% of copy
+# against 82.6 / 82.8 for 2048 and torch.compile's 87.8 / 81.2; 8192 fell to 65%.
+BLOCK_ELEMENTS = 1024
 # How rotate-half reads each feature's partner: "wrap", one load at (j + r/2) mod r; "halves", two loads
-# masked to the row's halves (j + r/2 for the first, j - r/2 for the second), each a contiguous run.
+# masked to the row's halves (j + r/2 for the first, j - r/2 for the second). The sweep had "halves"
+# 0-6 points behind "wrap" everywhere, and "evict_last" on cos/sin within 1 point of "" at 1024.
 PARTNER = "wrap"
 EVICT_TABLES = ""  # the eviction policy of the cos/sin loads ("" or "evict_last": reused by every head)
 NUM_WARPS: int | None = None  # None: ops/rope.py's NUM_WARPS
