@@ -330,12 +330,13 @@ def try_package(path: str | Path, timeout_s: float = 300.0) -> PackageLoad:
     that crashes the process (torch 2.11's CUDA packages fault inside aoti_load_package on some hosts'
     C++ toolchains) is found without taking the caller's process down. Call before `load_package`
     where a crash would cost more than the seconds a fresh process takes."""
+    import os
     import subprocess
     import sys
 
     script = ("import sys\nfrom kernel_pytorch.deploy import load_package\n"
               "load_package(sys.argv[1])\nprint('loaded')\n")
-    env = dict(__import__("os").environ)
+    env = dict(os.environ)
     src = str(Path(__file__).resolve().parents[2])  # the kernel_pytorch this process imported
     env["PYTHONPATH"] = src + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
