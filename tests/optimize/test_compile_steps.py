@@ -141,17 +141,27 @@ def test_graphs_run_only_where_gradients_are_on(monkeypatch: pytest.MonkeyPatch)
 
     def fake_compile(fn, **opts):
         made.append(opts)
-        return lambda *a, **kw: (opts.get("mode", "default"), fn(*a, **kw))
+        return lambda *a, **kw: (opts.get("mode") or "default", fn(*a, **kw))
 
     monkeypatch.setattr(compile_steps.torch, "compile", fake_compile)
     block = torch.nn.Linear(3, 3)
     compile_steps.compile_with_graphs([block], {"dynamic": False})
-    assert made == [{"dynamic": False, "mode": "reduce-overhead"}, {"dynamic": False}]
+    assert made == [{"dynamic": False, "mode": "reduce-overhead"}, {"dynamic": False, "mode": None}]
     x = torch.randn(2, 3)
     mode, y = block(x)
     assert mode == "reduce-overhead" and torch.equal(y, block._call_impl(x))
     with torch.no_grad():
         assert block(x)[0] == "default"
+    # a graph mode the caller asks for is split the same way; other modes compile as asked
+    made.clear()
+    compile_steps.compile_blocks([block], {"mode": "max-autotune"})
+    assert made == [{"mode": "max-autotune"}, {"mode": "max-autotune-no-cudagraphs"}]
+    with torch.no_grad():
+        assert block(x)[0] == "max-autotune-no-cudagraphs"
+    made.clear()
+    compile_steps.compile_blocks([block], {"mode": "max-autotune-no-cudagraphs"})
+    assert made == [{"mode": "max-autotune-no-cudagraphs"}]  # nn.Module.compile: one compile, for every call
+    assert not isinstance(block._compiled_call_impl, compile_steps.GradModeGraphs)
 
 
 # ----- CUDA: the measured paths ---------------------------------------------------------------------

@@ -322,8 +322,9 @@ def load(
         _quantize_as_saved(model, manifest)
         _quantized.check_against(model, state, manifest.quantization["tensors"])
     model.load_state_dict(state, strict=True)  # through the replacements' own state_dict hooks, if any
-    for where in compiled:
-        model.get_submodule(where).compile(**options)
+    from kernel_pytorch.optimize.compile_steps import compile_blocks
+
+    compile_blocks([model.get_submodule(where) for where in compiled], options)
     log.info("loaded %s: %d tensors, %d swaps re-applied, %d blocks compiled", directory, len(state), len(swaps),
              len(compiled))
     return built

@@ -28,7 +28,14 @@ from torch import nn
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.regional import find_repeated_blocks
 from kernel_pytorch.benchmark.module import infer_device
-from kernel_pytorch.optimize.compile_steps import channels_last_step, cuda_graph_step, faster, fwd_bwd_ms, timing
+from kernel_pytorch.optimize.compile_steps import (
+    channels_last_step,
+    compile_blocks,
+    cuda_graph_step,
+    faster,
+    fwd_bwd_ms,
+    timing,
+)
 from kernel_pytorch.optimize.dynamic import count_recompiles, varying_dims
 from kernel_pytorch.optimize.report import CompileStep
 
@@ -69,8 +76,7 @@ class CompileResult:
         if not self.graphs:
             return False
         uncompile(self.blocks)
-        for b in self.blocks:
-            b.compile(**self.options)
+        compile_blocks(self.blocks, self.options)
         for s in self.steps:
             if s.name == "cuda_graphs" and s.status == "applied":
                 s.status, s.reason = "reverted", f"{s.reason}; {why}"
@@ -145,8 +151,7 @@ def _regional(model: nn.Module, inputs: Any, mode: CompileMode, options: dict[st
         return CompileStep("regional", "skipped", f"{where}: not measured {why}, so not applied "
                            "(compile='auto' keeps only measured gains; compile=True applies it)"), []
     before = fwd_bwd_ms(model, inputs) if measurable else None
-    for b in blocks:
-        b.compile(**options)
+    compile_blocks(blocks, options)
     if not measurable:
         return CompileStep("regional", "applied", f"{where}: compiled each block (not measured)"), blocks
     try:

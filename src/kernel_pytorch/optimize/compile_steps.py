@@ -190,18 +190,41 @@ class GradModeGraphs:
     training step, so that is where they run; no_grad calls take the default compiled mode.
     """
 
-    def __init__(self, block: nn.Module, options: dict[str, Any]) -> None:
-        self.graphs = torch.compile(block._call_impl, **{**options, "mode": "reduce-overhead"})
-        self.plain = torch.compile(block._call_impl, **options)
+    def __init__(self, block: nn.Module, options: dict[str, Any], mode: str = "reduce-overhead") -> None:
+        self.graphs = torch.compile(block._call_impl, **{**options, "mode": mode})
+        self.plain = torch.compile(block._call_impl, **{**options, "mode": NO_GRAPHS[mode]})
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return (self.graphs if torch.is_grad_enabled() else self.plain)(*args, **kwargs)
+
+
+# the compile modes that capture CUDA graphs, and the same mode without them
+NO_GRAPHS = {"reduce-overhead": None, "max-autotune": "max-autotune-no-cudagraphs"}
 
 
 def compile_with_graphs(blocks: list[nn.Module], options: dict[str, Any]) -> None:
     """Compile `blocks` (as `nn.Module.compile` does) with CUDA graphs for gradient-enabled calls only."""
     for b in blocks:
         b._compiled_call_impl = GradModeGraphs(b, options)
+
+
+def compile_blocks(blocks: list[nn.Module], options: dict[str, Any]) -> None:
+    """`nn.Module.compile(**options)` on each block, except that a mode capturing CUDA graphs
+    ("reduce-overhead", "max-autotune") applies to calls with gradients only (`GradModeGraphs`), with
+    a log line once: under no_grad, regionally compiled blocks' graphs free each other's outputs."""
+    mode = options.get("mode")
+    if mode not in NO_GRAPHS:
+        for b in blocks:
+            b.compile(**options)
+        return
+    from kernel_pytorch._env import log_once
+
+    log_once(f"kernel_pytorch.optimize: compile mode {mode!r} (CUDA graphs) applies to the compiled blocks' calls "
+             f"with gradients; no_grad calls use mode {NO_GRAPHS[mode]!r}, since CUDA graph trees would free one "
+             "block's output before the next block reads it")
+    rest = {k: v for k, v in options.items() if k != "mode"}
+    for b in blocks:
+        b._compiled_call_impl = GradModeGraphs(b, rest, mode)
 
 
 def cuda_graph_step(model: nn.Module, inputs: Any, blocks: list[nn.Module], options: dict[str, Any],
@@ -226,8 +249,7 @@ def cuda_graph_step(model: nn.Module, inputs: Any, blocks: list[nn.Module], opti
 
     def recompile(opts: dict[str, Any]) -> None:
         uncompile(blocks)
-        for b in blocks:
-            b.compile(**opts)
+        compile_blocks(blocks, opts)
 
     try:
         with kept_buffers(model):
