@@ -145,7 +145,7 @@ def test_graphs_run_only_where_gradients_are_on(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(compile_steps.torch, "compile", fake_compile)
     block = torch.nn.Linear(3, 3)
-    compile_steps.compile_with_graphs([block], {"dynamic": False})
+    compile_steps.compile_blocks([block], {"dynamic": False, "mode": "reduce-overhead"})
     assert made == [{"dynamic": False, "mode": "reduce-overhead"}, {"dynamic": False, "mode": None}]
     x = torch.randn(2, 3)
     mode, y = block(x)

@@ -202,12 +202,6 @@ class GradModeGraphs:
 NO_GRAPHS = {"reduce-overhead": None, "max-autotune": "max-autotune-no-cudagraphs"}
 
 
-def compile_with_graphs(blocks: list[nn.Module], options: dict[str, Any]) -> None:
-    """Compile `blocks` (as `nn.Module.compile` does) with CUDA graphs for gradient-enabled calls only."""
-    for b in blocks:
-        b._compiled_call_impl = GradModeGraphs(b, options)
-
-
 def compile_blocks(blocks: list[nn.Module], options: dict[str, Any]) -> None:
     """`nn.Module.compile(**options)` on each block, except that a mode capturing CUDA graphs
     ("reduce-overhead", "max-autotune") applies to calls with gradients only (`GradModeGraphs`), with
@@ -254,8 +248,7 @@ def cuda_graph_step(model: nn.Module, inputs: Any, blocks: list[nn.Module], opti
     try:
         with kept_buffers(model):
             before = fwd_bwd_ms(model, inputs)
-            uncompile(blocks)
-            compile_with_graphs(blocks, options)
+            recompile({**options, "mode": "reduce-overhead"})  # graphs for calls with gradients only
             after = fwd_bwd_ms(model, inputs)
     except Exception as exc:
         recompile(options)
