@@ -11,8 +11,8 @@ splits one load into even/odd lanes. The math is the tile kernel's (ops/_rope_ma
 `_pair_outputs`). This is the shape of torch.compile's pointwise kernel, which reached ~95% of the copy
 bandwidth on an H200 where the tile kernel reached ~78% (benchmarks/results/probes/
 probe_rope_variants_h200.log). Measured on the H200 (benchmarks/results/rope.md), q + k fwd+bwd in
-graph replay: rotate-half 89.1% of copy, interleaved 94.4%; rotate-half's forward (86.3% against
-compile's 95.1%) is where it trails.
+graph replay: rotate-half 92.7% of copy (torch.compile 91.4%), interleaved 95.1% (compile 73.7%);
+rotate-half's forward alone (90.4% against compile's 95.4%) is where it still trails.
 """
 
 from __future__ import annotations
