@@ -27,7 +27,7 @@ def _fake_ceilings() -> Ceilings:
 def test_registry_counts_and_shapes() -> None:
     assert "mlp" in suite_names() and get_suite("mlp") is M
     assert M.SUITE.ops == ("swiglu", "geglu_tanh", "swiglu_packed", "gated_mlp")
-    assert M.SUITE.providers == ("ours", "ours-inplace", "eager", "compile", "liger")
+    assert M.SUITE.providers == ("ours", "ours-inplace", "gemms", "eager", "compile", "liger")
     big = M.ACT_CUDA_SHAPES[0]
     e = 16384 * 14336
     assert (big.tokens, big.inter) == (16384, 14336)
@@ -104,3 +104,25 @@ def test_quick_cpu_run() -> None:
                 assert len(rows) == 1 and rows[0].ok, rows
     assert not r.find(provider="ours-inplace")  # on CPU the flag has no effect: no rows
     assert all(x.status in ("not installed", "not available") for x in r.find(provider="liger"))
+
+
+def test_block_floor_runs_the_block_gemms() -> None:
+    """The gemms floor: outputs and gradients of the block's shapes, from the same GEMMs as the block
+    (with gate in h's place and dh in d_gate's and d_up's); the CPU run gives it a row marked a floor."""
+    t = M._block_inputs(M.BLOCK_QUICK["cpu"], torch.float32, CPU, 0)
+    x, gw, uw, dw = (v.requires_grad_() for v in t.values())
+    y = M._block_gemms(x, gw, uw, dw)
+    assert y.shape == x.shape[:-1] + (dw.shape[0],)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, gw, uw, dw), dy)
+    gate = x @ gw.t()
+    dh = dy @ dw
+    want = (dh @ gw + dh @ uw, dh.t() @ x, dh.t() @ x, dy.t() @ gate)
+    for g, w in zip(grads, want):
+        assert_close(g, w, "floor gradient")
+    with torch.no_grad():
+        assert_close(M._block_gemms(x, gw, uw, dw), gate @ dw.t(), "floor forward")
+    r = runner.run(M.SUITE, device="cpu", providers=("gemms",), ops=("gated_mlp",), quick=True,
+                   ceilings=_fake_ceilings())
+    rows = r.find(op="gated_mlp", provider="gemms")
+    assert rows and all(row.ok and "floor" in row.note for row in rows), rows

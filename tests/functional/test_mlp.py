@@ -98,6 +98,34 @@ def test_block_function_matches_reference_and_hf_eager(eager_path, bias: bool, p
         _assert_same_function(p, lambda: _ours(p), lambda: _hf_eager(p), "vs HF eager")
 
 
+@pytest.mark.parametrize("align", [8, 16], ids=["even", "uneven"])
+@pytest.mark.parametrize("packed", [False, True], ids=["split", "packed"])
+def test_block_backward_in_dh_column_chunks(eager_path, monkeypatch: pytest.MonkeyPatch, packed: bool,
+                                            align: int) -> None:
+    """dh made in column chunks (spans of 8 or 16 of I = 24 columns, the last one short) gives the
+    reference's output and every gradient, bias and frozen W_down (no h recomputed) included."""
+    monkeypatch.setattr(mlp_mod, "DH_CHUNK_BYTES", N * 8 * 2)
+    monkeypatch.setattr(mlp_mod, "DH_CHUNK_ALIGN", align)
+    spans = mlp_mod.dh_column_spans(N, I, 2)
+    assert len(spans) > 1 and spans[0][0] == 0 and spans[-1][1] == I
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])) and all((b - a) % align == 0 for a, b in spans[:-1])
+    p = _params(torch.bfloat16, bias=True, packed=packed)
+    _assert_same_function(p, lambda: _ours(p), lambda: _reference(p), "chunked")
+    p["down_weight"].requires_grad_(False)
+    frozen = {k: v for k, v in p.items() if k != "down_weight"}
+    out, want = _ours(p), _reference(p)
+    dy = randn(*out.shape, dtype=out.dtype, device=DEV)
+    for n, g, e in zip(frozen, torch.autograd.grad(out, list(frozen.values()), dy),
+                       torch.autograd.grad(want, list(frozen.values()), dy)):
+        assert_close(g, e, f"chunked, frozen W_down: d{n}")
+
+
+def test_dh_column_spans_at_llama_3_8b() -> None:
+    """16384 tokens x 14336 in bf16 (448 MiB of dh): four chunks of 3584 columns; a small dh is one."""
+    assert mlp_mod.dh_column_spans(16384, 14336, 2) == [(0, 3584), (3584, 7168), (7168, 10752), (10752, 14336)]
+    assert mlp_mod.dh_column_spans(8192, 5632, 2) == [(0, 5632)]
+
+
 def _saved_activations(fn) -> list[tuple[int, ...]]:
     """Shapes of the tensors with N token rows that autograd keeps from the forward for the backward."""
     shapes = []

@@ -10,6 +10,8 @@ Providers (suites/providers.py; the runner is suites/runner.py):
     eager         the code as Hugging Face transformers writes it (LlamaMLP's `act_fn(gate) * up`,
                   Phi3MLP's chunk, GemmaMLP with gelu_pytorch_tanh; the block as LlamaMLP.forward).
     compile       torch.compile(fullgraph=True, dynamic=False) of that eager code.
+    gemms         the block's floor: its nine GEMMs alone (cuBLAS), timed without the correctness gate;
+                  the block cannot run faster than this row.
     liger         Liger-Kernel 0.8.5: LigerSiLUMulFunction / LigerGELUMulFunction (in-place backward,
                   as Liger always runs them) and LigerFusedGateUpSiLUMulFunction (packed; its default
                   in_place=False) for the activations, LigerSwiGLUMLP for the block.
@@ -147,6 +149,45 @@ def _liger_fn(target: str, call: tuple[str, ...]) -> ModulePeer:
                       note="Liger's backward writes d_gate, d_up over its inputs (always in place)")
 
 
+GEMMS_NOTE = ("the floor: the block's nine GEMMs alone (cuBLAS on CUDA), no activation: gate stands in for h "
+              "in the down projection and dh for d_gate and d_up")
+
+
+class _NineGemms(torch.autograd.Function):
+    """The gated MLP's GEMMs and nothing else, at the block's shapes: forward gate = x @ Wg.T,
+    up = x @ Wu.T, y = gate @ Wd.T (gate in h's place); backward dh = dy @ Wd, dWd = dy.T @ gate,
+    dx = dh @ Wg + dh @ Wu, dWg = dh.T @ x, dWu = dh.T @ x (dh in d_gate's and d_up's places). Every
+    operand is data of the block's own scale, not a constant (cuBLAS runs faster on constants)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor) -> Tensor:  # noqa: ANN001
+        x2 = x.reshape(-1, x.shape[-1])
+        gate = x2 @ gate_weight.t()
+        x2 @ up_weight.t()  # the up projection's GEMM, timed; its output is not needed
+        ctx.save_for_backward(x2, gate, gate_weight, up_weight, down_weight)
+        ctx.x_shape = x.shape
+        return (gate @ down_weight.t()).view(*x.shape[:-1], down_weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # noqa: ANN001
+        x2, gate, gate_weight, up_weight, down_weight = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dh = dy2 @ down_weight
+        d_down = dy2.t() @ gate
+        dx = dh @ gate_weight
+        dx.addmm_(dh, up_weight)
+        return dx.view(ctx.x_shape), dh.t() @ x2, dh.t() @ x2, d_down
+
+
+def _block_gemms(x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor) -> Tensor:
+    """The block's floor (`_NineGemms`); under no_grad its three forward GEMMs."""
+    if not torch.is_grad_enabled():
+        gate = x @ gate_weight.t()
+        x @ up_weight.t()
+        return gate @ down_weight.t()
+    return _NineGemms.apply(x, gate_weight, up_weight, down_weight)
+
+
 _ACT = dict(min_bytes=_act_bytes, flops=_act_flops, cuda_shapes=ACT_CUDA_SHAPES, cpu_shapes=ACT_CPU_SHAPES,
             quick_shapes=ACT_QUICK)
 
@@ -201,7 +242,7 @@ GATED_MLP = OpBench(
                      "down_weight": "down_proj.weight"},
         note="LigerSwiGLUMLP: torch's Linears around LigerSiLUMulFunction"),
     min_bytes=_block_bytes, flops=_block_flops, cuda_shapes=BLOCK_CUDA_SHAPES, cpu_shapes=BLOCK_CPU_SHAPES,
-    quick_shapes=BLOCK_QUICK,
+    quick_shapes=BLOCK_QUICK, extras=(ExtraProvider("gemms", lambda device: (_block_gemms, GEMMS_NOTE), floor=True),),
 )
 
 SPECS = {s.name: s for s in (SWIGLU, GEGLU, SWIGLU_PACKED, GATED_MLP)}
