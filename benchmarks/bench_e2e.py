@@ -164,8 +164,44 @@ def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.loss
 
 
+def idle_summary(kernels: list[tuple[float, float, str]], top: int = 12) -> str:
+    """Where the device waits: from (start us, end us, name) of each kernel of a profiled span, the span,
+    the time some kernel ran (overlaps merged) and the idle rest, then the longest gaps between kernels
+    with the kernels on either side (what the host was launching when the device ran dry)."""
+    if not kernels:
+        return "device idle: no kernels recorded\n"
+    kernels = sorted(kernels)
+    busy, gaps = 0.0, []
+    run_start, run_end, last = kernels[0][0], kernels[0][1], kernels[0][2]
+    for start, end, name in kernels[1:]:
+        if start > run_end:
+            busy += run_end - run_start
+            gaps.append((start - run_end, last, name))
+            run_start = start
+        if end >= run_end:
+            run_end, last = end, name
+    busy += run_end - run_start
+    span = run_end - kernels[0][0]
+    gaps.sort(key=lambda g: -g[0])
+    long_gaps = sum(g[0] for g in gaps if g[0] >= 20)
+    lines = [f"device idle: span {span / 1e3:.2f} ms, kernels running {busy / 1e3:.2f} ms, "
+             f"idle {(span - busy) / 1e3:.2f} ms ({len(gaps)} gaps; {long_gaps / 1e3:.2f} ms in gaps of 20 us or more)",
+             "longest gaps (us, the kernel before -> the kernel after):"]
+    lines += [f"  {gap:9.1f}  {before[:70]} -> {after[:70]}" for gap, before, after in gaps[:top]]
+    return "\n".join(lines) + "\n"
+
+
+def _kernel_intervals(prof: Any) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of every device-side event (kernels, copies, sets) the profiler recorded."""
+    from torch.autograd import DeviceType
+
+    return [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+            if getattr(e, "device_type", None) == DeviceType.CUDA]
+
+
 def profile_steps(step: Callable[[], Any], dev: torch.device, path: Path, rows: int = 40) -> None:
-    """torch.profiler over two steps: the kernels by total device (or CPU) time, as a text table."""
+    """torch.profiler over two steps: the kernels by total device (or CPU) time, as a text table, and on
+    CUDA where the device sat idle between kernels (`idle_summary`)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
@@ -174,9 +210,10 @@ def profile_steps(step: Callable[[], Any], dev: torch.device, path: Path, rows: 
             step()
         _sync(dev)
     key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    idle = idle_summary(_kernel_intervals(prof)) if dev.type == "cuda" else ""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("two training steps; times are totals over both\n"
-                    + prof.key_averages().table(sort_by=key, row_limit=rows) + "\n")
+                    + prof.key_averages().table(sort_by=key, row_limit=rows) + "\n" + idle)
 
 
 def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int, seq: int,

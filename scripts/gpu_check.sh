@@ -3,6 +3,7 @@
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
 #   opt-in: loss_curve; probes: mlp_sweep ce_sweep flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
+#   aoti_toolchain
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -58,7 +59,7 @@ for s in $steps; do
     # the paired partial rows (repeated, to catch a race) and bitwise determinism
     grid) step 120 pytest_grid python3 -m pytest -q -p no:cacheprovider tests/ops -k "paired or tails or deterministic" ;;
     sweep) step 120 sweep python3 scripts/probe_norms.py --sweep ;;
-    host) step 60 probe_host python3 scripts/probe_host.py ;;
+    host) step 90 probe_host python3 scripts/probe_host.py --breakdown ;;
     # how the RoPE tile kernel forms its pairs (decides PAIRS_* in ops/rope.py)
     rope_pairs) step 90 probe_rope_pairs python3 scripts/probe_rope.py --sections pairs ;;
     # the flat RoPE kernel's launch sweep beside torch.compile's kernels (decides ops/_rope_flat.py's knobs)
@@ -71,6 +72,9 @@ for s in $steps; do
     # where a faulting AOTInductor load faults: native backtrace, ldd, other aot_inductor settings, legacy loader
     aoti_diagnose) step 300 probe_aoti_diagnose python3 scripts/probe_aoti.py --out /tmp/kp_aoti_diag \
                      --diagnose "${KP_AOTI_DIAGNOSE:-tiny-plain}" ;;
+    # is the loader's fault a C++ runtime mismatch: compilers, libstdc++, a package linked against it
+    aoti_toolchain) step 260 probe_aoti_toolchain python3 scripts/probe_aoti.py --out /tmp/kp_aoti_tc --timeout 200 \
+                      --toolchain "${KP_AOTI_DIAGNOSE:-tiny-plain}" ;;
     # launch sweeps of the bandwidth-bound kernels (re-run when the chip's memory rate changes)
     mlp_sweep) step 120 probe_mlp_sweep python3 scripts/probe_mlp.py --sweep ;;
     ce_sweep) step 120 probe_ce_sweep python3 scripts/probe_cross_entropy.py --only ce --quick --no-check \

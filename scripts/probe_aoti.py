@@ -6,6 +6,9 @@ Usage: PYTHONPATH=src python3 scripts/probe_aoti.py [--variants a,b,...] [--out 
            where a package faults: its files and their libraries (ldd), the native backtrace of a fresh
            load (a SIGSEGV handler preloaded, built here with gcc), packages built with other
            aot_inductor settings, and the legacy aot_compile / aot_load path
+       PYTHONPATH=src python3 scripts/probe_aoti.py --toolchain tiny-plain --out DIR
+           the compilers and C++ runtimes involved, and fresh loads of a package linked against
+           libstdc++ and of one with the compiler's libstdc++ preloaded
 
 Each variant builds a model on the device, exports it (kernel_pytorch.deploy.export), compiles an
 AOTInductor package and loads it, first in the building process and then in a fresh one, and compares
@@ -130,19 +133,35 @@ SETTINGS = {  # aot_inductor settings a faulting load is retried with
 }
 
 
+# builds that change how the package's .so is linked rather than an aot_inductor setting
+LINK_SETTINGS = ("link_stdcxx",)
+
+
+def _link_libstdcxx() -> None:
+    """Link the package's .so against libstdc++ (as Inductor does in fbcode): without it the .so lists
+    no libstdc++ and its C++ runtime symbols bind to whatever the loading process has."""
+    from torch._inductor import cpp_builder
+
+    cpp_builder._get_libstdcxx_args = lambda: ([], ["stdc++"])
+
+
 def build_with(variant: str, out: Path, setting: str) -> int:
-    """Package `variant` with SETTINGS[setting] (no load here); the model's outputs saved beside it."""
+    """Package `variant` with SETTINGS[setting] or a LINK_SETTINGS patch (no load here); the model's
+    outputs saved beside it."""
     import torch
     from torch._inductor import aoti_compile_and_package
 
     from kernel_pytorch.deploy import export
+
+    if setting == "link_stdcxx":
+        _link_libstdcxx()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, inputs = build(variant, device)
     program = export(model, inputs, dynamic=None)
     t0 = time.perf_counter()
     path = aoti_compile_and_package(program, package_path=str(out / f"{variant}-{setting}.pt2"),
-                                    inductor_configs=SETTINGS[setting])
+                                    inductor_configs=SETTINGS.get(setting, {}))
     print(f"[{variant} {setting}] built in {time.perf_counter() - t0:.1f} s: {path}", flush=True)
     with torch.no_grad():
         torch.save({"x": inputs, "y": model(*inputs)}, out / f"{variant}-{setting}.io.pt")
@@ -208,6 +227,65 @@ def diagnose(variant: str, out: Path, timeout: float) -> None:
         print(f"== fresh load {setting}: rc {d.returncode}\n{(d.stdout + d.stderr)[-4000:]}", flush=True)
 
 
+def _sh(cmd: str) -> str:
+    done = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+    return (done.stdout + done.stderr).strip()
+
+
+def toolchain(variant: str, out: Path, timeout: float) -> None:
+    """Is the loader's fault a C++ runtime mismatch? The compilers and the libstdc++ the process has; a
+    default package and one linked against libstdc++ (`link_stdcxx`), their dynamic sections and C++
+    runtime symbols; then fresh loads of: the default package, the default package with the compiler's
+    own libstdc++ preloaded, and the linked package."""
+    import zipfile
+
+    me = [sys.executable, __file__, "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
+    print("== toolchain", flush=True)
+    for cmd in ("which gcc g++ c++ clang++", "g++ --version | head -1", "gcc --version | head -1",
+                "g++ -print-file-name=libstdc++.so.6", "readlink -f $(g++ -print-file-name=libstdc++.so.6)",
+                "ls -l /lib/x86_64-linux-gnu/libstdc++.so.6*",
+                "strings /lib/x86_64-linux-gnu/libstdc++.so.6 | grep -E '^GLIBCXX_3\\.4\\.[0-9]+$' | sort -V | tail -2",
+                "echo CXX=$CXX CC=$CC"):
+        print(f"$ {cmd}\n{_sh(cmd)}", flush=True)
+    probe = ("import torch, torch._inductor.cpp_builder as b; print('cxx11 abi', torch._C._GLIBCXX_USE_CXX11_ABI); "
+             "print('inductor compiler', b.get_cpp_compiler()); "
+             "print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libstdc++' in l})))")
+    print(f"$ python: torch's process\n{_sh(sys.executable + ' -c ' + repr(probe))}", flush=True)
+    with ThreadPoolExecutor(2) as pool:
+        # one Inductor cache per build: the link patch is not in Inductor's cache key
+        builds = list(pool.map(lambda st: subprocess.run(
+            me + ["--build", variant, "--setting", st], capture_output=True, text=True, timeout=timeout,
+            env={**env, "TORCHINDUCTOR_CACHE_DIR": str(out / f"inductor-cache-{st}")}), ("default", "link_stdcxx")))
+    for st, done in zip(("default", "link_stdcxx"), builds):
+        print(f"== build {st}: rc {done.returncode}\n{(done.stdout + done.stderr)[-600:]}", flush=True)
+        pkg = out / f"{variant}-{st}.pt2"
+        if not pkg.exists():
+            continue
+        unpacked = out / f"unpacked-{st}"
+        with zipfile.ZipFile(pkg) as z:
+            z.extractall(unpacked)
+        for so in unpacked.rglob("*.so"):
+            needed = _sh(f"readelf -d {so} | grep NEEDED")
+            defined = _sh(f"nm -D --defined-only {so} | grep -c -E 'St6locale|regex_traits'")
+            undefined = _sh(f"nm -D --undefined-only {so} | grep -c -E 'St6locale|GLIBCXX'")
+            some = _sh(f"nm -D --undefined-only {so} | grep -E 'St6locale|ctype' | head -8")
+            print(f"-- {so.name} ({so.stat().st_size} bytes)\n{needed}\nC++ runtime symbols defined here: {defined}, "
+                  f"undefined: {undefined}\n{some}", flush=True)
+    preload = _sh("readlink -f $(g++ -print-file-name=libstdc++.so.6)")
+    loads = [("default", "default", env), ("default + compiler's libstdc++ preloaded", "default",
+                                           {**env, "LD_PRELOAD": preload}), ("link_stdcxx", "link_stdcxx", env)]
+    for label, st, load_env in loads:
+        if not (out / f"{variant}-{st}.pt2").exists():
+            continue
+        try:
+            d = subprocess.run(me + ["--fresh", f"{variant}-{st}"], capture_output=True, text=True, env=load_env,
+                               timeout=timeout)
+            print(f"== fresh load, {label}: rc {d.returncode}\n{(d.stdout + d.stderr)[-1200:]}", flush=True)
+        except subprocess.TimeoutExpired:
+            print(f"== fresh load, {label}: timed out", flush=True)
+
+
 def fresh_load(variant: str, out: Path) -> int:
     if "LD_PRELOAD" not in os.environ:
         faulthandler.enable()
@@ -258,6 +336,7 @@ def main() -> None:
     p.add_argument("--build")
     p.add_argument("--setting", default="default")
     p.add_argument("--legacy")
+    p.add_argument("--toolchain", help="VARIANT: is the loader's fault a C++ runtime mismatch (see toolchain())")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.one:
@@ -270,6 +349,8 @@ def main() -> None:
         raise SystemExit(legacy(args.legacy, args.out))
     if args.diagnose:
         return diagnose(args.diagnose, args.out, args.timeout)
+    if args.toolchain:
+        return toolchain(args.toolchain, args.out, args.timeout)
     names = [v for v in args.variants.split(",") if v]
     print(f"gdb: {shutil.which('gdb') or 'not installed'}", flush=True)
     with ThreadPoolExecutor(args.jobs) as pool:

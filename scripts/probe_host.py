@@ -2,6 +2,7 @@
 """Host time of our eager ops: launch-bound shapes on the GPU, or the per-call Python cost on the CPU.
 
     PYTHONPATH=src python scripts/probe_host.py            # GPU, < 30 s: ours vs eager torch, do_bench
+    PYTHONPATH=src python scripts/probe_host.py --breakdown  # + where SwiGLU's host time goes, per layer
     PYTHONPATH=src python scripts/probe_host.py --host     # CPU: per-call us of our eager path, no launch
     PYTHONPATH=src python scripts/probe_host.py --host --profile rms_norm   # + cProfile of one op
 
@@ -385,11 +386,75 @@ def gpu_probe(device: str = "cuda", backend: str = "triton") -> None:
     print(f"probe wall time {time.perf_counter() - start:.1f} s")
 
 
+def _wall_us(fn: Call, dev: torch.device, calls: int = 400, repeats: int = 5) -> float:
+    """Least over `repeats` of the mean wall-clock microseconds per call of `calls` back-to-back calls,
+    synchronised only at the end: the sustained rate, host-bound when the kernels are shorter than the
+    host's work per call."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize(dev)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize(dev)
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best * 1e6
+
+
+def gpu_breakdown(device: str = "cuda") -> None:
+    """Where the host time of SwiGLU 4096x1024 fwd+bwd goes on this host: the sustained per-call wall time
+    of each layer of our eager path beside eager torch's, then torch.profiler's CPU-side table (the
+    autograd engine's device thread included) of a few calls of each."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernel_pytorch import ops
+    from kernel_pytorch.ops import gated_act as ga
+
+    dev = torch.device(device)
+    bf = torch.bfloat16
+    g = torch.randn(4096, 1024, device=dev, dtype=bf, requires_grad=True)
+    u = torch.randn(4096, 1024, device=dev, dtype=bf, requires_grad=True)
+    dh = torch.randn(4096, 1024, device=dev, dtype=bf)
+    silu = torch.nn.functional.silu
+    gd, ud = g.detach(), u.detach()
+    cases: dict[str, Call] = {
+        "ours fwd+bwd (functional, autograd.grad)": lambda: torch.autograd.grad(F.swiglu(g, u, backend="triton"),
+                                                                               (g, u), dh),
+        "ours fwd+bwd (eager entry, autograd.grad)": lambda: torch.autograd.grad(ops.gated_act_eager(g, u, "silu"),
+                                                                                (g, u), dh),
+        "ours fwd, recording (functional)": lambda: F.swiglu(g, u, backend="triton"),
+        "ours fwd, recording (eager entry)": lambda: ops.gated_act_eager(g, u, "silu"),
+        "ours launchers fwd + bwd, no autograd": lambda: (ga.gated_act_fwd(gd, ud, "silu", eager=True),
+                                                          ga.gated_act_bwd(dh, gd, ud, "silu", eager=True)),
+        "ours launcher fwd alone": lambda: ga.gated_act_fwd(gd, ud, "silu", eager=True),
+        "eager fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(silu(g) * u, (g, u), dh),
+        "eager fwd, recording": lambda: silu(g) * u,
+        "eager fwd, no autograd": lambda: silu(gd) * ud,
+        "torch: one mul, autograd.grad": lambda: torch.autograd.grad(g * 2, (g,), dh),
+        "torch: one empty_like": lambda: torch.empty_like(gd),
+    }
+    print(f"\n== host breakdown, swiglu 4096x1024 bf16 on {torch.cuda.get_device_name(dev)}: sustained us per call "
+          "(back-to-back calls, one sync at the end; least of 5 runs of 400)")
+    for label, fn in cases.items():
+        print(f"  {label:46s} {_wall_us(fn, dev):8.1f} us", flush=True)
+    for label in ("ours fwd+bwd (functional, autograd.grad)", "eager fwd+bwd (autograd.grad)"):
+        fn = cases[label]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize(dev)
+        print(f"\n== torch.profiler, CPU side, 20 calls of {label}")
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", action="store_true", help="CPU: per-call Python cost of the eager path")
     ap.add_argument("--ops", default="", help="comma-separated ops for --host (default: all)")
     ap.add_argument("--profile", default=None, help="--host: cProfile this op's fwd+bwd")
+    ap.add_argument("--breakdown", action="store_true", help="GPU: after the table, where SwiGLU's host time goes")
     args = ap.parse_args()
     if args.host:
         host_probe([o for o in args.ops.split(",") if o] or None, args.profile)
@@ -397,6 +462,8 @@ def main() -> None:
         if not torch.cuda.is_available():
             raise SystemExit("the GPU probe needs CUDA; --host measures the Python cost on the CPU")
         gpu_probe()
+        if args.breakdown:
+            gpu_breakdown()
 
 
 if __name__ == "__main__":

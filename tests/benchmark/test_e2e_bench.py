@@ -45,3 +45,15 @@ def test_time_budget_skips_rows(tmp_path: Path) -> None:
     results = BenchmarkResults.load(tmp_path / "e2e.json")
     assert {r.status for r in results.rows} == {"skipped"}
     assert any("time budget" in n for n in results.notes)
+
+
+def test_idle_summary_merges_overlaps_and_names_the_gaps() -> None:
+    """Kernels at 0-10, 5-20 (overlapping), 50-60, 61-70: a span of 70 us, 39 us busy, 31 us idle in a
+    30 us gap after the second kernel and a 1 us one."""
+    bench = _bench()
+    text = bench.idle_summary([(50.0, 60.0, "c"), (0.0, 10.0, "a"), (5.0, 20.0, "b"), (61.0, 70.0, "d")])
+    first = text.splitlines()[0]
+    assert "span 0.07 ms" in first and "kernels running 0.04 ms" in first and "idle 0.03 ms" in first
+    assert "2 gaps" in first and "0.03 ms in gaps of 20 us or more" in first
+    assert text.splitlines()[2].split() == ["30.0", "b", "->", "c"]
+    assert "no kernels" in bench.idle_summary([])
