@@ -32,6 +32,7 @@ from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
 from kernel_pytorch.benchmark.memory import peak_memory
 from kernel_pytorch.ops import _activations
 from kernel_pytorch.ops import bias_act as ba_ops
+from kernel_pytorch.ops import gated_act as ga_ops
 from kernel_pytorch.ops.bias_act import bias_act_bwd, bias_act_fwd
 from kernel_pytorch.ops.gated_act import (
     gated_act_bwd,
@@ -232,19 +233,22 @@ def time_providers(n: int, i: int, ceil: float) -> None:
 def sweep(ceil: float) -> None:
     """Kernel-only graph replays of fwd and bwd for tile, warp and precise-math variants."""
     A = _activations
-    defaults = {k: getattr(A, k) for k in ("TILE_ELEMENTS", "ELEMENTS_PER_THREAD", "MAX_BLOCK_C", "PRECISE_MATH",
-                                          "PRECISE_BF16")}
+    # the knobs, each in its module (the backward's tile is gated_act's own)
+    home = {k: A for k in ("TILE_ELEMENTS", "ELEMENTS_PER_THREAD", "MAX_BLOCK_C", "PRECISE_MATH", "PRECISE_BF16")}
+    home["BWD_TILE_ELEMENTS"] = ga_ops
+    defaults = {k: getattr(m, k) for k, m in home.items()}
     variants = [{}, {"TILE_ELEMENTS": 2048}, {"TILE_ELEMENTS": 8192},
                 {"TILE_ELEMENTS": 8192, "ELEMENTS_PER_THREAD": 32}, {"ELEMENTS_PER_THREAD": 8},
                 {"TILE_ELEMENTS": 16384}, {"TILE_ELEMENTS": 2048, "ELEMENTS_PER_THREAD": 8},
-                {"MAX_BLOCK_C": 1024}, {"PRECISE_BF16": True}]
+                {"MAX_BLOCK_C": 1024}, {"PRECISE_BF16": True}, {"BWD_TILE_ELEMENTS": 4096},
+                {"BWD_TILE_ELEMENTS": 1024}]
     for n, i in SHAPES:
         gu = torch.randn(n, 2 * i, device="cuda", dtype=BF16)
         g, u = (t.contiguous() for t in gu.chunk(2, dim=-1))
         dh = torch.randn(n, i, device="cuda", dtype=BF16)
         for v in variants:
             for k, val in {**defaults, **v}.items():
-                setattr(A, k, val)
+                setattr(home[k], k, val)
             A.tiles.cache_clear()
 
             def one(v=v, g=g, u=u, gu=gu, dh=dh, n=n, i=i):
@@ -255,15 +259,17 @@ def sweep(ceil: float) -> None:
                     b = graph_ms(lambda: gated_act_bwd(dh, g, u, act))
                     bp = graph_ms(lambda: gated_act_packed_bwd(dh, gu, act))
                     res.append(f"{act} fwd {pct(3, f):5.1f}% bwd {pct(5, b):5.1f}% packed bwd {pct(5, bp):5.1f}%")
-                t = A.tiles(n, i)
-                row = (f"sweep {n}x{i} {str(v or 'committed'):50s} tile {t.block_r}x{t.block_c} {t.num_warps}w | "
+                # contiguous operands stream as one flat row: these are the tiles that run
+                t, tb = A.tiles(1, n * i), A.tiles(1, n * i, ga_ops.BWD_TILE_ELEMENTS)
+                row = (f"sweep {n}x{i} {str(v or 'committed'):50s} fwd tile {t.block_c} {t.num_warps}w, bwd tile "
+                       f"{tb.block_c} {tb.num_warps}w | "
                        + " | ".join(res))
                 say(row)
                 ROWS.append(row)
 
             soft(f"sweep {v}", one)
         for k, val in defaults.items():
-            setattr(A, k, val)
+            setattr(home[k], k, val)
         A.tiles.cache_clear()
         del gu, g, u, dh
         torch.cuda.empty_cache()

@@ -107,6 +107,13 @@ def _gated_act_bwd_kernel(
 _fwd_kernel = Launcher(_gated_act_fwd_kernel)
 _bwd_kernel = Launcher(_gated_act_bwd_kernel)
 
+# Elements per backward tile (the forward's is ops/_activations.TILE_ELEMENTS). The backward streams five
+# operands to the forward's three; 2048-element tiles (4 warps) beat 4096 (8 warps) in every backward
+# row of the H200 sweep (benchmarks/results/probes/probe_mlp_sweep_h200.log, 16384x14336 bf16: SwiGLU
+# 98.8 -> 99.7% of copy, packed 98.2 -> 100.0%, GEGLU-tanh 100.2 -> 101.3%, packed 94.9 -> 101.3%; also
+# at 4096x3072 and 4096x1024). A tunable (scripts/probe_mlp.py --sweep).
+BWD_TILE_ELEMENTS = 2048
+
 
 def _launch_fwd(g: Tensor, u: Tensor, h: Tensor, n_rows: int, n_cols: int, st: tuple[int, ...], act: str,
                 eager: bool) -> None:
@@ -127,7 +134,7 @@ def _launch_bwd(
     """One launch; `st` holds (row, column) strides of dh, g, u, dg, du and h (dg's where h is None)."""
     if n_rows == 0 or n_cols == 0:
         return
-    t = tiles(n_rows, n_cols)
+    t = tiles(n_rows, n_cols, BWD_TILE_ELEMENTS)
     _bwd_kernel(
         (t.row_tiles * t.col_tiles,), dh, g, u, dg, du, h if h is not None else dg, n_rows, n_cols, t.col_tiles,
         *st, ACT=act, PRECISE=precise_math(g), HAS_H=h is not None, BLOCK_R=t.block_r, BLOCK_C=t.block_c,
