@@ -7,8 +7,8 @@ Usage: PYTHONPATH=src python3 scripts/probe_aoti.py [--variants a,b,...] [--out 
            load (a SIGSEGV handler preloaded, built here with gcc), packages built with other
            aot_inductor settings, and the legacy aot_compile / aot_load path
        PYTHONPATH=src python3 scripts/probe_aoti.py --toolchain tiny-plain --out DIR
-           the compilers and C++ runtimes involved, and fresh loads of a package linked against
-           libstdc++ and of one with the compiler's libstdc++ preloaded
+           the compilers and C++ runtimes involved, and fresh loads of a package by torch's loader, by
+           ours (deploy.share_cxx_runtime first) and by torch's with the system libstdc++ preloaded
 
 Each variant builds a model on the device, exports it (kernel_pytorch.deploy.export), compiles an
 AOTInductor package and loads it, first in the building process and then in a fresh one, and compares
@@ -133,35 +133,20 @@ SETTINGS = {  # aot_inductor settings a faulting load is retried with
 }
 
 
-# builds that change how the package's .so is linked rather than an aot_inductor setting
-LINK_SETTINGS = ("link_stdcxx",)
-
-
-def _link_libstdcxx() -> None:
-    """Link the package's .so against libstdc++ (as Inductor does in fbcode): without it the .so lists
-    no libstdc++ and its C++ runtime symbols bind to whatever the loading process has."""
-    from torch._inductor import cpp_builder
-
-    cpp_builder._get_libstdcxx_args = lambda: ([], ["stdc++"])
-
-
 def build_with(variant: str, out: Path, setting: str) -> int:
-    """Package `variant` with SETTINGS[setting] or a LINK_SETTINGS patch (no load here); the model's
-    outputs saved beside it."""
+    """Package `variant` with SETTINGS[setting] (no load here); the model's outputs saved beside it."""
     import torch
     from torch._inductor import aoti_compile_and_package
 
     from kernel_pytorch.deploy import export
 
-    if setting == "link_stdcxx":
-        _link_libstdcxx()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, inputs = build(variant, device)
     program = export(model, inputs, dynamic=None)
     t0 = time.perf_counter()
     path = aoti_compile_and_package(program, package_path=str(out / f"{variant}-{setting}.pt2"),
-                                    inductor_configs=SETTINGS.get(setting, {}))
+                                    inductor_configs=SETTINGS[setting])
     print(f"[{variant} {setting}] built in {time.perf_counter() - t0:.1f} s: {path}", flush=True)
     with torch.no_grad():
         torch.save({"x": inputs, "y": model(*inputs)}, out / f"{variant}-{setting}.io.pt")
@@ -234,59 +219,55 @@ def _sh(cmd: str) -> str:
 
 def toolchain(variant: str, out: Path, timeout: float) -> None:
     """Is the loader's fault a C++ runtime mismatch? The compilers and the libstdc++ the process has; a
-    default package and one linked against libstdc++ (`link_stdcxx`), their dynamic sections and C++
-    runtime symbols; then fresh loads of: the default package, the default package with the compiler's
-    own libstdc++ preloaded, and the linked package."""
+    default package, its dynamic section and C++ runtime symbols (defined in it: a static libstdc++);
+    then fresh loads of it by torch's aoti_load_package, by kernel_pytorch.deploy.load_package (which
+    makes the process's libstdc++ global first: deploy.share_cxx_runtime), and by torch's loader with
+    the system libstdc++ preloaded."""
     import zipfile
 
     me = [sys.executable, __file__, "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
     print("== toolchain", flush=True)
-    for cmd in ("which gcc g++ c++ clang++", "g++ --version | head -1", "gcc --version | head -1",
-                "g++ -print-file-name=libstdc++.so.6", "readlink -f $(g++ -print-file-name=libstdc++.so.6)",
-                "ls -l /lib/x86_64-linux-gnu/libstdc++.so.6*",
-                "strings /lib/x86_64-linux-gnu/libstdc++.so.6 | grep -E '^GLIBCXX_3\\.4\\.[0-9]+$' | sort -V | tail -2",
-                "echo CXX=$CXX CC=$CC"):
+    for cmd in ("which gcc g++ c++ clang++", "g++ --version | head -1", "echo CXX=$CXX CC=$CC",
+                "${CXX:-g++} --version | head -1", "readlink -f $(g++ -print-file-name=libstdc++.so.6)",
+                "strings /lib/x86_64-linux-gnu/libstdc++.so.6 | grep -E '^GLIBCXX_3[.]4[.][0-9]+$' "
+                "| sort -V | tail -1"):
         print(f"$ {cmd}\n{_sh(cmd)}", flush=True)
     probe = ("import torch, torch._inductor.cpp_builder as b; print('cxx11 abi', torch._C._GLIBCXX_USE_CXX11_ABI); "
              "print('inductor compiler', b.get_cpp_compiler()); "
              "print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libstdc++' in l})))")
     print(f"$ python: torch's process\n{_sh(sys.executable + ' -c ' + repr(probe))}", flush=True)
-    with ThreadPoolExecutor(2) as pool:
-        # one Inductor cache per build: the link patch is not in Inductor's cache key
-        builds = list(pool.map(lambda st: subprocess.run(
-            me + ["--build", variant, "--setting", st], capture_output=True, text=True, timeout=timeout,
-            env={**env, "TORCHINDUCTOR_CACHE_DIR": str(out / f"inductor-cache-{st}")}), ("default", "link_stdcxx")))
-    for st, done in zip(("default", "link_stdcxx"), builds):
-        print(f"== build {st}: rc {done.returncode}\n{(done.stdout + done.stderr)[-600:]}", flush=True)
-        pkg = out / f"{variant}-{st}.pt2"
-        if not pkg.exists():
-            continue
-        unpacked = out / f"unpacked-{st}"
-        with zipfile.ZipFile(pkg) as z:
-            z.extractall(unpacked)
-        for so in unpacked.rglob("*.so"):
-            needed = _sh(f"readelf -d {so} | grep NEEDED")
-            defined = _sh(f"nm -D --defined-only {so} | grep -c -E 'St6locale|regex_traits'")
-            undefined = _sh(f"nm -D --undefined-only {so} | grep -c -E 'St6locale|GLIBCXX'")
-            some = _sh(f"nm -D --undefined-only {so} | grep -E 'St6locale|ctype' | head -8")
-            print(f"-- {so.name} ({so.stat().st_size} bytes)\n{needed}\nC++ runtime symbols defined here: {defined}, "
-                  f"undefined: {undefined}\n{some}", flush=True)
+    done = subprocess.run(me + ["--build", variant, "--setting", "default"], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    print(f"== build: rc {done.returncode}\n{(done.stdout + done.stderr)[-600:]}", flush=True)
+    pkg = out / f"{variant}-default.pt2"
+    if not pkg.exists():
+        return
+    unpacked = out / "unpacked-default"
+    with zipfile.ZipFile(pkg) as z:
+        z.extractall(unpacked)
+    for so in unpacked.rglob("*.so"):
+        needed = _sh(f"readelf -d {so} | grep NEEDED")
+        defined = _sh(f"nm -D --defined-only {so} | grep -c -E 'St6locale|regex_traits'")
+        undefined = _sh(f"nm -D --undefined-only {so} | grep -c -E 'St6locale|GLIBCXX'")
+        print(f"-- {so.name} ({so.stat().st_size} bytes)\n{needed}\nC++ runtime symbols defined here: {defined}, "
+              f"undefined: {undefined}", flush=True)
     preload = _sh("readlink -f $(g++ -print-file-name=libstdc++.so.6)")
-    loads = [("default", "default", env), ("default + compiler's libstdc++ preloaded", "default",
-                                           {**env, "LD_PRELOAD": preload}), ("link_stdcxx", "link_stdcxx", env)]
-    for label, st, load_env in loads:
-        if not (out / f"{variant}-{st}.pt2").exists():
-            continue
+    loads = [("torch's aoti_load_package", ["--raw"], env),
+             ("kernel_pytorch.deploy.load_package (share_cxx_runtime)", [], env),
+             ("torch's aoti_load_package, system libstdc++ preloaded", ["--raw"], {**env, "LD_PRELOAD": preload})]
+    for label, extra, load_env in loads:
         try:
-            d = subprocess.run(me + ["--fresh", f"{variant}-{st}"], capture_output=True, text=True, env=load_env,
-                               timeout=timeout)
-            print(f"== fresh load, {label}: rc {d.returncode}\n{(d.stdout + d.stderr)[-1200:]}", flush=True)
+            d = subprocess.run(me + ["--fresh", f"{variant}-default", *extra], capture_output=True, text=True,
+                               env=load_env, timeout=timeout)
+            print(f"== fresh load, {label}: rc {d.returncode}\n{(d.stdout + d.stderr)[-600:]}", flush=True)
         except subprocess.TimeoutExpired:
             print(f"== fresh load, {label}: timed out", flush=True)
 
 
-def fresh_load(variant: str, out: Path) -> int:
+def fresh_load(variant: str, out: Path, raw: bool = False) -> int:
+    """Load a built package in this (fresh) process and compare it with the model's saved outputs;
+    `raw`: by torch's aoti_load_package itself, not kernel_pytorch.deploy.load_package."""
     if "LD_PRELOAD" not in os.environ:
         faulthandler.enable()
     import torch
@@ -295,7 +276,11 @@ def fresh_load(variant: str, out: Path) -> int:
     from kernel_pytorch.tolerances import compare_reordered
 
     io = torch.load(out / f"{variant}.io.pt")
-    runner = load_package(out / f"{variant}.pt2")
+    if raw:
+        import kernel_pytorch.ops  # noqa: F401  the graph may name our ops
+        runner = torch._inductor.aoti_load_package(str(out / f"{variant}.pt2"))
+    else:
+        runner = load_package(out / f"{variant}.pt2")
     with torch.no_grad():
         got = runner(*io["x"])
     torch.cuda.synchronize() if torch.cuda.is_available() else None
@@ -337,12 +322,13 @@ def main() -> None:
     p.add_argument("--setting", default="default")
     p.add_argument("--legacy")
     p.add_argument("--toolchain", help="VARIANT: is the loader's fault a C++ runtime mismatch (see toolchain())")
+    p.add_argument("--raw", action="store_true", help="--fresh: load with torch's aoti_load_package itself")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.one:
         raise SystemExit(one(args.one, args.out))
     if args.fresh:
-        raise SystemExit(fresh_load(args.fresh, args.out))
+        raise SystemExit(fresh_load(args.fresh, args.out, args.raw))
     if args.build:
         raise SystemExit(build_with(args.build, args.out, args.setting))
     if args.legacy:

@@ -157,6 +157,25 @@ def test_try_package_reports_how_a_fresh_load_ended(tiny_package, tmp_path: Path
     assert not bad.ok and bad.returncode == 1 and "failed in a fresh process (exit 1)" in bad.summary()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the global symbol scope of Linux's loader")
+def test_share_cxx_runtime_makes_torchs_libstdcxx_global() -> None:
+    """After the call the C++ runtime torch loaded answers a lookup in the global scope (where a package
+    built with a statically linked libstdc++ binds its C++ symbols), and nothing else was loaded."""
+    script = textwrap.dedent("""
+        import ctypes, torch
+        from kernel_pytorch.deploy import share_cxx_runtime
+        maps = lambda: sorted({l.split()[-1] for l in open("/proc/self/maps") if "libstdc++" in l})
+        loaded = maps()
+        assert loaded, "torch loads libstdc++"
+        assert share_cxx_runtime() is True and share_cxx_runtime() is True
+        ctypes.CDLL(None)._ZNSt6locale7classicEv  # raises AttributeError where not global
+        assert maps() == loaded, (maps(), loaded)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.mark.cuda
 def test_aoti_package_on_the_gpu_carries_our_triton_kernels(tmp_path: Path) -> None:
     model, inputs = build_model("llama-tiny", device="cuda", dtype=torch.bfloat16)

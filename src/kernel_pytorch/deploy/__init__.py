@@ -29,6 +29,7 @@ from kernel_pytorch.deploy.export import (
     load_package,
     load_program,
     our_ops,
+    share_cxx_runtime,
     try_package,
 )
 from kernel_pytorch.deploy.loading import load
@@ -71,6 +72,7 @@ __all__ = [
     "quantize",
     "save",
     "save_state_dict",
+    "share_cxx_runtime",
     "try_package",
     "validate_quantized",
     "version_differences",

@@ -25,7 +25,10 @@ another size (the example's plus one, within the program's range), compared with
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,13 +297,40 @@ def aoti_package(model_or_program: nn.Module | ExportedProgram, example_inputs: 
     return Path(aoti_compile_and_package(program, package_path=str(path)))
 
 
+@functools.cache
+def share_cxx_runtime() -> bool:
+    """Put the C++ runtime this process already has (libstdc++, loaded by torch) into the global symbol
+    scope; True when it did, False where there is none to share (not Linux, or no libstdc++ loaded).
+
+    Why: Python loads torch's libraries with RTLD_LOCAL, so their libstdc++ is not in the global scope.
+    A package's .so built by a compiler that links libstdc++ statically (a GCC installed outside the
+    system paths, as CXX=/opt/gcc/bin/g++ on our H200 host) then lists no libstdc++ and resolves each
+    C++ runtime symbol on its own: some to its static copy, some to the process's. Two halves of
+    std::locale meet in the package's first std::regex (AOTInductorModel's device-string parse) and the
+    process faults (SIGSEGV in std::__detail::_Compiler, benchmarks/results/probes/
+    probe_aoti_toolchain_h200.log). With the process's libstdc++ global, every such symbol binds to it,
+    as with LD_PRELOAD of it, and the package loads. RTLD_NOLOAD: only a libstdc++ already loaded is
+    promoted, never another one loaded."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        ctypes.CDLL("libstdc++.so.6", mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return False
+    return True
+
+
 def load_package(path: str | Path) -> Any:
     """Load an AOTInductor package (`torch._inductor.aoti_load_package`); call the result like the
-    model (`runner(*args, **kwargs)`). Registers kernel_pytorch's ops first."""
+    model (`runner(*args, **kwargs)`). Registers kernel_pytorch's ops first, and shares the process's
+    C++ runtime with the package (`share_cxx_runtime`)."""
     from torch._inductor import aoti_load_package
 
     import kernel_pytorch.ops  # noqa: F401  the package's graph may name them
 
+    share_cxx_runtime()
     return aoti_load_package(str(path))
 
 
@@ -330,9 +360,7 @@ def try_package(path: str | Path, timeout_s: float = 300.0) -> PackageLoad:
     that crashes the process (torch 2.11's CUDA packages fault inside aoti_load_package on some hosts'
     C++ toolchains) is found without taking the caller's process down. Call before `load_package`
     where a crash would cost more than the seconds a fresh process takes."""
-    import os
     import subprocess
-    import sys
 
     script = ("import sys\nfrom kernel_pytorch.deploy import load_package\n"
               "load_package(sys.argv[1])\nprint('loaded')\n")
@@ -363,5 +391,6 @@ __all__ = [
     "load_package",
     "load_program",
     "our_ops",
+    "share_cxx_runtime",
     "try_package",
 ]
