@@ -108,10 +108,11 @@ _fwd_kernel = Launcher(_gated_act_fwd_kernel)
 _bwd_kernel = Launcher(_gated_act_bwd_kernel)
 
 # Elements per backward tile (the forward's is ops/_activations.TILE_ELEMENTS). The backward streams five
-# operands to the forward's three; 2048-element tiles (4 warps) beat 4096 (8 warps) in every backward
-# row of the H200 sweep (benchmarks/results/probes/probe_mlp_sweep_h200.log, 16384x14336 bf16: SwiGLU
-# 98.8 -> 99.7% of copy, packed 98.2 -> 100.0%, GEGLU-tanh 100.2 -> 101.3%, packed 94.9 -> 101.3%; also
-# at 4096x3072 and 4096x1024). A tunable (scripts/probe_mlp.py --sweep).
+# operands to the forward's three. H200 sweep, flat tiles, 16384x14336 bf16, % of copy with 2048-element
+# tiles (4 warps) against 4096 (8 warps), in the same run (benchmarks/results/probes/
+# probe_mlp_sweep_h200.log): SwiGLU 100.8 vs 99.5, packed 100.9 vs 101.1, GEGLU-tanh 100.6 vs 101.2,
+# packed 100.7 vs 98.6; 4096x3072 SwiGLU 81.4 vs 79.7. The sweep before it (git history of that log)
+# had 2048 ahead in all four backward rows. A tunable (scripts/probe_mlp.py --sweep).
 BWD_TILE_ELEMENTS = 2048
 
 
