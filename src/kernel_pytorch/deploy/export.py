@@ -356,10 +356,11 @@ class PackageLoad:
 
 
 def try_package(path: str | Path, timeout_s: float = 300.0) -> PackageLoad:
-    """Load the package at `path` in a fresh Python process and report how that ended, so a loader
-    that crashes the process (torch 2.11's CUDA packages fault inside aoti_load_package on some hosts'
-    C++ toolchains) is found without taking the caller's process down. Call before `load_package`
-    where a crash would cost more than the seconds a fresh process takes."""
+    """Load the package at `path` in a fresh Python process (by `load_package`) and report how that
+    ended, so a loader that crashes the process (as torch 2.11's own did for every CUDA package on a
+    host whose compiler links libstdc++ statically, before `share_cxx_runtime`) is found without taking
+    the caller's process down. Call before `load_package` where a crash would cost more than the
+    seconds a fresh process takes."""
     import subprocess
 
     script = ("import sys\nfrom kernel_pytorch.deploy import load_package\n"
