@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from kernel_pytorch._env import log_once
+from kernel_pytorch._errors import short_error
 
 
 def _mask_mod(
@@ -170,8 +171,7 @@ def _range_block_mask(q_len: int, kv_len: int, *, is_causal: bool, window: int |
         except Exception as err:  # Inductor's errors have no common base; the eager ops give the same mask
             _compile_failed.append(err)
             log_once(f"kernel_pytorch.attention: compiling the document block mask failed "
-                     f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}); "
-                     "building it with eager ops", logging.WARNING)
+                     f"({short_error(err, 200, lines=1)}); building it with eager ops", logging.WARNING)
     if tensors is None:
         tensors = _range_tensors(q_len, kv_len, is_causal, window, seq_ids, device)
     kv_num, kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num, full_q_idx = tensors
