@@ -236,22 +236,30 @@ def eager_rows(run: Run) -> None:
         "peak = allocator peak of one call above what was allocated before (weights not counted)")
 
 
-def _check(run: Run, runner: Callable[..., Any], ids: torch.Tensor, whole: bool) -> Any:
+def _check(run: Run, provider: str, runner: Callable[..., Any], op: str, shape: list[int], ids: torch.Tensor,
+           whole: bool) -> str | None:
     """A compiled forward's logits against the optimized model in higher precision (`Run.reference`: fp32
-    for a bf16 model), allowed `tolerances.fp64_budget`
-    (2 x the bf16 eager model's own error + a floor), as validate judges long reductions: a whole model
-    compiled by Inductor rounds in other places than eager does, so it is held to eager's distance from
-    the higher-precision result, not to eager's bits. All the logits, or (for large shapes, whose fp64 comparison on
-    the host would take GBs) the last sequence's last 16 positions, which a wrongly specialised batch or
-    sequence dim would get wrong."""
+    for a bf16 model), allowed `tolerances.fp64_budget` (2 x the bf16 eager model's own error + a floor),
+    as validate judges long reductions: a whole model compiled by Inductor rounds in other places than
+    eager does, so it is held to eager's distance from the higher-precision result, not to eager's bits.
+    All the logits, or (for large shapes, whose fp64 comparison on the host would take GBs) the last
+    sequence's last 16 positions, which a wrongly specialised batch or sequence dim would get wrong.
+    Returns the check's message for the timed row's note, or None after recording a failed row."""
     from kernel_pytorch.tolerances import fp64_budget
 
     model, _ = run.optimized()
     with torch.no_grad():
         got, want, hi = runner(ids), model(ids), run.reference()(ids)
+    what = "logits vs the model in higher precision"
     if not whole:
         got, want, hi = got[-1:, -16:], want[-1:, -16:], hi[-1:, -16:]
-    return fp64_budget(got, want, hi.double())
+        what = "last sequence's last 16 positions vs the model in higher precision"
+    check = fp64_budget(got, want, hi.double())
+    if check.passed:
+        return check.message(what)
+    run.runner.errors.append(f"{provider} {op}: {check.message(what)}")
+    run.add(run.row(op, provider, "fwd (no_grad)", shape, status="failed: correctness", note=check.message(what)))
+    return None
 
 
 def section_aoti(run: Run) -> None:
@@ -293,14 +301,9 @@ def section_aoti(run: Run) -> None:
         if run.left() <= 0:
             run.skip(op, "aoti", "fwd (no_grad)", shape=shape)
             continue
-        check = _check(run, runner, ids, whole=i == 0)
-        what = ("logits vs the model in higher precision" if i == 0
-                else "last sequence's last 16 positions vs the model in higher precision")
-        if not check.passed:
-            run.runner.errors.append(f"aoti {op}: {check.message(what)}")
-            run.add(run.row(op, "aoti", "fwd (no_grad)", shape, status="failed: correctness", note=check.message(what)))
-            continue
-        time_provider(run, "aoti", runner, op, shape, ids, check.message(what))
+        checked = _check(run, "aoti", runner, op, shape, ids, whole=i == 0)
+        if checked is not None:
+            time_provider(run, "aoti", runner, op, shape, ids, checked)
     run.results.notes.append("aoti: one package, exported with dynamic batch and sequence dims, serves every shape; "
                              "its logits are checked at each shape before it is timed, against the optimized model "
                              "in higher precision (fp32 for bf16) within 2 x the eager model's error + a floor "
@@ -320,15 +323,10 @@ def section_compile(run: Run) -> None:
                          shape)
                 continue
             _, first_s = measure.timed(_no_grad(compiled, ids), run.device)
-            check = _check(run, compiled, ids, whole=op == forwards[0][0])
-            what = "logits vs the model in higher precision"
-            if not check.passed:
-                run.runner.errors.append(f"torch.compile {op}: {check.message(what)}")
-                run.add(run.row(op, "torch.compile", "fwd (no_grad)", shape, status="failed: correctness",
-                                note=check.message(what)))
+            checked = _check(run, "torch.compile", compiled, op, shape, ids, whole=op == forwards[0][0])
+            if checked is None:
                 continue
-            note = (f"torch.compile(model, dynamic=False), default mode; first call (compile) {first_s:.1f} s; "
-                    f"{check.message(what)}")
+            note = f"torch.compile(model, dynamic=False), default mode; first call (compile) {first_s:.1f} s; {checked}"
             time_provider(run, "torch.compile", compiled, op, shape, ids, note)
     finally:
         torch._dynamo.reset()
