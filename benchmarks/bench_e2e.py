@@ -216,6 +216,36 @@ def profile_steps(step: Callable[[], Any], dev: torch.device, path: Path, rows: 
                     + prof.key_averages().table(sort_by=key, row_limit=rows) + "\n" + idle)
 
 
+def host_phases(forward: Callable[[], torch.Tensor], update: Callable[[], None], step: Callable[[], Any],
+                dev: torch.device, reps: int = 6) -> str:
+    """The host's side of a synchronised step: the wall time the host spends issuing the forward, the
+    backward and the optimizer (no sync between them), then waiting for the device; and the same steps
+    run back to back with one sync at the end. When issuing takes about as long as the step, or the
+    back-to-back step is much shorter than the synchronised one, the device waits on the host."""
+    rows = []
+    for _ in range(reps):
+        _sync(dev)
+        t0 = time.perf_counter()
+        loss = forward()
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        update()
+        t3 = time.perf_counter()
+        _sync(dev)
+        rows.append((t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3, time.perf_counter() - t0))
+    med = [sorted(col)[len(col) // 2] * 1e3 for col in zip(*rows)]
+    _sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        step()
+    _sync(dev)
+    back_to_back = (time.perf_counter() - t0) * 1e3 / reps
+    return (f"host per synchronised step (median of {reps}, ms): issuing forward {med[0]:.2f}, backward {med[1]:.2f}, "
+            f"optimizer {med[2]:.2f}; then waiting for the device {med[3]:.2f}; step {med[4]:.2f}\n"
+            f"{reps} steps back to back, one sync at the end: {back_to_back:.2f} ms per step\n")
+
+
 def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int, seq: int,
               steps: int, warmup: int, matmul_tflops: float | None, profile_to: Path | None = None) -> Row:
     """One provider's training step: timings, memory, tokens/s, warm-up and MFU (in the row's note); with
@@ -229,13 +259,19 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
 
     graphs = provider.endswith("-cg")
 
-    def step() -> torch.Tensor:
+    def forward() -> torch.Tensor:
         if graphs:  # a new training step: the graphs' previous outputs (the gradients) are consumed
             torch.compiler.cudagraph_mark_step_begin()
-        loss = _loss(model, ids)
-        loss.backward()
+        return _loss(model, ids)
+
+    def update() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    def step() -> torch.Tensor:
+        loss = forward()
+        loss.backward()
+        update()
         return loss.detach()
 
     t0 = time.perf_counter()
@@ -271,6 +307,9 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
     row.note = f"{tok_s / 1e3:.1f}k tok/s; warm-up {warm_s:.1f} s ({warmup} steps); {mfu}"
     if profile_to is not None:
         profile_steps(step, dev, profile_to)
+        if dev.type == "cuda":  # the host's side of the step: is the device waiting on Python?
+            with profile_to.open("a") as f:
+                f.write(host_phases(forward, update, step, dev))
         if dev.type == "cuda":  # and what is live at the step's peak, by the line that allocated it
             peak = record_peak(step, dev)
             profile_to.with_name(profile_to.name.replace("_profile_", "_memory_")).write_text(

@@ -57,3 +57,38 @@ def test_idle_summary_merges_overlaps_and_names_the_gaps() -> None:
     assert "2 gaps" in first and "0.03 ms in gaps of 20 us or more" in first
     assert text.splitlines()[2].split() == ["30.0", "b", "->", "c"]
     assert "no kernels" in bench.idle_summary([])
+
+
+def test_host_phases_times_each_phase_and_the_back_to_back_step() -> None:
+    """Each phase's host time is measured around that phase alone: a forward that sleeps 20 ms reads at
+    least 20 ms and the optimizer's few ms do not leak into it; the back-to-back line counts whole steps."""
+    import time
+
+    import torch
+
+    bench = _bench()
+    calls = {"fwd": 0, "upd": 0}
+    x = torch.ones(3, requires_grad=True)
+
+    def forward() -> torch.Tensor:
+        calls["fwd"] += 1
+        time.sleep(0.02)
+        return (x * 2).sum()
+
+    def update() -> None:
+        calls["upd"] += 1
+        time.sleep(0.004)
+
+    def step() -> torch.Tensor:
+        loss = forward()
+        loss.backward()
+        update()
+        return loss.detach()
+
+    text = bench.host_phases(forward, update, step, torch.device("cpu"), reps=3)
+    first, second = text.splitlines()
+    fwd = float(first.split("issuing forward ")[1].split(",")[0])
+    opt = float(first.split("optimizer ")[1].split(";")[0])
+    assert 20 <= fwd < 40 and 4 <= opt < 20
+    assert float(second.split(": ")[1].split()[0]) >= 24
+    assert calls == {"fwd": 6, "upd": 6}
