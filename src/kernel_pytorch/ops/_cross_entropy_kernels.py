@@ -13,6 +13,9 @@ Kernels:
     before reducing the current one (FwdLaunch.prefetch). Ignored rows read nothing and get zeros.
     Measured on the H100 (benchmarks/results/probes/probe_ce.log) the re-read misses L2 (fwd+grad
     costs 2.8x a loss-only pass at 4096-column blocks); FWD_LAUNCH is the sweep's best, 75% of copy.
+    Rows wider than ops/cross_entropy.SPLIT_LAUNCH.chunk therefore take the split-row kernel
+    (ops/_cross_entropy_split.py) when the gradient is asked for; this one keeps narrower rows and
+    loss-only passes.
   _cross_entropy_bwd_kernel: grid (rows, column blocks); p from the saved lse, one read and one write.
     For reduction "none" (the upstream gradient differs per row) and for callers that did not keep the
     forward's gradient.
