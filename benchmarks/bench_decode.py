@@ -27,7 +27,7 @@ same model (its bf16 weights) and cache contents upcast to fp32 (fp64 when the r
 built once before the first provider and freed. A provider passes when its max abs error against it is
 within the budget of long reductions, 2 x hf-eager's own error against it + a floor
 (`tolerances.fp64_budget`, as validate does); a quantized one when its error is within
-atol + QUANT_TOLERANCES[scheme] x max|reference| (deploy.quantize.validate_quantized's rule). Dynamo frames
+that + 2 x expected_rtol x max|reference| (deploy.quantize.validate_quantized's rule). Dynamo frames
 compiled during the timed runs (recompiles) are counted. New providers stop starting once the
 `--budget-s` wall budget could not hold another (judged by the slowest compiled provider so far); the
 results are written after every provider and on SIGINT; the exit code is nonzero if any row failed.
@@ -107,6 +107,7 @@ class Decoder:
     rewind: Callable[[int], None]
     weights_bytes: int
     keep: list[Any] = field(default_factory=list)
+    rtol: float | None = None  # quantized: deploy.quantize.expected_rtol of its weights before quantizing
 
 
 # ---- the HF model, its static cache, ours ---------------------------------------------------------------
@@ -226,10 +227,13 @@ def hf_decoder(provider: str, size: Size, batch: int, dev: torch.device, dtype: 
     model = hf_model(size, dev, dtype)
     if provider.startswith("ours"):
         model = optimized(model, size, dev)
+    rtol = None
     if "+" in provider:
-        from kernel_pytorch.deploy.quantize import quantize
+        from kernel_pytorch.deploy.quantize import expected_rtol, quantize
 
-        quantize(model, provider.split("+")[1])
+        scheme = provider.split("+")[1]
+        rtol = expected_rtol(model, scheme)[0]  # from the float weights, before quantize() replaces them
+        quantize(model, scheme)
     cache = filled_hf_cache(model.config, size, batch, dev, dtype)
     if provider != "hf-eager":
         model.forward = compiled(model.forward, backend, dev)  # the instance's forward; hooks stay outside
@@ -239,7 +243,7 @@ def hf_decoder(provider: str, size: Size, batch: int, dev: torch.device, dtype: 
                     past_key_values=cache, use_cache=True)
         return out.logits
 
-    return Decoder(forward, lambda pos: rewind_hf(cache, pos), weights_bytes(model), [model, cache])
+    return Decoder(forward, lambda pos: rewind_hf(cache, pos), weights_bytes(model), [model, cache], rtol)
 
 
 # ---- ours-nn: the same decoder from kernel_pytorch.nn --------------------------------------------------
@@ -374,7 +378,7 @@ class Job:
     batch: int
     build: Callable[[], Decoder]
     compiled: bool
-    scheme: str | None = None  # quantized rows: whose tolerance judges the logits
+    scheme: str | None = None  # quantized rows: the scheme (their tolerance comes from Decoder.rtol)
 
     def row(self, size: Size, dtype: torch.dtype, backend: str, **kw: Any) -> Row:
         how = "eager" if not self.compiled or backend == "none" else (
@@ -407,23 +411,24 @@ def _max_abs(a: Tensor, b: Tensor) -> float:
     return float((a.double() - b.double()).abs().max())
 
 
-def check_logits(logits: Tensor, ref: Reference | None, scheme: str | None) -> tuple[bool, str, dict]:
+def check_logits(logits: Tensor, ref: Reference | None, rtol: float | None = None) -> tuple[bool, str, dict]:
     """One decode step's logits (B, 1, V) against the higher-precision reference: within the budget of
-    2 x hf-eager's error + floor (`tolerances.fp64_budget`), or for a quantized scheme within
-    atol(dtype) + QUANT_TOLERANCES[scheme] x max|reference| (validate_quantized's rule)."""
-    from kernel_pytorch.tolerances import BUDGET_FACTOR, fp64_budget, tolerance_for
+    2 x hf-eager's error + floor (`tolerances.fp64_budget`); a quantized model (`rtol`: its
+    `deploy.quantize.expected_rtol`) within that plus 2 x rtol x max|reference|, the error its
+    weights' rounding adds (validate_quantized's rule)."""
+    from kernel_pytorch.tolerances import BUDGET_FACTOR, fp64_budget
 
     if ref is None:
         return True, "logits not checked (no reference)", {}
     eager_err, vs_eager = _max_abs(ref.eager, ref.hi), _max_abs(logits, ref.eager)
     top = float(ref.hi.abs().max())
-    if scheme is not None:
-        from kernel_pytorch.deploy.quantize import QUANT_TOLERANCES
-
+    if rtol is not None:
         err = _max_abs(logits, ref.hi)
-        allowed = tolerance_for(logits.dtype).atol + QUANT_TOLERANCES[scheme] * top
+        floor = float(torch.finfo(logits.dtype).eps) * top
+        allowed = BUDGET_FACTOR * eager_err + floor + BUDGET_FACTOR * rtol * top
         ok = bool(torch.isfinite(logits).all()) and err <= allowed
-        how = f"atol {tolerance_for(logits.dtype).atol:g} + QUANT_TOLERANCES[{scheme!r}] x max|ref| {top:.3g}"
+        how = (f"{BUDGET_FACTOR:g} x hf-eager's err {eager_err:.3g} + floor + {BUDGET_FACTOR:g} x expected_rtol "
+               f"{rtol:.3g} x max|ref| {top:.3g}")
     else:
         c = fp64_budget(logits, ref.eager, ref.hi)
         ok, err, how = c.passed, c.max_abs_err, c.allowed
@@ -454,7 +459,7 @@ def measure(job: Job, size: Size, dev: torch.device, dtype: torch.dtype, backend
 
     dec.rewind(inputs.start)
     logits = step(0).detach().clone()  # the first call compiles; its output is checked
-    ok, check, info = check_logits(logits, reference, job.scheme)
+    ok, check, info = check_logits(logits, reference, dec.rtol)
     summary["check"] = info
     # warm-up: CUDA-graph trees record on the second call of a shape; a few runs reach the steady state
     for _ in range(2 if job.compiled and backend != "none" else 0):
@@ -513,8 +518,8 @@ def _reference(size: Size, dev: torch.device, dtype: torch.dtype, inputs: Inputs
     results.notes.append(
         f"logits check: one step against the same model and cache in {ref.label} (built in {ref.seconds:.1f} s; "
         f"hf-eager's max abs err against it {_max_abs(ref.eager, ref.hi):.3g}); a provider passes within "
-        f"{BUDGET_FACTOR:g} x hf-eager's err + floor (tolerances.fp64_budget), a quantized one within "
-        f"atol + QUANT_TOLERANCES[scheme] x max|reference|")
+        f"{BUDGET_FACTOR:g} x hf-eager's err + floor (tolerances.fp64_budget), a quantized one within that + "
+        f"{BUDGET_FACTOR:g} x the error its weights' rounding adds (deploy.quantize.expected_rtol x max|reference|)")
     return ref, False
 
 

@@ -35,18 +35,17 @@ from kernel_pytorch.deploy.export import (
 from kernel_pytorch.deploy.loading import load
 from kernel_pytorch.deploy.manifest import Manifest, ManifestError, describe_differences, version_differences
 from kernel_pytorch.deploy.quantize import (
-    QUANT_TOLERANCES,
     QuantDeterminism,
     QuantValidation,
     available_schemes,
     quant_determinism,
+    quant_rtol,
     quantize,
     validate_quantized,
 )
 from kernel_pytorch.deploy.saving import save, save_state_dict
 
 __all__ = [
-    "QUANT_TOLERANCES",
     "ExportCheck",
     "ExportMismatch",
     "LoadError",
@@ -69,6 +68,7 @@ __all__ = [
     "load_program",
     "our_ops",
     "quant_determinism",
+    "quant_rtol",
     "quantize",
     "save",
     "save_state_dict",
