@@ -3,7 +3,7 @@
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
 #   opt-in: loss_curve; probes: mlp_sweep ce_sweep flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
-#   aoti_toolchain
+#   aoti_toolchain quant_decode
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -104,7 +104,10 @@ for s in $steps; do
     deploy) step $((${KP_DEPLOY_BUDGET_S:-150} + 20)) bench_deploy python3 benchmarks/bench_deploy.py \
               --out "$work/results" --budget-s "${KP_DEPLOY_BUDGET_S:-150}" ${KP_DEPLOY_ARGS:-} ;;
     # model-level decode: HF static cache eager / compiled, ours, the nn decoder, int8/fp8 (200 s budget)
-    decode) step 220 bench_decode python3 benchmarks/bench_decode.py --out "$work/results" --budget-s 200 ;;
+    decode) step $((${KP_DECODE_BUDGET_S:-200} + 20)) bench_decode python3 benchmarks/bench_decode.py --out "$work/results" \
+              --budget-s "${KP_DECODE_BUDGET_S:-200}" ${KP_DECODE_PROVIDERS:+--providers "$KP_DECODE_PROVIDERS"} ;;
+    # the kernels of one quantized decode step (bf16, int8, fp8) under the decode bench's compile
+    quant_decode) step 180 probe_quant_decode python3 scripts/probe_quant_decode.py ;;
     corpus) step 300 corpus env KP_CORPUS_DEVICE=cuda python3 -m pytest tests/assistant/test_real_models.py \
               -q -p no:cacheprovider -rfxXs --durations=0 -s ;;
     analyze) step 150 analyze python3 -m kernel_pytorch.cli.main analyze --model llama-8l-2048 \

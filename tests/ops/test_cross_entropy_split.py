@@ -42,7 +42,7 @@ def test_split_is_chosen_for_wide_rows_with_a_gradient(split4: list[tuple]) -> N
     out = cross_entropy_fwd(logits, target)
     assert [c[:2] for c in split4] == [((15,), 3)] * len(split4)
     assert [c[2] for c in split4] == ([0] if DEV == "cuda" else [1, 2])
-    assert_close(out.grad, R.cross_entropy_backward(torch.ones(()), logits, target), "grad")
+    assert_close(out.grad, R.cross_entropy_backward(torch.ones((), device=DEV), logits, target), "grad")
     split4.clear()
     cross_entropy_fwd(logits, target, with_grad=False)
     cross_entropy_fwd(logits[:, :4].contiguous(), target % 4)
@@ -59,7 +59,7 @@ def test_bad_targets_nan_rows_only(split4: list[tuple]) -> None:
     assert torch.isnan(out.loss[[1, 3]]).all() and torch.isnan(out.grad[[1, 3]]).all()
     good = torch.tensor([0, 2, 4])
     assert_close(out.loss[good], R.cross_entropy(logits[good], target[good], reduction="none"), "loss")
-    assert_close(out.grad[good], R.cross_entropy_backward(torch.ones(3), logits[good], target[good],
+    assert_close(out.grad[good], R.cross_entropy_backward(torch.ones(3, device=DEV), logits[good], target[good],
                                                           reduction="none"), "grad")
 
 
@@ -75,7 +75,8 @@ def test_masked_chunks_and_ignored_rows(split4: list[tuple]) -> None:
     expected = torch.nn.functional.cross_entropy(logits.cpu(), target.cpu(), reduction="none", ignore_index=IGNORE)
     assert_close(out.loss[:2], expected[:2].to(DEV), "rows with masked chunks")
     assert torch.isnan(out.loss[2]) and out.loss[3] == 0 and torch.equal(out.grad[3], torch.zeros(12, device=DEV))
-    assert_close(out.grad[:2], R.cross_entropy_backward(torch.ones(2), logits[:2], target[:2], reduction="none"),
+    assert_close(out.grad[:2], R.cross_entropy_backward(torch.ones(2, device=DEV), logits[:2], target[:2],
+                                                        reduction="none"),
                  "grad with masked chunks")
     none = cross_entropy_fwd(logits, torch.full((4,), IGNORE, device=DEV), ignore_index=IGNORE)
     assert torch.isnan(none.loss) and torch.equal(none.grad, torch.zeros_like(logits))
@@ -98,7 +99,7 @@ def test_one_launch_rendezvous_with_one_part() -> None:
                          num_warps=1, eager=True, **opts.flags(None))
     assert sync[0] == n and torch.equal(sync[1:], torch.ones(n, dtype=torch.int32, device=DEV))
     assert_close(loss, R.cross_entropy(logits, target, reduction="none"), "loss rows")
-    assert_close(grad, R.cross_entropy_backward(torch.ones(()), logits, target, reduction="sum"), "grad")
+    assert_close(grad, R.cross_entropy_backward(torch.ones((), device=DEV), logits, target, reduction="sum"), "grad")
 
 
 def test_split_shape_bounds() -> None:

@@ -10,8 +10,8 @@ one read of the logits and one write of the gradient, the minimum.
 
 The rendezvous. Each row has a counter; a program stores its partials (scalar stores, issued by one
 thread, the same thread that then increments the counter with release semantics) and polls the
-counter with acquire semantics until it reaches SPLIT; the partials are then read back with atomics,
-which are served by L2 and so never see a stale L1 line. A program never waits on one that has not
+counter with acquire semantics until it reaches SPLIT; the partials are then read back in one volatile
+load, which is served by L2 and so never sees a stale L1 line. A program never waits on one that has not
 started: with TICKET each program takes its (row, part) from a global ticket counter as it starts,
 so the parts missing from any row a program waits on are the next tickets, which the next program to
 start takes, and a wait ends as long as SPLIT programs fit on the device at once (the launcher
@@ -118,11 +118,15 @@ def _cross_entropy_split_kernel(
             while seen < SPLIT:
                 seen = tl.atomic_add(SYNC + 1 + row, 0, sem="acquire")
         if PHASE != 1:
-            idx = tl.arange(0, SPLIT_P2)  # SPLIT rounded up to a power of two, the rest masked
+            # the row's partials in one load: (SPLIT_P2, 4), SPLIT rounded up to a power of two, the
+            # rest masked; volatile, so served by L2 (never a stale L1 line), after the acquire above
+            idx = tl.arange(0, SPLIT_P2)
             has = idx < SPLIT
-            parts = PART + row * SPLIT * 4 + idx * 4
-            ms = tl.where(has, tl.atomic_add(parts, 0.0, mask=has, sem="relaxed"), float("-inf"))
-            ds = tl.where(has, tl.atomic_add(parts + 1, 0.0, mask=has, sem="relaxed"), 0.0)
+            field = tl.arange(0, 4)
+            block = tl.load(PART + row * SPLIT * 4 + idx[:, None] * 4 + field[None, :], mask=has[:, None],
+                            other=0.0, volatile=True)
+            ms = tl.where(has, tl.sum(tl.where(field[None, :] == 0, block, 0.0), axis=1), float("-inf"))
+            ds = tl.sum(tl.where(field[None, :] == 1, block, 0.0), axis=1)
             big = tl.max(ms, axis=0)
             big_ref = tl.where(big == float("-inf"), 0.0, big)
             lse = big_ref + tl.log(tl.sum(ds * tl.exp(ms - big_ref), axis=0))
@@ -132,10 +136,10 @@ def _cross_entropy_split_kernel(
             else:
                 w_t = 1.0
             if part == 0:
-                z_t = tl.sum(tl.where(has, tl.atomic_add(parts + 3, 0.0, mask=has, sem="relaxed"), 0.0), axis=0)
+                z_t = tl.sum(tl.sum(tl.where(field[None, :] == 3, block, 0.0), axis=1), axis=0)
                 ce = (1.0 - smoothing) * w_t * (lse - z_t)
                 if SMOOTH:
-                    s_all = tl.sum(tl.where(has, tl.atomic_add(parts + 2, 0.0, mask=has, sem="relaxed"), 0.0), axis=0)
+                    s_all = tl.sum(tl.sum(tl.where(field[None, :] == 2, block, 0.0), axis=1), axis=0)
                     ce += smoothing / n_cols * (w_total * lse - s_all)
                 tl.store(LOSS + row, r * ce + q * z_scale * lse * lse)
                 tl.store(LSE + row, lse)

@@ -77,7 +77,11 @@ LOSS_LAUNCH: FwdLaunch | None = FwdLaunch(block=4096, num_warps=8, programs_per_
                                           prefetch=True)
 # With the gradient, rows of more than SPLIT_LAUNCH.chunk columns go to the split-row kernel
 # (ops/_cross_entropy_split.py: each logit read once); None: always the two-pass kernel.
-SPLIT_LAUNCH: SplitLaunch | None = SplitLaunch(chunk=16384, num_warps=16, ticket=True)
+# Measured on the H200 (benchmarks/results/probes/probe_ce_split_h200.log), 8192 x 128256 bf16 with
+# the gradient in place: the two-pass kernel 1.69 ms; the split-row kernel 2.49-3.62 ms over nine
+# launches (4096 columns x 8 warps the best): its programs wait on their row's rendezvous with
+# their chunk in registers, and too few fit on an SM to hide that wait. So it is off by default.
+SPLIT_LAUNCH: SplitLaunch | None = None
 # The backward and the scaling are elementwise streams.
 BWD_BLOCK, BWD_WARPS = 4096, 8
 
