@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from kernel_pytorch import reference as R
 from kernel_pytorch.benchmark.memory import peak_memory
 from kernel_pytorch.ops import cross_entropy as ce
-from kernel_pytorch.ops._cross_entropy_split import SplitLaunch, _cross_entropy_split_kernel
+from kernel_pytorch.ops._cross_entropy_split import SplitLaunch, _cross_entropy_pipe_kernel, _cross_entropy_split_kernel
 from kernel_pytorch.ops._scale import scale_grad_
 from kernel_pytorch.ops.fused_linear_cross_entropy import (
     chunk_rows,
@@ -52,8 +52,8 @@ DEFAULT_VARIANTS = ["4096x16x0", "4096x16x1", "4096x16x0xnoevict", "4096x16x0xre
                     "8192x16x0xnoprefetch", "8192x16x1xnoprefetchxreverse", "16384x32x0xnoprefetch"]
 DEFAULT_CHUNKS = [256, 384, 512, 1024, 2048]
 # the split-row kernel (ops/_cross_entropy_split.py) as CHUNKxWARPS[xpid]
-SPLIT_VARIANTS = ["16384x16", "16384x32", "8192x8", "8192x16", "4096x4", "4096x8", "2048x4", "16384x16xpid",
-                  "8192x16xpid"]
+SPLIT_VARIANTS = ["4096x8", "8192x8xg32xs2", "8192x8xg16xs2", "8192x8xg64xs2", "4096x4xg32xs4", "4096x4xg16xs4",
+                  "8192x16xg32xs2", "16384x16xg32xs1", "4096x4xg32xs8"]
 SUMMARY: list[str] = []
 
 
@@ -105,10 +105,13 @@ def copy_gbps() -> float:
 
 
 def parse_split(text: str) -> SplitLaunch:
-    """CHUNKxWARPS[xpid]: the split-row kernel's columns per program and warps; pid: programs take
-    their row from the program id instead of a ticket."""
+    """CHUNKxWARPS[xpid][xgGROUP[xsPER_SM]]: the split-row kernel's columns per program and warps; pid:
+    programs take their row from the program id instead of a ticket; gGROUP: the pipelined kernel with
+    row groups of GROUP rows, sPER_SM of its persistent programs per SM (default 4)."""
     parts = text.split("x")
-    return SplitLaunch(int(parts[0]), int(parts[1]), ticket="pid" not in parts)
+    group = next((int(p[1:]) for p in parts[2:] if p.startswith("g")), 0)
+    per_sm = next((int(p[1:]) for p in parts[2:] if p.startswith("s")), 4)
+    return SplitLaunch(int(parts[0]), int(parts[1]), ticket="pid" not in parts, group=group, per_sm=per_sm)
 
 
 def parse_variant(text: str) -> ce.FwdLaunch:
@@ -465,7 +468,8 @@ def compile_report(variants: list[str]) -> None:
             for grad in (True, False):
                 consts = dict(BLOCK=launch.block, HAS_WEIGHT=hw, SMOOTH=sm, HAS_CAP=cap, MEAN=True, GRAD=grad,
                               PREFETCH=launch.prefetch, REVERSE=launch.reverse,
-                              KEEP="evict_last" if launch.evict else "", DROP="evict_first" if launch.evict else "")
+                              KEEP="evict_last" if launch.evict else "", DROP="evict_first" if launch.evict else "",
+                              PRECISE=False)
                 one(ce._cross_entropy_fwd_kernel, fwd_sig, consts, launch.num_warps,
                     f"fwd {text} {fname} {'grad' if grad else 'loss only'}")
     split_sig = {"X": ptr, "T": "*i64", "W": "*fp32", "STATS": "*fp32", "LOSS": "*fp32", "LSE": "*fp32", "G": ptr,
@@ -474,13 +478,20 @@ def compile_report(variants: list[str]) -> None:
         launch = parse_split(text)
         for fname, (hw, sm, cap) in flag_sets.items():
             consts = dict(CHUNK=launch.chunk, SPLIT=8, SPLIT_P2=8, PHASE=0, TICKET=launch.ticket, HAS_WEIGHT=hw,
-                          SMOOTH=sm, HAS_CAP=cap, MEAN=True)
-            one(_cross_entropy_split_kernel, split_sig, consts, launch.num_warps, f"split {text} {fname}")
+                          SMOOTH=sm, HAS_CAP=cap, MEAN=True, PRECISE=False)
+            if launch.group:
+                consts = dict(CHUNK=launch.chunk, SPLIT=8, SPLIT_P2=8, GROUP=launch.group, HAS_WEIGHT=hw,
+                              SMOOTH=sm, HAS_CAP=cap, MEAN=True, PRECISE=False)
+                pipe_sig = {"X": ptr, "T": "*i64", "W": "*fp32", "STATS": "*fp32", "LOSS": "*fp32", "LSE": "*fp32",
+                            "G": ptr, "PART": "*fp32", "SYNC": "*i32", **rows, **opts}
+                one(_cross_entropy_pipe_kernel, pipe_sig, consts, launch.num_warps, f"pipe {text} {fname}")
+            else:
+                one(_cross_entropy_split_kernel, split_sig, consts, launch.num_warps, f"split {text} {fname}")
     bwd_sig = {"X": ptr, "T": "*i64", "W": "*fp32", "STATS": "*fp32", "LSE": "*fp32", "DLOSS": "*fp32", "G": ptr,
                **{k: v for k, v in rows.items() if k != "n_rows"}, "stride_dloss": i32, **opts}
     for fname, (hw, sm, cap) in flag_sets.items():
         one(ce._cross_entropy_bwd_kernel, bwd_sig, dict(BLOCK=ce.BWD_BLOCK, HAS_WEIGHT=hw, SMOOTH=sm, HAS_CAP=cap,
-                                                        MEAN=False), ce.BWD_WARPS, f"bwd {fname}")
+                                                        MEAN=False, PRECISE=False), ce.BWD_WARPS, f"bwd {fname}")
     scale_sig = {"G": ptr, "OUT": ptr, "S": "*fp32", "n_rows": i32, "n_cols": i32, "inner": i32, "s0": i32,
                  "s1": i32, "o_inner": i32, "o_s0": i32, "o_s1": i32, "stride_s": i32}
     for in_place in (True, False):

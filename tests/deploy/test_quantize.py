@@ -166,3 +166,20 @@ def test_quant_rtol_uses_the_original_weights_of_the_quantized_layers(optimized)
     # nothing quantized: said, not passed
     unchanged = validate_quantized(model, copy.deepcopy(model), inputs, "int8")
     assert not unchanged.passed and "no quantized linear layer" in unchanged.summary()
+
+
+@needs_torchao
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+def test_quantized_model_runs_with_grad_enabled(optimized, scheme: str) -> None:
+    """Outside no_grad (a forward that records a graph, as a quantized model's first use often is) our
+    fused MLP paths would hand the quantized weight to our kernels; they step aside and the output is
+    the no_grad one's."""
+    model, inputs = optimized
+    quantized = quantize(copy.deepcopy(model), scheme)
+    with torch.no_grad():
+        expected = quantized(*inputs)
+    with torch.enable_grad():
+        got = quantized(*inputs)
+    expected = expected if isinstance(expected, torch.Tensor) else expected[0]
+    got = got if isinstance(got, torch.Tensor) else got[0]
+    assert torch.equal(got.detach(), expected)

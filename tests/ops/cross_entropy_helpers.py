@@ -64,11 +64,12 @@ def eager_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
     return loss.view(target.shape) if reduction == "none" else loss
 
 
-@pytest.fixture(params=["one-block", "looped", "split"])
+@pytest.fixture(params=["one-block", "looped", "split", "pipelined"])
 def block_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Rows in one block, (looped) 16-column blocks: the online softmax across blocks, masked tails,
     and several backward column blocks per row; or (split) rows split over programs of 16 columns,
-    the split-row kernel's partials merged (on CPU in two launches, ops/_cross_entropy_split.py)."""
+    the split-row kernel's partials merged (on CPU in two launches, ops/_cross_entropy_split.py), or
+    the same split pipelined over groups of two rows."""
     if request.param == "looped":
         monkeypatch.setattr(ce_ops, "FWD_LAUNCH", FwdLaunch(16, 1, 0, True, False))
         monkeypatch.setattr(ce_ops, "LOSS_LAUNCH", None)
@@ -76,4 +77,6 @@ def block_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.setattr(ce_ops, "SPLIT_LAUNCH", None)
     elif request.param == "split":
         monkeypatch.setattr(ce_ops, "SPLIT_LAUNCH", SplitLaunch(chunk=16, num_warps=1))
+    elif request.param == "pipelined":  # the same split, pipelined over groups of 2 rows
+        monkeypatch.setattr(ce_ops, "SPLIT_LAUNCH", SplitLaunch(chunk=16, num_warps=1, group=2))
     yield request.param

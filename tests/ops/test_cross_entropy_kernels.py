@@ -99,7 +99,8 @@ def test_shifted_view_in_place_without_copy() -> None:
     out = cross_entropy_fwd(view, target, grad_inplace=True, reduction="sum")
     assert out.grad.data_ptr() == view.data_ptr()
     assert_close(out.loss, R.cross_entropy(before[:, :-1], target, reduction="sum"), "loss")
-    assert_close(view, R.cross_entropy_backward(torch.ones(()), before[:, :-1], target, reduction="sum"), "grad")
+    one = torch.ones((), device=DEV)
+    assert_close(view, R.cross_entropy_backward(one, before[:, :-1], target, reduction="sum"), "grad")
     assert torch.equal(base[:, -1], before[:, -1])
 
 
@@ -115,7 +116,7 @@ def test_strided_columns_are_copied_once() -> None:
     logits = randn(24, 6, device=DEV).t()  # (6, 24), column stride 6
     target = torch.randint(0, 24, (6,), device=DEV)
     out = cross_entropy_fwd(logits, target, grad_inplace=True)
-    assert_close(out.grad, R.cross_entropy_backward(torch.ones(()), logits, target), "grad")
+    assert_close(out.grad, R.cross_entropy_backward(torch.ones((), device=DEV), logits, target), "grad")
 
 
 def test_all_ignored_mean_is_nan_and_gradient_zero() -> None:
@@ -138,7 +139,8 @@ def test_bad_targets_give_nan_rows_only() -> None:
     good = torch.tensor([0, 3])
     ref = R.cross_entropy(logits[good], target[good], reduction="none")
     assert_close(out.loss[good], ref, "loss of good rows")
-    assert_close(out.grad[good], R.cross_entropy_backward(torch.ones(2), logits[good], target[good], reduction="none"),
+    ones = torch.ones(2, device=DEV)
+    assert_close(out.grad[good], R.cross_entropy_backward(ones, logits[good], target[good], reduction="none"),
                  "grad of good rows")
 
 
@@ -155,7 +157,8 @@ def test_nonfinite_logits() -> None:
     expected = torch.nn.functional.cross_entropy(logits.cpu(), target.cpu(), reduction="none")
     assert torch.isnan(out.loss[[0, 1, 3]]).all() and torch.isnan(expected[[0, 1, 3]]).all()
     assert_close(out.loss[2], expected[2].to(DEV), "row with masked classes")
-    assert_close(out.grad[2], R.cross_entropy_backward(torch.ones(1), logits[2:3], target[2:3], reduction="none")[0],
+    one = torch.ones(1, device=DEV)
+    assert_close(out.grad[2], R.cross_entropy_backward(one, logits[2:3], target[2:3], reduction="none")[0],
                  "grad of the row with masked classes")
 
 
@@ -184,7 +187,7 @@ def test_empty_rows() -> None:
     target = torch.zeros(0, dtype=torch.long, device=DEV)
     out = cross_entropy_fwd(logits, target, reduction="sum")
     assert out.loss == 0 and out.grad.shape == (0, 9)
-    assert cross_entropy_bwd(torch.ones(()), logits, target, out.lse).shape == (0, 9)
+    assert cross_entropy_bwd(torch.ones((), device=DEV), logits, target, out.lse).shape == (0, 9)
 
 
 # --- GPU only: real vocabularies, determinism ------------------------------------------------------

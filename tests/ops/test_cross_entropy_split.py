@@ -20,28 +20,34 @@ DEV = device_under_test()
 IGNORE = -100
 
 
-@pytest.fixture
-def split4(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
-    """Rows split into 4-column programs; the list records each split launch's (grid, SPLIT, PHASE)."""
-    monkeypatch.setattr(ce_ops, "SPLIT_LAUNCH", SplitLaunch(chunk=4, num_warps=1))
+@pytest.fixture(params=[0, 2], ids=["rendezvous", "pipelined"])
+def split4(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """Rows split into 4-column parts, by the rendezvous kernel or the pipelined one (groups of 2 rows);
+    the list records each launch's (kernel, grid, SPLIT, PHASE or GROUP)."""
+    monkeypatch.setattr(ce_ops, "SPLIT_LAUNCH", SplitLaunch(chunk=4, num_warps=1, group=request.param))
     calls: list[tuple] = []
-    real = ce_ops._split_kernel
+    for name, key in (("_split_kernel", "PHASE"), ("_pipe_kernel", "GROUP")):
+        real = getattr(ce_ops, name)
 
-    def spy(grid, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
-        calls.append((grid, kw["SPLIT"], kw["PHASE"]))
-        return real(grid, *args, **kw)
+        def spy(grid, *args, real=real, name=name, key=key, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+            calls.append((name, grid, kw["SPLIT"], kw[key]))
+            return real(grid, *args, **kw)
 
-    monkeypatch.setattr(ce_ops, "_split_kernel", spy)
+        monkeypatch.setattr(ce_ops, name, spy)
     return calls
 
 
 def test_split_is_chosen_for_wide_rows_with_a_gradient(split4: list[tuple]) -> None:
     """Rows wider than a chunk with a gradient: 9 columns in 4-column parts are 3 programs a row; on
-    CPU the partials and the gradient are two launches. Loss only, or one chunk a row: not used."""
+    CPU the rendezvous kernel's partials and gradient are two launches, the pipelined kernel one
+    launch of persistent programs. Loss only, or one chunk a row: not used."""
     logits, target = randn(5, 9, device=DEV), torch.randint(0, 9, (5,), device=DEV)
     out = cross_entropy_fwd(logits, target)
-    assert [c[:2] for c in split4] == [((15,), 3)] * len(split4)
-    assert [c[2] for c in split4] == ([0] if DEV == "cuda" else [1, 2])
+    if split4[0][0] == "_split_kernel":
+        assert [c[1:3] for c in split4] == [((15,), 3)] * len(split4)
+        assert [c[3] for c in split4] == ([0] if DEV == "cuda" else [1, 2])
+    else:
+        assert len(split4) == 1 and split4[0][2:] == (3, 2)
     assert_close(out.grad, R.cross_entropy_backward(torch.ones((), device=DEV), logits, target), "grad")
     split4.clear()
     cross_entropy_fwd(logits, target, with_grad=False)
@@ -96,7 +102,7 @@ def test_one_launch_rendezvous_with_one_part() -> None:
     opts = CrossEntropyOptions(reduction="sum")
     ce_ops._split_kernel((n,), rows.tensor, target, lse, lse, loss, lse, g_rows.tensor, part, sync, v, *rows.args,
                          *g_rows.args, *opts.scalars(), CHUNK=16, SPLIT=1, SPLIT_P2=1, PHASE=0, TICKET=True,
-                         num_warps=1, eager=True, **opts.flags(None))
+                         PRECISE=False, num_warps=1, eager=True, **opts.flags(None))
     assert sync[0] == n and torch.equal(sync[1:], torch.ones(n, dtype=torch.int32, device=DEV))
     assert_close(loss, R.cross_entropy(logits, target, reduction="none"), "loss rows")
     assert_close(grad, R.cross_entropy_backward(torch.ones((), device=DEV), logits, target, reduction="sum"), "grad")

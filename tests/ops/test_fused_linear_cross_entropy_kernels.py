@@ -105,7 +105,7 @@ def test_needs_select_the_gradients() -> None:
     x, w, b, t, ce_w, opts = _inputs(torch.float32, OPTIONS["mean"])
     out = fused_linear_cross_entropy_fwd(x, w, t, b, needs=(False, True, False), chunk=CHUNK)
     assert out.grad_x is None and out.grad_b is None and out.grad_w.shape == w.shape
-    none = fused_linear_cross_entropy_bwd(torch.ones(N), x, w, t, out.lse, None, needs=(True, False, True),
+    none = fused_linear_cross_entropy_bwd(torch.ones(N, device=DEV), x, w, t, out.lse, None, needs=(True, False, True),
                                           chunk=CHUNK, reduction="none")
     assert none[0].shape == x.shape and none[1] is None and none[2] is None
 

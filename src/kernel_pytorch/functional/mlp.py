@@ -63,9 +63,12 @@ def _autocast_on(device_type: str) -> bool:
 
 
 def _one_kind(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
-    """Whether every given parameter has x's dtype and device (what the block function computes in)."""
+    """Whether every given parameter is a plain tensor of x's dtype and device (what the block function
+    and the gated_down op compute with). A tensor subclass, e.g. a torchao-quantized weight, runs its
+    own matmul through F.linear; our kernels would bypass it (or fail on it)."""
     for p in params:
-        if p is not None and (p.dtype != x.dtype or p.device != x.device):
+        if p is not None and (type(p) not in (Tensor, torch.nn.Parameter) or p.dtype != x.dtype
+                              or p.device != x.device):
             return False
     return True
 

@@ -29,21 +29,28 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernel_pytorch.ops._activations import _exp, libdevice
+
 
 @triton.jit
-def _softcap(x, cap):
-    # c * tanh(x / c) = c - 2c / (exp(2x / c) + 1): one exp, saturating cleanly to +-c at +-inf
-    return cap - (2.0 * cap) / (tl.exp(x * (2.0 / cap)) + 1.0)
+def _softcap(x, cap, PRECISE: tl.constexpr):
+    # PRECISE (fp32/fp16 logits on the GPU, ops/_activations.precise_math): torch's tanh(x / c) * c with
+    # libdevice's tanh and an IEEE division; else c - 2c / (exp(2x / c) + 1): one exp, saturating
+    # cleanly to +-c at +-inf
+    if PRECISE:
+        return libdevice.tanh(tl.div_rn(x, cap)) * cap
+    else:
+        return cap - (2.0 * cap) / (tl.exp(x * (2.0 / cap)) + 1.0)
 
 
 @triton.jit
 def _grad_block(x, cols, mask, t, lse, coef_p, coef_t, coef_s, W, cap,
-                HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, HAS_CAP: tl.constexpr):
+                HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, HAS_CAP: tl.constexpr, PRECISE: tl.constexpr):
     """dx for one block of a valid row (fp32): coef_p p - coef_t [j == t] - coef_s w_j, times dz/dx."""
     z = x
     if HAS_CAP:
-        z = _softcap(x, cap)
-    g = coef_p * tl.exp(z - lse) - tl.where(cols == t, coef_t, 0.0)
+        z = _softcap(x, cap, PRECISE)
+    g = coef_p * _exp(z - lse, PRECISE) - tl.where(cols == t, coef_t, 0.0)
     if SMOOTH:
         if HAS_WEIGHT:
             g -= coef_s * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
@@ -62,7 +69,7 @@ def _cross_entropy_fwd_kernel(
     ignore_index, smoothing, z_scale, cap,
     BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, HAS_CAP: tl.constexpr,
     MEAN: tl.constexpr, GRAD: tl.constexpr, PREFETCH: tl.constexpr, REVERSE: tl.constexpr,
-    KEEP: tl.constexpr, DROP: tl.constexpr,
+    KEEP: tl.constexpr, DROP: tl.constexpr, PRECISE: tl.constexpr,
 ):
     # KEEP / DROP: eviction policies of pass 1's loads and of pass 2's loads and stores ("" for none)
     offs = tl.arange(0, BLOCK)
@@ -104,11 +111,11 @@ def _cross_entropy_fwd_kernel(
                     x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy=KEEP)
                 z = x.to(tl.float32)
                 if HAS_CAP:  # the cap maps the padding's -inf to -c: mask it again
-                    z = tl.where(mask, _softcap(z, cap), float("-inf"))
+                    z = tl.where(mask, _softcap(z, cap, PRECISE), float("-inf"))
                 m_new = tl.maximum(m, tl.max(z, axis=0))
                 # while every logit so far is -inf, exponentiate against 0 so d stays 0 (not NaN)
                 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-                d = d * tl.exp(m - m_ref) + tl.exp(z - m_ref)
+                d = d * _exp(m - m_ref, PRECISE) + _exp(z - m_ref, PRECISE)
                 m = m_new
                 if SMOOTH:
                     zs = tl.where(mask, z, 0.0)
@@ -119,7 +126,7 @@ def _cross_entropy_fwd_kernel(
             lse = tl.where(bad, float("nan"), lse)
             z_t = tl.load(x_row + t_ok).to(tl.float32)
             if HAS_CAP:
-                z_t = _softcap(z_t, cap)
+                z_t = _softcap(z_t, cap, PRECISE)
             if HAS_WEIGHT:
                 w_t = tl.load(W + t_ok).to(tl.float32)
             else:
@@ -152,7 +159,7 @@ def _cross_entropy_fwd_kernel(
                     else:
                         x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy=DROP)
                     g = _grad_block(x.to(tl.float32), cols, mask, t_ok, lse, coef_p, coef_t, coef_s, W, cap,
-                                    HAS_WEIGHT, SMOOTH, HAS_CAP)
+                                    HAS_WEIGHT, SMOOTH, HAS_CAP, PRECISE)
                     tl.store(g_row + cols, g.to(G.dtype.element_ty), mask=mask, eviction_policy=DROP)
         else:
             # 0 * (1 / denominator): NaN exactly when no row is valid, so the mean is torch's 0/0
@@ -170,7 +177,7 @@ def _cross_entropy_bwd_kernel(
     n_cols, x_inner, x_s0, x_s1, g_inner, g_s0, g_s1, stride_dloss,
     ignore_index, smoothing, z_scale, cap,
     BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, HAS_CAP: tl.constexpr,
-    MEAN: tl.constexpr,
+    MEAN: tl.constexpr, PRECISE: tl.constexpr,
 ):
     # program (row, column block); stride_dloss 0 broadcasts a 0-d upstream gradient
     row = tl.program_id(0).to(tl.int64)
@@ -197,7 +204,7 @@ def _cross_entropy_bwd_kernel(
             w_t = 1.0
         coef_p = r * ((1.0 - smoothing) * w_t + smoothing / n_cols * w_total) + 2.0 * q * z_scale * lse
         g = _grad_block(x, cols, mask, t_ok, lse, coef_p, r * (1.0 - smoothing) * w_t, r * smoothing / n_cols,
-                        W, cap, HAS_WEIGHT, SMOOTH, HAS_CAP)
+                        W, cap, HAS_WEIGHT, SMOOTH, HAS_CAP, PRECISE)
         tl.store(g_ptrs, g.to(G.dtype.element_ty), mask=mask)
     else:
         tl.store(g_ptrs, tl.zeros([BLOCK], dtype=G.dtype.element_ty), mask=mask)

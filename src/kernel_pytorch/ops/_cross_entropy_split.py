@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
+from kernel_pytorch.ops._activations import _exp
 from kernel_pytorch.ops._cross_entropy_kernels import _grad_block, _softcap
 
 
@@ -45,6 +46,8 @@ class SplitLaunch:
     num_warps: int
     ticket: bool = True  # programs take their (row, part) from a ticket counter (else the program id)
     max_split: int = 64  # wider rows go to the two-pass kernel
+    group: int = 0  # > 0: the pipelined kernel, rows in groups of this many (0: the rendezvous kernel)
+    per_sm: int = 4  # the pipelined kernel's persistent programs per SM
 
 
 def split_shape(n_cols: int, launch: SplitLaunch, programs_at_once: int) -> tuple[int, int] | None:
@@ -65,6 +68,7 @@ def _cross_entropy_split_kernel(
     ignore_index, smoothing, z_scale, cap,
     CHUNK: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr, TICKET: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, HAS_CAP: tl.constexpr, MEAN: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     # SYNC: int32 [ticket, one counter per row], zeroed by the launcher; PART: fp32 (rows, SPLIT, 4):
     # per part its max, sum of exp(z - max), smoothing sum and target logit (0 where not its chunk)
@@ -97,10 +101,10 @@ def _cross_entropy_split_kernel(
         if PHASE != 2:
             z = x.to(tl.float32)
             if HAS_CAP:  # the cap maps the padding's -inf to -c: mask it again
-                z = tl.where(mask, _softcap(z, cap), float("-inf"))
+                z = tl.where(mask, _softcap(z, cap, PRECISE), float("-inf"))
             m = tl.max(z, axis=0)
             m_ref = tl.where(m == float("-inf"), 0.0, m)  # an all -inf chunk adds 0, not NaN
-            d = tl.sum(tl.exp(z - m_ref), axis=0)
+            d = tl.sum(_exp(z - m_ref, PRECISE), axis=0)
             z_t = tl.sum(tl.where(cols == t_ok, z, 0.0), axis=0)  # 0 unless this chunk holds the target
             if SMOOTH:
                 zs = tl.where(mask, z, 0.0)
@@ -129,7 +133,7 @@ def _cross_entropy_split_kernel(
             ds = tl.sum(tl.where(field[None, :] == 1, block, 0.0), axis=1)
             big = tl.max(ms, axis=0)
             big_ref = tl.where(big == float("-inf"), 0.0, big)
-            lse = big_ref + tl.log(tl.sum(ds * tl.exp(ms - big_ref), axis=0))
+            lse = big_ref + tl.log(tl.sum(ds * _exp(ms - big_ref, PRECISE), axis=0))
             lse = tl.where(bad, float("nan"), lse)
             if HAS_WEIGHT:
                 w_t = tl.load(W + t_ok).to(tl.float32)
@@ -145,7 +149,7 @@ def _cross_entropy_split_kernel(
                 tl.store(LSE + row, lse)
             coef_p = r * ((1.0 - smoothing) * w_t + smoothing / n_cols * w_total) + 2.0 * q * z_scale * lse
             g = _grad_block(x.to(tl.float32), cols, mask, t_ok, lse, coef_p, r * (1.0 - smoothing) * w_t,
-                            r * smoothing / n_cols, W, cap, HAS_WEIGHT, SMOOTH, HAS_CAP)
+                            r * smoothing / n_cols, W, cap, HAS_WEIGHT, SMOOTH, HAS_CAP, PRECISE)
             tl.store(g_row + cols, g.to(G.dtype.element_ty), mask=mask)
     elif PHASE != 1:
         if part == 0:  # 0 * (1 / denominator): NaN exactly when no row is valid, torch's 0/0 for the mean
@@ -156,3 +160,116 @@ def _cross_entropy_split_kernel(
             tl.store(LSE + row, 0.0)
         tl.store(g_row + cols, tl.zeros([CHUNK], dtype=G.dtype.element_ty), mask=mask)
 
+
+
+@triton.jit
+def _cross_entropy_pipe_kernel(
+    X, T, W, STATS, LOSS, LSE, G, PART, SYNC,
+    n_rows, n_cols, x_inner, x_s0, x_s1, g_inner, g_s0, g_s1,
+    ignore_index, smoothing, z_scale, cap,
+    CHUNK: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, GROUP: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, HAS_CAP: tl.constexpr, MEAN: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    # Work items, in ticket order, by stage s = 0 .. n_groups: GROUP x SPLIT "statistics" items of row
+    # group s (each reads one chunk and publishes its partials), then GROUP x SPLIT "gradient" items of
+    # group s - 1 (each reads its chunk again, from L2 if the two groups fit there, waits for its row's
+    # partials and writes the gradient). A gradient item only waits on items with earlier tickets.
+    ITEMS: tl.constexpr = GROUP * SPLIT
+    n_groups = tl.cdiv(n_rows, GROUP)
+    total = (n_groups + 1) * 2 * ITEMS
+    if MEAN:
+        r = 1.0 / tl.load(STATS)
+        q = 1.0 / tl.load(STATS + 1)
+    else:
+        r = 1.0
+        q = 1.0
+    if SMOOTH and HAS_WEIGHT:
+        w_total = tl.load(STATS + 2)
+    else:
+        w_total = n_cols * 1.0
+    offs = tl.arange(0, CHUNK)
+    idx = tl.arange(0, SPLIT_P2)
+    has = idx < SPLIT
+    field = tl.arange(0, 4)
+    tk = tl.atomic_add(SYNC, 1, sem="relaxed")
+    while tk < total:
+        stage = tk // (2 * ITEMS)
+        rem = tk % (2 * ITEMS)
+        second = rem >= ITEMS
+        group = tl.where(second, stage - 1, stage)
+        item = rem % ITEMS
+        row_i = group * GROUP + item // SPLIT
+        part = item % SPLIT
+        live = (group >= 0) & (group < n_groups) & (row_i < n_rows)
+        row = tl.cast(tl.minimum(tl.maximum(row_i, 0), n_rows - 1), tl.int64)
+        t = tl.load(T + row).to(tl.int64)
+        cols = part * CHUNK + offs
+        mask = cols < n_cols
+        x_row = X + (row // x_inner) * x_s0 + (row % x_inner) * x_s1
+        g_row = G + (row // g_inner) * g_s0 + (row % g_inner) * g_s1
+        if live & (t != ignore_index):
+            x = tl.load(x_row + cols, mask=mask, other=float("-inf"))
+            nxt = tl.atomic_add(SYNC, 1, sem="relaxed")  # the next ticket, while the chunk is in flight
+            bad = (t < 0) | (t >= n_cols)
+            t_ok = tl.where(bad, 0, t).to(tl.int32)
+            if second:
+                seen = tl.atomic_add(SYNC + 1 + row, 0, sem="acquire")
+                while seen < SPLIT:
+                    seen = tl.atomic_add(SYNC + 1 + row, 0, sem="acquire")
+                block = tl.load(PART + row * SPLIT * 4 + idx[:, None] * 4 + field[None, :], mask=has[:, None],
+                                other=0.0, volatile=True)
+                ms = tl.where(has, tl.sum(tl.where(field[None, :] == 0, block, 0.0), axis=1), float("-inf"))
+                ds = tl.sum(tl.where(field[None, :] == 1, block, 0.0), axis=1)
+                big = tl.max(ms, axis=0)
+                big_ref = tl.where(big == float("-inf"), 0.0, big)
+                lse = big_ref + tl.log(tl.sum(ds * _exp(ms - big_ref, PRECISE), axis=0))
+                lse = tl.where(bad, float("nan"), lse)
+                if HAS_WEIGHT:
+                    w_t = tl.load(W + t_ok).to(tl.float32)
+                else:
+                    w_t = 1.0
+                if part == 0:
+                    z_t = tl.sum(tl.sum(tl.where(field[None, :] == 3, block, 0.0), axis=1), axis=0)
+                    ce = (1.0 - smoothing) * w_t * (lse - z_t)
+                    if SMOOTH:
+                        s_all = tl.sum(tl.sum(tl.where(field[None, :] == 2, block, 0.0), axis=1), axis=0)
+                        ce += smoothing / n_cols * (w_total * lse - s_all)
+                    tl.store(LOSS + row, r * ce + q * z_scale * lse * lse)
+                    tl.store(LSE + row, lse)
+                coef_p = r * ((1.0 - smoothing) * w_t + smoothing / n_cols * w_total) + 2.0 * q * z_scale * lse
+                g = _grad_block(x.to(tl.float32), cols, mask, t_ok, lse, coef_p, r * (1.0 - smoothing) * w_t,
+                                r * smoothing / n_cols, W, cap, HAS_WEIGHT, SMOOTH, HAS_CAP, PRECISE)
+                tl.store(g_row + cols, g.to(G.dtype.element_ty), mask=mask)
+            else:
+                z = x.to(tl.float32)
+                if HAS_CAP:
+                    z = tl.where(mask, _softcap(z, cap, PRECISE), float("-inf"))
+                m = tl.max(z, axis=0)
+                m_ref = tl.where(m == float("-inf"), 0.0, m)
+                d = tl.sum(_exp(z - m_ref, PRECISE), axis=0)
+                z_t = tl.sum(tl.where(cols == t_ok, z, 0.0), axis=0)
+                if SMOOTH:
+                    zs = tl.where(mask, z, 0.0)
+                    if HAS_WEIGHT:
+                        zs *= tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                    s = tl.sum(zs, axis=0)
+                else:
+                    s = 0.0
+                own = PART + (row * SPLIT + part) * 4
+                tl.store(own, m)
+                tl.store(own + 1, d)
+                tl.store(own + 2, s)
+                tl.store(own + 3, z_t)
+                tl.atomic_add(SYNC + 1 + row, 1, sem="release")
+        else:
+            if live & second:  # an ignored row: zeros, and torch's 0/0 mean when no row is valid
+                if part == 0:
+                    if MEAN:
+                        tl.store(LOSS + row, 0.0 / tl.load(STATS))
+                    else:
+                        tl.store(LOSS + row, 0.0)
+                    tl.store(LSE + row, 0.0)
+                tl.store(g_row + cols, tl.zeros([CHUNK], dtype=G.dtype.element_ty), mask=mask)
+            nxt = tl.atomic_add(SYNC, 1, sem="relaxed")
+        tk = nxt

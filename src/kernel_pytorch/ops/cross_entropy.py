@@ -43,8 +43,14 @@ import torch
 import triton
 from torch import Tensor
 
+from kernel_pytorch.ops._activations import precise_math
 from kernel_pytorch.ops._cross_entropy_kernels import _cross_entropy_bwd_kernel, _cross_entropy_fwd_kernel
-from kernel_pytorch.ops._cross_entropy_split import SplitLaunch, _cross_entropy_split_kernel, split_shape
+from kernel_pytorch.ops._cross_entropy_split import (
+    SplitLaunch,
+    _cross_entropy_pipe_kernel,
+    _cross_entropy_split_kernel,
+    split_shape,
+)
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
 from kernel_pytorch.ops._launch import Launcher, device_programs, next_power_of_2, sm_count
 from kernel_pytorch.ops._register import Impl, register_op
@@ -88,6 +94,7 @@ BWD_BLOCK, BWD_WARPS = 4096, 8
 
 _fwd_kernel = Launcher(_cross_entropy_fwd_kernel)
 _split_kernel = Launcher(_cross_entropy_split_kernel)
+_pipe_kernel = Launcher(_cross_entropy_pipe_kernel)
 _bwd_kernel = Launcher(_cross_entropy_bwd_kernel)
 
 
@@ -152,7 +159,7 @@ def launch_fwd(
         stats if stats is not None else lse, loss_rows, lse, g.tensor, n, v, *logits.args, *g.args,
         *opts.scalars(), BLOCK=launch.block, GRAD=grad is not None, PREFETCH=launch.prefetch,
         REVERSE=launch.reverse, KEEP="evict_last" if launch.evict else "", DROP="evict_first" if launch.evict else "",
-        num_warps=launch.num_warps, eager=eager, **opts.flags(weight),
+        num_warps=launch.num_warps, PRECISE=precise_math(logits.tensor), eager=eager, **opts.flags(weight),
     )
 
 
@@ -176,12 +183,23 @@ def _split_rows(
     chunk, split = shape
     sync = torch.zeros(1 + n, dtype=torch.int32, device=loss_rows.device)
     part = torch.empty(n * split * 4, dtype=torch.float32, device=loss_rows.device)
+    if launch.group > 0:  # pipelined: persistent programs; in the interpreter one program does it all
+        programs = device_programs(loss_rows.device, launch.per_sm) if cuda else 1
+        _pipe_kernel(
+            (programs,), logits.tensor, target, weight.contiguous() if weight is not None else lse,
+            stats if stats is not None else lse, loss_rows, lse, grad.tensor, part, sync, n, v, *logits.args,
+            *grad.args, *opts.scalars(), CHUNK=chunk, SPLIT=split, SPLIT_P2=next_power_of_2(split),
+            GROUP=launch.group, num_warps=launch.num_warps, PRECISE=precise_math(logits.tensor), eager=eager,
+            **opts.flags(weight),
+        )
+        return True
     for phase in ((0,) if cuda else (1, 2)):
         _split_kernel(
             (n * split,), logits.tensor, target, weight.contiguous() if weight is not None else lse,
             stats if stats is not None else lse, loss_rows, lse, grad.tensor, part, sync, v, *logits.args,
             *grad.args, *opts.scalars(), CHUNK=chunk, SPLIT=split, SPLIT_P2=next_power_of_2(split), PHASE=phase,
-            TICKET=launch.ticket, num_warps=launch.num_warps, eager=eager, **opts.flags(weight),
+            TICKET=launch.ticket, num_warps=launch.num_warps, PRECISE=precise_math(logits.tensor), eager=eager,
+            **opts.flags(weight),
         )
     return True
 
@@ -200,7 +218,8 @@ def launch_bwd(
         (n, triton.cdiv(v, block)), logits.tensor, target, weight.contiguous() if weight is not None else lse,
         stats if stats is not None else lse, lse, dloss, grad.tensor, v, *logits.args, *grad.args,
         1 if opts.reduction == "none" else 0, *opts.scalars(),
-        BLOCK=block, num_warps=max(1, min(BWD_WARPS, block // 256)), eager=eager, **opts.flags(weight),
+        BLOCK=block, num_warps=max(1, min(BWD_WARPS, block // 256)), PRECISE=precise_math(logits.tensor),
+        eager=eager, **opts.flags(weight),
     )
 
 
