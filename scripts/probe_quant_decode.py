@@ -79,7 +79,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__}")
     for provider in args.providers.split(","):
         try:
-            profile_provider(bench, provider, args.batch, args.backend, args.rows)
+            with torch.no_grad():  # inference, as the benchmark runs it
+                profile_provider(bench, provider, args.batch, args.backend, args.rows)
         except Exception:  # noqa: BLE001 - one provider's failure is reported, the rest still run
             print(f"== {provider}: FAILED\n{traceback.format_exc(limit=-4)}")
         torch._dynamo.reset()
