@@ -79,7 +79,7 @@ for s in $steps; do
     # launch sweeps of the bandwidth-bound kernels (re-run when the chip's memory rate changes)
     mlp_sweep) step 120 probe_mlp_sweep python3 scripts/probe_mlp.py --sweep ;;
     ce_sweep) step 120 probe_ce_sweep python3 scripts/probe_cross_entropy.py --only ce --quick --no-check \
-                ${KP_CE_VARIANTS:+--variants "$KP_CE_VARIANTS"} ${KP_CE_SPLIT:+--split-variants "$KP_CE_SPLIT"} ;;
+                ${KP_CE_VARIANTS:+--variants "$KP_CE_VARIANTS"} ;;
     # fused linear CE chunk sizes at FLCE_SHAPES indices KP_FLCE_SHAPES (default 0,2: vocab 128256 and 262144)
     flce_chunks) step 150 probe_flce_chunks python3 scripts/probe_cross_entropy.py --only flce --quick --no-check \
                    --shapes "${KP_FLCE_SHAPES:-0,2}" --chunks "${KP_FLCE_CHUNKS:-512,1024,2048}" ;;

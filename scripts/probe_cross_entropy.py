@@ -9,8 +9,6 @@ Usage, from the repo root with PYTHONPATH=src (torch >= 2.6, triton >= 3.2; H100
   python3 scripts/probe_cross_entropy.py --variants 8192x16x0,16384x32x1
         forward variants as BLOCKxWARPSxPROGRAMS_PER_SM[xnoevict][xreverse][xnoprefetch] (0 programs:
         one program per row)
-  python3 scripts/probe_cross_entropy.py --split-variants 16384x16,8192x16xpid
-        split-row variants as CHUNKxWARPS[xpid] (pid: program ids, not tickets, assign the rows)
   python3 scripts/probe_cross_entropy.py --chunks 256,512,1024   fused linear chunk sizes (rows)
   python3 scripts/probe_cross_entropy.py --only flce --shapes 2 --no-check   timing of FLCE_SHAPES[2] only
   python3 scripts/probe_cross_entropy.py --compile        no GPU needed: compile the kernels for sm_90a
@@ -34,7 +32,6 @@ import torch.nn.functional as F
 from kernel_pytorch import reference as R
 from kernel_pytorch.benchmark.memory import peak_memory
 from kernel_pytorch.ops import cross_entropy as ce
-from kernel_pytorch.ops._cross_entropy_split import SplitLaunch, _cross_entropy_pipe_kernel, _cross_entropy_split_kernel
 from kernel_pytorch.ops._scale import scale_grad_
 from kernel_pytorch.ops.fused_linear_cross_entropy import (
     chunk_rows,
@@ -51,9 +48,6 @@ DEFAULT_VARIANTS = ["4096x16x0", "4096x16x1", "4096x16x0xnoevict", "4096x16x0xre
                     "4096x16x0xnoprefetch", "4096x8x0", "2048x8x0", "2048x8x2", "8192x16x0",
                     "8192x16x0xnoprefetch", "8192x16x1xnoprefetchxreverse", "16384x32x0xnoprefetch"]
 DEFAULT_CHUNKS = [256, 384, 512, 1024, 2048]
-# the split-row kernel (ops/_cross_entropy_split.py) as CHUNKxWARPS[xpid]
-SPLIT_VARIANTS = ["4096x8", "8192x8xg32xs2", "8192x8xg16xs2", "8192x8xg64xs2", "4096x4xg32xs4", "4096x4xg16xs4",
-                  "8192x16xg32xs2", "16384x16xg32xs1", "4096x4xg32xs8"]
 SUMMARY: list[str] = []
 
 
@@ -102,16 +96,6 @@ def copy_gbps() -> float:
     dst = torch.empty_like(src)
     ms = bench(lambda: dst.copy_(src))
     return 2 * n / ms / 1e6
-
-
-def parse_split(text: str) -> SplitLaunch:
-    """CHUNKxWARPS[xpid][xgGROUP[xsPER_SM]]: the split-row kernel's columns per program and warps; pid:
-    programs take their row from the program id instead of a ticket; gGROUP: the pipelined kernel with
-    row groups of GROUP rows, sPER_SM of its persistent programs per SM (default 4)."""
-    parts = text.split("x")
-    group = next((int(p[1:]) for p in parts[2:] if p.startswith("g")), 0)
-    per_sm = next((int(p[1:]) for p in parts[2:] if p.startswith("s")), 4)
-    return SplitLaunch(int(parts[0]), int(parts[1]), ticket="pid" not in parts, group=group, per_sm=per_sm)
 
 
 def parse_variant(text: str) -> ce.FwdLaunch:
@@ -190,7 +174,7 @@ def check_ce() -> None:
             del out, sep, rec
 
 
-def time_ce(variants: list[str], copy: float, compile_too: bool, split_variants: list[str] = SPLIT_VARIANTS) -> None:
+def time_ce(variants: list[str], copy: float, compile_too: bool) -> None:
     n, v = CE_SHAPE
     min_bytes = 2 * n * v * 2  # read the logits once, write the gradient once (in place or not)
     print(f"\n== cross-entropy timing, {n} x {v} bf16; min bytes {min_bytes / 1e9:.2f} GB "
@@ -204,9 +188,8 @@ def time_ce(variants: list[str], copy: float, compile_too: bool, split_variants:
     def pct(nbytes: float, ms: float) -> str:
         return f"{nbytes / ms / 1e6 / copy * 100:5.1f}%"
 
-    committed, committed_loss, committed_split = ce.FWD_LAUNCH, ce.LOSS_LAUNCH, ce.SPLIT_LAUNCH
+    committed, committed_loss = ce.FWD_LAUNCH, ce.LOSS_LAUNCH
     ce.LOSS_LAUNCH = None  # each variant times both the gradient and the loss-only pass
-    ce.SPLIT_LAUNCH = None  # the two-pass kernel's variants first
     best = (math.inf, "")
     for text in variants:
         with soft(f"ce variant {text}"):
@@ -223,25 +206,6 @@ def time_ce(variants: list[str], copy: float, compile_too: bool, split_variants:
             best = min(best, (b_ms, text))
             del buf
     ce.FWD_LAUNCH, ce.LOSS_LAUNCH = committed, committed_loss
-    # the split-row kernel: each logit read once; checked against the two-pass kernel on the same input
-    two_pass = ce.cross_entropy_fwd(logits, target, eager=True)
-    for text in split_variants:
-        with soft(f"ce split variant {text}"):
-            ce.SPLIT_LAUNCH = parse_split(text)
-            out = ce.cross_entropy_fwd(logits, target, eager=True)
-            torch.cuda.synchronize()
-            d_grad = (out.grad.float() - two_pass.grad.float()).abs().max().item()
-            d_loss = abs(out.loss.item() - two_pass.loss.item())
-            buf = logits.clone()
-            g_ms = graph_ms(lambda: ce.cross_entropy_fwd(buf, target, grad_inplace=True, eager=True))
-            b_ms = bench(lambda: ce.cross_entropy_fwd(buf, target, grad_inplace=True, eager=True))
-            sep_ms = graph_ms(lambda: ce.cross_entropy_fwd(logits, target, eager=True))
-            print(f"  split {text:16s} in place: graph {g_ms:6.3f} ms {pct(min_bytes, g_ms)}, bench {b_ms:6.3f} ms "
-                  f"{pct(min_bytes, b_ms)} | new buffer graph {sep_ms:6.3f} ms {pct(min_bytes, sep_ms)} | vs two-pass: "
-                  f"max |d grad| {d_grad:.3g}, |d loss| {d_loss:.3g}")
-            best = min(best, (b_ms, f"split {text}"))
-            del buf
-    ce.SPLIT_LAUNCH = committed_split
     with soft("ce options path"):
         buf = logits.clone()
         w = torch.rand(v, device=DEVICE) + 0.5
@@ -472,21 +436,6 @@ def compile_report(variants: list[str]) -> None:
                               PRECISE=False)
                 one(ce._cross_entropy_fwd_kernel, fwd_sig, consts, launch.num_warps,
                     f"fwd {text} {fname} {'grad' if grad else 'loss only'}")
-    split_sig = {"X": ptr, "T": "*i64", "W": "*fp32", "STATS": "*fp32", "LOSS": "*fp32", "LSE": "*fp32", "G": ptr,
-                 "PART": "*fp32", "SYNC": "*i32", **{k: v for k, v in rows.items() if k != "n_rows"}, **opts}
-    for text in SPLIT_VARIANTS:
-        launch = parse_split(text)
-        for fname, (hw, sm, cap) in flag_sets.items():
-            consts = dict(CHUNK=launch.chunk, SPLIT=8, SPLIT_P2=8, PHASE=0, TICKET=launch.ticket, HAS_WEIGHT=hw,
-                          SMOOTH=sm, HAS_CAP=cap, MEAN=True, PRECISE=False)
-            if launch.group:
-                consts = dict(CHUNK=launch.chunk, SPLIT=8, SPLIT_P2=8, GROUP=launch.group, HAS_WEIGHT=hw,
-                              SMOOTH=sm, HAS_CAP=cap, MEAN=True, PRECISE=False)
-                pipe_sig = {"X": ptr, "T": "*i64", "W": "*fp32", "STATS": "*fp32", "LOSS": "*fp32", "LSE": "*fp32",
-                            "G": ptr, "PART": "*fp32", "SYNC": "*i32", **rows, **opts}
-                one(_cross_entropy_pipe_kernel, pipe_sig, consts, launch.num_warps, f"pipe {text} {fname}")
-            else:
-                one(_cross_entropy_split_kernel, split_sig, consts, launch.num_warps, f"split {text} {fname}")
     bwd_sig = {"X": ptr, "T": "*i64", "W": "*fp32", "STATS": "*fp32", "LSE": "*fp32", "DLOSS": "*fp32", "G": ptr,
                **{k: v for k, v in rows.items() if k != "n_rows"}, "stride_dloss": i32, **opts}
     for fname, (hw, sm, cap) in flag_sets.items():
@@ -507,7 +456,6 @@ def main() -> None:
     p.add_argument("--only", choices=["ce", "flce"], help="one section only")
     p.add_argument("--quick", action="store_true", help="skip torch.compile and the larger fused shapes")
     p.add_argument("--variants", help="comma-separated forward variants (see above)")
-    p.add_argument("--split-variants", help="comma-separated split-row variants CHUNKxWARPS[xpid] (see above)")
     p.add_argument("--chunks", help="comma-separated fused linear chunk sizes (rows)")
     p.add_argument("--shapes", help="comma-separated indices into FLCE_SHAPES to time (default: all; 0 with --quick)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness sections (timing only)")
@@ -534,8 +482,7 @@ def main() -> None:
     if args.only in (None, "ce"):
         if not args.no_check:
             check_ce()
-        split = args.split_variants.split(",") if args.split_variants else SPLIT_VARIANTS
-        time_ce(variants, copy, compile_too=not args.quick, split_variants=split)
+        time_ce(variants, copy, compile_too=not args.quick)
     if args.only in (None, "flce"):
         if not args.no_check:
             check_flce(chunks)

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from kernel_pytorch.ops import cross_entropy as ce_ops
-from kernel_pytorch.ops._cross_entropy_split import SplitLaunch
 from kernel_pytorch.ops.cross_entropy import FwdLaunch
 from tests.grid import randn
 
@@ -64,19 +63,12 @@ def eager_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
     return loss.view(target.shape) if reduction == "none" else loss
 
 
-@pytest.fixture(params=["one-block", "looped", "split", "pipelined"])
+@pytest.fixture(params=["one-block", "looped"])
 def block_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Rows in one block, (looped) 16-column blocks: the online softmax across blocks, masked tails,
-    and several backward column blocks per row; or (split) rows split over programs of 16 columns,
-    the split-row kernel's partials merged (on CPU in two launches, ops/_cross_entropy_split.py), or
-    the same split pipelined over groups of two rows."""
+    """Rows in one block, or (looped) 16-column blocks: the online softmax across blocks, masked
+    tails, and several backward column blocks per row."""
     if request.param == "looped":
         monkeypatch.setattr(ce_ops, "FWD_LAUNCH", FwdLaunch(16, 1, 0, True, False))
         monkeypatch.setattr(ce_ops, "LOSS_LAUNCH", None)
         monkeypatch.setattr(ce_ops, "BWD_BLOCK", 16)
-        monkeypatch.setattr(ce_ops, "SPLIT_LAUNCH", None)
-    elif request.param == "split":
-        monkeypatch.setattr(ce_ops, "SPLIT_LAUNCH", SplitLaunch(chunk=16, num_warps=1))
-    elif request.param == "pipelined":  # the same split, pipelined over groups of 2 rows
-        monkeypatch.setattr(ce_ops, "SPLIT_LAUNCH", SplitLaunch(chunk=16, num_warps=1, group=2))
     yield request.param

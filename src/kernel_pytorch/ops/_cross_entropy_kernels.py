@@ -13,9 +13,13 @@ Kernels:
     before reducing the current one (FwdLaunch.prefetch). Ignored rows read nothing and get zeros.
     Measured on the H100 (benchmarks/results/probes/probe_ce.log) the re-read misses L2 (fwd+grad
     costs 2.8x a loss-only pass at 4096-column blocks); FWD_LAUNCH is the sweep's best, 75% of copy.
-    Rows wider than ops/cross_entropy.SPLIT_LAUNCH.chunk therefore take the split-row kernel
-    (ops/_cross_entropy_split.py) when the gradient is asked for; this one keeps narrower rows and
-    loss-only passes.
+    Two designs that read each logit once were built and measured on the H200 against this kernel's
+    1.70 ms (8192 x 128256 bf16, gradient in place; benchmarks/results/probes/probe_ce_split_h200.log):
+    a row split over programs that keep their chunk in registers and meet at a per-row counter
+    (2.30-3.62 ms over 15 launches), and a persistent pipeline over row groups, statistics of one
+    group while the previous group's gradients re-read it from L2 (2.93-5.03 ms over 9). Both lose
+    to the latency of their per-chunk atomics, each a round trip and a block-wide barrier in Triton,
+    with too few programs per SM to hide it; neither was kept (the first is commit e553191).
   _cross_entropy_bwd_kernel: grid (rows, column blocks); p from the saved lse, one read and one write.
     For reduction "none" (the upstream gradient differs per row) and for callers that did not keep the
     forward's gradient.

@@ -9,17 +9,15 @@ ce_i = (1 - eps) w[t_i] (lse_i - z_i,t_i) + eps / V sum_j w_j (lse_i - z_ij), zl
 with p = exp(z - lse), A_i = (1 - eps) w[t_i] + eps W / V (W = sum w), and (r, q) the reduction's
 row scales (1 for "sum" and "none", 1 / sum valid w[t] and 1 / number of valid rows for "mean").
 
-Kernels: ops/_cross_entropy_split.py (rows wider than SPLIT_LAUNCH.chunk, with the gradient: each row
-split over programs that keep their columns in registers and meet to merge their statistics, so each
-logit is read once); ops/_cross_entropy_kernels.py (the two-pass forward computing loss, lse and the
-gradient with two passes over each row, used for narrow rows and loss-only passes; one elementwise
-backward kernel).
+Kernels: ops/_cross_entropy_kernels.py (one forward kernel computing loss, lse and the gradient in two
+passes over each row; one elementwise backward kernel).
 
-Bytes (B = bytes per logit): the forward with gradient reads the logits and writes the gradient once:
-2 N V B in place or into a separate buffer alike (the separate buffer costs memory, N V B, not bytes);
-the two-pass kernel reads wide rows a second time (N V B more, from DRAM once a row outgrows what L2
-keeps of it). Loss only: N V B. Recompute backward: 2 N V B. Scaling by an upstream gradient != 1:
-2 N V B more.
+Bytes (B = bytes per logit): the fused forward with gradient reads the logits once from DRAM (the
+second read is from L2 when it fits) and writes the gradient once: 2 N V B in place or into a separate
+buffer alike (the separate buffer costs memory, N V B, not bytes). Loss only: N V B. Recompute backward:
+2 N V B. Scaling by an upstream gradient != 1: 2 N V B more. At large vocabularies the second read
+comes from DRAM (ops/_cross_entropy_kernels.py says what was measured, and which row-split designs
+were tried instead).
 
 Registration: the forward op returns (loss, lse, grad), grad being the gradient for an upstream
 gradient of 1 (of sum(loss) for "none"), computed in the same pass; the backward op returns
@@ -45,14 +43,8 @@ from torch import Tensor
 
 from kernel_pytorch.ops._activations import precise_math
 from kernel_pytorch.ops._cross_entropy_kernels import _cross_entropy_bwd_kernel, _cross_entropy_fwd_kernel
-from kernel_pytorch.ops._cross_entropy_split import (
-    SplitLaunch,
-    _cross_entropy_pipe_kernel,
-    _cross_entropy_split_kernel,
-    split_shape,
-)
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
-from kernel_pytorch.ops._launch import Launcher, device_programs, next_power_of_2, sm_count
+from kernel_pytorch.ops._launch import Launcher, device_programs, next_power_of_2
 from kernel_pytorch.ops._register import Impl, register_op
 from kernel_pytorch.ops._row_view import Rows, contiguous_rows, row_view
 from kernel_pytorch.ops._scale import scale_grad_, scaled_grad
@@ -81,20 +73,11 @@ FWD_LAUNCH = FwdLaunch(block=16384, num_warps=32, programs_per_sm=0, evict=True,
 # None: loss-only passes use FWD_LAUNCH as well (the probe's sweep sets this to time one launch both ways)
 LOSS_LAUNCH: FwdLaunch | None = FwdLaunch(block=4096, num_warps=8, programs_per_sm=0, evict=True, reverse=False,
                                           prefetch=True)
-# With the gradient, rows of more than SPLIT_LAUNCH.chunk columns go to the split-row kernel
-# (ops/_cross_entropy_split.py: each logit read once); None: always the two-pass kernel.
-# Measured on the H200 (benchmarks/results/probes/probe_ce_split_h200.log), 8192 x 128256 bf16 with
-# the gradient in place: the two-pass kernel 1.69 ms; the split-row kernel 2.49-3.62 ms over nine
-# launches (4096 columns x 8 warps the best): its programs wait on their row's rendezvous with
-# their chunk in registers, and too few fit on an SM to hide that wait. So it is off by default.
-SPLIT_LAUNCH: SplitLaunch | None = None
 # The backward and the scaling are elementwise streams.
 BWD_BLOCK, BWD_WARPS = 4096, 8
 
 
 _fwd_kernel = Launcher(_cross_entropy_fwd_kernel)
-_split_kernel = Launcher(_cross_entropy_split_kernel)
-_pipe_kernel = Launcher(_cross_entropy_pipe_kernel)
 _bwd_kernel = Launcher(_cross_entropy_bwd_kernel)
 
 
@@ -149,8 +132,6 @@ def launch_fwd(
     n, v = logits.n_rows, logits.tensor.shape[-1]
     if n == 0:
         return
-    if grad is not None and _split_rows(logits, target, weight, stats, loss_rows, lse, grad, opts, eager=eager):
-        return
     launch = fwd_launch(v, grad is not None)
     programs = n if launch.programs_per_sm == 0 else min(n, device_programs(loss_rows.device, launch.programs_per_sm))
     g = grad if grad is not None else logits
@@ -161,47 +142,6 @@ def launch_fwd(
         REVERSE=launch.reverse, KEEP="evict_last" if launch.evict else "", DROP="evict_first" if launch.evict else "",
         num_warps=launch.num_warps, PRECISE=precise_math(logits.tensor), eager=eager, **opts.flags(weight),
     )
-
-
-def _split_rows(
-    logits: Rows, target: Tensor, weight: Tensor | None, stats: Tensor | None, loss_rows: Tensor, lse: Tensor,
-    grad: Rows, opts: CrossEntropyOptions, *, eager: bool = False,
-) -> bool:
-    """The split-row kernel for `launch_fwd` with a gradient, where SPLIT_LAUNCH takes rows this wide
-    (more than one chunk); returns whether it ran. On CUDA one launch (PHASE 0); in Triton's CPU
-    interpreter, which runs programs one at a time, PHASE 1 then PHASE 2 (ops/_cross_entropy_split.py)."""
-    n, v = logits.n_rows, logits.tensor.shape[-1]
-    launch = SPLIT_LAUNCH
-    if launch is None or v <= launch.chunk:
-        return False
-    cuda = loss_rows.device.type == "cuda"
-    at_once = sm_count(loss_rows.device.index if loss_rows.device.index is not None else torch.cuda.current_device()) \
-        if cuda else launch.max_split
-    shape = split_shape(v, launch, at_once)
-    if shape is None:
-        return False
-    chunk, split = shape
-    sync = torch.zeros(1 + n, dtype=torch.int32, device=loss_rows.device)
-    part = torch.empty(n * split * 4, dtype=torch.float32, device=loss_rows.device)
-    if launch.group > 0:  # pipelined: persistent programs; in the interpreter one program does it all
-        programs = device_programs(loss_rows.device, launch.per_sm) if cuda else 1
-        _pipe_kernel(
-            (programs,), logits.tensor, target, weight.contiguous() if weight is not None else lse,
-            stats if stats is not None else lse, loss_rows, lse, grad.tensor, part, sync, n, v, *logits.args,
-            *grad.args, *opts.scalars(), CHUNK=chunk, SPLIT=split, SPLIT_P2=next_power_of_2(split),
-            GROUP=launch.group, num_warps=launch.num_warps, PRECISE=precise_math(logits.tensor), eager=eager,
-            **opts.flags(weight),
-        )
-        return True
-    for phase in ((0,) if cuda else (1, 2)):
-        _split_kernel(
-            (n * split,), logits.tensor, target, weight.contiguous() if weight is not None else lse,
-            stats if stats is not None else lse, loss_rows, lse, grad.tensor, part, sync, v, *logits.args,
-            *grad.args, *opts.scalars(), CHUNK=chunk, SPLIT=split, SPLIT_P2=next_power_of_2(split), PHASE=phase,
-            TICKET=launch.ticket, num_warps=launch.num_warps, PRECISE=precise_math(logits.tensor), eager=eager,
-            **opts.flags(weight),
-        )
-    return True
 
 
 def launch_bwd(
