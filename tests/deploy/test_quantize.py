@@ -183,3 +183,13 @@ def test_quantized_model_runs_with_grad_enabled(optimized, scheme: str) -> None:
     expected = expected if isinstance(expected, torch.Tensor) else expected[0]
     got = got if isinstance(got, torch.Tensor) else got[0]
     assert torch.equal(got.detach(), expected)
+
+
+def test_expected_rtol_reads_weights_in_row_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row blocks (3 rows here, the last one short) give the whole matrix's answer."""
+    q = importlib.import_module("kernel_pytorch.deploy.quantize")  # the package's `quantize` is the function
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(64, 10))
+    whole = [expected_rtol(layer, s)[0] for s in ("int8", "fp8", "int4")]
+    monkeypatch.setattr(q, "RTOL_ROWS", 3)
+    assert [expected_rtol(layer, s)[0] for s in ("int8", "fp8", "int4")] == pytest.approx(whole, rel=1e-12)

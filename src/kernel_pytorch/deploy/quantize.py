@@ -45,6 +45,9 @@ SCHEMES = ("int8", "fp8", "int4")
 # from the model itself (`quant_rtol`): each quantized layer adds rounding noise to its output, and
 # the noise of many layers adds up, so a fixed number cannot hold from one layer to a deep model.
 INT4_GROUP = 32  # inputs per int4 scale (quant_config)
+# expected_rtol reads a weight this many rows at a time: its fp64 temporaries stay small (an LM head of
+# 128256 x 2048 would take several GiB at once)
+RTOL_ROWS = 4096
 
 
 def rounding_variance(weight: Tensor, scheme: str) -> Tensor:
@@ -96,10 +99,14 @@ def expected_rtol(model: nn.Module, scheme: str, names: Sequence[str] | None = N
         names = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
     total = 0.0
     for name in names:
-        w = modules[name].weight
-        energy = float(w.detach().to(torch.float64).pow(2).sum())
+        w = modules[name].weight.detach()
+        energy = variance = 0.0
+        for start in range(0, w.shape[0], RTOL_ROWS):  # every scheme scales within a row: blocks of rows
+            rows = w[start:start + RTOL_ROWS]
+            energy += float(rows.to(torch.float64).pow(2).sum())
+            variance += float(rounding_variance(rows, scheme).sum())
         if energy > 0:
-            total += float(rounding_variance(w, scheme).sum()) / energy
+            total += variance / energy
     return total ** 0.5, len(names)
 
 
