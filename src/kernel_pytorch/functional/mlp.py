@@ -96,9 +96,9 @@ def dh_column_spans(n_rows: int, inter: int, element_size: int) -> list[tuple[in
 
 def _chunked_act_backward(k, act: str, dy2: Tensor, w_down: Tensor, acts: tuple[Tensor, ...],
                           spans: list[tuple[int, int]], want_h: bool) -> tuple[tuple[Tensor, ...], Tensor | None]:
-    """dh in column chunks (DH_CHUNK_BYTES): d_gate, d_up written over gate, up span by span, and
-    dW_down's columns from each span's recomputed h. Returns (the activation gradients, as the
-    unchunked path returns them: (gate_up,) or (gate, up); dW_down or None)."""
+    """dh span by span (`dh_column_spans`: one span, or column chunks of at most DH_CHUNK_BYTES): d_gate,
+    d_up written over gate, up, and dW_down's columns from each span's recomputed h. Returns (the
+    activation gradients, as the whole-dh path returns them: (gate_up,) or (gate, up); dW_down or None)."""
     inter = w_down.shape[1]
     gate, up = (acts[0][:, :inter], acts[0][:, inter:]) if len(acts) == 1 else acts
     dw_down = torch.empty_like(w_down) if want_h else None
@@ -144,19 +144,13 @@ class _GatedMLPBlock(torch.autograd.Function):
         want_h = needs[2]
         n_rows, inter = dy2.shape[0], w_down.shape[1]
         spans = dh_column_spans(n_rows, inter, dy2.element_size())
-        if len(spans) == 1:  # the whole dh at once: the packed kernel reads gate_up as it is
+        if len(spans) == 1 and len(acts) == 1:  # the whole dh at once: the packed kernel reads gate_up as it is
             dh = dy2 @ w_down
-            if len(acts) == 1:
-                d_gate_up, h = k.gated_act_packed_bwd(dh, acts[0], ctx.act, out=acts[0], h=dh, with_h=want_h,
-                                                      eager=True)
-                d_acts: tuple[Tensor, ...] = (d_gate_up,)
-            else:
-                d_gate, d_up, h = k.gated_act_bwd(dh, acts[0], acts[1], ctx.act, d_gate=acts[0], d_up=acts[1],
-                                                  h=dh, with_h=want_h, eager=True)
-                d_acts = (d_gate, d_up)
+            d_gate_up, h = k.gated_act_packed_bwd(dh, acts[0], ctx.act, out=acts[0], h=dh, with_h=want_h, eager=True)
+            d_acts: tuple[Tensor, ...] = (d_gate_up,)
             dw_down = dy2.t() @ h if want_h else None
             del dh, h  # before dx and the weight gradients: the backward's peak is gate/up + one (N, I)
-        else:
+        else:  # span by span (one span: the whole dh), gate and up as two column views of their buffers
             d_acts, dw_down = _chunked_act_backward(k, ctx.act, dy2, w_down, acts, spans, want_h)
         for t in acts:
             _increment_version(t)
