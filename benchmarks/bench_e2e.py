@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -233,8 +234,9 @@ def host_phases(forward: Callable[[], torch.Tensor], update: Callable[[], None],
         update()
         t3 = time.perf_counter()
         _sync(dev)
-        rows.append((t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3, time.perf_counter() - t0))
-    med = [sorted(col)[len(col) // 2] * 1e3 for col in zip(*rows)]
+        t4 = time.perf_counter()
+        rows.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0))
+    med = [statistics.median(col) * 1e3 for col in zip(*rows)]
     _sync(dev)
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -307,10 +309,10 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
     row.note = f"{tok_s / 1e3:.1f}k tok/s; warm-up {warm_s:.1f} s ({warmup} steps); {mfu}"
     if profile_to is not None:
         profile_steps(step, dev, profile_to)
-        if dev.type == "cuda":  # the host's side of the step: is the device waiting on Python?
+        if dev.type == "cuda":  # the host's side of the step (is the device waiting on Python?), and what is
+            # live at the step's peak, by the line that allocated it
             with profile_to.open("a") as f:
                 f.write(host_phases(forward, update, step, dev))
-        if dev.type == "cuda":  # and what is live at the step's peak, by the line that allocated it
             peak = record_peak(step, dev)
             profile_to.with_name(profile_to.name.replace("_profile_", "_memory_")).write_text(
                 f"one training step of {provider} ({batch}x{seq}), CUDA allocator trace\n" + peak.table(40) + "\n")
