@@ -1,0 +1,88 @@
+# ruff: noqa: B023  (lambdas are timed immediately, inside the loop that binds them)
+"""RMSNorm at the end-to-end benchmark's shape (8192 tokens x hidden 2048, bf16): launch variants of our
+forward and backward kernels beside torch.compile's kernels for HF's RMSNorm, in CUDA-graph replay.
+
+    python scripts/probe_e2e_norms.py [--shapes 8192x2048,16384x4096,4096x1024]
+
+Forward variants: rows per program (FWD_ROWS) x elements per thread; backward: row tiling (rows per tile,
+programs per SM) x elements per thread. Each variant is checked bitwise against the committed launch
+before it is timed. % copy counts the minimum bytes (fwd: x in, y out; bwd: dy and x in, dx out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+from triton.testing import do_bench
+
+from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
+from kernel_pytorch.benchmark.suites.norms import hf_rms_norm
+from kernel_pytorch.ops import _rows
+from kernel_pytorch.ops import rms_norm as rms_mod
+
+
+def graph_ms(fn) -> float:
+    """Median time of `fn` replayed from a CUDA graph (kernel time, no host overhead)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return do_bench(g.replay, return_mode="median")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="8192x2048,16384x4096,4096x1024")
+    args = parser.parse_args()
+    ceil = measure_copy_gbps("cuda")
+    print(f"copy ceiling {ceil:.0f} GB/s")
+    fwd_op, bwd_op = torch.ops.kernel_pytorch.rms_norm_fwd, torch.ops.kernel_pytorch.rms_norm_bwd
+    saved = {k: getattr(rms_mod, k) for k in ("FWD_ROWS", "_FWD_ELEMENTS_PER_THREAD", "BWD_TILING",
+                                               "_BWD_ELEMENTS_PER_THREAD")}
+    comp = torch.compile(lambda x, w: hf_rms_norm(x, w, 1e-6))
+    for shape in args.shapes.split(","):
+        n, d = (int(v) for v in shape.split("x"))
+        x = torch.randn(n, d, device="cuda", dtype=torch.bfloat16)
+        w = (torch.randn(d, device="cuda") * 0.1 + 1).to(torch.bfloat16)
+        dy = torch.randn_like(x)
+        nb = x.numel() * x.element_size()
+        pct = lambda k, ms: k * nb / ms / 1e6 / ceil * 100  # noqa: E731
+        y0, rstd = fwd_op(x, w, 1e-6, 0.0)
+        dx0, dw0 = bwd_op(dy, x, w, rstd, 0.0)
+        for rows, ept in itertools.product((1, 2, 4, 8), (16, 8, 4)):
+            rms_mod.FWD_ROWS, rms_mod._FWD_ELEMENTS_PER_THREAD = rows, ept
+            _rows.row_launch.cache_clear()
+            y, _ = fwd_op(x, w, 1e-6, 0.0)
+            same = torch.equal(y, y0)
+            ms = graph_ms(lambda: fwd_op(x, w, 1e-6, 0.0))
+            print(f"{shape} fwd rows={rows} ept={ept:2d}: {ms * 1e3:6.1f} us {pct(2, ms):5.1f}%"
+                  f"{'' if same else '  DIFFERS from the committed launch'}")
+        for k, v in saved.items():
+            setattr(rms_mod, k, v)
+        tilings = ((2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (4, 2), (2, 4))
+        for (tile, per_sm), ept in itertools.product(tilings, (8, 4, 16)):
+            rms_mod.BWD_TILING = _rows.RowTiling(tile=tile, programs_per_sm=per_sm)
+            rms_mod._BWD_ELEMENTS_PER_THREAD = ept
+            _rows.row_launch.cache_clear()
+            dx, dw = bwd_op(dy, x, w, rstd, 0.0)
+            same = torch.equal(dx, dx0)
+            dw_err = (dw.float() - dw0.float()).abs().max().item()
+            ms = graph_ms(lambda: bwd_op(dy, x, w, rstd, 0.0))
+            print(f"{shape} bwd tile={tile} per_sm={per_sm} ept={ept:2d}: {ms * 1e3:6.1f} us {pct(3, ms):5.1f}%"
+                  f"{'' if same else '  dx DIFFERS'} (dw vs committed {dw_err:.2e})")
+        for k, v in saved.items():
+            setattr(rms_mod, k, v)
+        _rows.row_launch.cache_clear()
+        with torch.no_grad():
+            cf = graph_ms(lambda: comp(x, w))
+        xg, wg = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        cfb = graph_ms(lambda: torch.autograd.grad(comp(xg, wg), (xg, wg), dy))
+        print(f"{shape} compile fwd {cf * 1e3:6.1f} us {pct(2, cf):5.1f}%; fwd+bwd {cfb * 1e3:6.1f} us "
+              f"{pct(5, cfb):5.1f}% (bwd by difference {(cfb - cf) * 1e3:6.1f} us {pct(3, cfb - cf):5.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
