@@ -1,13 +1,14 @@
 """What is live at the end-to-end training step's memory peak, for variants of one provider.
 
-    python scripts/probe_e2e_memory.py --variants "ours+compile,ours+compile@amb=0.8,ours" [--out DIR]
+    python scripts/probe_e2e_memory.py --variants "ours+compile,ours+compile@noreuse,ours" [--out DIR]
 
 Each variant builds the benchmark's model (benchmarks/bench_e2e.py: HF Llama, 4 x 2048 tokens, fused
 AdamW), runs 3 warm-up steps and 6 timed ones (median step, allocator peak), then records one step's
 allocator trace and prints what was live at its peak by allocating line; lines in Inductor's generated
-code are printed with their source. `@amb=F` sets torch._functorch.config.activation_memory_budget to F
-before the first compile (the partitioner then recomputes more to save less); `@layers=N` changes the
-depth.
+code are printed with their source. Options after `@`: `noreuse` compiles with Inductor's
+allow_buffer_reuse off (a dead buffer is freed, not held for a later one of its size); `amb=F` sets
+torch._functorch.config.activation_memory_budget to F before the first compile (the partitioner then
+recomputes more to save less); `layers=N` changes the depth.
 """
 
 from __future__ import annotations
@@ -48,19 +49,22 @@ def run(variant: str, dev: torch.device) -> str:
     """One variant's report (the model and optimizer are freed when it returns)."""
     provider, *opts = variant.split("@")
     size = bench_e2e.Size()
-    amb = None
+    amb, reuse = None, True
     for opt in opts:
         key, _, value = opt.partition("=")
-        if key == "amb":
+        if key == "noreuse":
+            reuse = False
+        elif key == "amb":
             amb = float(value)
         elif key == "layers":
             size = dataclasses.replace(size, layers=int(value))
         else:
             raise ValueError(f"unknown option {key!r} in {variant!r}")
     torch._dynamo.reset()
-    old = torch._functorch.config.activation_memory_budget
+    old = torch._functorch.config.activation_memory_budget, torch._inductor.config.allow_buffer_reuse
     if amb is not None:
         torch._functorch.config.activation_memory_budget = amb
+    torch._inductor.config.allow_buffer_reuse = reuse
     try:
         model = bench_e2e.build(provider, size, dev, torch.bfloat16)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
@@ -84,10 +88,12 @@ def run(variant: str, dev: torch.device) -> str:
             torch.cuda.synchronize()
             times.append((time.perf_counter() - t) * 1e3)
         peak = torch.cuda.max_memory_allocated() / 2**20
+        reserved = torch.cuda.max_memory_reserved() / 2**20
         breakdown = record_peak(step, dev)
     finally:
-        torch._functorch.config.activation_memory_budget = old
-    lines = [f"== {variant}: step {statistics.median(times):.2f} ms (median of 6), peak {peak:.1f} MiB, "
+        torch._functorch.config.activation_memory_budget, torch._inductor.config.allow_buffer_reuse = old
+    lines = [f"== {variant}: step {statistics.median(times):.2f} ms (median of 6), peak {peak:.1f} MiB "
+             f"(reserved {reserved:.1f}), "
              f"warm-up {warm:.1f} s", breakdown.table(60)]
     for g in breakdown.groups[:60]:
         src = source_of(g.frame)

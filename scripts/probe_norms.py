@@ -190,7 +190,7 @@ def sweep() -> None:
     xr, wr, br, rr = (t.detach().clone().requires_grad_() for t in (x, w, b, x))
     dy = torch.randn_like(x)
     launcher = rms_mod._fwd_kernel
-    raw_args = (x, x, y, w, y, r, 256, 256, 256, 8, 256, 1e-6, 0.0)
+    raw_args = (x, x, y, w, y, r, 256, 256, 256, 256, 1e-6, 0.0)
     raw_meta = dict(BLOCK=256, SINGLE_PASS=True, HAS_RESIDUAL=False, ROUND_NORMED=True, num_warps=1)
     hf_ln = torch.nn.functional.layer_norm
 

@@ -38,6 +38,7 @@ def many_programs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     else:
         for mod in (layer_norm, rms_norm):
             monkeypatch.setattr(mod, "BWD_TILING", TWO_ROW_TILES)
+        monkeypatch.setattr(rms_norm, "BWD_TILINGS", {})
     _rows.row_launch.cache_clear()
     yield request.param
     _rows.row_launch.cache_clear()

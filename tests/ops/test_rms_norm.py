@@ -182,6 +182,31 @@ def test_backward_schedules_cover_tails(many_programs: str, casting: str) -> Non
     _assert_backward(dx, dw, dy, x, w, rstd, dres=dres, casting=casting)
 
 
+@pytest.mark.parametrize("block", [2048, 4096])
+def test_backward_tilings_by_width(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each width's tiling in BWD_TILINGS is the one the backward launches for rows of that block, and
+    it covers every row: applied to a small row (so the interpreter runs it) on more rows than its
+    programs take in one pass, against the reference."""
+    from kernel_pytorch.ops import _rows
+    from kernel_pytorch.ops import rms_norm as rms_mod
+
+    tiling = rms_mod.bwd_tiling(block)
+    assert tiling is rms_mod.BWD_TILINGS[block]
+    assert rms_mod.bwd_tiling(512) is rms_mod.bwd_tiling(8192) is rms_mod.BWD_TILING  # widths not measured
+    rows, cols = many_rows() * 2 + 1, 37
+    launch = _rows.row_launch(cols, 2, 8)
+    monkeypatch.setattr(rms_mod, "BWD_TILINGS", {launch.block: tiling})
+    plan = _rows.row_schedule(rows, torch.device(DEV), launch, tiling)
+    assert -(-rows // plan.tile) > plan.programs  # programs walk more than one tile each
+    x = randn(rows, cols, dtype=torch.bfloat16, device=DEV)
+    w = randn(cols, dtype=torch.bfloat16, device=DEV, offset=1.0)
+    dy = randn(rows, cols, dtype=torch.bfloat16, device=DEV)
+    _, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0)
+    with Poisoned():
+        dx, dw = rms_norm_bwd(dy, x, w, rstd, 0.0)
+    _assert_backward(dx, dw, dy, x, w, rstd)
+
+
 def test_empty_rows() -> None:
     x = randn(0, 16, device=DEV)
     w = randn(16, device=DEV)

@@ -27,16 +27,7 @@ from torch import Tensor
 from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._partials import sum_partials
 from kernel_pytorch.ops._register import Impl, register_op
-from kernel_pytorch.ops._rows import (
-    MAX_WARPS,
-    RowLaunch,
-    RowTiling,
-    as_rows,
-    row_launch,
-    row_schedule,
-    row_stride,
-    split_schedule,
-)
+from kernel_pytorch.ops._rows import RowTiling, as_rows, row_launch, row_schedule, row_stride, split_schedule
 from kernel_pytorch.ops._tiles import load_dy_x, load_rows, tile_rows
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm_backward, rms_norm_from_rstd, rms_norm_rstd, rounds_normed
@@ -45,58 +36,51 @@ from kernel_pytorch.reference.rms_norm import rms_norm_backward, rms_norm_from_r
 # dy, x, weight and accumulators.
 _FWD_ELEMENTS_PER_THREAD = 16
 _BWD_ELEMENTS_PER_THREAD = 8
-# Single-pass forward: rows per program (each program a (rows, block) tile, warps scaled with it) where a
-# row is at most FWD_ROWS_MAX_BLOCK wide; wider rows run one per program.
-FWD_ROWS = 1
-FWD_ROWS_MAX_BLOCK = 4096
 # Row-mode backward: two-row tiles, one program per SM, so one fp32 partial row per SM (as many as
-# Liger-Kernel keeps) at 91% of copy, as fast as two one-row programs per SM (benchmarks/NOTES.md, v5).
+# Liger-Kernel keeps) at 91% of copy, as fast as two one-row programs per SM (H100: benchmarks/NOTES.md,
+# v5). On the H200's faster memory that keeps too little in flight at some widths: BWD_TILINGS, by the
+# row's block, overrides it where the H200 measured another tiling faster (probes/probe_e2e_norms_h200.log,
+# bf16 backward in graph replay): 2048 two-row tiles two per SM, 39.8 us against 46.9 at 8192 rows
+# (59.5% of copy against 50.5%); 4096 one-row programs two per SM, 113.0 us against 131.9 at 16384 rows
+# (83.9% against 71.8%).
 BWD_TILING = RowTiling(tile=2, programs_per_sm=1)
+BWD_TILINGS = {2048: RowTiling(tile=2, programs_per_sm=2), 4096: RowTiling(tile=1, programs_per_sm=2)}
 
 
-def fwd_rows(launch: RowLaunch) -> int:
-    """Rows per program of the forward for a row launch: FWD_ROWS on single-pass rows of at most
-    FWD_ROWS_MAX_BLOCK columns, else 1."""
-    return FWD_ROWS if launch.single_pass and launch.block <= FWD_ROWS_MAX_BLOCK else 1
+def bwd_tiling(block: int) -> RowTiling:
+    """The row-mode backward's tiling for rows of `block` columns (BWD_TILINGS, else BWD_TILING)."""
+    return BWD_TILINGS.get(block, BWD_TILING)
 
 
 @triton.jit
 def _rms_norm_fwd_kernel(
     X, R, H, W, Y, RSTD,
-    stride_x, stride_r, stride_y, n_rows, n_cols, eps, offset,
+    stride_x, stride_r, stride_y, n_cols, eps, offset,
     BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_NORMED: tl.constexpr = True,
-    ROWS: tl.constexpr = 1,
 ):
     # HAS_RESIDUAL: normalise h = (x + r) rounded to x's dtype, and write h (contiguous, like Y)
     # ROUND_NORMED (casting="llama"): round x_hat to Y's dtype before the weight, as HF Llama does;
     # otherwise (torch, Gemma) y is rounded once, at the store
-    # ROWS: rows per program in the single-pass form (a (ROWS, BLOCK) tile, one sum per row)
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    y_row = Y + row * stride_y
     if SINGLE_PASS:
-        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-        row_ok = rows < n_rows
         cols = tl.arange(0, BLOCK)
-        col_ok = cols < n_cols
-        mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         # issue the weight load with x's, not after the reduction: its latency then hides behind x's
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] + offset
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
         if HAS_RESIDUAL:
-            r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0,
-                        eviction_policy="evict_first")
+            r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0, eviction_policy="evict_first")
             x = (x + r.to(tl.float32)).to(H.dtype.element_ty)
-            tl.store(H + rows[:, None] * stride_y + cols[None, :], x, mask=mask)
+            tl.store(H + row * stride_y + cols, x, mask=mask)
             x = x.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-        x_hat = x * rstd[:, None]
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+        x_hat = x * rstd
         if ROUND_NORMED:
             x_hat = x_hat.to(Y.dtype.element_ty).to(tl.float32)
-        tl.store(Y + rows[:, None] * stride_y + cols[None, :], (x_hat * w).to(Y.dtype.element_ty), mask=mask)
-        tl.store(RSTD + rows, rstd, mask=row_ok)
+        tl.store(y_row + cols, (x_hat * w).to(Y.dtype.element_ty), mask=mask)
     else:
-        row = tl.program_id(0).to(tl.int64)
-        x_row = X + row * stride_x
-        y_row = Y + row * stride_y
         # the row does not fit in registers: one pass for the sum of squares, one to normalise
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK):
@@ -124,7 +108,7 @@ def _rms_norm_fwd_kernel(
             if ROUND_NORMED:
                 x_hat = x_hat.to(Y.dtype.element_ty).to(tl.float32)
             tl.store(y_row + cols, (x_hat * w).to(Y.dtype.element_ty), mask=mask)
-        tl.store(RSTD + row, rstd)
+    tl.store(RSTD + row, rstd)
 
 
 @triton.jit
@@ -265,12 +249,11 @@ def rms_norm_fwd(
     r2 = as_rows(residual) if residual is not None else x2
     weight = weight.contiguous()
     launch = row_launch(n_cols, x.element_size(), _FWD_ELEMENTS_PER_THREAD)
-    rows = fwd_rows(launch)
     _fwd_kernel(
-        (triton.cdiv(n_rows, rows),), x2, r2, h if h is not None else y, weight, y, rstd,
-        row_stride(x2), row_stride(r2), n_cols, n_rows, n_cols, eps, offset,
+        (n_rows,), x2, r2, h if h is not None else y, weight, y, rstd,
+        row_stride(x2), row_stride(r2), n_cols, n_cols, eps, offset,
         BLOCK=launch.block, SINGLE_PASS=launch.single_pass, HAS_RESIDUAL=residual is not None,
-        ROUND_NORMED=round_normed, ROWS=rows, num_warps=min(MAX_WARPS, launch.num_warps * rows), eager=eager,
+        ROUND_NORMED=round_normed, num_warps=launch.num_warps, eager=eager,
     )
     return y, rstd, h
 
@@ -301,7 +284,7 @@ def rms_norm_bwd(
     launch = row_launch(n_cols, x.element_size(), _BWD_ELEMENTS_PER_THREAD)
     strides = (row_stride(dy2), row_stride(x2), row_stride(dres2), n_cols)
     if launch.single_pass:
-        plan = row_schedule(n_rows, x.device, launch, BWD_TILING)
+        plan = row_schedule(n_rows, x.device, launch, bwd_tiling(launch.block))
         dw_part = torch.empty((plan.programs, n_cols), dtype=torch.float32, device=x.device)
         _bwd_kernel(
             (plan.programs,), dy2, x2, weight, rstd, dres2, dx, dw_part, *strides, n_rows, n_cols, offset,
