@@ -155,6 +155,10 @@ def build(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> t
         model = ours(model, size, dev)
     if provider.endswith("-cg"):
         model = torch.compile(model, mode="reduce-overhead")
+    elif provider == "ours+compile":  # compiled whole with the Inductor options optimize() recommends
+        from kernel_pytorch.optimize import INDUCTOR_OPTIONS
+
+        model = torch.compile(model, options=INDUCTOR_OPTIONS)
     elif provider.endswith("compile") or provider == "builtin":
         model = torch.compile(model)
     return model
@@ -282,6 +286,11 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
     _sync(dev)
     warm_s = time.perf_counter() - t0
     if dev.type == "cuda":
+        # what warm-up cached (compile-time buffers) is released and one more step fills the cache as a
+        # step does, so the reserved peak below is the steady state's
+        torch.cuda.empty_cache()
+        step()
+        _sync(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     samples = []
     for _ in range(steps):
@@ -290,6 +299,7 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
         _sync(dev)
         samples.append((time.perf_counter() - t) * 1e3)
     timing = summarize(samples, "wall clock per step, synchronised")
+    reserved = ""  # the CUDA allocator's reserved peak beside the allocated one, where it is measured
     row.set_timing(timing)
     if dev.type == "cuda":
         if graphs:  # the graphs' private memory pools do not count as allocated: report what is reserved
@@ -297,6 +307,7 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
             row.peak_mem_method = "cuda allocator reserved peak (CUDA-graph pools included; an upper bound)"
         else:
             row.peak_mem_bytes, row.peak_mem_method = torch.cuda.max_memory_allocated(dev), "cuda allocator peak"
+            reserved = f"; reserved {torch.cuda.max_memory_reserved(dev) / 2**20:.0f} MiB"
     else:
         m = peak_memory(step, dev)
         row.peak_mem_bytes, row.peak_mem_method = m.peak_bytes, m.method
@@ -306,7 +317,7 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
         row.pct_of_matmul = percent_of(row.tflops, matmul_tflops)
     tok_s = batch * seq / (timing.median_ms / 1e3)
     mfu = f"MFU {row.pct_of_matmul:.1f}%" if row.pct_of_matmul is not None else "MFU -"
-    row.note = f"{tok_s / 1e3:.1f}k tok/s; warm-up {warm_s:.1f} s ({warmup} steps); {mfu}"
+    row.note = f"{tok_s / 1e3:.1f}k tok/s; warm-up {warm_s:.1f} s ({warmup} steps); {mfu}{reserved}"
     if profile_to is not None:
         profile_steps(step, dev, profile_to)
         if dev.type == "cuda":  # the host's side of the step (is the device waiting on Python?), and what is

@@ -5,8 +5,9 @@
 Each variant builds the benchmark's model (benchmarks/bench_e2e.py: HF Llama, 4 x 2048 tokens, fused
 AdamW), runs 3 warm-up steps and 6 timed ones (median step, allocator peak), then records one step's
 allocator trace and prints what was live at its peak by allocating line; lines in Inductor's generated
-code are printed with their source. Options after `@`: `noreuse` compiles with Inductor's
-allow_buffer_reuse off (a dead buffer is freed, not held for a later one of its size); `amb=F` sets
+code are printed with their source. A `+compile` provider (ours+compile, liger+compile) is the benchmark's
+model compiled here whole. Options after `@`: `noreuse` compiles with Inductor's allow_buffer_reuse off (a
+dead buffer is freed, not held for a later one of its size); `amb=F` sets
 torch._functorch.config.activation_memory_budget to F before the first compile (the partitioner then
 recomputes more to save less); `layers=N` changes the depth.
 """
@@ -66,7 +67,11 @@ def run(variant: str, dev: torch.device) -> str:
         torch._functorch.config.activation_memory_budget = amb
     torch._inductor.config.allow_buffer_reuse = reuse
     try:
-        model = bench_e2e.build(provider, size, dev, torch.bfloat16)
+        if provider.endswith("+compile"):  # compiled here, so that reuse on and off are both explicit
+            model = torch.compile(bench_e2e.build(provider.removesuffix("+compile"), size, dev, torch.bfloat16),
+                                  options={"allow_buffer_reuse": reuse})
+        else:
+            model = bench_e2e.build(provider, size, dev, torch.bfloat16)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
         ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(0)).to(dev)
 
@@ -80,6 +85,9 @@ def run(variant: str, dev: torch.device) -> str:
             step()
         torch.cuda.synchronize()
         warm = time.perf_counter() - t0
+        torch.cuda.empty_cache()  # the reserved peak of the steps, not of compiling
+        step()
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         times = []
         for _ in range(6):

@@ -182,7 +182,7 @@ def test_backward_schedules_cover_tails(many_programs: str, casting: str) -> Non
     _assert_backward(dx, dw, dy, x, w, rstd, dres=dres, casting=casting)
 
 
-@pytest.mark.parametrize("block", [2048, 4096])
+@pytest.mark.parametrize("block", [1024, 2048, 4096, 8192])
 def test_backward_tilings_by_width(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each width's tiling in BWD_TILINGS is the one the backward launches for rows of that block, and
     it covers every row: applied to a small row (so the interpreter runs it) on more rows than its
@@ -192,7 +192,7 @@ def test_backward_tilings_by_width(block: int, monkeypatch: pytest.MonkeyPatch) 
 
     tiling = rms_mod.bwd_tiling(block)
     assert tiling is rms_mod.BWD_TILINGS[block]
-    assert rms_mod.bwd_tiling(512) is rms_mod.bwd_tiling(8192) is rms_mod.BWD_TILING  # widths not measured
+    assert rms_mod.bwd_tiling(512) is rms_mod.bwd_tiling(16384) is rms_mod.BWD_TILING  # widths not measured
     rows, cols = many_rows() * 2 + 1, 37
     launch = _rows.row_launch(cols, 2, 8)
     monkeypatch.setattr(rms_mod, "BWD_TILINGS", {launch.block: tiling})

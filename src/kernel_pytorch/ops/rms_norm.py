@@ -38,13 +38,19 @@ _FWD_ELEMENTS_PER_THREAD = 16
 _BWD_ELEMENTS_PER_THREAD = 8
 # Row-mode backward: two-row tiles, one program per SM, so one fp32 partial row per SM (as many as
 # Liger-Kernel keeps) at 91% of copy, as fast as two one-row programs per SM (H100: benchmarks/NOTES.md,
-# v5). On the H200's faster memory that keeps too little in flight at some widths: BWD_TILINGS, by the
-# row's block, overrides it where the H200 measured another tiling faster (probes/probe_e2e_norms_h200.log,
-# bf16 backward in graph replay): 2048 two-row tiles two per SM, 39.8 us against 46.9 at 8192 rows
-# (59.5% of copy against 50.5%); 4096 one-row programs two per SM, 113.0 us against 131.9 at 16384 rows
-# (83.9% against 71.8%).
+# v5). On the H200's faster memory that keeps too little in flight: BWD_TILINGS, by the row's block,
+# holds the tiling the H200 measured fastest at each width from 1024 to 8192 (probes/
+# probe_e2e_norms_h200.log, bf16 backward in graph replay, against (2, 1)): 1024 four-row tiles two per
+# SM, 27.1 us against 36.8 (8192 rows); 2048 two-row tiles two per SM, 39.8 against 46.9 (8192 rows);
+# 4096 one row, two programs per SM, 113.0 against 131.9 (16384 rows); 8192 the same, 75.5 against
+# 86.4 (4096 rows). Other widths were not measured there and keep BWD_TILING.
 BWD_TILING = RowTiling(tile=2, programs_per_sm=1)
-BWD_TILINGS = {2048: RowTiling(tile=2, programs_per_sm=2), 4096: RowTiling(tile=1, programs_per_sm=2)}
+BWD_TILINGS = {
+    1024: RowTiling(tile=4, programs_per_sm=2),
+    2048: RowTiling(tile=2, programs_per_sm=2),
+    4096: RowTiling(tile=1, programs_per_sm=2),
+    8192: RowTiling(tile=1, programs_per_sm=2),
+}
 
 
 def bwd_tiling(block: int) -> RowTiling:

@@ -24,6 +24,7 @@ import sys
 import types
 from typing import Any
 
+from kernel_pytorch.optimize.compile import INDUCTOR_OPTIONS
 from kernel_pytorch.optimize.core import optimize, select_rules
 from kernel_pytorch.optimize.dynamic import mark_dynamic_inputs
 from kernel_pytorch.optimize.report import Change, CompileStep, OptimizeReport
@@ -40,5 +41,5 @@ class _CallablePackage(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallablePackage
 
-__all__ = ["Change", "CompileStep", "Match", "OptimizeReport", "Rule", "default_rules", "mark_dynamic_inputs",
-           "optimize", "select_rules"]
+__all__ = ["INDUCTOR_OPTIONS", "Change", "CompileStep", "Match", "OptimizeReport", "Rule", "default_rules",
+           "mark_dynamic_inputs", "optimize", "select_rules"]

@@ -41,6 +41,16 @@ from kernel_pytorch.optimize.report import CompileStep
 
 CompileMode = Literal["auto"] | bool
 
+# Inductor options for compiling an optimized model whole: torch.compile(model, options=INDUCTOR_OPTIONS).
+# allow_buffer_reuse off: Inductor frees each buffer of a compiled graph after its last use instead of
+# holding it for a later buffer of the same size. A compiled training step's backward otherwise keeps the
+# last layer's MLP gradients ((N, I) buffers, held for the next layer's) alive through its attention
+# backward, where the step's memory peaks. The e2e step (HF Llama, 8 layers, 4 x 2048 tokens, H200):
+# peak 9203 -> 8982 MiB (benchmarks/results/probes/probe_e2e_memory_h200.txt); the freed blocks go back
+# to the caching allocator, which hands them to the next allocation of any size. Not for
+# mode="reduce-overhead" (torch.compile takes a mode or options, not both).
+INDUCTOR_OPTIONS: dict[str, Any] = {"allow_buffer_reuse": False}
+
 
 def _blocks(model: nn.Module) -> tuple[list[nn.Module], str] | None:
     found = find_repeated_blocks(model)
