@@ -47,7 +47,8 @@ from kernel_pytorch.benchmark.timer import resolve_device, summarize  # noqa: E4
 
 DEFAULT_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "liger", "liger+compile", "builtin")
 # opt-in "-cg": the same model compiled with mode="reduce-overhead" (CUDA graphs, one per compiled graph)
-TRAIN_PROVIDERS = (*DEFAULT_PROVIDERS, "torch.compile-cg", "ours+compile-cg")
+# opt-in: CUDA graphs (mode="reduce-overhead"); ours compiled with Inductor's default options
+TRAIN_PROVIDERS = (*DEFAULT_PROVIDERS, "torch.compile-cg", "ours+compile-cg", "ours+compile-reuse")
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def build(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> t
         from kernel_pytorch.optimize import INDUCTOR_OPTIONS
 
         model = torch.compile(model, options=INDUCTOR_OPTIONS)
-    elif provider.endswith("compile") or provider == "builtin":
+    elif provider.endswith("compile") or provider in ("builtin", "ours+compile-reuse"):
         model = torch.compile(model)
     return model
 
