@@ -92,3 +92,26 @@ def test_host_phases_times_each_phase_and_the_back_to_back_step() -> None:
     assert 20 <= fwd < 40 and 4 <= opt < 20
     assert float(second.split(": ")[1].split()[0]) >= 24
     assert calls == {"fwd": 6, "upd": 6}
+
+
+def test_ours_compile_takes_the_recommended_inductor_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ours+compile compiles with optimize's INDUCTOR_OPTIONS; ours+compile-reuse and torch.compile with
+    Inductor's defaults (torch.compile recorded, not run)."""
+    import torch
+
+    from kernel_pytorch.optimize import INDUCTOR_OPTIONS
+
+    bench = _bench()
+    calls: list[dict] = []
+
+    def record(model: torch.nn.Module, **kwargs: object) -> torch.nn.Module:
+        calls.append(kwargs)
+        return model
+
+    monkeypatch.setattr(bench, "hf_model", lambda size, dev, dtype: torch.nn.Linear(2, 2))
+    monkeypatch.setattr(bench, "ours", lambda model, size, dev: model)
+    monkeypatch.setattr(torch, "compile", record)
+    size, dev = bench.Size(), torch.device("cpu")
+    for provider in ("ours+compile", "ours+compile-reuse", "torch.compile"):
+        bench.build(provider, size, dev, torch.float32)
+    assert calls == [{"options": INDUCTOR_OPTIONS}, {}, {}]
