@@ -16,24 +16,18 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
+from pathlib import Path
 
 import torch
-from triton.testing import do_bench
 
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
 from kernel_pytorch.benchmark.suites.norms import hf_rms_norm
 from kernel_pytorch.ops import _rows
 from kernel_pytorch.ops import rms_norm as rms_mod
 
-
-def graph_ms(fn) -> float:
-    """Median time of `fn` replayed from a CUDA graph (kernel time, no host overhead)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return do_bench(g.replay, return_mode="median")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_norms import graph_ms  # noqa: E402  (CUDA-graph replay of one call, as the norm sweep times it)
 
 
 def main() -> None:
