@@ -46,8 +46,8 @@ from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row
 from kernel_pytorch.benchmark.timer import resolve_device, summarize  # noqa: E402
 
 DEFAULT_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "liger", "liger+compile", "builtin")
-# opt-in "-cg": the same model compiled with mode="reduce-overhead" (CUDA graphs, one per compiled graph)
-# opt-in: CUDA graphs (mode="reduce-overhead"); ours compiled with Inductor's default options
+# opt-in: "-cg", the same model compiled with mode="reduce-overhead" (CUDA graphs, one per compiled graph);
+# "ours+compile-reuse", ours compiled with Inductor's default options (ours+compile takes INDUCTOR_OPTIONS)
 TRAIN_PROVIDERS = (*DEFAULT_PROVIDERS, "torch.compile-cg", "ours+compile-cg", "ours+compile-reuse")
 
 
