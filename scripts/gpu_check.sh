@@ -3,7 +3,7 @@
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
 #   opt-in: loss_curve; probes: mlp_sweep ce_sweep flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
-#   aoti_toolchain quant_decode
+#   aoti_toolchain quant_decode e2e_norms e2e_memory
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -108,6 +108,12 @@ for s in $steps; do
               --budget-s "${KP_DECODE_BUDGET_S:-200}" ${KP_DECODE_PROVIDERS:+--providers "$KP_DECODE_PROVIDERS"} ;;
     # the kernels of one quantized decode step (bf16, int8, fp8) under the decode bench's compile
     quant_decode) step 180 probe_quant_decode python3 scripts/probe_quant_decode.py ;;
+    # RMSNorm's launch variants at the e2e shapes beside torch.compile's (KP_NORM_SHAPES, KP_NORM_PASSES)
+    e2e_norms) step 200 probe_e2e_norms python3 scripts/probe_e2e_norms.py --shapes "${KP_NORM_SHAPES:-8192x2048,16384x4096}" \
+                 --passes "${KP_NORM_PASSES:-fwd,bwd}" ;;
+    # what is live at the e2e step's memory peak, by variant (up to about 2 min each: compile, steps, the trace)
+    e2e_memory) step 300 probe_e2e_memory python3 scripts/probe_e2e_memory.py \
+                  --variants "${KP_E2E_MEMORY_VARIANTS:-ours+compile,ours+compile@noreuse}" ;;
     corpus) step 300 corpus env KP_CORPUS_DEVICE=cuda python3 -m pytest tests/assistant/test_real_models.py \
               -q -p no:cacheprovider -rfxXs --durations=0 -s ;;
     analyze) step 150 analyze python3 -m kernel_pytorch.cli.main analyze --model llama-8l-2048 \
