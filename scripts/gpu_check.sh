@@ -90,10 +90,11 @@ for s in $steps; do
     loss_curve) step 90 loss_curve python3 benchmarks/bench_loss_curve.py --out "$work/results" ;;
     # rows in the order the target reads them; the script writes after each row and stops starting rows
     # at --budget-s, so the step's limit leaves the last started row time to finish
-    # (KP_E2E_PROVIDERS, KP_E2E_BUDGET_S and KP_E2E_FLAGS narrow it to what a call has time for)
+    # (KP_E2E_PROVIDERS, KP_E2E_BUDGET_S and KP_E2E_FLAGS narrow it to what a call has time for;
+    # KP_E2E_PROVIDERS= (set, empty) runs only the 16k-context and generate rows)
     e2e) step $((${KP_E2E_BUDGET_S:-250} + 90)) bench_e2e python3 benchmarks/bench_e2e.py --out "$work/results" \
            --budget-s "${KP_E2E_BUDGET_S:-250}" ${KP_E2E_FLAGS:-} \
-           --providers "${KP_E2E_PROVIDERS:-eager,torch.compile,ours+compile,liger,ours,liger+compile,builtin}" \
+           --providers "${KP_E2E_PROVIDERS-eager,torch.compile,ours+compile,liger,ours,liger+compile,builtin}" \
            --profile torch.compile,ours+compile,ours ;;
     # every optimize() family on the e2e model under torch.compile, gradients against eager; a faulting set
     # is rerun synchronously with the generated code logged, and the faulting kernel named
