@@ -442,7 +442,35 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str,
         results.notes.append(f"skipped for the time budget: {', '.join(skipped)}")
     results.notes.append("MFU: model FLOPs (6 x matmul params x tokens + causal attention) per step / step time / "
                          "the matmul ceiling above; tokens/s, warm-up and MFU are in each row's status note")
+    results.notes.extend(target_check(results, f"train step {size.batch}x{size.seq}"))
     return results
+
+
+# The issue's combined target, one provider: tokens/s >= SPEEDUP x torch.compile's AND peak <= MEMORY x Liger's
+TARGET_SPEEDUP, TARGET_MEMORY = 1.2, 0.9
+
+
+def target_check(results: BenchmarkResults, op: str) -> list[str]:
+    """One note per measured `ours*` training row of `op`: its tokens/s over torch.compile's and its peak
+    over Liger's in this run, and whether both halves of the target hold (a half whose baseline did not
+    run is "-", and the target is then not judged)."""
+    rows = {r.provider: r for r in results.rows if r.op == op and r.status == "ok" and r.median_ms}
+    base_t, base_m = rows.get("torch.compile"), rows.get("liger")
+    notes = []
+    for name, row in rows.items():
+        if not name.startswith("ours"):
+            continue
+        speed = base_t.median_ms / row.median_ms if base_t else None
+        memory = row.peak_mem_bytes / base_m.peak_mem_bytes if base_m and base_m.peak_mem_bytes and row.peak_mem_bytes \
+            else None
+        if speed is None or memory is None:
+            verdict = "not judged (a baseline did not run)"
+        else:
+            verdict = "met" if speed >= TARGET_SPEEDUP and memory <= TARGET_MEMORY else "not met"
+        notes.append(f"target (>= {TARGET_SPEEDUP}x torch.compile's tokens/s and <= {TARGET_MEMORY}x Liger's peak): "
+                     f"{name} {'-' if speed is None else f'{speed:.3f}x'} and "
+                     f"{'-' if memory is None else f'{memory:.3f}x'}: {verdict}")
+    return notes
 
 
 def main(argv: list[str] | None = None) -> int:
