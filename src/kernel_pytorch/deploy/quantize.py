@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import call, flatten
-from kernel_pytorch.deploy._quantized import SCHEME_ATTR
+from kernel_pytorch.deploy._quantized import SCHEME_ATTR, is_subclass
 from kernel_pytorch.deploy.export import export, our_ops
 from kernel_pytorch.tolerances import BUDGET_FACTOR, tolerance_for
 from kernel_pytorch.validation import ValidationResult, validate_optimization
@@ -80,7 +80,7 @@ def rounding_variance(weight: Tensor, scheme: str) -> Tensor:
 def quantized_linears(model: nn.Module) -> list[str]:
     """Names of `model`'s nn.Linear modules whose weight is a quantized tensor (a torchao subclass)."""
     return [name for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and type(m.weight) not in (nn.Parameter, Tensor)]
+            if isinstance(m, nn.Linear) and is_subclass(m.weight)]
 
 
 def expected_rtol(model: nn.Module, scheme: str, names: Sequence[str] | None = None) -> tuple[float, int]:
@@ -246,7 +246,7 @@ def validate_quantized(original: nn.Module, quantized: nn.Module, inputs: Any, s
 
 def _inner(t: Tensor, name: str) -> list[tuple[str, Tensor]]:
     """The plain tensors a (possibly subclass) tensor is made of: qdata, scale, zero_point ..."""
-    if type(t) in (Tensor, nn.Parameter) or not hasattr(t, "__tensor_flatten__"):
+    if not is_subclass(t) or not hasattr(t, "__tensor_flatten__"):
         return [(name, t)]
     attrs, _ = t.__tensor_flatten__()
     return [leaf for a in attrs for leaf in _inner(getattr(t, a), f"{name}.{a}")]
