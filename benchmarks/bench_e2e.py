@@ -7,8 +7,10 @@ inference row (prefill + 256 greedy decode tokens).
     python benchmarks/bench_e2e.py --quick --device cpu             # tiny config: checks the pipeline
     python benchmarks/bench_e2e.py --profile eager,ours+compile     # + where the step's time goes
     python benchmarks/bench_e2e.py --providers torch.compile-cg,ours+compile-cg   # mode="reduce-overhead"
+    python benchmarks/bench_e2e.py --providers ours+compile+adamw,torch.compile+adamw  # our AdamW's kernel
 
-The step is forward + backward + fused AdamW on (batch x seq) tokens, labels = input_ids. Each provider
+The step is forward + backward + fused AdamW on (batch x seq) tokens, labels = input_ids (torch's
+`AdamW(fused=True)`; a provider named with "+adamw" is stepped by `kernel_pytorch.optim.AdamW`). Each provider
 gets a fresh model from the same seed, `--warmup` untimed steps (the first one's time is the warm-up /
 compile time), then `--steps` timed steps (CUDA: synchronised wall time per step; the median is
 reported). Tokens/s = batch * seq / median step time; MFU = model FLOPs per step (6 x matmul parameters x
@@ -49,6 +51,16 @@ DEFAULT_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "liger", 
 # opt-in: "-cg", the same model compiled with mode="reduce-overhead" (CUDA graphs, one per compiled graph);
 # "ours+compile-reuse", ours compiled with Inductor's default options (ours+compile takes INDUCTOR_OPTIONS)
 TRAIN_PROVIDERS = (*DEFAULT_PROVIDERS, "torch.compile-cg", "ours+compile-cg", "ours+compile-reuse")
+# any training provider + "+adamw": the same model stepped by kernel_pytorch.optim.AdamW instead of torch's
+# fused AdamW (the update is the same; the kernel is one launch)
+OUR_ADAMW = "+adamw"
+
+
+def optimizer_of(provider: str) -> tuple[str, bool]:
+    """(the provider's model, whether kernel_pytorch.optim.AdamW steps it)."""
+    if provider.endswith(OUR_ADAMW):
+        return provider.removesuffix(OUR_ADAMW), True
+    return provider, False
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,7 @@ def ours(model: torch.nn.Module, size: Size, dev: torch.device) -> torch.nn.Modu
 
 
 def build(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    provider = optimizer_of(provider)[0]
     if provider not in TRAIN_PROVIDERS:
         raise ValueError(f"unknown provider {provider!r}; known: {', '.join(TRAIN_PROVIDERS)}")
     if provider.startswith("liger"):
@@ -260,11 +273,16 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
     row = Row(op=f"train step {batch}x{seq}", shape=[batch, seq], config=size.label, dtype=str(dtype).split(".")[-1],
               provider=provider, pass_name="fwd+bwd+adamw")
     model = build(provider, size, dev, dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=dev.type == "cuda")
+    if optimizer_of(provider)[1]:
+        from kernel_pytorch.optim import AdamW
+
+        opt = AdamW(model.parameters(), lr=1e-5, backend="triton" if dev.type == "cuda" else "auto")
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=dev.type == "cuda")
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, size.vocab, (batch, seq), generator=g).to(dev)
 
-    graphs = provider.endswith("-cg")
+    graphs = optimizer_of(provider)[0].endswith("-cg")
 
     def forward() -> torch.Tensor:
         if graphs:  # a new training step: the graphs' previous outputs (the gradients) are consumed
@@ -332,8 +350,8 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
 
 
 def inference_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> Row:
-    """Prefill `size.prompt` tokens and decode `size.decode` greedily; ours (DynamicCache) or HF's static
-    cache (which generate() compiles)."""
+    """Prefill `size.prompt` tokens and decode `size.decode` greedily: ours with the DynamicCache (eager), and
+    ours or HF's model with the static cache (which generate() compiles)."""
     row = Row(op=f"generate {size.prompt}+{size.decode}", shape=[1, size.prompt + size.decode], config=size.label,
               dtype=str(dtype).split(".")[-1], provider=provider, pass_name="prefill+decode")
     model = hf_model(size, dev, dtype).eval()
@@ -414,7 +432,7 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str,
             jobs.append((args, lambda p=p: train_row(p, size, dev, dtype, 1, size.long_seq, max(2, steps // 4),
                                                      warmup, matmul)))
     if inference:
-        for p in ("ours", "hf static cache + compile"):
+        for p in ("ours", "ours + static cache + compile", "hf static cache + compile"):
             args = dict(op=f"generate {size.prompt}+{size.decode}", shape=[1, size.prompt + size.decode], config=label,
                         dtype=dt, provider=p, pass_name="prefill+decode")
             jobs.append((args, lambda p=p: inference_row(p, size, dev, dtype)))

@@ -3,7 +3,7 @@
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
 #   opt-in: loss_curve; probes: mlp_sweep ce_sweep flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
-#   aoti_toolchain quant_decode e2e_norms e2e_memory
+#   aoti_toolchain quant_decode e2e_norms e2e_memory adamw
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -85,6 +85,10 @@ for s in $steps; do
                    --shapes "${KP_FLCE_SHAPES:-0,2}" --chunks "${KP_FLCE_CHUNKS:-512,1024,2048}" ;;
     # does this torch's Inductor write a backward op's declared mutations over saved activations?
     reinplace) step 90 probe_reinplace env TORCH_LOGS=output_code python3 scripts/probe_reinplace.py cuda ;;
+    # the AdamW kernel on the GPU (its unmarked tests), then its step on the e2e Llama's parameters against
+    # torch's fused and foreach AdamW at each launch variant (KP_ADAMW_VARIANTS)
+    adamw) step 120 pytest_adamw python3 -m pytest -q -p no:cacheprovider -rf tests/ops/test_adamw.py tests/optim
+           step 150 probe_adamw python3 scripts/probe_adamw.py ${KP_ADAMW_VARIANTS:+--variants "$KP_ADAMW_VARIANTS"} ;;
     norms | attention | rope | mlp | cross_entropy) bench 300 "$s" ;;
     # 50 AdamW steps of the built-in Llama, fused linear CE against the unfused loss (bf16)
     loss_curve) step 90 loss_curve python3 benchmarks/bench_loss_curve.py --out "$work/results" ;;

@@ -34,6 +34,7 @@ def _check(ptrs: Any, mask: Any, what: str) -> None:
     ranges = getattr(_state, "ranges", None)
     if not ranges:
         return
+    ranges = ranges + getattr(_state, "extra", [])
     from triton.runtime.interpreter import _get_np_dtype
 
     size = np.dtype(_get_np_dtype(ptrs.get_element_ty())).itemsize
@@ -104,3 +105,16 @@ def sanitized() -> Iterator[None]:
     finally:
         if before is None:
             uninstall()
+
+
+@contextmanager
+def allow(*tensors: Any) -> Iterator[None]:
+    """Let launches inside also touch these tensors' storages: a kernel that reads addresses from a
+    table (ops/adamw.py) reaches tensors that are not its arguments."""
+    extra = _ranges(list(tensors))
+    before = getattr(_state, "extra", [])
+    _state.extra = before + extra
+    try:
+        yield
+    finally:
+        _state.extra = before

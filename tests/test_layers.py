@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("reference",),
     ("ops",),
     ("functional",),
-    ("nn", "models"),
+    ("nn", "models", "optim"),
     ("benchmark",),
     ("assistant",),
     ("validation",),

@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, tuple[str, str | None]] = {
     "functional": ("kernel_pytorch.functional", None),
     "nn": ("kernel_pytorch.nn", None),
+    "optim": ("kernel_pytorch.optim", None),
     "CompilerOptimizationAssistant": ("kernel_pytorch.assistant", "CompilerOptimizationAssistant"),
     "validate_optimization": ("kernel_pytorch.validation", "validate_optimization"),
     "optimize": ("kernel_pytorch.optimize", "optimize"),
@@ -31,7 +32,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 if TYPE_CHECKING:
-    from kernel_pytorch import functional, nn
+    from kernel_pytorch import functional, nn, optim
     from kernel_pytorch.assistant import CompilerOptimizationAssistant
     from kernel_pytorch.deploy import load, save
     from kernel_pytorch.optimize import optimize
@@ -52,5 +53,5 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["CompilerOptimizationAssistant", "__version__", "functional", "load", "nn", "optimize", "save",
-           "validate_optimization"]
+__all__ = ["CompilerOptimizationAssistant", "__version__", "functional", "load", "nn", "optim", "optimize",
+           "save", "validate_optimization"]

@@ -1,0 +1,125 @@
+"""AdamW's step on the e2e Llama's parameters: torch's fused and foreach AdamW against
+kernel_pytorch.optim.AdamW at each (BLOCK, NUM_WARPS), one run, with the copy ceiling measured in it.
+
+    python scripts/probe_adamw.py                        # CUDA: the e2e benchmark's 0.9B bf16 parameters
+    python scripts/probe_adamw.py --variants 2048x4,4096x8 --steps 30
+    python scripts/probe_adamw.py --quick --device cpu   # a tiny model through the interpreter: the pipeline
+
+Each provider steps the same parameters and gradients (bf16, state in bf16 as torch creates it): 3 steps
+of warm-up, then `--steps` steps each timed by CUDA events, synchronised (the median is printed; host
+time included, as a training loop sees it). Bytes per step: p, g, m, v read and p, m, v written. Before
+timing, each of ours is checked against torch's fused AdamW: three steps from the same state, parameters
+within one bf16 rounding (the same update, rounded once; reference/adamw.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from kernel_pytorch.benchmark.ceilings import measure_copy_gbps  # noqa: E402
+from kernel_pytorch.ops import adamw as K  # noqa: E402
+from kernel_pytorch.optim import AdamW  # noqa: E402
+
+
+def llama_shapes(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, vocab: int) -> list[tuple[int, ...]]:
+    """The parameter shapes of an HF LlamaForCausalLM (untied embeddings), in module order."""
+    kv = hidden // heads * kv_heads
+    layer = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden), (inter, hidden), (inter, hidden),
+             (hidden, inter), (hidden,), (hidden,)]
+    return [(vocab, hidden), *layer * layers, (hidden,), (vocab, hidden)]
+
+
+def make(shapes, dev, dtype, seed=0) -> list[torch.nn.Parameter]:
+    g = torch.Generator(device=dev).manual_seed(seed)  # drawn where they live: 0.9B values on the host take minutes
+    params = [torch.nn.Parameter(torch.randn(s, generator=g, device=dev).to(dtype)) for s in shapes]
+    for p in params:
+        p.grad = (torch.randn(p.shape, generator=g, device=dev) * 1e-2).to(dtype)
+    return params
+
+
+def timed(opt: torch.optim.Optimizer, dev: torch.device, steps: int) -> list[float]:
+    for _ in range(3):
+        opt.step()
+    out = []
+    for _ in range(steps):
+        if dev.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            opt.step()
+            end.record()
+            torch.cuda.synchronize()
+            out.append(start.elapsed_time(end))
+        else:
+            import time
+            t = time.perf_counter()
+            opt.step()
+            out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def check(shapes, dev, dtype) -> str:
+    """Ours against torch's fused AdamW, three steps from the same parameters and gradients."""
+    ours, theirs = make(shapes, dev, dtype), make(shapes, dev, dtype)
+    a = AdamW(ours, lr=1e-3, backend="triton" if dev.type == "cuda" else "auto")
+    b = torch.optim.AdamW(theirs, lr=1e-3, fused=True)
+    for _ in range(3):
+        a.step()
+        b.step()
+    worst, differ, total = 0.0, 0, 0
+    for p, q in zip((p.detach() for p in ours), (q.detach() for q in theirs), strict=True):
+        d = (p.float() - q.float()).abs()
+        ulp = torch.finfo(dtype).eps * q.float().abs().clamp_min(torch.finfo(dtype).tiny)
+        worst = max(worst, float((d / ulp).max()))
+        differ += int((d > 0).sum())
+        total += p.numel()
+    return f"max |ours - torch fused| = {worst:.2f} ulp; {differ} of {total} elements differ"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default="2048x4,2048x8,4096x4,4096x8,8192x8,8192x16",
+                    help="BLOCKxNUM_WARPS pairs for ours")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="a two-layer toy model")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    dev, dtype = torch.device(args.device), torch.bfloat16
+    shapes = llama_shapes(64, 176, 2, 4, 2, 512) if args.quick else llama_shapes(2048, 5632, 8, 16, 8, 128256)
+    n = sum(torch.Size(s).numel() for s in shapes)
+    nbytes = 7 * 2 * n
+    copy = measure_copy_gbps(dev) if dev.type == "cuda" else None
+    print(f"{len(shapes)} tensors, {n / 1e6:.1f}M parameters, {nbytes / 1e9:.2f} GB a step (7 passes of bf16); "
+          f"copy ceiling {copy or 0:.0f} GB/s", flush=True)
+    print(check(shapes, dev, dtype), flush=True)
+    rows = [("torch fused", lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True)),
+            ("torch foreach", lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=True))]
+    for v in args.variants.split(","):
+        block, warps = (int(x) for x in v.split("x"))
+        rows.append((f"ours {block}x{warps}", lambda p, b=block, w=warps: (b, w)))
+    for name, factory in rows:
+        params = make(shapes, dev, dtype)
+        spec = factory(params)
+        if isinstance(spec, tuple):
+            K.BLOCK, K.NUM_WARPS = spec
+            opt = AdamW(params, lr=1e-3, backend="triton" if dev.type == "cuda" else "auto")
+        else:
+            opt = spec
+        ms = statistics.median(timed(opt, dev, args.steps))
+        rate = nbytes / ms / 1e6
+        pct = f"{100 * rate / copy:.1f}% of copy" if copy else "-"
+        print(f"{name:>16}: {ms:8.3f} ms  {rate:7.0f} GB/s  {pct}", flush=True)
+        del opt, params
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
