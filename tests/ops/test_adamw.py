@@ -38,9 +38,11 @@ def _assert_same(actual, expected, what: str) -> None:
         assert result.passed, result.message(f"{what}[{i}]")
 
 
+@pytest.mark.parametrize("precise", [False, True], ids=["fast", "ieee"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("step,weight_decay", [(1.0, 0.0), (7.0, 0.1)])
-def test_kernel_matches_reference(dtype, step, weight_decay) -> None:
+def test_kernel_matches_reference(dtype, step, weight_decay, precise, monkeypatch) -> None:
+    monkeypatch.setattr(K, "PRECISE_MATH", precise)
     state = _state(SIZES, dtype)
     expected = _clone(state)
     with _sanitize.allow(*(t for ts in state for t in ts)):

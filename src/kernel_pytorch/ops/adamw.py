@@ -30,13 +30,17 @@ from kernel_pytorch.reference.adamw import adamw_, adamw_scalars
 # Elements per program and warps (scripts/probe_adamw.py sweeps both on the e2e Llama's parameters).
 BLOCK = 4096
 NUM_WARPS = 8
+# IEEE square root and divisions (torch's fused kernel's) or the fast fp32 forms (<= 2 ulp of the update
+# term, below one rounding of a bf16 or fp16 parameter): the IEEE ones are instruction sequences with a
+# slow path, several per element, and bound the kernel by its arithmetic (probes/probe_adamw_h200.log)
+PRECISE_MATH = False
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @triton.jit
 def _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, offs, n, lr_wd, step_size, bc2_sqrt, beta1, beta2, eps,
-                  MASKED: tl.constexpr):
+                  MASKED: tl.constexpr, PRECISE: tl.constexpr):
     mask = offs < n if MASKED else None
     p = tl.load(p_ptr + offs, mask=mask).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
@@ -45,8 +49,10 @@ def _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, offs, n, lr_wd, step_size, bc2_sqr
     p = p - lr_wd * p
     m = beta1 * m + (1.0 - beta1) * g
     v = beta2 * v + (1.0 - beta2) * g * g
-    # IEEE square root and divisions, as torch's fused kernel (Triton's `/` is an approximate one)
-    p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps)
+    if PRECISE:
+        p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps)
+    else:  # Triton's `/` and sqrt are the approximate forms
+        p = p - step_size * m / (tl.sqrt(v) / bc2_sqrt + eps)
     tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
     tl.store(m_ptr + offs, m.to(m_ptr.dtype.element_ty), mask=mask)
     tl.store(v_ptr + offs, v.to(v_ptr.dtype.element_ty), mask=mask)
@@ -55,7 +61,7 @@ def _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, offs, n, lr_wd, step_size, bc2_sqr
 @triton.jit
 def _adamw_kernel(table, blocks, lr_wd, step_size, bc2_sqrt, beta1, beta2, eps,
                   P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr,
-                  BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr, PRECISE: tl.constexpr):
     pid = tl.program_id(0)
     t = tl.load(blocks + 2 * pid).to(tl.int64)
     start = tl.load(blocks + 2 * pid + 1).to(tl.int64) * BLOCK
@@ -69,10 +75,10 @@ def _adamw_kernel(table, blocks, lr_wd, step_size, bc2_sqrt, beta1, beta2, eps,
     offs = start + tl.arange(0, BLOCK)
     if start + BLOCK <= n:
         _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, offs, n, lr_wd, step_size, bc2_sqrt, beta1, beta2, eps,
-                      MASKED=False)
+                      MASKED=False, PRECISE=PRECISE)
     else:
         _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, offs, n, lr_wd, step_size, bc2_sqrt, beta1, beta2, eps,
-                      MASKED=True)
+                      MASKED=True, PRECISE=PRECISE)
 
 
 # (numels, BLOCK, device) -> the block table: the same parameters give the same table every step (a few
@@ -142,7 +148,7 @@ def adamw_step(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor]
     _adamw_kernel[(blocks.shape[0],)](
         table, blocks, lr * weight_decay, step_size, bc2_sqrt, beta1, beta2, eps,
         P_DTYPE=dtypes[0], G_DTYPE=dtypes[1], M_DTYPE=dtypes[2], V_DTYPE=dtypes[3], BLOCK=BLOCK,
-        num_warps=NUM_WARPS,
+        PRECISE=PRECISE_MATH, num_warps=NUM_WARPS,
     )
 
 
