@@ -101,7 +101,7 @@ def check(shapes, dev, dtype) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default="2048x8p,1024x4,2048x4,2048x8,4096x4,4096x8,8192x8,8192x16",
+    ap.add_argument("--variants", default="1024x4p,512x4,1024x2,1024x4,1024x8,2048x8",
                     help="BLOCKxNUM_WARPS pairs for ours; a trailing p: the IEEE sqrt and divisions")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="a two-layer toy model")

@@ -28,8 +28,8 @@ from torch import Tensor
 from kernel_pytorch.reference.adamw import adamw_, adamw_scalars
 
 # Elements per program and warps (scripts/probe_adamw.py sweeps both on the e2e Llama's parameters).
-BLOCK = 4096
-NUM_WARPS = 8
+BLOCK = 1024
+NUM_WARPS = 4
 # IEEE square root and divisions (torch's fused kernel's) or the fast fp32 forms (<= 2 ulp of the update
 # term, below one rounding of a bf16 or fp16 parameter): the IEEE ones are instruction sequences with a
 # slow path, several per element, and bound the kernel by its arithmetic (probes/probe_adamw_h200.log)
