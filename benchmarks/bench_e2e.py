@@ -42,6 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kernel_pytorch.benchmark.ceilings import device_name, measure_ceilings, percent_of, tflops  # noqa: E402
+from kernel_pytorch.benchmark.decode import compiled_frames, cudagraph_skips  # noqa: E402
 from kernel_pytorch.benchmark.memory import peak_memory  # noqa: E402
 from kernel_pytorch.benchmark.memory_peak import record_peak  # noqa: E402
 from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row  # noqa: E402
@@ -360,21 +361,29 @@ def inference_row(provider: str, size: Size, dev: torch.device, dtype: torch.dty
     extra = {"cache_implementation": "static"} if "static" in provider else {}
     ids = torch.randint(0, size.vocab, (1, size.prompt), device=dev)
     kw = dict(max_new_tokens=size.decode, min_new_tokens=size.decode, do_sample=False, **extra)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        model.generate(ids, **kw)  # warm-up (compiles the static-cache forward)
-    _sync(dev)
-    warm_s = time.perf_counter() - t0
-    samples = []
-    for _ in range(1 if size == QUICK else 2):
+
+    def generate(**over: Any) -> float:
         t = time.perf_counter()
         with torch.no_grad():
-            model.generate(ids, **kw)
+            model.generate(ids, **{**kw, **over})
         _sync(dev)
-        samples.append((time.perf_counter() - t) * 1e3)
+        return (time.perf_counter() - t) * 1e3
+
+    frames, skips = compiled_frames(), cudagraph_skips()
+    warm_s = generate() / 1e3  # warm-up (compiles the static-cache forward)
+    frames, skips = compiled_frames() - frames, cudagraph_skips() - skips
+    samples = [generate() for _ in range(1 if size == QUICK else 2)]
     timing = summarize(samples, "wall clock per generate() call, synchronised")
     row.set_timing(timing)
-    row.note = f"{size.decode / (timing.median_ms / 1e3):.0f} decode tok/s (prefill included); warm-up {warm_s:.1f} s"
+    # the prefill alone (one new token: generate()'s first forward, which it never compiles), so the note
+    # can say what a decode step costs; frames compiled while timing would be recompiles
+    frames_before = compiled_frames()
+    prefill = min(generate(max_new_tokens=1, min_new_tokens=1) for _ in range(2))
+    timed_frames = compiled_frames() - frames_before
+    per_token = (timing.median_ms - prefill) / max(1, size.decode - 1)
+    row.note = (f"{size.decode / (timing.median_ms / 1e3):.0f} decode tok/s (prefill included); prefill "
+                f"{prefill:.1f} ms, then {per_token:.2f} ms a token; warm-up {warm_s:.1f} s, {frames} frames "
+                f"compiled, {skips} CUDA-graph skips; {timed_frames} frames compiled after")
     del model
     return row
 
