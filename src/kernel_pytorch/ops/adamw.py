@@ -113,34 +113,44 @@ def _address_table(rows: list[tuple[int, int, int, int, int]], device: torch.dev
     return host
 
 
+def _check(lists: tuple[list[Tensor], ...]) -> None:
+    """Equal lengths, one kernel dtype per list, and each tensor contiguous, aligned and like its parameter."""
+    names = ("params", "grads", "exp_avgs", "exp_avg_sqs")
+    params = lists[0]
+    for name, ts in zip(names, lists, strict=True):
+        if len(ts) != len(params):
+            raise ValueError(f"{name} has {len(ts)} tensors, params {len(params)}")
+        kinds = {t.dtype for t in ts}
+        if len(kinds) != 1 or next(iter(kinds)) not in _TL_DTYPES:
+            raise TypeError(f"{name} must share one dtype of {', '.join(map(str, _TL_DTYPES))} (got {kinds})")
+    device = params[0].device
+    for i, group in enumerate(zip(*lists, strict=True)):
+        for name, t in zip(names, group, strict=True):
+            if t.device != device or t.shape != params[i].shape or not t.is_contiguous() or t.data_ptr() % 16:
+                raise ValueError(f"{name}[{i}] must be contiguous, 16-byte aligned, on {device} and of shape "
+                                 f"{tuple(params[i].shape)} (got {t.device}, {tuple(t.shape)}, "
+                                 f"contiguous={t.is_contiguous()}, address % 16 = {t.data_ptr() % 16})")
+
+
 def adamw_step(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
-               lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: float) -> None:
+               lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: float, *,
+               check: bool = True) -> None:
     """One launch of the update over every tensor (the module docstring); in place.
 
     Args:
         params, grads, exp_avgs, exp_avg_sqs: equal-length lists; the i-th of each have one shape, are
             contiguous and 16-byte aligned; each list has one dtype (fp32, bf16 or fp16).
         step: the update's step count (>= 1), the same for every tensor.
+        check: check the lists (False: the caller has; optim.AdamW checks each tensor as it groups them).
     """
     if not params:
         return
-    lists = {"params": params, "grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
-    rows, dtypes = [], []
-    for name, ts in lists.items():
-        if len(ts) != len(params):
-            raise ValueError(f"{name} has {len(ts)} tensors, params {len(params)}")
-        kinds = {t.dtype for t in ts}
-        if len(kinds) != 1 or next(iter(kinds)) not in _TL_DTYPES:
-            raise TypeError(f"{name} must share one dtype of {', '.join(map(str, _TL_DTYPES))} (got {kinds})")
-        dtypes.append(_TL_DTYPES[ts[0].dtype])
+    lists = (params, grads, exp_avgs, exp_avg_sqs)
+    if check:
+        _check(lists)
     device = params[0].device
-    for i, group in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, strict=True)):
-        for name, t in zip(lists, group, strict=True):
-            if t.device != device or t.shape != params[i].shape or not t.is_contiguous() or t.data_ptr() % 16:
-                raise ValueError(f"{name}[{i}] must be contiguous, 16-byte aligned, on {device} and of shape "
-                                 f"{tuple(params[i].shape)} (got {t.device}, {tuple(t.shape)}, "
-                                 f"contiguous={t.is_contiguous()}, address % 16 = {t.data_ptr() % 16})")
-        rows.append((*(t.data_ptr() for t in group), params[i].numel()))
+    rows = [(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel()) for p, g, m, v in zip(*lists)]
+    dtypes = [_TL_DTYPES[ts[0].dtype] for ts in lists]
     numels = tuple(r[4] for r in rows)
     blocks = _block_table(numels, BLOCK, device)
     table = _address_table(rows, device)

@@ -33,23 +33,22 @@ def kernel_ready(device: torch.device) -> tuple[bool, str]:
     return triton_status(device)
 
 
-def _plain(t: Tensor) -> bool:
-    return type(t) in (Tensor, torch.nn.Parameter)
-
-
-def _why_not(p: Tensor) -> str | None:
-    """Why the kernel cannot update `p` (None: it can)."""
-    g = p.grad
-    if not (_plain(p) and _plain(g)):
-        return f"a parameter or gradient is a tensor subclass ({type(p).__name__}, {type(g).__name__})"
-    if g.is_sparse or p.is_complex():
-        return "a parameter is complex or has a sparse gradient"
-    if p.dtype not in KERNEL_DTYPES or g.dtype not in KERNEL_DTYPES:
-        return f"a parameter or gradient is {p.dtype}/{g.dtype}; the kernel takes {KERNEL_DTYPES}"
-    if not (p.is_contiguous() and g.is_contiguous()) or p.data_ptr() % 16 or g.data_ptr() % 16:
-        return "a parameter or gradient is not contiguous and 16-byte aligned"
-    ready, why = kernel_ready(p.device)
-    return None if ready else why
+def _why_not(p: Tensor, others: tuple[Tensor, ...], ready: dict[torch.device, tuple[bool, str]]) -> str | None:
+    """Why the kernel cannot update `p` with its gradient and moments `others` (None: it can).
+    `ready` caches kernel_ready by device within one step."""
+    for t in (p, *others):
+        if type(t) not in (Tensor, torch.nn.Parameter):
+            return f"a parameter, gradient or moment is a tensor subclass ({type(t).__name__})"
+        if t.dtype not in KERNEL_DTYPES or t.layout != torch.strided:
+            return f"a parameter, gradient or moment is {t.dtype} ({t.layout}); the kernel takes dense {KERNEL_DTYPES}"
+        if t is not p and (t.device != p.device or t.shape != p.shape):
+            return "a gradient or moment is not on its parameter's device or not of its shape"
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            return "a parameter, gradient or moment is not contiguous and 16-byte aligned"
+    status = ready.get(p.device)
+    if status is None:
+        status = ready[p.device] = kernel_ready(p.device)
+    return None if status[0] else status[1]
 
 
 def _unhooked_torch_step() -> Callable[..., Any]:
@@ -75,9 +74,10 @@ class AdamW(torch.optim.AdamW):
         self.backend = backend
 
     def _why_not(self) -> str | None:
-        """Why this step cannot run on the kernel (None: it can)."""
+        """Why this step cannot run on the kernel (None: it can); changes nothing."""
         if self.backend == "torch":
             return "backend='torch'"
+        ready: dict[torch.device, tuple[bool, str]] = {}
         for group in self.param_groups:
             for name, value in _TORCH_ONLY.items():
                 if group.get(name) == value:
@@ -85,7 +85,11 @@ class AdamW(torch.optim.AdamW):
             if isinstance(group["lr"], Tensor) and group["lr"].device.type != "cpu":
                 return "lr is a device tensor"
             for p in group["params"]:
-                if p.grad is not None and (why := _why_not(p)) is not None:
+                if p.grad is None:
+                    continue
+                state = self.state.get(p)
+                moments = (state["exp_avg"], state["exp_avg_sq"]) if state else ()
+                if (why := _why_not(p, (p.grad, *moments), ready)) is not None:
                     return why
         return None
 
@@ -105,13 +109,15 @@ class AdamW(torch.optim.AdamW):
                 log_once(f"kernel_pytorch.optim.AdamW: {why}; using torch's AdamW step")
             _unhooked_torch_step()(self)
             return loss
-        from kernel_pytorch.ops import adamw  # registers the op (imports Triton) on the first kernel step
+        from kernel_pytorch.ops import adamw  # imports Triton on the first kernel step
 
         for (index, *_), (step, lists) in self._buckets().items():
             group = self.param_groups[index]
             beta1, beta2 = (float(b) for b in group["betas"])
-            adamw.adamw_op(*lists, float(group["lr"]), beta1, beta2, float(group["eps"]),
-                           float(group["weight_decay"]), step)
+            # the launcher itself, as the functional layer's eager entries are: every tensor was checked
+            # above, and the op's dispatch of four lists costs host time a step need not pay
+            adamw.adamw_step(*lists, float(group["lr"]), beta1, beta2, float(group["eps"]),
+                             float(group["weight_decay"]), step, check=False)
         return loss
 
     def _buckets(self) -> dict[tuple, tuple[float, tuple[list[Tensor], ...]]]:
