@@ -372,19 +372,17 @@ def inference_row(provider: str, size: Size, dev: torch.device, dtype: torch.dty
     frames, skips = compiled_frames(), cudagraph_skips()
     warm_s = generate() / 1e3  # warm-up (compiles the static-cache forward)
     frames, skips = compiled_frames() - frames, cudagraph_skips() - skips
+    timed_from = compiled_frames()  # frames compiled from here on are recompiles
     samples = [generate() for _ in range(1 if size == QUICK else 2)]
     timing = summarize(samples, "wall clock per generate() call, synchronised")
     row.set_timing(timing)
     # the prefill alone (one new token: generate()'s first forward, which it never compiles), so the note
-    # can say what a decode step costs; frames compiled while timing would be recompiles
-    frames_before = compiled_frames()
+    # can say what a decode step costs
     prefill = min(generate(max_new_tokens=1, min_new_tokens=1) for _ in range(2))
-    timed_frames = compiled_frames() - frames_before
     per_token = (timing.median_ms - prefill) / max(1, size.decode - 1)
     row.note = (f"{size.decode / (timing.median_ms / 1e3):.0f} decode tok/s (prefill included); prefill "
-                f"{prefill:.1f} ms, then {per_token:.2f} ms a token; warm-up {warm_s:.1f} s, {frames} frames "
-                f"compiled, {skips} CUDA-graph skips; {timed_frames} frames compiled after")
-    del model
+                f"{prefill:.1f} ms, then {per_token:.2f} ms a token; warm-up {warm_s:.1f} s: {frames} frames "
+                f"compiled, {skips} CUDA-graph skips; {compiled_frames() - timed_from} frames compiled after")
     return row
 
 

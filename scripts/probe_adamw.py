@@ -119,7 +119,8 @@ def main() -> None:
             ("torch foreach", lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=True))]
     for v in args.variants.split(","):
         block, warps = (int(x) for x in v.rstrip("p").split("x"))
-        rows.append((f"ours {v}", lambda p, b=block, w=warps, precise=v.endswith("p"): (b, w, precise)))
+        precise = v.endswith("p")
+        rows.append((f"ours {v}", lambda p, b=block, w=warps, precise=precise: (b, w, precise)))
     for name, factory in rows:
         params = make(shapes, dev, dtype)
         spec = factory(params)
