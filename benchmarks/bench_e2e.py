@@ -52,6 +52,8 @@ DEFAULT_PROVIDERS = ("eager", "torch.compile", "ours", "ours+compile", "liger", 
 # opt-in: "-cg", the same model compiled with mode="reduce-overhead" (CUDA graphs, one per compiled graph);
 # "ours+compile-reuse", ours compiled with Inductor's default options (ours+compile takes INDUCTOR_OPTIONS)
 TRAIN_PROVIDERS = (*DEFAULT_PROVIDERS, "torch.compile-cg", "ours+compile-cg", "ours+compile-reuse")
+# the generate rows: ours with the DynamicCache (eager), ours and HF's model with the static cache
+GENERATE_PROVIDERS = ("ours", "ours + static cache + compile", "hf static cache + compile")
 # any training provider + "+adamw": the same model stepped by kernel_pytorch.optim.AdamW instead of torch's
 # fused AdamW (the update is the same; the kernel is one launch)
 OUR_ADAMW = "+adamw"
@@ -406,7 +408,7 @@ def _failed(row_args: dict, exc: BaseException) -> Row:
 
 def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str, ...], steps: int, warmup: int,
         budget_s: float, long_row: bool, inference: bool, smoke: bool, profile: tuple[str, ...] = (),
-        out: Path | None = None) -> BenchmarkResults:
+        out: Path | None = None, generate: tuple[str, ...] = GENERATE_PROVIDERS) -> BenchmarkResults:
     """Every row in one run, each in its own try/except, within the time budget."""
     start = time.perf_counter()
     results = BenchmarkResults(name="e2e", device=device_name(dev), smoke=smoke)
@@ -439,7 +441,7 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str,
             jobs.append((args, lambda p=p: train_row(p, size, dev, dtype, 1, size.long_seq, max(2, steps // 4),
                                                      warmup, matmul)))
     if inference:
-        for p in ("ours", "ours + static cache + compile", "hf static cache + compile"):
+        for p in generate:
             args = dict(op=f"generate {size.prompt}+{size.decode}", shape=[1, size.prompt + size.decode], config=label,
                         dtype=dt, provider=p, pass_name="prefill+decode")
             jobs.append((args, lambda p=p: inference_row(p, size, dev, dtype)))
@@ -508,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting rows after this many seconds")
     parser.add_argument("--providers", default=",".join(DEFAULT_PROVIDERS), help="comma-separated training providers")
     parser.add_argument("--no-long", action="store_true", help="skip the 16k-context row")
-    parser.add_argument("--no-inference", action="store_true", help="skip the generate() row")
+    parser.add_argument("--no-inference", action="store_true", help="skip the generate() rows")
+    parser.add_argument("--static-generate-only", action="store_true",
+                        help="of the generate() rows, only the two with the static cache (ours, HF's)")
     parser.add_argument("--profile", default="", help="comma-separated training providers to profile (two more "
                         "steps each, e2e_profile_<provider>.txt beside the results; on CUDA one more, what is "
                         "live at its memory peak by allocating line, e2e_memory_<provider>.txt)")
@@ -523,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path("bench-results") / f"e2e-{time.strftime('%Y%m%d-%H%M%S')}"
     profile = tuple(p for p in args.profile.split(",") if p)
     results = run(size, dev, dtype, providers, steps, warmup, budget, not args.no_long, not args.no_inference,
-                  smoke=args.quick, profile=profile, out=out)
+                  smoke=args.quick, profile=profile, out=out,
+                  generate=GENERATE_PROVIDERS[1:] if args.static_generate_only else GENERATE_PROVIDERS)
     js, md = results.write(out)
     print(f"wrote {js} and {md}")
     return 0
