@@ -11,7 +11,8 @@ arguments. A pointer table (T, 5) int64 holds each tensor's p, g, m, v addresses
 table (B, 2) int32 names the tensor and block of each program: one launch covers every tensor, each
 program one BLOCK of one tensor, unmasked except a tensor's last block. torch's fused AdamW runs
 multi_tensor_apply instead: a few hundred 64K-element chunks per launch, 44 launches for the 0.9B
-parameters of the e2e Llama on the H200 at 52% of copy (benchmarks/results/e2e_profile_*.txt).
+parameters of the e2e Llama, on the H200 at 52% of copy inside the e2e step (e2e_profile_*.txt) and 65%
+alone, where this kernel runs at 99% (benchmarks/results/probes/probe_adamw_h200.log).
 
 The op is a `torch.library.custom_op`, opaque to torch.compile: the kernel reads addresses, which a
 traced (fake) tensor does not have, so there is no `triton_op` body to trace. Its non-CUDA kernel is

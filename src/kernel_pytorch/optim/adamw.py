@@ -134,6 +134,8 @@ class AdamW(torch.optim.AdamW):
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if state["step"].device.type != "cpu":  # from a fused or capturable AdamW's checkpoint: once
+                    state["step"] = state["step"].detach().to("cpu", torch.float32)
                 owners.append((index, p, state))
                 steps.append(state["step"])
         if not steps:
