@@ -1,6 +1,6 @@
 """End-to-end training step of an HF LlamaForCausalLM: eager, torch.compile, Liger, Liger + compile, ours
-(`kernel_pytorch.optimize`), ours + compile and the built-in Llama; plus a 16k-context row and an
-inference row (prefill + 256 greedy decode tokens).
+(`kernel_pytorch.optimize`), ours + compile and the built-in Llama; plus a 16k-context row and
+generate rows (prefill + 256 greedy decode tokens).
 
     python benchmarks/bench_e2e.py                                  # H100: the issue's config, ~4 min
     python benchmarks/bench_e2e.py --out benchmarks/results         # replace the committed results
@@ -374,7 +374,8 @@ def inference_row(provider: str, size: Size, dev: torch.device, dtype: torch.dty
     frames, skips = compiled_frames(), cudagraph_skips()
     warm_s = generate() / 1e3  # warm-up (compiles the static-cache forward)
     frames, skips = compiled_frames() - frames, cudagraph_skips() - skips
-    timed_from = compiled_frames()  # frames compiled from here on are recompiles
+    # frames Dynamo converts (compiles, or finds no graph in and leaves to Python) from here on are recompiles
+    timed_from = compiled_frames()
     samples = [generate() for _ in range(1 if size == QUICK else 2)]
     timing = summarize(samples, "wall clock per generate() call, synchronised")
     row.set_timing(timing)
@@ -383,8 +384,8 @@ def inference_row(provider: str, size: Size, dev: torch.device, dtype: torch.dty
     prefill = min(generate(max_new_tokens=1, min_new_tokens=1) for _ in range(2))
     per_token = (timing.median_ms - prefill) / max(1, size.decode - 1)
     row.note = (f"{size.decode / (timing.median_ms / 1e3):.0f} decode tok/s (prefill included); prefill "
-                f"{prefill:.1f} ms, then {per_token:.2f} ms a token; warm-up {warm_s:.1f} s: {frames} frames "
-                f"compiled, {skips} CUDA-graph skips; {compiled_frames() - timed_from} frames compiled after")
+                f"{prefill:.1f} ms, then {per_token:.2f} ms a token; warm-up {warm_s:.1f} s: {frames} Dynamo "
+                f"frames converted, {skips} CUDA-graph skips; {compiled_frames() - timed_from} more while timed")
     return row
 
 
