@@ -9,7 +9,7 @@ Each provider steps the same parameters and gradients (bf16, state in bf16 as to
 of warm-up, then `--steps` steps each timed by CUDA events, synchronised (the median is printed; host
 time included, as a training loop sees it). Bytes per step: p, g, m, v read and p, m, v written. Before
 timing, each of ours is checked against torch's fused AdamW: three steps from the same state, parameters
-within one bf16 rounding (the same update, rounded once; reference/adamw.py).
+within one bf16 rounding (the same update, rounded once; reference/adam.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps  # noqa: E402
-from kernel_pytorch.ops import adamw as K  # noqa: E402
+from kernel_pytorch.ops import adam as K  # noqa: E402
 from kernel_pytorch.optim import AdamW  # noqa: E402
 
 

@@ -6,7 +6,7 @@ imports it on first use of a kernel), so the pure-torch reference runs where Tri
 """
 
 from kernel_pytorch.ops import (  # noqa: F401  (registration)
-    adamw,
+    adam,
     add_rms_norm,
     bias_act,
     cross_entropy,
@@ -40,7 +40,7 @@ from kernel_pytorch.ops.rms_norm import rms_norm_eager
 from kernel_pytorch.ops.rope import rope_eager
 
 __all__ = [
-    "adamw",
+    "adam",
     "add_rms_norm",
     "add_rms_norm_eager",
     "bias_act",

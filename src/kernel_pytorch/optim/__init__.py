@@ -1,5 +1,5 @@
-"""Optimizers whose update runs as one kernel launch: `AdamW`, a drop-in for torch.optim.AdamW."""
+"""Optimizers whose update runs as one kernel launch: `Adam` and `AdamW`, drop-ins for torch.optim's."""
 
-from kernel_pytorch.optim.adamw import AdamW
+from kernel_pytorch.optim.adam import Adam, AdamW
 
-__all__ = ["AdamW"]
+__all__ = ["Adam", "AdamW"]

@@ -1,6 +1,6 @@
-"""kernel_pytorch.optim.AdamW as a drop-in for torch.optim.AdamW: the same trajectory over several steps
-(groups, dtypes, parameters without gradients), checkpoints both ways, hooks, closures, the backends and
-their fallbacks."""
+"""kernel_pytorch.optim.Adam and AdamW as drop-ins for torch.optim's: the same trajectory over several
+steps (groups, dtypes, parameters without gradients, amsgrad, maximize), checkpoints both ways, hooks,
+closures, the backends and their fallbacks."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kernel_pytorch._env import log_once
-from kernel_pytorch.ops import adamw as K
-from kernel_pytorch.optim import AdamW
-from kernel_pytorch.optim import adamw as optim_adamw
+from kernel_pytorch.ops import adam as K
+from kernel_pytorch.optim import Adam, AdamW
+from kernel_pytorch.optim import adam as optim_adam
 from kernel_pytorch.tolerances import compare
 from tests import _sanitize
 from tests.grid import device_under_test, randn
@@ -25,14 +25,14 @@ DEV = device_under_test()
 def kernel_here(monkeypatch):
     """On a CPU-only machine the kernel path is taken anyway, through Triton's interpreter."""
     if DEV == "cpu":
-        monkeypatch.setattr(optim_adamw, "kernel_ready", lambda device: (True, "interpreter"))
-        launch = K.adamw_step
+        monkeypatch.setattr(optim_adam, "kernel_ready", lambda device: (True, "interpreter"))
+        launch = K.adam_step
 
         def sanitized(*args, **kwargs):  # the kernel reads tensors through its address table
-            with _sanitize.allow(*(t for ts in args[:4] for t in ts)):
+            with _sanitize.allow(*(t for ts in args[:5] if ts is not None for t in ts)):
                 launch(*args, **kwargs)
 
-        monkeypatch.setattr(K, "adamw_step", sanitized)
+        monkeypatch.setattr(K, "adam_step", sanitized)
 
 
 def _model(dtype=torch.float32) -> torch.nn.Module:
@@ -73,6 +73,18 @@ def test_trajectory_matches_torch(dtype, kernel_here) -> None:
     _assert_models_match(ours, theirs)
     assert ours.extra not in opt.state and torch.equal(ours.extra, theirs.extra)
     assert float(opt.state[ours[0].weight]["step"]) == 4.0
+
+
+@pytest.mark.parametrize("options", [{}, {"amsgrad": True}, {"maximize": True}, {"decoupled_weight_decay": True}],
+                         ids=["adam", "amsgrad", "maximize", "decoupled"])
+def test_adam_trajectory_matches_torch(options, kernel_here) -> None:
+    ours, theirs = _model(), _model()
+    opt = Adam(_groups(ours), lr=1e-2, weight_decay=0.05, backend="triton", **options)
+    ref = torch.optim.Adam(_groups(theirs), lr=1e-2, weight_decay=0.05, fused=True, **options)
+    _train(ours, opt)
+    _train(theirs, ref)
+    _assert_models_match(ours, theirs)
+    assert set(opt.state[ours[0].weight]) == set(ref.state[theirs[0].weight])  # amsgrad: max_exp_avg_sq too
 
 
 def test_parameters_with_their_own_step_counts(kernel_here) -> None:
@@ -133,19 +145,31 @@ def test_is_a_torch_adamw_with_hooks_closure_and_scheduler(kernel_here) -> None:
     assert opt.param_groups[0]["lr"] == pytest.approx(5e-3)
 
 
-def test_torch_only_options_fall_back(caplog, kernel_here) -> None:
+def test_what_the_kernel_does_not_take_falls_back(caplog, kernel_here) -> None:
+    """A transposed (non-contiguous) parameter: torch's step, said once; backend='triton' raises, and so
+    does an option only torch's step has."""
     log_once.cache_clear()
-    ours, theirs = _model(), _model()
-    opt = AdamW(ours.parameters(), lr=1e-2, amsgrad=True)
-    ref = torch.optim.AdamW(theirs.parameters(), lr=1e-2, amsgrad=True)
+    torch.manual_seed(0)
+    ours = torch.nn.Parameter(torch.randn(6, 5, device=DEV).t())
+    theirs = torch.nn.Parameter(ours.detach().clone())
+    x = randn(3, 5, device=DEV)
+    opt = AdamW([ours], lr=1e-2)
+    ref = torch.optim.AdamW([theirs], lr=1e-2)
     with caplog.at_level(logging.INFO, logger="kernel_pytorch"):
-        _train(ours, opt, steps=2)
-    _train(theirs, ref, steps=2)
-    _assert_models_match(ours, theirs)
+        for p, o in ((ours, opt), (theirs, ref)):
+            for _ in range(2):
+                (x @ p).square().sum().backward()
+                o.step()
+                o.zero_grad()
+    torch.testing.assert_close(ours, theirs)
     said = [r.message for r in caplog.records if "optim.AdamW" in r.message]
-    assert said == ["kernel_pytorch.optim.AdamW: amsgrad=True is torch's AdamW's alone; using torch's AdamW step"]
-    with pytest.raises(ValueError, match="backend='triton' cannot run this AdamW step: maximize=True"):
-        _train(ours, AdamW(ours.parameters(), maximize=True, backend="triton"), steps=1)
+    assert said == ["kernel_pytorch.optim.AdamW: a parameter, gradient or moment is not contiguous and 16-byte "
+                    "aligned; using torch's AdamW step"]
+    (x @ ours).sum().backward()
+    with pytest.raises(ValueError, match="backend='triton' cannot run this AdamW step: a parameter"):
+        AdamW([ours], backend="triton").step()
+    with pytest.raises(ValueError, match="backend='triton' cannot run this Adam step: fused=True"):
+        _train(_model(), Adam(_model().parameters(), fused=True, backend="triton"), steps=1)
 
 
 def test_backend_torch_is_torch_bitwise() -> None:
@@ -159,13 +183,15 @@ def test_backend_torch_is_torch_bitwise() -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="backend must be one of"):
         AdamW(_model().parameters(), backend="cuda")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        Adam(_model().parameters(), backend="cuda")
     with pytest.raises(ValueError, match="Invalid learning rate"):
         AdamW(_model().parameters(), lr=-1.0)
 
 
 def test_auto_uses_torch_where_the_kernel_cannot_run(monkeypatch) -> None:
     """Where the kernel cannot run (here: a CPU-only machine without the interpreter seam), auto is torch."""
-    monkeypatch.setattr(optim_adamw, "kernel_ready", lambda device: (False, "no CUDA device is available"))
+    monkeypatch.setattr(optim_adam, "kernel_ready", lambda device: (False, "no CUDA device is available"))
     log_once.cache_clear()
     ours, theirs = _model(), _model()
     _train(ours, AdamW(ours.parameters(), lr=1e-2, foreach=False))
