@@ -3,7 +3,7 @@
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
 #   opt-in: loss_curve; probes: mlp_sweep ce_sweep flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
-#   aoti_toolchain quant_decode e2e_norms e2e_memory adamw
+#   aoti_toolchain quant_decode e2e_norms e2e_memory adamw e2e_host
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -120,6 +120,9 @@ for s in $steps; do
     # what is live at the e2e step's memory peak, by variant (up to about 2 min each: compile, steps, the trace)
     e2e_memory) step 300 probe_e2e_memory python3 scripts/probe_e2e_memory.py \
                   --variants "${KP_E2E_MEMORY_VARIANTS:-ours+compile,ours+compile@noreuse}" ;;
+    # the e2e step's host side: lead-in before the first kernel, synchronising calls, chrome traces
+    e2e_host) step 300 probe_e2e_host python3 scripts/probe_e2e_host.py --out "$work/results/e2e_host" \
+                --providers "${KP_E2E_HOST_PROVIDERS:-torch.compile,ours+compile+adamw}" ;;
     corpus) step 300 corpus env KP_CORPUS_DEVICE=cuda python3 -m pytest tests/assistant/test_real_models.py \
               -q -p no:cacheprovider -rfxXs --durations=0 -s ;;
     analyze) step 150 analyze python3 -m kernel_pytorch.cli.main analyze --model llama-8l-2048 \
