@@ -43,6 +43,12 @@ def test_a_free_before_any_alloc_and_no_python_frame() -> None:
     assert got.peak == 4 and got.groups[0].frame == "<no python frame>"
 
 
+def test_an_allocation_with_only_torch_frames_names_the_innermost() -> None:
+    autograd = ("/x/torch/autograd/graph.py", 824, "_engine_run_backward")
+    got = live_at_peak([{"action": "alloc", "addr": 1, "size": 8, "frames": _frames(INTERNAL, autograd)}])
+    assert got.groups[0].frame == "<torch only> nn/modules/module.py:1700 in _call_impl"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_record_peak_needs_cuda() -> None:
     with pytest.raises(ValueError, match="device must be a CUDA device"):

@@ -28,7 +28,8 @@ _TORCH_INTERNAL = ("/torch/nn/", "/torch/autograd/", "/torch/_ops.py", "/torch/_
 @dataclass(frozen=True)
 class PeakGroup:
     """Bytes live at the peak that one frame allocated (`count` allocations); `frame` is
-    "file:line in function", or "<no python frame>" for allocations made from C++ alone."""
+    "file:line in function", "<torch only> file:line in function" (the innermost frame, when every
+    Python frame is torch's own) or "<no python frame>" for allocations made from C++ alone."""
 
     frame: str
     nbytes: int
@@ -61,13 +62,17 @@ class PeakBreakdown:
 
 
 def _frame(frames: Iterable[Mapping[str, Any]]) -> str:
+    inner = None  # the innermost torch-internal frame, named when no other frame is found
     for f in frames:  # innermost first, as the allocator records them
         name = str(f.get("filename", ""))
-        if not name.endswith(".py") or any(part in name for part in _TORCH_INTERNAL):
+        if not name.endswith(".py"):
             continue
         short = "/".join(name.split("/")[-3:])
+        if any(part in name for part in _TORCH_INTERNAL):
+            inner = inner or f"{short}:{f.get('line')} in {f.get('name')}"
+            continue
         return f"{short}:{f.get('line')} in {f.get('name')}"
-    return "<no python frame>"
+    return f"<torch only> {inner}" if inner else "<no python frame>"
 
 
 def live_at_peak(trace: Iterable[Mapping[str, Any]], baseline: int = 0) -> PeakBreakdown:
