@@ -8,6 +8,7 @@ generate rows (prefill + 256 greedy decode tokens).
     python benchmarks/bench_e2e.py --profile eager,ours+compile     # + where the step's time goes
     python benchmarks/bench_e2e.py --providers torch.compile-cg,ours+compile-cg   # mode="reduce-overhead"
     python benchmarks/bench_e2e.py --providers ours+compile+adamw,torch.compile+adamw  # our AdamW's kernel
+    python benchmarks/bench_e2e.py --providers torch.compile+nocache     # called with use_cache=False
 
 The step is forward + backward + fused AdamW on (batch x seq) tokens, labels = input_ids (torch's
 `AdamW(fused=True)`; a provider named with "+adamw" is stepped by `kernel_pytorch.optim.AdamW`). Each provider
@@ -57,10 +58,14 @@ GENERATE_PROVIDERS = ("ours", "ours + static cache + compile", "hf static cache 
 # any training provider + "+adamw": the same model stepped by kernel_pytorch.optim.AdamW instead of torch's
 # fused AdamW (the update is the same; the kernel is one launch)
 OUR_ADAMW = "+adamw"
+# any training provider + "+nocache": the model is called with use_cache=False, which optimize()'s forward
+# passes in training (compiled, transformers' default cache makes every layer's K and V graph outputs)
+NO_CACHE = "+nocache"
 
 
 def optimizer_of(provider: str) -> tuple[str, bool]:
-    """(the provider's model, whether kernel_pytorch.optim.AdamW steps it)."""
+    """(the provider's model, whether kernel_pytorch.optim.AdamW steps it); a NO_CACHE suffix is dropped."""
+    provider = provider.replace(NO_CACHE, "")
     if provider.endswith(OUR_ADAMW):
         return provider.removesuffix(OUR_ADAMW), True
     return provider, False
@@ -181,8 +186,8 @@ def build(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> t
     return model
 
 
-def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    out = model(input_ids=ids, labels=ids)
+def _loss(model: torch.nn.Module, ids: torch.Tensor, **options: Any) -> torch.Tensor:
+    out = model(input_ids=ids, labels=ids, **options)
     return out if isinstance(out, torch.Tensor) else out.loss
 
 
@@ -286,11 +291,12 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
     ids = torch.randint(0, size.vocab, (batch, seq), generator=g).to(dev)
 
     graphs = optimizer_of(provider)[0].endswith("-cg")
+    options = {"use_cache": False} if NO_CACHE in provider else {}
 
     def forward() -> torch.Tensor:
         if graphs:  # a new training step: the graphs' previous outputs (the gradients) are consumed
             torch.compiler.cudagraph_mark_step_begin()
-        return _loss(model, ids)
+        return _loss(model, ids, **options)
 
     def update() -> None:
         opt.step()

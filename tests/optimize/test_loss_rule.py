@@ -71,6 +71,25 @@ def test_training_skips_the_logits_and_inference_is_untouched(tied: tuple) -> No
            reference(input_ids=inputs["input_ids"], logits_to_keep=1).logits)
 
 
+def _cache(output: object) -> object:
+    """The output's KV cache, under either name transformers gives the field."""
+    return getattr(output, "cache", None) or getattr(output, "past_key_values", None)
+
+
+def test_training_with_labels_turns_the_cache_off_unless_asked(tied: tuple) -> None:
+    model, reference, inputs = tied
+    assert _cache(model(**inputs)) is not None  # eval: as transformers
+    model.train()
+    reference.train()
+    try:
+        assert _cache(reference(**inputs)) is not None  # what transformers does in training
+        assert _cache(model(**inputs)) is None
+        assert _cache(model(**inputs, use_cache=True)) is not None
+    finally:
+        model.eval()
+        reference.eval()
+
+
 def test_instance_forward_signs_as_the_class_and_detaches(tied: tuple) -> None:
     model, _, _ = tied
     assert "forward" in vars(model) and type(model).forward is type(models.llama()[0]).forward
