@@ -173,10 +173,10 @@ def test_compiled_calls_take_the_gated_down_op_and_exports_do_not() -> None:
 @pytest.mark.parametrize("act", ["silu", "gelu", "relu"])
 def test_op_path_saves_x_gate_up_not_h(act: str) -> None:
     """The registered-op path (CPU here, compile anywhere): gated_down recomputes h in the backward,
-    so autograd keeps x (once per projection) and gate, up (gate_up), never h; output and every
-    gradient are the reference's."""
+    so autograd keeps x (once: the split projections are one function, functional/linears.py) and gate,
+    up (gate_up), never h; output and every gradient are the reference's."""
     split, packed = _params(bias=True), _params(packed=True)
-    assert _saved_activations(lambda: _ours(split, act)) == [(N, H), (N, H), (N, I), (N, I)]
+    assert _saved_activations(lambda: _ours(split, act)) == [(N, H), (N, I), (N, I)]
     assert _saved_activations(lambda: _ours(packed, act)) == [(N, H), (N, 2 * I)]
     for p in (split, packed):
         _assert_same_function(p, lambda p=p: _ours(p, act), lambda p=p: _reference(p, act), f"op path {act}")

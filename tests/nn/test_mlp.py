@@ -127,8 +127,8 @@ def test_modules_compile_without_breaks() -> None:
 
 
 def test_module_saves_x_gate_up_not_h() -> None:
-    """Training keeps x, gate and up (the fused form: gate_up) for the backward, not h = act(gate) * up."""
-    for model, widths in ((kp.nn.GatedMLP(H, I, bias=True), [H, H, I, I]),
+    """Training keeps x (once), gate and up (the fused form: gate_up) for the backward, not h = act(gate) * up."""
+    for model, widths in ((kp.nn.GatedMLP(H, I, bias=True), [H, I, I]),
                           (kp.nn.GatedMLP(H, I, "gelu", fuse_gate_up=True), [H, 2 * I])):
         saved: list[tuple[int, ...]] = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(tuple(t.shape)) or t,

@@ -20,7 +20,8 @@ backward's peak adds at most one chunk to gate/up instead of a whole (N, I) buff
 through the same graph raises (the saved buffers' versions are bumped after the write).
 
 The registered-op path (CPU, and torch.compile anywhere), recording gradients with x and the
-parameters of one dtype and device, no autocast: gate/up come from torch's Linear, and the gated
+parameters of one dtype and device, no autocast: gate/up come from torch's GEMMs (functional/linears.py:
+the backward adds up_proj's part of dx to gate_proj's inside the GEMM), and the gated
 activation and the down projection are one registered op (`kernel_pytorch::gated_down_fwd`, packed:
 `gated_down_packed_fwd`, ops/gated_down.py) whose backward recomputes h in the kernel that computes
 d_gate, d_up. Autograd keeps x, gate and up (gate_up) and the weights, not h: under compile the AOT
@@ -50,6 +51,7 @@ from kernel_pytorch.functional._dispatch import (
     kernels,
 )
 from kernel_pytorch.functional.activation import _records_grad, bias_act, gated_act, gated_act_packed
+from kernel_pytorch.functional.linears import shared_input_linears
 from kernel_pytorch.reference._act_checks import check_activation
 
 _increment_version = torch.autograd.graph.increment_version
@@ -217,7 +219,7 @@ def gated_mlp(
     params = (down_weight, down_bias, gate_weight, gate_bias, up_weight, up_bias)
     if path == "eager" and _block(x, params):
         return _GatedMLPBlock.apply(act, x, *params)
-    gate, up = F.linear(x, gate_weight, gate_bias), F.linear(x, up_weight, up_bias)
+    gate, up = shared_input_linears(x, (gate_weight, up_weight), (gate_bias, up_bias))  # dx: one GEMM sum
     if path == "op" and _recompute_h(x, params):
         return torch.ops.kernel_pytorch.gated_down_fwd(gate, up, down_weight, down_bias, act)
     # gate and up are this call's own: their gradient may be written over them

@@ -8,6 +8,9 @@ qkv_proj) Linears, optional q_norm/k_norm (Qwen3, Gemma3), the `config`, `layer_
 (random hidden states, cos/sin and a padded causal mask) checks the replacement computes what the module
 computes before it is used.
 
+Split q/k/v projections (plain Linears) run through `functional.shared_input_linears`: the same three
+GEMMs, and in the backward the input's gradient summed inside the GEMMs instead of by an add kernel.
+
 `HFAttention` keeps transformers' call (hidden_states, position_embeddings=(cos, sin), attention_mask,
 past_key_values, **kwargs) -> (attn_output, None), the child modules themselves (so `state_dict` keys and
 parameters are unchanged) and every plain attribute (`layer_idx`, `sliding_window`, `is_causal` ...).
@@ -39,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from kernel_pytorch.functional.attention import attention, prepare_mask
+from kernel_pytorch.functional.linears import shared_input_linears
 from kernel_pytorch.functional.rope import apply_rotary
 from kernel_pytorch.nn._recompute import recompute_norm_outputs
 from kernel_pytorch.optimize.rules import Match
@@ -149,6 +153,9 @@ class HFAttention(nn.Module):
         with recompute_norm_outputs():  # the projections keep not a norm's output but its input
             if hasattr(self, "qkv_proj"):
                 q, k, v = self.qkv_proj(hidden_states).split(self._sizes, dim=-1)
+            elif self._plain_projections():  # one input-gradient buffer, summed in the GEMMs
+                q, k, v = shared_input_linears(hidden_states, *_weights_and_biases(self.q_proj, self.k_proj,
+                                                                                   self.v_proj))
             else:
                 q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
         q = q.view(b, t, -1, self.head_dim)
@@ -164,6 +171,12 @@ class HFAttention(nn.Module):
             k, v = past_key_values.update(k, v, self.layer_idx, *extra)
         out = self._attend(q, k, v, attention_mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), None
+
+    def _plain_projections(self) -> bool:
+        """Whether q/k/v are still torch Linears without hooks (checked per call: a module swapped in
+        later, e.g. a LoRA layer, runs as itself)."""
+        return all(type(p).forward is nn.Linear.forward and not (p._forward_hooks or p._forward_pre_hooks)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Any) -> Tensor:
         q_len, kv_len = q.shape[2], k.shape[2]
@@ -185,6 +198,10 @@ class HFAttention(nn.Module):
         if mask.dim() == 4:
             mask = mask[:, :, :, :kv_len]
         return attention(q, k, v, mask=prepare_mask(mask, q_len, kv_len), **options)
+
+
+def _weights_and_biases(*linears: nn.Linear) -> tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]:
+    return tuple(p.weight for p in linears), tuple(p.bias for p in linears)
 
 
 def _shape(module: nn.Module) -> dict[str, nn.Linear] | None:
