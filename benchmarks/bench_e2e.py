@@ -61,11 +61,15 @@ OUR_ADAMW = "+adamw"
 # any training provider + "+nocache": the model is called with use_cache=False, which optimize()'s forward
 # passes in training (compiled, transformers' default cache makes every layer's K and V graph outputs)
 NO_CACHE = "+nocache"
+# an "ours" provider + "+inorm": its RMSNorms run the reference math (backend "reference"), which a compiled
+# graph hands to Inductor to fuse with its neighbours (the residual add, the gradient add), still recomputed
+INDUCTOR_NORMS = "+inorm"
 
 
 def optimizer_of(provider: str) -> tuple[str, bool]:
-    """(the provider's model, whether kernel_pytorch.optim.AdamW steps it); a NO_CACHE suffix is dropped."""
-    provider = provider.replace(NO_CACHE, "")
+    """(the provider's model, whether kernel_pytorch.optim.AdamW steps it); NO_CACHE and INDUCTOR_NORMS
+    suffixes are dropped."""
+    provider = provider.replace(NO_CACHE, "").replace(INDUCTOR_NORMS, "")
     if provider.endswith(OUR_ADAMW):
         return provider.removesuffix(OUR_ADAMW), True
     return provider, False
@@ -162,7 +166,7 @@ def ours(model: torch.nn.Module, size: Size, dev: torch.device) -> torch.nn.Modu
 
 
 def build(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    provider = optimizer_of(provider)[0]
+    full, provider = provider, optimizer_of(provider)[0]
     if provider not in TRAIN_PROVIDERS:
         raise ValueError(f"unknown provider {provider!r}; known: {', '.join(TRAIN_PROVIDERS)}")
     if provider.startswith("liger"):
@@ -175,6 +179,12 @@ def build(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> t
         model = hf_model(size, dev, dtype)
     if provider.startswith("ours"):
         model = ours(model, size, dev)
+        if INDUCTOR_NORMS in full:
+            from kernel_pytorch.nn import RMSNorm
+
+            for m in model.modules():
+                if isinstance(m, RMSNorm):
+                    m.backend = "reference"
     if provider.endswith("-cg"):
         model = torch.compile(model, mode="reduce-overhead")
     elif provider == "ours+compile":  # compiled whole with the Inductor options optimize() recommends
