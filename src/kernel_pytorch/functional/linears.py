@@ -54,6 +54,18 @@ def _fused(x: Tensor, params: Sequence[Tensor | None]) -> bool:
     return not autocast and not _exporting() and _plain(x, params)
 
 
+def _accumulate(dx: Tensor, d: Tensor, w: Tensor) -> Tensor:
+    """dx += d @ w in the GEMM: in place in eager mode; traced, the registered op that compile keeps in
+    place (an out-of-place addmm where kernel_pytorch.ops cannot load, without Triton)."""
+    if not torch.compiler.is_compiling():
+        return dx.addmm_(d, w)
+    try:
+        from kernel_pytorch.ops._gemm_into import gemm_into
+    except ImportError:
+        return torch.addmm(dx, d, w)
+    return gemm_into(dx, d, w, True)
+
+
 class _SharedInputLinears(torch.autograd.Function):
     """(x, n, W_1..W_n, b_1..b_n) -> (x W_1^T + b_1, ..., x W_n^T + b_n); module docstring."""
 
@@ -68,8 +80,6 @@ class _SharedInputLinears(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        from kernel_pytorch.ops._gemm_into import gemm_into
-
         x, *weights = ctx.saved_tensors
         n = ctx.n
         needs = ctx.needs_input_grad  # x, n, W_1..W_n, b_1..b_n
@@ -77,14 +87,10 @@ class _SharedInputLinears(torch.autograd.Function):
         ds = [None if g is None else g.reshape(-1, g.shape[-1]) for g in grads]
         dx = None
         if needs[0]:
-            eager = not torch.compiler.is_compiling()
             for d, w in zip(ds, weights):
                 if d is None:
                     continue
-                if dx is None:
-                    dx = d @ w
-                else:
-                    gemm_into(dx, d, w, True, eager=eager)
+                dx = d @ w if dx is None else _accumulate(dx, d, w)
             dx = torch.zeros_like(x) if dx is None else dx.view(x.shape)
         dws = [d.t() @ x2 if d is not None and needs[2 + i] else None for i, d in enumerate(ds)]
         dbs = [d.sum(0) if d is not None and ctx.has_bias[i] and needs[2 + n + i] else None

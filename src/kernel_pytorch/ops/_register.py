@@ -186,9 +186,12 @@ def _checked_schema(qualname: str, impl: Impl) -> _Schema:
 
 
 def _define(qualname: str, impl: Impl, schema: _Schema, module: str, opaque: bool = False) -> Any:
-    """The triton_op `qualname` (a plain custom_op where `opaque`) with its CPU kernel and fake."""
+    """The triton_op `qualname` (a plain custom_op where `opaque`) with its CPU kernel and fake. An opaque
+    op's body only ever runs on real tensors (compile and export trace its fake), so its CUDA launches go
+    straight to the binaries (eager=True) instead of through wrap_triton: inside a compiled graph the
+    fused linear cross-entropy's forward issued its chunks' kernels several times slower that way."""
     cpu = _filled(impl.reference, schema)
-    cuda = _filled(_op_outputs(impl.launch, schema), schema)
+    cuda = _filled(_op_outputs(_eager_launcher(impl.launch) if opaque else impl.launch, schema), schema)
 
     def body(*args: Any) -> Any:
         # compile/export/opcheck trace this body for every device, so the non-CUDA branch lives here
