@@ -1,4 +1,4 @@
-"""Functional entry points, one module per family (norm.py, activation.py, mlp.py, rope.py, embedding.py,
+"""Functional entry points, one module per family (norm.py, activation.py, mlp.py, linears.py, rope.py, embedding.py,
 attention.py, loss.py): validate the arguments once (eager only), pick a backend, dispatch.
 
 backend:
@@ -39,6 +39,7 @@ from kernel_pytorch.functional.activation import (
 )
 from kernel_pytorch.functional.attention import AttentionBackend, attention, prepare_mask, seq_ids_from_cu_seqlens
 from kernel_pytorch.functional.embedding import embedding
+from kernel_pytorch.functional.linears import shared_input_linears
 from kernel_pytorch.functional.loss import cross_entropy, fused_linear_cross_entropy
 from kernel_pytorch.functional.mlp import bias_act_mlp, gated_mlp, gated_mlp_packed
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
@@ -68,6 +69,7 @@ __all__ = [
     "layer_norm",
     "prepare_mask",
     "rms_norm",
+    "shared_input_linears",
     "seq_ids_from_cu_seqlens",
     "swiglu",
     "swiglu_packed",
