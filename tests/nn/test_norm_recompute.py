@@ -180,6 +180,7 @@ def test_a_compiled_forward_keeps_the_norm_input_and_the_backward_makes_the_outp
     model = _NormQK(d).to(DEV, dtype)
     x = randn(b, t, d, dtype=dtype, device=DEV)
     runs = {}
+    model.norm.compiled_norm = "op"  # our op both ways: the same kernels, so bitwise the same gradients
     for recompute in (False, True):
         model.norm.recompute_output = recompute
         runs[recompute] = _step(model, x, compiled=True)
@@ -189,10 +190,17 @@ def test_a_compiled_forward_keeps_the_norm_input_and_the_backward_makes_the_outp
     assert sum(made_numels) <= sum(kept_numels) - b * t * d
     for got, want in zip(made, kept):
         assert torch.equal(got, want)  # the same kernels on the same input
+    del model.norm.compiled_norm  # the default: the norm's math handed to Inductor, recomputed the same way
+    torch._dynamo.reset()
+    model.norm.recompute_output = True
+    fused, fused_numels = _step(model, x, compiled=True)
+    assert sorted(fused_numels) == sorted(made_numels)
     model.norm.recompute_output = False
-    for got, want in zip(made, _step(model, x, compiled=False)[0]):
-        result = compare_reordered(got, want)
-        assert result.passed, result.message("compiled against eager")
+    eager = _step(model, x, compiled=False)[0]
+    for name, run in (("op", made), ("inductor", fused)):
+        for got, want in zip(run, eager):
+            result = compare_reordered(got, want)
+            assert result.passed, result.message(f"compiled ({name}) against eager")
 
 
 @pytest.mark.parametrize("strict", [False, True])
@@ -215,6 +223,8 @@ def test_a_compiled_optimized_hf_llama_keeps_two_norm_outputs_less_per_layer() -
     model, ids, norms = _optimized_llama(1)
     config = model.config
     runs = {}
+    for m in norms:
+        m.compiled_norm = "op"  # bitwise-equal gradients below need our op both ways
     for recompute in (False, True):
         for m in norms:
             m.recompute_output = recompute
