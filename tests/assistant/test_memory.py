@@ -114,6 +114,23 @@ def test_large_vocabulary_autocast_and_gated_mlp() -> None:
     assert mlp.data["freed_bytes"] == 64 * 512 * 4 and mlp.data["modules"] == [""]
 
 
+def test_a_training_kv_cache_is_found_with_its_size() -> None:
+    """An HF Llama in training with transformers' default use_cache returns a cache: found, measured (K and V
+    of every layer); with use_cache=False, or in eval, nothing is said."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).train()
+    ids = torch.randint(0, 64, (2, 8))
+    found = _memory(model, {"input_ids": ids, "labels": ids})["memory.training-kv-cache"]
+    kv_bytes = 2 * 8 * 2 * 8 * 4  # batch 2 x 2 KV heads x 8 tokens x head 8, fp32, per tensor
+    assert found.data["tensors"] == 2 * config.num_hidden_layers and found.data["bytes"] == 4 * kv_bytes
+    assert "use_cache=False" in found.suggestion
+    assert "memory.training-kv-cache" not in _memory(model, {"input_ids": ids, "labels": ids, "use_cache": False})
+    assert "memory.training-kv-cache" not in _memory(model.eval(), {"input_ids": ids, "labels": ids})
+
+
 def test_no_parameters_is_skipped() -> None:
     found = _memory(nn.GELU(), (torch.randn(4, 4),))
     assert list(found) == ["memory.skipped"]

@@ -53,6 +53,7 @@ class MemoryRun:
         params, grads, optimizer_state: bytes (optimizer_state None when no optimizer was given).
         saved: the distinct tensors saved for backward (parameters excluded), largest first.
         output_bytes: bytes of the forward's tensor outputs (the logits of a language model).
+        cache: a transformers KV cache among the output's fields, as (field, tensors, bytes); None if none.
         peak: the allocator's peak over the step on CUDA (bytes above what was allocated before it);
             None on CPU.
         forward_s, backward_s: wall time of the forward and of the backward.
@@ -69,6 +70,7 @@ class MemoryRun:
     backward_s: float = 0.0
     error: str | None = None
     by_module: dict[str, int] = field(default_factory=dict)
+    cache: tuple[str, int, int] | None = None  # a KV cache in the output: (its field, tensors, bytes)
 
     @property
     def activations(self) -> int:
@@ -108,6 +110,39 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
     """(address, bytes) of `t`'s storage: a view saved for backward keeps its whole base alive."""
     s = t.untyped_storage()
     return s.data_ptr(), s.nbytes()
+
+
+def _cache_tensors(obj: Any, depth: int = 3) -> dict[int, torch.Tensor]:
+    """The tensors a cache object holds (its attributes, lists of them, and objects of its own library
+    inside it, a few levels down), by storage."""
+    found: dict[int, torch.Tensor] = {}
+    if isinstance(obj, torch.Tensor):
+        if obj.numel():
+            found[obj.untyped_storage().data_ptr()] = obj
+        return found
+    if depth == 0:
+        return found
+    if isinstance(obj, (list, tuple)):
+        items = list(obj)
+    elif type(obj).__module__.split(".")[0] == "transformers" and hasattr(obj, "__dict__"):
+        items = list(vars(obj).values())
+    else:
+        return found
+    for item in items:
+        found.update(_cache_tensors(item, depth - 1))
+    return found
+
+
+def output_cache(out: Any) -> tuple[str, int, int] | None:
+    """(field, tensors, bytes) of a transformers KV cache (an instance of a class named `Cache` or a
+    subclass of one) among a model output's fields, or None."""
+    fields = out.items() if hasattr(out, "items") and not isinstance(out, torch.Tensor) else ()
+    for name, value in fields:
+        if any(c.__name__ == "Cache" for c in type(value).__mro__):
+            held = _cache_tensors(value)
+            if held:
+                return name, len(held), sum(t.numel() * t.element_size() for t in held.values())
+    return None
 
 
 def _loss_of(out: Any) -> torch.Tensor | None:
@@ -158,7 +193,7 @@ def measure_step(
     cuda = dev.type == "cuda"
     run_args, run_kwargs = clone_inputs(args), clone_inputs(kwargs)
     origins = _Origins()
-    error, out_bytes, peak, optimizer_state = None, 0, None, None
+    error, out_bytes, peak, optimizer_state, cache = None, 0, None, None, None
     fwd = bwd = 0.0
     try:
         for p in trainable:
@@ -175,6 +210,7 @@ def measure_step(
             torch.cuda.synchronize(dev)
         fwd = time.perf_counter() - start
         out_bytes = sum(t.numel() * t.element_size() for t in tensors(out))
+        cache = output_cache(out)
         if loss is None:
             error = "the forward returned no floating tensor that needs a gradient"
         else:
@@ -227,6 +263,7 @@ def measure_step(
         backward_s=bwd,
         error=error,
         by_module=by_module,
+        cache=cache,
     )
 
 
