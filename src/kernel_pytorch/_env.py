@@ -76,6 +76,13 @@ def _cuda_triton_status(index: int) -> tuple[bool, str]:
     return True, f"Triton {triton_version()} on {torch.cuda.get_device_name(index)}"
 
 
+def is_plain_tensor(t: object) -> bool:
+    """Whether `t` is a torch.Tensor or Parameter of no subclass. A subclass (a torchao-quantized weight, a
+    DTensor) runs its own ops, which our kernels would bypass. No `detach()`: per-call paths ask it, so a
+    Parameter subclass counts as a subclass here (deploy's `is_subclass` looks through it)."""
+    return type(t) is torch.Tensor or type(t) is torch.nn.Parameter
+
+
 @functools.cache
 def log_once(message: str, level: int = logging.INFO) -> None:
     """Log `message` the first time it is seen in this process (the cache is the memory)."""

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from kernel_pytorch._env import KERNEL_DTYPES, log_once, triton_status, triton_version
+from kernel_pytorch._env import KERNEL_DTYPES, is_plain_tensor, log_once, triton_status, triton_version
 
 Backend = Literal["auto", "triton", "reference"]
 # "eager": the Triton launchers through the thin autograd.Function (CUDA, not compiling); "op": the
@@ -57,6 +58,13 @@ def _exporting() -> bool:
         return flag
     is_exporting = getattr(torch.compiler, "is_exporting", None)
     return bool(is_exporting()) if is_exporting is not None else False
+
+
+def _one_kind(x: Tensor, params: Sequence[Tensor | None]) -> bool:
+    """Whether every given parameter is a plain tensor (`is_plain_tensor`) of x's dtype and device, what
+    our fused paths compute with; a tensor subclass, e.g. a torchao-quantized weight, runs its own matmul
+    through F.linear."""
+    return all(p is None or (is_plain_tensor(p) and p.dtype == x.dtype and p.device == x.device) for p in params)
 
 
 def _check_float(name: str, t: Tensor) -> None:

@@ -32,26 +32,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernel_pytorch.functional._dispatch import _exporting
-
-
-def _plain(x: Tensor, params: Sequence[Tensor | None]) -> bool:
-    """Every given parameter a plain tensor (not a subclass: a quantized weight runs its own matmul) of
-    x's dtype and device."""
-    return all(p is None or (type(p) in (Tensor, torch.nn.Parameter) and p.dtype == x.dtype and p.device == x.device)
-               for p in params)
+from kernel_pytorch._env import is_plain_tensor
+from kernel_pytorch.functional._dispatch import _exporting, _one_kind
 
 
 def _fused(x: Tensor, params: Sequence[Tensor | None]) -> bool:
     if not torch.is_grad_enabled() or not (x.requires_grad or any(p is not None and p.requires_grad for p in params)):
         return False
-    if type(x) is not Tensor and type(x) is not torch.nn.Parameter:
+    if not is_plain_tensor(x):
         return False
     try:
         autocast = torch.is_autocast_enabled(x.device.type)
     except TypeError:  # pragma: no cover - torch < 2.4 takes no device type
         autocast = torch.is_autocast_enabled()
-    return not autocast and not _exporting() and _plain(x, params)
+    return not autocast and not _exporting() and _one_kind(x, params)
 
 
 def _accumulate(dx: Tensor, d: Tensor, w: Tensor) -> Tensor:

@@ -47,6 +47,7 @@ from kernel_pytorch.functional._dispatch import (
     _check_float,
     _check_same_device,
     _exporting,
+    _one_kind,
     _resolve,
     kernels,
 )
@@ -62,17 +63,6 @@ def _autocast_on(device_type: str) -> bool:
         return torch.is_autocast_enabled(device_type)
     except TypeError:  # pragma: no cover - torch < 2.4 takes no device type (and means CUDA)
         return torch.is_autocast_enabled() if device_type == "cuda" else False
-
-
-def _one_kind(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
-    """Whether every given parameter is a plain tensor of x's dtype and device (what the block function
-    and the gated_down op compute with). A tensor subclass, e.g. a torchao-quantized weight, runs its
-    own matmul through F.linear; our kernels would bypass it (or fail on it)."""
-    for p in params:
-        if p is not None and (type(p) not in (Tensor, torch.nn.Parameter) or p.dtype != x.dtype
-                              or p.device != x.device):
-            return False
-    return True
 
 
 # The backward's dh = dy @ W_down (N, I) is the one buffer it adds to what the forward saved (gate/up,

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from kernel_pytorch._env import KERNEL_DTYPES, log_once, triton_status
+from kernel_pytorch._env import KERNEL_DTYPES, is_plain_tensor, log_once, triton_status
 
 Backend = Literal["auto", "triton", "torch"]
 _BACKENDS = ("auto", "triton", "torch")
@@ -37,7 +37,7 @@ def _why_not(p: Tensor, others: tuple[Tensor, ...], ready: dict[torch.device, tu
     """Why the kernel cannot update `p` with its gradient and moments `others` (None: it can).
     `ready` caches kernel_ready by device within one step."""
     for t in (p, *others):
-        if type(t) not in (Tensor, torch.nn.Parameter):
+        if not is_plain_tensor(t):
             return f"a parameter, gradient or moment is a tensor subclass ({type(t).__name__})"
         if t.dtype not in KERNEL_DTYPES or t.layout != torch.strided:
             return f"a parameter, gradient or moment is {t.dtype} ({t.layout}); the kernel takes dense {KERNEL_DTYPES}"
