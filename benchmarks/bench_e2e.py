@@ -64,12 +64,15 @@ NO_CACHE = "+nocache"
 # an "ours" provider + "+inorm": its RMSNorms run the reference math (backend "reference"), which a compiled
 # graph hands to Inductor to fuse with its neighbours (the residual add, the gradient add), still recomputed
 INDUCTOR_NORMS = "+inorm"
+# an "ours" provider + "+opnorm": its RMSNorms keep our registered op in a compiled training graph too
+# (nn.RMSNorm.compiled_norm = "op"; the default hands their math to Inductor)
+OP_NORMS = "+opnorm"
 
 
 def optimizer_of(provider: str) -> tuple[str, bool]:
-    """(the provider's model, whether kernel_pytorch.optim.AdamW steps it); NO_CACHE and INDUCTOR_NORMS
-    suffixes are dropped."""
-    provider = provider.replace(NO_CACHE, "").replace(INDUCTOR_NORMS, "")
+    """(the provider's model, whether kernel_pytorch.optim.AdamW steps it); NO_CACHE, INDUCTOR_NORMS and
+    OP_NORMS suffixes are dropped."""
+    provider = provider.replace(NO_CACHE, "").replace(INDUCTOR_NORMS, "").replace(OP_NORMS, "")
     if provider.endswith(OUR_ADAMW):
         return provider.removesuffix(OUR_ADAMW), True
     return provider, False
@@ -179,12 +182,14 @@ def build(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> t
         model = hf_model(size, dev, dtype)
     if provider.startswith("ours"):
         model = ours(model, size, dev)
-        if INDUCTOR_NORMS in full:
+        if INDUCTOR_NORMS in full or OP_NORMS in full:
             from kernel_pytorch.nn import RMSNorm
 
             for m in model.modules():
-                if isinstance(m, RMSNorm):
+                if isinstance(m, RMSNorm) and INDUCTOR_NORMS in full:
                     m.backend = "reference"
+                elif isinstance(m, RMSNorm):
+                    m.compiled_norm = "op"
     if provider.endswith("-cg"):
         model = torch.compile(model, mode="reduce-overhead")
     elif provider == "ours+compile":  # compiled whole with the Inductor options optimize() recommends
