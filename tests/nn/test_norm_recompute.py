@@ -203,6 +203,26 @@ def test_a_compiled_forward_keeps_the_norm_input_and_the_backward_makes_the_outp
             assert result.passed, result.message(f"compiled ({name}) against eager")
 
 
+@pytest.mark.parametrize(("compiled_norm", "backend", "expected"),
+                         [("inductor", "auto", "reference"), ("op", "auto", "auto"), ("inductor", "triton", "triton")])
+def test_compiled_norm_picks_the_math_a_compiled_training_graph_gets(
+        monkeypatch: pytest.MonkeyPatch, compiled_norm: str, backend: str, expected: str) -> None:
+    """The recompute region of a compiled training graph runs the reference math (plain torch ops, which
+    Inductor fuses) by default, our op with compiled_norm="op", and a backend set on the instance as given."""
+    from kernel_pytorch.nn import norm as norm_mod
+
+    seen: list[str] = []
+    real = norm_mod.F.rms_norm
+    monkeypatch.setattr(norm_mod.F, "rms_norm", lambda *a, **kw: seen.append(kw["backend"]) or real(*a, **kw))
+    norm, _, x = _norm_and_weights()
+    norm.compiled_norm, norm.backend = compiled_norm, backend
+    if backend == "triton":
+        monkeypatch.setattr(norm_mod.F, "rms_norm", lambda *a, **kw: seen.append(kw["backend"]) or x)
+    norm._compiled_normed(x)
+    norm._normed(x)  # eager and inference: the instance's backend
+    assert seen == [expected, backend]
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_export_keeps_the_plain_norm_with_recompute_output(strict: bool) -> None:
     model = _NormQK(16)
