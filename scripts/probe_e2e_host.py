@@ -8,7 +8,8 @@ Per provider (benchmarks/bench_e2e.py's model, optimizer and step): the median s
 step run back to back; one step under `torch.cuda.set_sync_debug_mode("warn")` with the Python stack of
 each synchronising call; then two synchronised steps under the profiler: each step's lead-in (the host's
 start of the step to the device's first kernel) and tail (the last kernel's end to the host's return from
-the sync), what the host ran during the lead-in (CPU events by start), the CPU events by self time, every
+the sync), the device's time by kernel family with the idle time by gap size, what the host ran during
+the lead-in (CPU events by start), the CPU events by self time, every
 runtime call that can wait for the device with the ops it ran under, and a gzipped chrome trace.
 """
 
@@ -84,6 +85,45 @@ def sync_calls(step: Any, dev: torch.device) -> str:
     return f"synchronising calls in one step (sync debug mode): {len(seen)}\n" + "".join(f"  {s}\n" for s in seen)
 
 
+def category(name: str) -> str:
+    """A kernel's family for the step's breakdown, from its name."""
+    low = name.lower()
+    if low.startswith("nvjet") or "gemm" in low or "cutlass" in low or "splitkreduce" in low:
+        return "GEMMs (cuBLAS)"
+    if "sdpa" in low or "cudnn" in low or "flash" in low:
+        return "attention (cuDNN)"
+    if "adam" in low or "multi_tensor" in low:
+        return "optimizer"
+    if low.startswith("triton_"):
+        return "Inductor's kernels"
+    if low.startswith("memset") or low.startswith("memcpy"):
+        return "memsets and copies"
+    if low.startswith("_"):
+        return "ours: " + name.split("_kernel")[0].lstrip("_")
+    return "other: " + name[:40]
+
+
+def breakdown(kernels: list[tuple[float, float, str]]) -> list[str]:
+    """Per category: kernel time (ms) and launches, largest first; then the idle time between kernels
+    by gap size."""
+    total: dict[str, list[float]] = {}
+    for start, end, name in kernels:
+        t = total.setdefault(category(name), [0.0, 0])
+        t[0] += end - start
+        t[1] += 1
+    ranked = sorted(total.items(), key=lambda kv: -kv[1][0])
+    lines = [f"    {ms / 1e3:8.3f} ms {n:5d}  {cat}" for cat, (ms, n) in ranked]
+    gaps = {"< 5 us": 0.0, "5-20 us": 0.0, ">= 20 us": 0.0}
+    end = kernels[0][1]
+    for start, stop, _ in kernels[1:]:
+        if start > end:
+            gap = start - end
+            gaps["< 5 us" if gap < 5 else "5-20 us" if gap < 20 else ">= 20 us"] += gap
+        end = max(end, stop)
+    lines.append("    idle between kernels: " + ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in gaps.items()))
+    return lines
+
+
 def _chain(e: Any, depth: int = 5) -> str:
     names = []
     p = e.cpu_parent
@@ -106,7 +146,7 @@ def profiled(step: Any, dev: torch.device, out: Path, tag: str) -> str:
                 bench_e2e._sync(dev)
     events = prof.events()
     lines = []
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
                      if getattr(e, "device_type", None) == DeviceType.CUDA)
     cpu = [e for e in events if getattr(e, "device_type", None) == DeviceType.CPU]
     for i in range(2):
@@ -119,6 +159,9 @@ def profiled(step: Any, dev: torch.device, out: Path, tag: str) -> str:
         first, last = ks[0][0], max(k[1] for k in ks)
         lines.append(f"step {i}: {(t1 - t0) / 1e3:.2f} ms; lead-in {(first - t0) / 1e3:.3f} ms, device span "
                      f"{(last - first) / 1e3:.2f} ms, tail {(t1 - last) / 1e3:.3f} ms")
+        if i == 1:
+            lines.append("  step 1's device time by kernel family (ms, launches):")
+            lines += breakdown(ks)
         if i == 1:  # what the host ran before the first kernel: events starting in the lead-in, by start
             lines.append("  host events starting in step 1's lead-in (start us after the step's start, duration us):")
             early = sorted((e for e in cpu if t0 < e.time_range.start < first and e.time_range.elapsed_us() >= 20),
