@@ -117,6 +117,28 @@ def test_ours_compile_takes_the_recommended_inductor_options(monkeypatch: pytest
     assert calls == [{"options": INDUCTOR_OPTIONS}, {}, {}]
 
 
+def test_provider_suffixes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """'+adamw' picks our optimizer; '+nocache', '+inorm' and '+opnorm' leave the model's provider as it is, and
+    the norm suffixes set the optimized model's RMSNorms (reference math everywhere, or our op under compile)."""
+    import torch
+
+    import kernel_pytorch as kp
+
+    bench = _bench()
+    assert bench.optimizer_of("ours+compile+adamw+opnorm") == ("ours+compile", True)
+    assert bench.optimizer_of("torch.compile+nocache") == ("torch.compile", False)
+    assert bench.optimizer_of("ours+compile+adamw+inorm") == ("ours+compile", True)
+    monkeypatch.setattr(bench, "hf_model", lambda size, dev, dtype: torch.nn.Sequential(kp.nn.RMSNorm(4)))
+    monkeypatch.setattr(bench, "ours", lambda model, size, dev: model)
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    size, dev = bench.Size(), torch.device("cpu")
+    default = bench.build("ours+compile+adamw", size, dev, torch.float32)[0]
+    assert (default.backend, default.compiled_norm) == ("auto", "inductor")
+    inorm = bench.build("ours+compile+adamw+inorm", size, dev, torch.float32)[0]
+    opnorm = bench.build("ours+compile+opnorm", size, dev, torch.float32)[0]
+    assert inorm.backend == "reference" and (opnorm.backend, opnorm.compiled_norm) == ("auto", "op")
+
+
 def test_target_check_on_the_committed_run() -> None:
     """The target note from benchmarks/results/e2e_h200_run4.json (H200, six providers in one run): each ours row's
     tokens/s over torch.compile's and peak over Liger's; then the same rows made to pass, and a run
