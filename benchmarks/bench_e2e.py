@@ -9,6 +9,7 @@ generate rows (prefill + 256 greedy decode tokens).
     python benchmarks/bench_e2e.py --providers torch.compile-cg,ours+compile-cg   # mode="reduce-overhead"
     python benchmarks/bench_e2e.py --providers ours+compile+adamw,torch.compile+adamw  # our AdamW's kernel
     python benchmarks/bench_e2e.py --providers torch.compile+nocache     # called with use_cache=False
+    python benchmarks/bench_e2e.py --providers= --no-long --generate-providers "ours + static cache + compile + ref"
 
 The step is forward + backward + fused AdamW on (batch x seq) tokens, labels = input_ids (torch's
 `AdamW(fused=True)`; a provider named with "+adamw" is stepped by `kernel_pytorch.optim.AdamW`). Each provider
@@ -182,13 +183,13 @@ def build(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> t
         model = hf_model(size, dev, dtype)
     if provider.startswith("ours"):
         model = ours(model, size, dev)
-        if INDUCTOR_NORMS in full or OP_NORMS in full:
-            from kernel_pytorch.nn import RMSNorm
+        from kernel_pytorch.nn import RMSNorm
 
+        if INDUCTOR_NORMS in full:
+            reference_backends(model, (RMSNorm,))
+        elif OP_NORMS in full:
             for m in model.modules():
-                if isinstance(m, RMSNorm) and INDUCTOR_NORMS in full:
-                    m.backend = "reference"
-                elif isinstance(m, RMSNorm):
+                if isinstance(m, RMSNorm):
                     m.compiled_norm = "op"
     if provider.endswith("-cg"):
         model = torch.compile(model, mode="reduce-overhead")
@@ -373,14 +374,33 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
     return row
 
 
+def reference_backends(model: torch.nn.Module, kinds: tuple[type, ...] | None = None) -> int:
+    """Set `backend = "reference"` on the optimized model's modules that have one (of `kinds`, or all):
+    their math as plain torch ops, which a compiled graph hands to Inductor. Returns how many."""
+    count = 0
+    for m in model.modules():
+        if isinstance(getattr(type(m), "backend", None), str) and (kinds is None or isinstance(m, kinds)):
+            m.backend = "reference"
+            count += 1
+    return count
+
+
 def inference_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype) -> Row:
     """Prefill `size.prompt` tokens and decode `size.decode` greedily: ours with the DynamicCache (eager), and
-    ours or HF's model with the static cache (which generate() compiles)."""
+    ours or HF's model with the static cache (which generate() compiles). An "ours" provider ending in
+    " + inorm" has its RMSNorms on the reference math, one ending in " + ref" every module with a backend
+    (norms, MLP, embedding, RoPE): what Inductor makes of our ops' math at batch 1, beside our kernels."""
     row = Row(op=f"generate {size.prompt}+{size.decode}", shape=[1, size.prompt + size.decode], config=size.label,
               dtype=str(dtype).split(".")[-1], provider=provider, pass_name="prefill+decode")
     model = hf_model(size, dev, dtype).eval()
     if provider.startswith("ours"):
         model = ours(model, size, dev)
+        if provider.endswith(" + inorm"):
+            from kernel_pytorch.nn import RMSNorm
+
+            reference_backends(model, (RMSNorm,))
+        elif provider.endswith(" + ref"):
+            reference_backends(model)
     extra = {"cache_implementation": "static"} if "static" in provider else {}
     ids = torch.randint(0, size.vocab, (1, size.prompt), device=dev)
     kw = dict(max_new_tokens=size.decode, min_new_tokens=size.decode, do_sample=False, **extra)
@@ -522,6 +542,19 @@ def target_check(results: BenchmarkResults, op: str) -> list[str]:
     return notes
 
 
+def generate_rows(args: argparse.Namespace) -> tuple[str, ...]:
+    """The generate() rows the flags ask for; an unknown name is a ValueError naming the known ones."""
+    if args.generate_providers is None:
+        return GENERATE_PROVIDERS[1:] if args.static_generate_only else GENERATE_PROVIDERS
+    rows = tuple(p.strip() for p in args.generate_providers.split(",") if p.strip())
+    for p in rows:
+        base = p.removesuffix(" + inorm").removesuffix(" + ref") if p.startswith("ours") else p
+        if base not in GENERATE_PROVIDERS:
+            raise ValueError(f"unknown generate provider {p!r}; known: {', '.join(GENERATE_PROVIDERS)} "
+                             "(an 'ours' one may end in ' + inorm' or ' + ref')")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny config, 2 steps: checks the pipeline")
@@ -535,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-inference", action="store_true", help="skip the generate() rows")
     parser.add_argument("--static-generate-only", action="store_true",
                         help="of the generate() rows, only the two with the static cache (ours, HF's)")
+    parser.add_argument("--generate-providers", default=None,
+                        help="comma-separated generate() rows instead (GENERATE_PROVIDERS, and an 'ours' one "
+                        "with ' + inorm' or ' + ref': its norms or all its ops on the reference math)")
     parser.add_argument("--profile", default="", help="comma-separated training providers to profile (two more "
                         "steps each, e2e_profile_<provider>.txt beside the results; on CUDA one more, what is "
                         "live at its memory peak by allocating line, e2e_memory_<provider>.txt)")
@@ -550,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = tuple(p for p in args.profile.split(",") if p)
     results = run(size, dev, dtype, providers, steps, warmup, budget, not args.no_long, not args.no_inference,
                   smoke=args.quick, profile=profile, out=out,
-                  generate=GENERATE_PROVIDERS[1:] if args.static_generate_only else GENERATE_PROVIDERS)
+                  generate=generate_rows(args))
     js, md = results.write(out)
     print(f"wrote {js} and {md}")
     return 0

@@ -96,10 +96,11 @@ for s in $steps; do
     # at --budget-s, so the step's limit leaves the last started row time to finish
     # (KP_E2E_PROVIDERS, KP_E2E_BUDGET_S and KP_E2E_FLAGS narrow it to what a call has time for;
     # KP_E2E_PROVIDERS= (set, empty) runs only the 16k-context and generate rows; KP_E2E_PROFILE, the
-    # providers profiled)
+    # providers profiled; KP_E2E_GENERATE, the generate rows, e.g. "ours + static cache + compile + ref,...")
     e2e) step $((${KP_E2E_BUDGET_S:-250} + 90)) bench_e2e python3 benchmarks/bench_e2e.py --out "$work/results" \
            --budget-s "${KP_E2E_BUDGET_S:-250}" ${KP_E2E_FLAGS:-} \
            --providers "${KP_E2E_PROVIDERS-eager,torch.compile,ours+compile,liger,ours,liger+compile,builtin}" \
+           ${KP_E2E_GENERATE:+--generate-providers "$KP_E2E_GENERATE"} \
            --profile "${KP_E2E_PROFILE-torch.compile,ours+compile,ours}" ;;
     # every optimize() family on the e2e model under torch.compile, gradients against eager; a faulting set
     # is rerun synchronously with the generated code logged, and the faulting kernel named

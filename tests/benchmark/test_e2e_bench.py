@@ -139,6 +139,28 @@ def test_provider_suffixes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert inorm.backend == "reference" and (opnorm.backend, opnorm.compiled_norm) == ("auto", "op")
 
 
+def test_generate_rows_and_reference_backends() -> None:
+    """--generate-providers picks rows, an 'ours' one may end in ' + inorm' or ' + ref', anything else is an
+    error naming the known rows; reference_backends sets every module that has a backend, or those of kinds."""
+    import argparse
+
+    import torch
+
+    import kernel_pytorch as kp
+
+    bench = _bench()
+    args = argparse.Namespace(generate_providers=None, static_generate_only=True)
+    assert bench.generate_rows(args) == bench.GENERATE_PROVIDERS[1:]
+    args.generate_providers = "ours + static cache + compile + ref, hf static cache + compile"
+    assert bench.generate_rows(args) == ("ours + static cache + compile + ref", "hf static cache + compile")
+    args.generate_providers = "hf static cache + compile + ref"
+    with pytest.raises(ValueError, match="unknown generate provider"):
+        bench.generate_rows(args)
+    model = torch.nn.Sequential(kp.nn.RMSNorm(4), kp.nn.GatedMLP(4, 8), torch.nn.Linear(4, 4))
+    assert bench.reference_backends(model, (kp.nn.RMSNorm,)) == 1 and model[1].backend == "auto"
+    assert bench.reference_backends(model) == 2 and model[1].backend == "reference"
+
+
 def test_target_check_on_the_committed_run() -> None:
     """The target note from benchmarks/results/e2e_h200_run4.json (H200, six providers in one run): each ours row's
     tokens/s over torch.compile's and peak over Liger's; then the same rows made to pass, and a run

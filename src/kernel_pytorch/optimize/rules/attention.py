@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from kernel_pytorch.functional import Backend
 from kernel_pytorch.functional.attention import attention, prepare_mask
 from kernel_pytorch.functional.linears import shared_input_linears
 from kernel_pytorch.functional.rope import apply_rotary
@@ -97,7 +98,10 @@ def _hint_of(model: nn.Module) -> MaskHint | None:
 
 class HFAttention(nn.Module):
     """A transformers decoder attention computed by kernel_pytorch (module docstring). Built by
-    `AttentionRule` from the module it replaces; holds that module's children and attributes."""
+    `AttentionRule` from the module it replaces; holds that module's children and attributes.
+    `backend` (RoPE's: "auto", "triton", "reference") may be set on an instance, as on the norms."""
+
+    backend: Backend = "auto"
 
     def __init__(self, old: nn.Module, norms: dict[str, nn.Module]) -> None:
         super().__init__()
@@ -165,7 +169,7 @@ class HFAttention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, t, -1, self.head_dim).transpose(1, 2)
         cos, sin = position_embeddings
-        q, k = apply_rotary(q, k, cos, sin)
+        q, k = apply_rotary(q, k, cos, sin, backend=self.backend)
         if past_key_values is not None:
             extra = () if cache_position is None else ({"sin": sin, "cos": cos, "cache_position": cache_position},)
             k, v = past_key_values.update(k, v, self.layer_idx, *extra)
