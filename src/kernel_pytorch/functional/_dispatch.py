@@ -60,6 +60,14 @@ def _exporting() -> bool:
     return bool(is_exporting()) if is_exporting is not None else False
 
 
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for `device_type` (our fused paths compute in the dtypes they are given)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - torch < 2.4 takes no device type (and means CUDA)
+        return torch.is_autocast_enabled() if device_type == "cuda" else False
+
+
 def _one_kind(x: Tensor, params: Sequence[Tensor | None]) -> bool:
     """Whether every given parameter is a plain tensor (`is_plain_tensor`) of x's dtype and device, what
     our fused paths compute with; a tensor subclass, e.g. a torchao-quantized weight, runs its own matmul

@@ -33,19 +33,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kernel_pytorch._env import is_plain_tensor
-from kernel_pytorch.functional._dispatch import _exporting, _one_kind
+from kernel_pytorch.functional._dispatch import _autocast_on, _exporting, _one_kind
+from kernel_pytorch.functional.activation import _records_grad
 
 
 def _fused(x: Tensor, params: Sequence[Tensor | None]) -> bool:
-    if not torch.is_grad_enabled() or not (x.requires_grad or any(p is not None and p.requires_grad for p in params)):
-        return False
-    if not is_plain_tensor(x):
-        return False
-    try:
-        autocast = torch.is_autocast_enabled(x.device.type)
-    except TypeError:  # pragma: no cover - torch < 2.4 takes no device type
-        autocast = torch.is_autocast_enabled()
-    return not autocast and not _exporting() and _one_kind(x, params)
+    """The gated MLP's condition for its fused paths (functional/mlp._recompute_h), for a plain x."""
+    return (_records_grad(x, *params) and is_plain_tensor(x) and _one_kind(x, params)
+            and not _autocast_on(x.device.type) and not _exporting())
 
 
 def _accumulate(dx: Tensor, d: Tensor, w: Tensor) -> Tensor:

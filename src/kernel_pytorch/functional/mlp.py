@@ -44,6 +44,7 @@ from torch import Tensor
 
 from kernel_pytorch.functional._dispatch import (
     Backend,
+    _autocast_on,
     _check_float,
     _check_same_device,
     _exporting,
@@ -56,13 +57,6 @@ from kernel_pytorch.functional.linears import shared_input_linears
 from kernel_pytorch.reference._act_checks import check_activation
 
 _increment_version = torch.autograd.graph.increment_version
-
-
-def _autocast_on(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # pragma: no cover - torch < 2.4 takes no device type (and means CUDA)
-        return torch.is_autocast_enabled() if device_type == "cuda" else False
 
 
 # The backward's dh = dy @ W_down (N, I) is the one buffer it adds to what the forward saved (gate/up,
