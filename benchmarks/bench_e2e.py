@@ -207,12 +207,9 @@ def _loss(model: torch.nn.Module, ids: torch.Tensor, **options: Any) -> torch.Te
     return out if isinstance(out, torch.Tensor) else out.loss
 
 
-def idle_summary(kernels: list[tuple[float, float, str]], top: int = 12) -> str:
-    """Where the device waits: from (start us, end us, name) of each kernel of a profiled span, the span,
-    the time some kernel ran (overlaps merged) and the idle rest, then the longest gaps between kernels
-    with the kernels on either side (what the host was launching when the device ran dry)."""
-    if not kernels:
-        return "device idle: no kernels recorded\n"
+def kernel_gaps(kernels: list[tuple[float, float, str]]) -> tuple[float, float, list[tuple[float, str, str]]]:
+    """From (start us, end us, name) of each kernel of a profiled span (at least one): the span, the time
+    some kernel ran (overlaps merged) and each gap between kernels as (us, the kernel before, the one after)."""
     kernels = sorted(kernels)
     busy, gaps = 0.0, []
     run_start, run_end, last = kernels[0][0], kernels[0][1], kernels[0][2]
@@ -224,7 +221,16 @@ def idle_summary(kernels: list[tuple[float, float, str]], top: int = 12) -> str:
         if end >= run_end:
             run_end, last = end, name
     busy += run_end - run_start
-    span = run_end - kernels[0][0]
+    return run_end - kernels[0][0], busy, gaps
+
+
+def idle_summary(kernels: list[tuple[float, float, str]], top: int = 12) -> str:
+    """Where the device waits (`kernel_gaps`): the span, the time some kernel ran and the idle rest, then
+    the longest gaps between kernels with the kernels on either side (what the host was launching when the
+    device ran dry)."""
+    if not kernels:
+        return "device idle: no kernels recorded\n"
+    span, busy, gaps = kernel_gaps(kernels)
     gaps.sort(key=lambda g: -g[0])
     long_gaps = sum(g[0] for g in gaps if g[0] >= 20)
     lines = [f"device idle: span {span / 1e3:.2f} ms, kernels running {busy / 1e3:.2f} ms, "
@@ -290,6 +296,15 @@ def host_phases(forward: Callable[[], torch.Tensor], update: Callable[[], None],
             f"{reps} steps back to back, one sync at the end: {back_to_back:.2f} ms per step\n")
 
 
+def optimizer(provider: str, model: torch.nn.Module, dev: torch.device) -> torch.optim.Optimizer:
+    """The provider's AdamW: kernel_pytorch.optim.AdamW for a "+adamw" one, else torch's fused on CUDA."""
+    if optimizer_of(provider)[1]:
+        from kernel_pytorch.optim import AdamW
+
+        return AdamW(model.parameters(), lr=1e-5, backend="triton" if dev.type == "cuda" else "auto")
+    return torch.optim.AdamW(model.parameters(), lr=1e-5, fused=dev.type == "cuda")
+
+
 def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int, seq: int,
               steps: int, warmup: int, matmul_tflops: float | None, profile_to: Path | None = None) -> Row:
     """One provider's training step: timings, memory, tokens/s, warm-up and MFU (in the row's note); with
@@ -297,12 +312,7 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
     row = Row(op=f"train step {batch}x{seq}", shape=[batch, seq], config=size.label, dtype=str(dtype).split(".")[-1],
               provider=provider, pass_name="fwd+bwd+adamw")
     model = build(provider, size, dev, dtype)
-    if optimizer_of(provider)[1]:
-        from kernel_pytorch.optim import AdamW
-
-        opt = AdamW(model.parameters(), lr=1e-5, backend="triton" if dev.type == "cuda" else "auto")
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=dev.type == "cuda")
+    opt = optimizer(provider, model, dev)
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, size.vocab, (batch, seq), generator=g).to(dev)
 

@@ -41,12 +41,7 @@ WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 
 def make_step(provider: str, size: bench_e2e.Size, dev: torch.device, dtype: torch.dtype) -> Any:
     model = bench_e2e.build(provider, size, dev, dtype)
-    if bench_e2e.optimizer_of(provider)[1]:
-        from kernel_pytorch.optim import AdamW
-
-        opt = AdamW(model.parameters(), lr=1e-5, backend="triton" if dev.type == "cuda" else "auto")
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=dev.type == "cuda")
+    opt = bench_e2e.optimizer(provider, model, dev)
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=g).to(dev)
 
@@ -114,12 +109,8 @@ def breakdown(kernels: list[tuple[float, float, str]]) -> list[str]:
     ranked = sorted(total.items(), key=lambda kv: -kv[1][0])
     lines = [f"    {ms / 1e3:8.3f} ms {n:5d}  {cat}" for cat, (ms, n) in ranked]
     gaps = {"< 5 us": 0.0, "5-20 us": 0.0, ">= 20 us": 0.0}
-    end = kernels[0][1]
-    for start, stop, _ in kernels[1:]:
-        if start > end:
-            gap = start - end
-            gaps["< 5 us" if gap < 5 else "5-20 us" if gap < 20 else ">= 20 us"] += gap
-        end = max(end, stop)
+    for gap, _, _ in bench_e2e.kernel_gaps(kernels)[2]:
+        gaps["< 5 us" if gap < 5 else "5-20 us" if gap < 20 else ">= 20 us"] += gap
     lines.append("    idle between kernels: " + ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in gaps.items()))
     return lines
 
@@ -146,8 +137,7 @@ def profiled(step: Any, dev: torch.device, out: Path, tag: str) -> str:
                 bench_e2e._sync(dev)
     events = prof.events()
     lines = []
-    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
-                     if getattr(e, "device_type", None) == DeviceType.CUDA)
+    kernels = sorted(bench_e2e._kernel_intervals(prof))
     cpu = [e for e in events if getattr(e, "device_type", None) == DeviceType.CPU]
     for i in range(2):
         mark = next(e for e in cpu if e.name == f"probe_step_{i}")
