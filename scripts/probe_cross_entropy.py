@@ -5,6 +5,9 @@ Usage, from the repo root with PYTHONPATH=src (torch >= 2.6, triton >= 3.2; H100
   python3 scripts/probe_cross_entropy.py                  all sections (about 5 minutes on an H100)
   python3 scripts/probe_cross_entropy.py --only ce        cross-entropy: checks, kernel variants, providers
   python3 scripts/probe_cross_entropy.py --only flce      fused linear + cross-entropy: checks, chunk sizes
+  python3 scripts/probe_cross_entropy.py --only onepass   the fused loss's one-read forward kernel at the e2e
+        head (8192 x 2048 x 128256): checks, its launch variants (--onepass-variants BLOCKxWARPS[xnoprefetch])
+        against the two-pass kernel, and the fused forward with each kernel
   python3 scripts/probe_cross_entropy.py --quick          no torch.compile, no larger fused shapes
   python3 scripts/probe_cross_entropy.py --variants 8192x16x0,16384x32x1
         forward variants as BLOCKxWARPSxPROGRAMS_PER_SM[xnoevict][xreverse][xnoprefetch] (0 programs:
@@ -31,7 +34,9 @@ import torch.nn.functional as F
 
 from kernel_pytorch import reference as R
 from kernel_pytorch.benchmark.memory import peak_memory
+from kernel_pytorch.ops import _cross_entropy_onepass as onepass
 from kernel_pytorch.ops import cross_entropy as ce
+from kernel_pytorch.ops._row_view import contiguous_rows
 from kernel_pytorch.ops._scale import scale_grad_
 from kernel_pytorch.ops.fused_linear_cross_entropy import (
     chunk_rows,
@@ -281,14 +286,16 @@ def ours_flce(x, w, t, chunk, fp32, **opts):
     return out.loss, scale_grad_(out.grad_x, ones, eager=True), scale_grad_(out.grad_w, ones, eager=True)
 
 
-def check_flce(chunks: list[int]) -> None:
-    """Loss and gradients at 8192 x 4096 x 128256 against fp64 (grad_W on 256 sampled vocabulary rows,
-    grad_x on 64 sampled tokens), Hugging Face-style eager bf16 (linear, then the loss on .float()
-    logits) as the yardstick, for several chunk sizes and both grad_W accumulations."""
-    n, h, v = FLCE_SHAPES[0]
-    print(f"\n== fused linear cross-entropy correctness, {n} x {h} x {v} bf16, mean, smoothing 0.1 ==")
+def check_flce(chunks: list[int], shape: tuple[int, int, int] = FLCE_SHAPES[0],
+               opts: dict | None = None) -> None:
+    """Loss and gradients at `shape` (default 8192 x 4096 x 128256) against fp64 (grad_W on 256 sampled
+    vocabulary rows, grad_x on 64 sampled tokens), Hugging Face-style eager bf16 (linear, then the loss on
+    .float() logits) as the yardstick, for several chunk sizes and both grad_W accumulations; `opts`
+    default: smoothing 0.1."""
+    n, h, v = shape
+    opts = {"label_smoothing": 0.1} if opts is None else opts
+    print(f"\n== fused linear cross-entropy correctness, {n} x {h} x {v} bf16, mean, {opts or 'no options'} ==")
     x, w, t = flce_inputs(n, h, v)
-    opts = {"label_smoothing": 0.1}
     sv = torch.randperm(v, device=DEVICE)[:256]
     sn = torch.randperm(n, device=DEVICE)[:64]
     with soft("flce fp64 reference"):
@@ -317,7 +324,7 @@ def check_flce(chunks: list[int]) -> None:
             for fp32 in (False, True):
                 with soft(f"flce check chunk {chunk} fp32 {fp32}"):
                     loss, gx, gw = ours_flce(x, w, t, chunk, fp32, **opts)
-                    label = f"chunk {chunk} {'fp32' if fp32 else 'bf16'} accumulate"
+                    label = f"{n}x{h}x{v} {opts or ''} chunk {chunk} {'fp32' if fp32 else 'bf16'} accumulate"
                     print(f" {label}")
                     ok = budget_line("loss", loss, loss_e, loss64)
                     ok &= budget_line("grad_x", gx[sn], ge_x, gx64)
@@ -369,6 +376,90 @@ def time_flce(shapes, chunks: list[int], compile_too: bool) -> None:
                 print(f"  {name:20s} {ms:7.2f} ms = {ms / base:4.2f}x GEMMs, peak {peak / 2**30:5.2f} GiB "
                       f"({peak / 1e9:5.2f} GB)")
                 SUMMARY.append(f"flce {name}: {ms:.2f} ms, peak {peak / 1e9:.2f} GB")
+
+
+# --- the fused loss's one-read forward ------------------------------------------------------------------
+
+ONEPASS_SHAPE = (8192, 2048, 128256)  # the e2e Llama's head: 4 x 2048 tokens, hidden 2048
+DEFAULT_ONEPASS = ["4096x8", "4096x16", "8192x16", "8192x8", "16384x32xnoprefetch", "16384x16", "2048x4",
+                   "4096x8xnoprefetch"]
+
+
+def parse_onepass(text: str) -> onepass.OnePassLaunch:
+    parts = text.split("x")
+    return onepass.OnePassLaunch(int(parts[0]), int(parts[1]), "noprefetch" not in parts)
+
+
+def time_onepass(variants: list[str], copy: float, chunk: int = 1024) -> None:
+    """One chunk's logits GEMM followed by each forward kernel (the GEMM refills the logits the kernel
+    overwrote), less the GEMM alone; then the whole fused forward with either kernel."""
+    n, h, v = ONEPASS_SHAPE
+    print(f"\n== one-read forward, {n} x {h} x {v} bf16, mean; chunk {chunk} rows ==")
+    x, w, t = flce_inputs(n, h, v)
+    buf = torch.empty(chunk, v, dtype=x.dtype, device=DEVICE)
+    x_c, t_c = x[:chunk], t[:chunk]
+    stats = torch.tensor([float((t != IGNORE).sum())] * 3, device=DEVICE)
+    loss_rows, lse, scale = (torch.empty(chunk, device=DEVICE) for _ in range(3))
+    xs = torch.empty(chunk, h, dtype=x.dtype, device=DEVICE)
+    rows = contiguous_rows(buf)
+    opts = ce.CrossEntropyOptions(IGNORE, "mean")
+
+    def gemm():
+        torch.mm(x_c, w.t(), out=buf)
+
+    def two_pass():
+        gemm()
+        ce.launch_fwd(rows, t_c, None, stats, loss_rows, lse, rows, opts, eager=True)
+
+    def one_pass():
+        gemm()
+        onepass.launch_onepass(rows, t_c, None, stats, loss_rows, lse, scale, x_c, xs, ignore_index=IGNORE,
+                               mean=True, softcap=None, eager=True)
+
+    nbytes = chunk * v * x.element_size()
+    g_graph, g_bench = graph_ms(gemm), bench(gemm)
+    print(f"  logits GEMM alone: graph {g_graph * 1e3:.1f} us, bench {g_bench * 1e3:.1f} us")
+
+    def row(label: str, fn, reads: int) -> float:
+        gr, be = graph_ms(fn) - g_graph, bench(fn) - g_bench
+        pct = (reads + 1) * nbytes / (gr * 1e-3) / 1e9 / copy * 100
+        print(f"  {label:28s} graph {gr * 1e3:6.1f} us ({pct:5.1f}% of copy for {reads} read + 1 write), "
+              f"bench {be * 1e3:6.1f} us")
+        return gr
+
+    with soft("two-pass kernel"):
+        base = row(f"two-pass {ce.FWD_LAUNCH.block}x{ce.FWD_LAUNCH.num_warps}", two_pass, 2)
+        SUMMARY.append(f"two-pass forward kernel, one {chunk}-row chunk: {base * 1e3:.1f} us (graph)")
+    committed = onepass.LAUNCH
+    best = None
+    for text in variants:
+        with soft(f"one-read {text}"):
+            onepass.LAUNCH = parse_onepass(text)
+            ms = row(f"one-read {text}", one_pass, 1)
+            if best is None or ms < best[0]:
+                best = (ms, text)
+    onepass.LAUNCH = committed
+    if best is not None:
+        SUMMARY.append(f"one-read forward kernel: fastest {best[1]} {best[0] * 1e3:.1f} us (graph); "
+                       f"committed {committed}")
+
+    def flce(one: bool):
+        applies = onepass.applies
+        if not one:
+            onepass.applies = lambda *a: False
+        try:
+            return ours_flce(x, w, t, chunk, False)
+        finally:
+            onepass.applies = applies
+
+    for one in (False, True):
+        with soft(f"flce forward one_pass={one}"):
+            gr, be = graph_ms(lambda: flce(one)), bench(lambda: flce(one), rep=500)
+            peak = peak_bytes(lambda: flce(one))
+            label = "one-read" if one else "two-pass"
+            print(f"  fused forward ({label}): graph {gr:.3f} ms, bench {be:.3f} ms, peak {peak / 2**20:.0f} MiB")
+            SUMMARY.append(f"fused forward {n}x{h}x{v} chunk {chunk} ({label}): graph {gr:.3f} ms, bench {be:.3f} ms, "
+                           f"peak {peak / 2**20:.0f} MiB")
 
 
 def three_gemms(x, w) -> dict[str, float]:
@@ -453,7 +544,8 @@ def compile_report(variants: list[str]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=["ce", "flce"], help="one section only")
+    p.add_argument("--only", choices=["ce", "flce", "onepass"], help="one section only")
+    p.add_argument("--onepass-variants", help="comma-separated one-read forward launches, BLOCKxWARPS[xnoprefetch]")
     p.add_argument("--quick", action="store_true", help="skip torch.compile and the larger fused shapes")
     p.add_argument("--variants", help="comma-separated forward variants (see above)")
     p.add_argument("--chunks", help="comma-separated fused linear chunk sizes (rows)")
@@ -487,6 +579,10 @@ def main() -> None:
         if not args.no_check:
             check_flce(chunks)
         time_flce(shapes, chunks, compile_too=not args.quick)
+    if args.only in (None, "onepass"):
+        if not args.no_check:
+            check_flce([512, 2048], ONEPASS_SHAPE, {})
+        time_onepass(args.onepass_variants.split(",") if args.onepass_variants else DEFAULT_ONEPASS, copy)
     print("\n== summary ==")
     for line in SUMMARY:
         print("  " + line)

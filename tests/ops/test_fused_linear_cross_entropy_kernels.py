@@ -1,6 +1,7 @@
 """Fused linear + cross-entropy, the chunked algorithm, against the reference: every reduction (the
 "none" backward recomputing the chunks), bias, class weights and the other options, a partial last
-chunk, fp32 grad_W accumulation, the chunk-size rule; on the GPU, a real head shape and its memory."""
+chunk, fp32 grad_W accumulation, the chunk-size rule; the one-read forward kernel (its cases, its
+moving reference, -inf and out-of-range logits); on the GPU, a real head shape and its memory."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 import torch
 
 from kernel_pytorch import reference as R
+from kernel_pytorch.ops import _cross_entropy_onepass as onepass
 from kernel_pytorch.ops import fused_linear_cross_entropy as fl
+from kernel_pytorch.ops._row_view import contiguous_rows
 from kernel_pytorch.ops._scale import scale_grad_
 from kernel_pytorch.ops.fused_linear_cross_entropy import (
     chunk_rows,
@@ -127,6 +130,82 @@ def test_empty_input() -> None:
     assert torch.equal(out.grad_w, torch.zeros_like(w)) and torch.equal(out.grad_b, torch.zeros_like(b))
 
 
+# the losses whose gradient the one-read kernel computes (ops/_cross_entropy_onepass.py)
+ONE_READ = {
+    "mean": ("mean", {}),
+    "weighted-mean": ("mean", {"weighted": True}),
+    "softcap-sum": ("sum", {"softcap": 4.0}),
+    "weighted-softcap-sum": ("sum", {"weighted": True, "softcap": 3.0}),
+}
+
+
+@pytest.fixture
+def one_read_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the one-read kernel's launches (one per chunk where it applies)."""
+    calls: list[int] = []
+    launch = onepass.launch_onepass
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(onepass, "launch_onepass", spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", list(ONE_READ))
+def test_one_read_forward_matches_reference(case: str, dtype: torch.dtype, one_read_calls: list[int]) -> None:
+    reduction, options = ONE_READ[case]
+    x, w, b, t, ce_w, opts = _inputs(dtype, options)
+    _check(x, w, b, t, ce_w, reduction, opts, chunk=CHUNK)
+    assert len(one_read_calls) == 3  # every chunk; the two-pass kernel ran nowhere
+
+
+def test_one_read_only_where_its_algebra_holds(one_read_calls: list[int]) -> None:
+    """Smoothing, z-loss and a bias gradient keep the two-pass kernel; a frozen bias does not."""
+    x, w, b, t, _, _ = _inputs(torch.float32, {"bias": True})
+    for kw in ({"label_smoothing": 0.1}, {"lse_square_scale": 1e-3}, {}):
+        fused_linear_cross_entropy_fwd(x, w, t, b, chunk=CHUNK, **kw)
+    assert not one_read_calls
+    fused_linear_cross_entropy_fwd(x, w, t, b, chunk=CHUNK, needs=(True, True, False))
+    assert len(one_read_calls) == 3
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_one_read_moves_its_reference(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """8-column blocks over rows whose later blocks exceed the first block's maximum by far more than
+    SWITCH (the written blocks are rescaled), a first block of -inf, a row of -inf, an ignored row
+    and an out-of-range target: q s against the reference gradient, loss and lse against it too."""
+    monkeypatch.setattr(onepass, "LAUNCH", onepass.OnePassLaunch(block=8, num_warps=1, prefetch=True))
+    n, v, h = 6, 29, 5
+    logits = randn(n, v, dtype=torch.float32, device=DEV, scale=2.0)
+    logits[0, 8:16] += 45.0  # a second block 45 above the first
+    logits[0, 24:] += 90.0  # and a partial last block above that
+    logits[1, :8] = float("-inf")  # a masked first block
+    logits[1, 16:24] += 30.0
+    logits[2] = float("-inf")
+    logits = logits.to(dtype)
+    t = torch.tensor([26, 3, 4, IGNORE, 11, v + 2], device=DEV)
+    x = randn(n, h, dtype=dtype, device=DEV)
+    q = logits.clone()
+    loss_rows, lse, s = (torch.empty(n, device=DEV) for _ in range(3))
+    xs = torch.empty(n, h, dtype=dtype, device=DEV)
+    onepass.launch_onepass(contiguous_rows(q), t, None, None, loss_rows, lse, s, x, xs, ignore_index=IGNORE,
+                           mean=False, softcap=None)
+    ok = [0, 1, 4]  # valid rows; row 2 (all -inf): lse -inf, loss NaN, as the two-pass kernel; 5: out of range
+    ref_lse = torch.logsumexp(logits.double()[ok], -1)
+    assert_close(lse[ok], ref_lse.float(), "lse")
+    assert_close(loss_rows[ok], (ref_lse - logits.double()[ok, t[ok]]).float(), "loss")
+    grad = torch.softmax(logits.double()[ok], -1)
+    grad[range(len(ok)), t[ok]] -= 1
+    assert_close((q[ok].double() * s[ok, None].double()).to(dtype), grad.to(dtype), "dx = s q")
+    assert_close(xs[ok], (x[ok].float() * s[ok, None]).to(dtype), "xs")
+    assert lse[2] == float("-inf") and torch.isnan(loss_rows[2])
+    assert loss_rows[3] == 0 and lse[3] == 0 and s[3] == 0 and not q[3].any() and not xs[3].any()
+    assert torch.isnan(lse[5]) and torch.isnan(loss_rows[5]) and torch.isnan(s[5])
+
+
 def test_chunk_rows_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fl, "CHUNK_BYTES", 256 * 2**20)
     assert chunk_rows(8192, 128256, 2) == 1024  # 256 MiB of bf16 logits
@@ -144,20 +223,24 @@ def test_chunk_rows_rule(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("grad_w_fp32", [False, True])
-def test_cuda_real_head(grad_w_fp32: bool) -> None:
-    """A 2048-token Llama-style head (H 4096, V 32000, bf16) in 512-row chunks, within the fp64 budget;
-    peak memory above the inputs at most the outputs, the chunk buffer and the fp32 accumulator."""
+@pytest.mark.parametrize("one_read", [False, True])
+def test_cuda_real_head(grad_w_fp32: bool, one_read: bool) -> None:
+    """A 2048-token Llama-style head (H 4096, V 32000, bf16) in 512-row chunks, within the fp64 budget,
+    with label smoothing (the two-pass kernel) or without (the one-read kernel); peak memory above the
+    inputs at most the outputs, the chunk buffer, the fp32 accumulator and the one-read kernel's s x."""
     x, w, _, t, _, _ = _inputs(torch.bfloat16, {}, device="cuda", n=2048, h=4096, v=32000)
-    _check(x, w, None, t, None, "mean", {"label_smoothing": 0.1}, chunk=512, grad_w_fp32=grad_w_fp32)
+    opts = {} if one_read else {"label_smoothing": 0.1}
+    _check(x, w, None, t, None, "mean", opts, chunk=512, grad_w_fp32=grad_w_fp32)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    out = fused_linear_cross_entropy_fwd(x, w, t, chunk=512, grad_w_fp32=grad_w_fp32)
+    out = fused_linear_cross_entropy_fwd(x, w, t, chunk=512, grad_w_fp32=grad_w_fp32, **opts)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     outputs = sum(g.numel() * g.element_size() for g in out[2:4])
     fp32_temps = 1 if fl.fp32_accumulate_in_place(x.device) else 2  # the accumulator (and a product)
-    allowed = outputs + 512 * 32000 * 2 + (fp32_temps * w.numel() * 4 if grad_w_fp32 else 0) + 2**22
+    allowed = outputs + 512 * 32000 * 2 + (fp32_temps * w.numel() * 4 if grad_w_fp32 else 0) + 2**22 \
+        + (512 * 4096 * 2 if one_read else 0)
     assert peak <= allowed, (peak, allowed)
 
 

@@ -50,6 +50,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from kernel_pytorch.ops import _cross_entropy_onepass as _onepass
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
 from kernel_pytorch.ops._gemm_into import fp32_accumulate_in_place as fp32_accumulate_in_place  # its old home
 from kernel_pytorch.ops._gemm_into import gemm_into
@@ -208,14 +209,27 @@ def fused_linear_cross_entropy_fwd(
     lse = torch.empty_like(loss_rows)
     with_grad = reduction != "none" and any(needs)
     grads = _Grads(x2, weight, bias, needs, grad_w_fp32, eager) if with_grad else None
+    one_pass = with_grad and _onepass.applies(label_smoothing, lse_square_scale, reduction, grads.b is not None)
+    if one_pass:  # the rows' factors s, and s x for grad_W (ops/_cross_entropy_onepass.py)
+        scale = torch.empty_like(loss_rows)
+        xs = torch.empty((buf.shape[0], x2.shape[1]), dtype=x.dtype, device=x.device) if needs[1] else None
     for start in range(0, n, c):
         end = min(start + c, n)
         x_c = x2[start:end]
         logits = contiguous_rows(_logits_into(buf, x_c, weight, bias))
+        if one_pass:
+            xs_c = xs[: end - start] if xs is not None else None
+            _onepass.launch_onepass(logits, t[start:end], ce_weight, stats, loss_rows[start:end], lse[start:end],
+                                    scale[start:end], x_c, xs_c, ignore_index=ignore_index,
+                                    mean=reduction == "mean", softcap=softcap, eager=eager)
+            grads.add_chunk(logits.tensor, xs_c, start, start == 0)
+            continue
         launch_fwd(logits, t[start:end], ce_weight, stats, loss_rows[start:end], lse[start:end],
                    logits if with_grad else None, opts, eager=eager)
         if grads is not None:
             grads.add_chunk(logits.tensor, x_c, start, start == 0)
+    if one_pass and grads.x is not None and n:  # grad_x's rows were q @ W: now s times them
+        scale_grad_(grads.x, scale, eager=eager)
     loss = loss_rows.view(target.shape) if reduction == "none" else loss_rows.sum()
     gx, gw, gb = grads.result(x.shape) if grads is not None else (None, None, None)
     return FusedLinearCrossEntropyForward(loss, lse, gx, gw, gb, stats)

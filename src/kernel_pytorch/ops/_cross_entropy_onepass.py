@@ -1,0 +1,183 @@
+"""The fused linear cross-entropy's one-read forward kernel: loss, lse and a row-scaled gradient over
+each chunk's logits, reading every logit once (ops/fused_linear_cross_entropy.py launches it).
+
+The two-pass kernel (ops/_cross_entropy_kernels.py) reads a row for lse, then again for
+dx = coef (p - onehot(t)); at 128K-column rows the second read comes from DRAM, so it moves 3 bytes
+per 2 it needs. In the fused loss the gradient only feeds two GEMMs, and a per-row factor can be moved
+out of it: with m a reference value for the row, e_j = exp(z_j - m), D = sum_j e_j and lse = m + log D,
+
+    dx_ij = s_i q_ij,   s_i = r w[t_i] / D_i,   q_ij = (e_ij - D_i [j == t_i]) (dz/dx)_ij
+
+so one streaming pass writes q over the logits (and D), and the caller applies s to the GEMMs' small
+operands instead: grad_x = diag(s) (q @ W) and grad_W = q.T @ (diag(s) x). This kernel writes
+xs = diag(s) x itself (H elements per row) and s, which the caller applies to grad_x's rows once at the
+end. The target's entry is rewritten after the pass (it needs D), behind a barrier.
+
+m is the row's first block's maximum. A later block whose maximum exceeds m + SWITCH moves m to that
+maximum and rescales what the row has written so far by exp(m_old - m_new) (a second read of those
+blocks: rare for real logits, correct for any). So every e_j <= exp(SWITCH) and D <= V exp(SWITCH):
+no overflow in fp32 or in the logits' dtype, and exp(z - m) underflows only where p_j < exp(-87).
+
+Applies to "mean"/"sum" without label smoothing or z-loss (their gradient terms are not proportional
+to p) and without a bias gradient; softcap and class weights are per-element and per-row factors. The
+others keep the two-pass kernel. Ignored rows: loss 0, lse 0, s 0, zero q and xs rows. Out-of-range
+targets: NaN lse, loss and s, as the two-pass kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernel_pytorch.ops._activations import _exp, precise_math
+from kernel_pytorch.ops._cross_entropy_kernels import _softcap
+from kernel_pytorch.ops._launch import Launcher, next_power_of_2
+from kernel_pytorch.ops._row_view import Rows
+
+# A later block may exceed the row's reference by this much before the reference moves (module docstring).
+SWITCH = 20.0
+
+
+@triton.jit
+def _cross_entropy_onepass_kernel(
+    X, T, W, STATS, LOSS, LSE, S, XC, XS,
+    n_rows, n_cols, x_inner, x_s0, x_s1, h, xc_s0, xc_s1, xs_s0, ignore_index, cap,
+    BLOCK: tl.constexpr, H_BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_CAP: tl.constexpr,
+    MEAN: tl.constexpr, WRITE_XS: tl.constexpr, PREFETCH: tl.constexpr, SWITCH_AT: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    offs = tl.arange(0, BLOCK)
+    h_offs = tl.arange(0, H_BLOCK)
+    DTYPE = X.dtype.element_ty
+    if MEAN:
+        r = 1.0 / tl.load(STATS)
+    else:
+        r = 1.0
+    for i in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row = tl.cast(i, tl.int64)
+        x_row = X + (row // x_inner) * x_s0 + (row % x_inner) * x_s1
+        t = tl.load(T + row).to(tl.int64)
+        if t != ignore_index:
+            bad = (t < 0) | (t >= n_cols)
+            t_ok = tl.where(bad, 0, t).to(tl.int32)
+            z_t = tl.load(x_row + t_ok).to(tl.float32)  # before the pass writes over it
+            if HAS_CAP:
+                z_t = _softcap(z_t, cap, PRECISE)
+            m = tl.full([], float("-inf"), tl.float32)
+            d = tl.zeros([BLOCK], dtype=tl.float32)
+            if PREFETCH:  # the next block's load is issued before this block's math
+                x_next = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf"))
+            for start in range(0, n_cols, BLOCK):
+                cols = start + offs
+                mask = cols < n_cols
+                if PREFETCH:
+                    x = x_next
+                    x_next = tl.load(x_row + BLOCK + cols, mask=cols + BLOCK < n_cols, other=float("-inf"))
+                else:
+                    x = tl.load(x_row + cols, mask=mask, other=float("-inf"))
+                z = x.to(tl.float32)
+                if HAS_CAP:  # the cap maps the padding's -inf to -c: mask it again
+                    z = tl.where(mask, _softcap(z, cap, PRECISE), float("-inf"))
+                bm = tl.max(z, axis=0)
+                if bm > m + SWITCH_AT:  # the first finite block, or (rarely) a much larger one
+                    if m > float("-inf"):  # rescale the blocks already written to the new reference
+                        f = _exp(m - bm, PRECISE)
+                        for prev in range(0, start, BLOCK):
+                            pc = prev + offs
+                            q_prev = tl.load(x_row + pc).to(tl.float32)  # prev < start: whole blocks
+                            tl.store(x_row + pc, (q_prev * f).to(DTYPE))
+                        d = d * f
+                    m = bm
+                # while every logit so far is -inf, exponentiate against 0 so e stays 0 (not NaN)
+                m_ref = tl.where(m == float("-inf"), 0.0, m)
+                e = _exp(z - m_ref, PRECISE)
+                d += e
+                if HAS_CAP:
+                    y = z / cap
+                    e = e * (1.0 - y * y)
+                tl.store(x_row + cols, e.to(DTYPE), mask=mask)
+            m_ref = tl.where(m == float("-inf"), 0.0, m)
+            d_sum = tl.sum(d, axis=0)
+            lse = tl.where(bad, float("nan"), m_ref + tl.log(d_sum))
+            if HAS_WEIGHT:
+                w_t = tl.load(W + t_ok).to(tl.float32)
+            else:
+                w_t = 1.0
+            tl.store(LOSS + row, r * w_t * (lse - z_t))
+            tl.store(LSE + row, lse)
+            s = tl.where(bad, float("nan"), r * w_t / d_sum)
+            q_t = _exp(z_t - m_ref, PRECISE) - d_sum
+            if HAS_CAP:
+                y_t = z_t / cap
+                q_t = q_t * (1.0 - y_t * y_t)
+            tl.debug_barrier()  # every lane's store of the row lands before the target's entry is rewritten
+            tl.store(x_row + t_ok, q_t.to(DTYPE))
+            tl.store(S + row, s)
+            if WRITE_XS:
+                for hs in range(0, h, H_BLOCK):
+                    hc = hs + h_offs
+                    xv = tl.load(XC + row * xc_s0 + hc * xc_s1, mask=hc < h, other=0.0).to(tl.float32)
+                    tl.store(XS + row * xs_s0 + hc, (xv * s).to(XS.dtype.element_ty), mask=hc < h)
+        else:
+            tl.store(LOSS + row, 0.0 * r)  # NaN exactly when no row is valid: the mean is torch's 0/0
+            tl.store(LSE + row, 0.0)
+            tl.store(S + row, 0.0)
+            for start in range(0, n_cols, BLOCK):
+                cols = start + offs
+                tl.store(x_row + cols, tl.zeros([BLOCK], dtype=DTYPE), mask=cols < n_cols)
+            if WRITE_XS:
+                for hs in range(0, h, H_BLOCK):
+                    hc = hs + h_offs
+                    tl.store(XS + row * xs_s0 + hc, tl.zeros([H_BLOCK], dtype=XS.dtype.element_ty), mask=hc < h)
+
+
+_kernel = Launcher(_cross_entropy_onepass_kernel)
+
+
+@dataclass(frozen=True)
+class OnePassLaunch:
+    block: int  # columns per step (power of two)
+    num_warps: int
+    prefetch: bool
+
+
+# The first choice (before a GPU sweep): the loss-only pass's launch, the same one read per logit.
+LAUNCH = OnePassLaunch(block=4096, num_warps=8, prefetch=True)
+H_BLOCK = 1024  # xs columns per step
+
+
+def applies(label_smoothing: float, lse_square_scale: float, reduction: str, bias_grad: bool) -> bool:
+    """Whether the one-read kernel computes this loss's gradient (module docstring)."""
+    return reduction in ("mean", "sum") and label_smoothing == 0.0 and lse_square_scale == 0.0 and not bias_grad
+
+
+def launch_onepass(
+    logits: Rows, target: Tensor, weight: Tensor | None, stats: Tensor | None, loss_rows: Tensor, lse: Tensor,
+    scale: Tensor, x: Tensor, xs: Tensor | None, *, ignore_index: int, mean: bool, softcap: float | None,
+    eager: bool = False,
+) -> None:
+    """q over the logits' rows in place; loss_rows, lse and scale (the rows' s), (N,) fp32; xs = s x.
+
+    Args:
+        logits: (N, V) rows, overwritten with q. target: (N,) contiguous. weight: (V,) class weights.
+        stats: `cross_entropy_stats` (needed for mean). x: (N, H) the rows' inputs (any strides);
+        xs: (N, H) with a unit column stride, or None where grad_W is not needed.
+    """
+    n, v = logits.n_rows, logits.tensor.shape[-1]
+    if n == 0:
+        return
+    block = min(LAUNCH.block, next_power_of_2(v))
+    h = x.shape[-1]
+    _kernel(
+        (n,), logits.tensor, target, weight.contiguous() if weight is not None else lse,
+        stats if stats is not None else lse, loss_rows, lse, scale, x, xs if xs is not None else x,
+        n, v, *logits.args, h, x.stride(0), x.stride(1), xs.stride(0) if xs is not None else 0,
+        int(ignore_index), float(softcap if softcap is not None else 1.0),
+        BLOCK=block, H_BLOCK=min(H_BLOCK, next_power_of_2(h)), HAS_WEIGHT=weight is not None,
+        HAS_CAP=softcap is not None, MEAN=mean, WRITE_XS=xs is not None, PREFETCH=LAUNCH.prefetch,
+        SWITCH_AT=SWITCH, PRECISE=precise_math(logits.tensor), num_warps=max(1, min(LAUNCH.num_warps, block // 256)),
+        eager=eager,
+    )
