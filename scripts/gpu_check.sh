@@ -2,7 +2,7 @@
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
-#   opt-in: loss_curve; probes: mlp_sweep ce_sweep flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
+#   opt-in: loss_curve; probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
 #   aoti_toolchain quant_decode e2e_norms e2e_memory adamw e2e_host
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
@@ -80,6 +80,10 @@ for s in $steps; do
     mlp_sweep) step 120 probe_mlp_sweep python3 scripts/probe_mlp.py --sweep ;;
     ce_sweep) step 120 probe_ce_sweep python3 scripts/probe_cross_entropy.py --only ce --quick --no-check \
                 ${KP_CE_VARIANTS:+--variants "$KP_CE_VARIANTS"} ;;
+    # the fused loss's one-read forward kernel at the e2e head: launch variants (KP_ONEPASS_VARIANTS) against
+    # the two-pass kernel, and the fused forward with each
+    onepass) step 200 probe_onepass python3 scripts/probe_cross_entropy.py --only onepass \
+               ${KP_ONEPASS_VARIANTS:+--onepass-variants "$KP_ONEPASS_VARIANTS"} ;;
     # fused linear CE chunk sizes at FLCE_SHAPES indices KP_FLCE_SHAPES (default 0,2: vocab 128256 and 262144)
     flce_chunks) step 150 probe_flce_chunks python3 scripts/probe_cross_entropy.py --only flce --quick --no-check \
                    --shapes "${KP_FLCE_SHAPES:-0,2}" --chunks "${KP_FLCE_CHUNKS:-512,1024,2048}" ;;
