@@ -2,20 +2,19 @@
 kernel_pytorch.optim.AdamW at each (BLOCK, NUM_WARPS), one run, with the copy ceiling measured in it.
 
     python scripts/probe_adamw.py                        # CUDA: the e2e benchmark's 0.9B bf16 parameters
-    python scripts/probe_adamw.py --variants 2048x4,4096x8 --steps 30
+    python scripts/probe_adamw.py --variants 2048x4,4096x8 --rep-ms 300
     python scripts/probe_adamw.py --quick --device cpu   # a tiny model through the interpreter: the pipeline
 
 Each provider steps the same parameters and gradients (bf16, state in bf16 as torch creates it): 3 steps
-of warm-up, then `--steps` steps each timed by CUDA events, synchronised (the median is printed; host
-time included, as a training loop sees it). Bytes per step: p, g, m, v read and p, m, v written. Before
-timing, each of ours is checked against torch's fused AdamW: three steps from the same state, parameters
-within one bf16 rounding (the same update, rounded once; reference/adam.py).
+of warm-up, then `benchmark.timer.time_fn` over `--rep-ms` of steps (CUDA events around each step, the
+median printed; host time included, as a training loop sees it). Bytes per step: p, g, m, v read and p,
+m, v written. Before timing, each of ours is checked against torch's fused AdamW: three steps from the
+same state, parameters within one bf16 rounding (the same update, rounded once; reference/adam.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps  # noqa: E402
+from kernel_pytorch.benchmark.timer import time_fn  # noqa: E402
 from kernel_pytorch.ops import adam as K  # noqa: E402
 from kernel_pytorch.optim import AdamW  # noqa: E402
 
@@ -42,27 +42,6 @@ def make(shapes, dev, dtype, seed=0) -> list[torch.nn.Parameter]:
     for p in params:
         p.grad = (torch.randn(p.shape, generator=g, device=dev) * 1e-2).to(dtype)
     return params
-
-
-def timed(opt: torch.optim.Optimizer, dev: torch.device, steps: int) -> list[float]:
-    for _ in range(3):
-        opt.step()
-    out = []
-    for _ in range(steps):
-        if dev.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            opt.step()
-            end.record()
-            torch.cuda.synchronize()
-            out.append(start.elapsed_time(end))
-        else:
-            import time
-            t = time.perf_counter()
-            opt.step()
-            out.append((time.perf_counter() - t) * 1e3)
-    return out
 
 
 def kernel_ms(opt: torch.optim.Optimizer, dev: torch.device, steps: int = 5) -> float:
@@ -103,7 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default="1024x4p,512x4,1024x2,1024x4,1024x8,2048x8",
                     help="BLOCKxNUM_WARPS pairs for ours; a trailing p: the IEEE sqrt and divisions")
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rep-ms", type=float, default=200.0, help="time_fn's measured span per optimizer")
     ap.add_argument("--quick", action="store_true", help="a two-layer toy model")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
@@ -129,7 +108,9 @@ def main() -> None:
             opt = AdamW(params, lr=1e-3, backend="triton" if dev.type == "cuda" else "auto")
         else:
             opt = spec
-        ms = statistics.median(timed(opt, dev, args.steps))
+        for _ in range(3):  # the first steps allocate the state
+            opt.step()
+        ms = time_fn(opt.step, device=dev, rep_ms=args.rep_ms, flush_l2=False).median_ms  # 12 GB: L2 moot
         kernel = kernel_ms(opt, dev)
         cells = []
         for t in (ms, kernel):

@@ -12,6 +12,11 @@ Forward ("mean"/"sum"; it computes the gradients, the backward only scales them)
         grad_x[c] = logits @ W                     written straight into grad_x's rows
         grad_W (+)= logits.T @ x_c                 the first chunk writes, the others accumulate
         grad_b += column sums of logits            fp32
+    Without label smoothing, z-loss or a bias gradient, the cross-entropy step is the one-read kernel
+    (ops/_cross_entropy_onepass.py): it writes q = exp(z - m) - D onehot(t) over the logits, the rows'
+    factors s = r w[t] / D and s x_c; then grad_x[c] = q @ W, grad_W (+)= q.T @ (s x_c), and after the
+    last chunk grad_x's rows are multiplied by s (one pass over grad_x). The two-pass kernel reads each
+    row's logits twice; at 128K columns the second read misses L2.
     grad_x's rows are an out= GEMM. grad_W goes through ops/_gemm_into's registered op when traced:
     an out= accumulation would be traced as an out-of-place addmm, which copies the (V, H) accumulator
     for every chunk after the first (one more accumulator alive, and a copy per chunk); the op declares
