@@ -68,12 +68,16 @@ INDUCTOR_NORMS = "+inorm"
 # an "ours" provider + "+opnorm": its RMSNorms keep our registered op in a compiled training graph too
 # (nn.RMSNorm.compiled_norm = "op"; the default hands their math to Inductor)
 OP_NORMS = "+opnorm"
+# an "ours" provider + "+twopass": the fused loss's forward runs the two-pass cross-entropy kernel where it
+# would run the one-read kernel (ops/fused_linear_cross_entropy.ONE_READ off for the row)
+TWO_PASS = "+twopass"
 
 
 def optimizer_of(provider: str) -> tuple[str, bool]:
-    """(the provider's model, whether kernel_pytorch.optim.AdamW steps it); NO_CACHE, INDUCTOR_NORMS and
-    OP_NORMS suffixes are dropped."""
-    provider = provider.replace(NO_CACHE, "").replace(INDUCTOR_NORMS, "").replace(OP_NORMS, "")
+    """(the provider's model, whether kernel_pytorch.optim.AdamW steps it); NO_CACHE, INDUCTOR_NORMS,
+    OP_NORMS and TWO_PASS suffixes are dropped."""
+    for suffix in (NO_CACHE, INDUCTOR_NORMS, OP_NORMS, TWO_PASS):
+        provider = provider.replace(suffix, "")
     if provider.endswith(OUR_ADAMW):
         return provider.removesuffix(OUR_ADAMW), True
     return provider, False
@@ -307,6 +311,19 @@ def optimizer(provider: str, model: torch.nn.Module, dev: torch.device) -> torch
 
 def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int, seq: int,
               steps: int, warmup: int, matmul_tflops: float | None, profile_to: Path | None = None) -> Row:
+    """`_train_row` with the fused loss's one-read kernel off for a TWO_PASS provider."""
+    from kernel_pytorch.ops import fused_linear_cross_entropy as flce
+
+    saved = flce.ONE_READ
+    flce.ONE_READ = TWO_PASS not in provider
+    try:
+        return _train_row(provider, size, dev, dtype, batch, seq, steps, warmup, matmul_tflops, profile_to)
+    finally:
+        flce.ONE_READ = saved
+
+
+def _train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int, seq: int,
+               steps: int, warmup: int, matmul_tflops: float | None, profile_to: Path | None = None) -> Row:
     """One provider's training step: timings, memory, tokens/s, warm-up and MFU (in the row's note); with
     `profile_to`, a profiler table of two more steps written there."""
     row = Row(op=f"train step {batch}x{seq}", shape=[batch, seq], config=size.label, dtype=str(dtype).split(".")[-1],

@@ -139,6 +139,23 @@ def test_provider_suffixes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert inorm.backend == "reference" and (opnorm.backend, opnorm.compiled_norm) == ("auto", "op")
 
 
+def test_two_pass_suffix_turns_the_one_read_kernel_off_for_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """'+twopass' is dropped from the model's provider and runs its row with the fused loss's one-read
+    kernel off (and on again after); other rows keep it on."""
+    import torch
+
+    from kernel_pytorch.ops import fused_linear_cross_entropy as flce
+
+    bench = _bench()
+    assert bench.optimizer_of("ours+compile+adamw+twopass") == ("ours+compile", True)
+    seen = []
+    monkeypatch.setattr(bench, "_train_row", lambda provider, *args: seen.append((provider, flce.ONE_READ)))
+    for provider in ("ours+compile+adamw+twopass", "ours+compile+adamw"):
+        bench.train_row(provider, bench.Size(), torch.device("cpu"), torch.float32, 1, 8, 1, 1, None)
+        assert flce.ONE_READ
+    assert seen == [("ours+compile+adamw+twopass", False), ("ours+compile+adamw", True)]
+
+
 def test_generate_rows_and_reference_backends() -> None:
     """--generate-providers picks rows, an 'ours' one may end in ' + inorm' or ' + ref', anything else is an
     error naming the known rows; reference_backends sets every module that has a backend, or those of kinds."""

@@ -60,6 +60,15 @@ def _exp(x, PRECISE: tl.constexpr):
 
 
 @triton.jit
+def _log(x, PRECISE: tl.constexpr):
+    # Triton's log is lg2.approx times ln 2 (about 2 ulp); libdevice's rounds as torch's does
+    if PRECISE:
+        return libdevice.log(x)
+    else:
+        return tl.log(x)
+
+
+@triton.jit
 def _div(a, b, PRECISE: tl.constexpr):
     """a / b in fp32 for b >= 1 or b = +inf (the activations' denominators); IEEE-rounded with PRECISE.
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernel_pytorch.ops._activations import _exp, libdevice
+from kernel_pytorch.ops._activations import _exp, _log, libdevice
 
 
 @triton.jit
@@ -126,7 +126,7 @@ def _cross_entropy_fwd_kernel(
                     if HAS_WEIGHT:
                         zs *= tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
                     s += zs
-            lse = m + tl.log(tl.sum(d, axis=0))
+            lse = m + _log(tl.sum(d, axis=0), PRECISE)
             lse = tl.where(bad, float("nan"), lse)
             z_t = tl.load(x_row + t_ok).to(tl.float32)
             if HAS_CAP:

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._activations import _exp, precise_math
+from kernel_pytorch.ops._activations import _exp, _log, precise_math
 from kernel_pytorch.ops._cross_entropy_kernels import _softcap
 from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._row_view import Rows
@@ -101,7 +101,7 @@ def _cross_entropy_onepass_kernel(
                 tl.store(x_row + cols, e.to(DTYPE), mask=mask)
             m_ref = tl.where(m == float("-inf"), 0.0, m)
             d_sum = tl.sum(d, axis=0)
-            lse = tl.where(bad, float("nan"), m_ref + tl.log(d_sum))
+            lse = tl.where(bad, float("nan"), m_ref + _log(d_sum, PRECISE))
             if HAS_WEIGHT:
                 w_t = tl.load(W + t_ok).to(tl.float32)
             else:
@@ -144,8 +144,11 @@ class OnePassLaunch:
     prefetch: bool
 
 
-# The first choice (before a GPU sweep): the loss-only pass's launch, the same one read per logit.
-LAUNCH = OnePassLaunch(block=4096, num_warps=8, prefetch=True)
+# The H200 sweep (benchmarks/results/probes/probe_onepass_h200.log; one 1024 x 128256 bf16 chunk after
+# its logits GEMM, less the GEMM): 8192 x 8 warps 121.7 us in graph replay (101.6% of copy: the GEMM
+# leaves part of the chunk in L2), 4096 x 8 without prefetch 123.8, 2048 x 4 126.4, 4096 x 8 132.5,
+# 16384 x 32 without prefetch 154.0; the two-pass kernel 166.3.
+LAUNCH = OnePassLaunch(block=8192, num_warps=8, prefetch=True)
 H_BLOCK = 1024  # xs columns per step
 
 

@@ -125,6 +125,11 @@ def chunk_rows(n_rows: int, vocab: int, element_size: int, *, max_bytes: int | N
     return max(1, min(max(rows, ROW_ALIGN), n_rows))
 
 
+# Whether the one-read kernel runs where it applies (module docstring); off: the two-pass kernel everywhere
+# (benchmarks compare the two in one run).
+ONE_READ = True
+
+
 class _Grads:
     """The gradient buffers of one pass and the per-chunk GEMMs that fill them."""
 
@@ -214,7 +219,8 @@ def fused_linear_cross_entropy_fwd(
     lse = torch.empty_like(loss_rows)
     with_grad = reduction != "none" and any(needs)
     grads = _Grads(x2, weight, bias, needs, grad_w_fp32, eager) if with_grad else None
-    one_pass = with_grad and _onepass.applies(label_smoothing, lse_square_scale, reduction, grads.b is not None)
+    one_pass = ONE_READ and with_grad and _onepass.applies(label_smoothing, lse_square_scale, reduction,
+                                                           grads.b is not None)
     if one_pass:  # the rows' factors s, and s x for grad_W (ops/_cross_entropy_onepass.py)
         scale = torch.empty_like(loss_rows)
         xs = torch.empty((buf.shape[0], x2.shape[1]), dtype=x.dtype, device=x.device) if needs[1] else None
