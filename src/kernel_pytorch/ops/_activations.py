@@ -60,6 +60,15 @@ def _exp(x, PRECISE: tl.constexpr):
 
 
 @triton.jit
+def _recip(x, PRECISE: tl.constexpr):
+    # 1 / x, IEEE-rounded with PRECISE (a scalar per program: the rounding, not the speed, matters)
+    if PRECISE:
+        return tl.div_rn(1.0, x)
+    else:
+        return 1.0 / x
+
+
+@triton.jit
 def _log(x, PRECISE: tl.constexpr):
     # Triton's log is lg2.approx times ln 2 (about 2 ulp); libdevice's rounds as torch's does
     if PRECISE:

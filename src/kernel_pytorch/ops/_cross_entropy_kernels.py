@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernel_pytorch.ops._activations import _exp, _log, libdevice
+from kernel_pytorch.ops._activations import _exp, _log, _recip, libdevice
 
 
 @triton.jit
@@ -78,8 +78,8 @@ def _cross_entropy_fwd_kernel(
     # KEEP / DROP: eviction policies of pass 1's loads and of pass 2's loads and stores ("" for none)
     offs = tl.arange(0, BLOCK)
     if MEAN:  # the mean's row scales (reference: r and q), folded into loss and gradient
-        r = 1.0 / tl.load(STATS)
-        q = 1.0 / tl.load(STATS + 1)
+        r = _recip(tl.load(STATS), PRECISE)
+        q = _recip(tl.load(STATS + 1), PRECISE)
     else:
         r = 1.0
         q = 1.0

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._activations import _exp, _log, precise_math
+from kernel_pytorch.ops._activations import _exp, _log, _recip, precise_math
 from kernel_pytorch.ops._cross_entropy_kernels import _softcap
 from kernel_pytorch.ops._launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._row_view import Rows
@@ -53,7 +53,7 @@ def _cross_entropy_onepass_kernel(
     h_offs = tl.arange(0, H_BLOCK)
     DTYPE = X.dtype.element_ty
     if MEAN:
-        r = 1.0 / tl.load(STATS)
+        r = _recip(tl.load(STATS), PRECISE)
     else:
         r = 1.0
     for i in range(tl.program_id(0), n_rows, tl.num_programs(0)):
