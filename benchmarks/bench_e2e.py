@@ -364,11 +364,15 @@ def _train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype,
         _sync(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     samples = []
+    began = time.strftime("%H:%M:%S")
     for _ in range(steps):
         t = time.perf_counter()
         step()
         _sync(dev)
         samples.append((time.perf_counter() - t) * 1e3)
+    # the timed window in wall-clock time, to line up with a clock/power log of the device (gpu_check's smi.csv)
+    print(f"timed {provider} {batch}x{seq}: {began} - {time.strftime('%H:%M:%S')}, steps (ms): "
+          + " ".join(f"{x:.2f}" for x in samples), flush=True)
     timing = summarize(samples, "wall clock per step, synchronised")
     reserved = ""  # the CUDA allocator's reserved peak beside the allocated one, where it is measured
     row.set_timing(timing)

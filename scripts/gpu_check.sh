@@ -34,6 +34,13 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   echo "steps: $steps"
 } > "$work/device.txt" 2>&1
 status=0
+# KP_SMI_LOG=1: the device's SM clock, power and clock-event reasons (power cap, thermal) every 200 ms
+# into smi.csv while the steps run
+if [ "${KP_SMI_LOG:-0}" = 1 ]; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,utilization.gpu,clocks_event_reasons.active,clocks_event_reasons.sw_power_cap,clocks_event_reasons.hw_slowdown,clocks_event_reasons.sw_thermal_slowdown \
+    --format=csv -lms 200 > "$work/smi.csv" 2>&1 &
+  smi_pid=$!
+fi
 # step LIMIT NAME CMD...: run CMD under min(LIMIT, time left), output in NAME.log, return code noted
 step() {
   local lim=$1 name=$2 left
@@ -138,6 +145,7 @@ for s in $steps; do
     *) echo "unknown step $s" | tee -a "$work/device.txt"; status=1 ;;
   esac
 done
+[ -n "${smi_pid:-}" ] && kill "$smi_pid" 2>/dev/null
 (cd "$out" && tar czf gpu_check.tgz gpu_check && rm -rf gpu_check)
 echo "wrote $out/gpu_check.tgz"
 exit $status
