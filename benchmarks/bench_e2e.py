@@ -322,12 +322,10 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
         flce.ONE_READ = saved
 
 
-def _train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int, seq: int,
-               steps: int, warmup: int, matmul_tflops: float | None, profile_to: Path | None = None) -> Row:
-    """One provider's training step: timings, memory, tokens/s, warm-up and MFU (in the row's note); with
-    `profile_to`, a profiler table of two more steps written there."""
-    row = Row(op=f"train step {batch}x{seq}", shape=[batch, seq], config=size.label, dtype=str(dtype).split(".")[-1],
-              provider=provider, pass_name="fwd+bwd+adamw")
+def training_step(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int,
+                  seq: int) -> tuple[Callable[[], torch.Tensor], Callable[[], None], Callable[[], torch.Tensor]]:
+    """The provider's model and optimizer, built, as (forward, update, step) closures over one fixed batch of
+    token ids: forward returns the loss, update steps the optimizer and drops the gradients, step does all three."""
     model = build(provider, size, dev, dtype)
     opt = optimizer(provider, model, dev)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -350,6 +348,18 @@ def _train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype,
         loss.backward()
         update()
         return loss.detach()
+
+    return forward, update, step
+
+
+def _train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int, seq: int,
+               steps: int, warmup: int, matmul_tflops: float | None, profile_to: Path | None = None) -> Row:
+    """One provider's training step: timings, memory, tokens/s, warm-up and MFU (in the row's note); with
+    `profile_to`, a profiler table of two more steps written there."""
+    row = Row(op=f"train step {batch}x{seq}", shape=[batch, seq], config=size.label, dtype=str(dtype).split(".")[-1],
+              provider=provider, pass_name="fwd+bwd+adamw")
+    forward, update, step = training_step(provider, size, dev, dtype, batch, seq)
+    graphs = optimizer_of(provider)[0].endswith("-cg")
 
     t0 = time.perf_counter()
     for _ in range(warmup):
@@ -403,6 +413,57 @@ def _train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype,
             profile_to.with_name(profile_to.name.replace("_profile_", "_memory_")).write_text(
                 f"one training step of {provider} ({batch}x{seq}), CUDA allocator trace\n" + peak.table(40) + "\n")
     return row
+
+
+def paired_rows(pair: tuple[str, str], size: Size, dev: torch.device, dtype: torch.dtype, rounds: int,
+                per_round: int, warmup: int, matmul_tflops: float | None) -> tuple[list[Row], str]:
+    """Two providers built in one process and stepped in turns (`benchmark.paired.time_interleaved`: rounds of
+    `per_round` steps each, the order reversed every other round), so a drift of the device's clock falls on
+    both: a row each (no peak: both models are alive) and a note with the second's tokens/s over the first's,
+    pooled and per round."""
+    from kernel_pytorch.benchmark.paired import round_ratios, time_interleaved
+    from kernel_pytorch.ops import fused_linear_cross_entropy as flce
+
+    for p in pair:
+        if p.startswith("liger") or optimizer_of(p)[0].endswith("-cg"):
+            raise ValueError(f"{p} cannot be paired (Liger patches transformers for the whole process; CUDA-graph "
+                             "providers own their outputs between steps)")
+    batch, seq = size.batch, size.seq
+    steps = {}
+    saved = flce.ONE_READ
+    for p in pair:
+        step = training_step(p, size, dev, dtype, batch, seq)[2]
+
+        def with_kernel(step: Callable[[], torch.Tensor] = step, one_read: bool = TWO_PASS not in p) -> None:
+            flce.ONE_READ = one_read  # "+twopass": the fused loss's two-pass kernel for this provider's steps
+            try:
+                step()
+            finally:
+                flce.ONE_READ = saved
+
+        for _ in range(warmup):
+            with_kernel()
+        steps[p] = with_kernel
+    timings, medians = time_interleaved(steps, rounds=rounds, per_round=per_round, sync=lambda: _sync(dev))
+    rows = []
+    for p, timing in timings.items():
+        row = Row(op=f"paired train step {batch}x{seq}", shape=[batch, seq], config=size.label,
+                  dtype=str(dtype).split(".")[-1], provider=p, pass_name="fwd+bwd+adamw")
+        row.set_timing(timing)
+        row.flops = size.step_flops(batch, seq)
+        row.tflops = tflops(row.flops, timing.median_ms)
+        if matmul_tflops:
+            row.pct_of_matmul = percent_of(row.tflops, matmul_tflops)
+        other = pair[1] if p == pair[0] else pair[0]
+        row.note = (f"{batch * seq / timing.median_ms:.1f}k tok/s; in turns with {other}, {rounds} rounds of "
+                    f"{per_round} steps; peak: see the train step rows")
+        rows.append(row)
+    ratios = round_ratios(medians, *pair)
+    pooled = timings[pair[0]].median_ms / timings[pair[1]].median_ms
+    note = (f"paired ({pair[0]} and {pair[1]} in one process, in turns): {pair[1]} {pooled:.3f}x {pair[0]}'s "
+            f"tokens/s over all steps; per round {min(ratios):.3f}-{max(ratios):.3f}x (median "
+            f"{statistics.median(ratios):.3f}x, {rounds} rounds)")
+    return rows, note
 
 
 def reference_backends(model: torch.nn.Module, kinds: tuple[type, ...] | None = None) -> int:
@@ -481,8 +542,10 @@ def _failed(row_args: dict, exc: BaseException) -> Row:
 
 def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str, ...], steps: int, warmup: int,
         budget_s: float, long_row: bool, inference: bool, smoke: bool, profile: tuple[str, ...] = (),
-        out: Path | None = None, generate: tuple[str, ...] = GENERATE_PROVIDERS) -> BenchmarkResults:
-    """Every row in one run, each in its own try/except, within the time budget."""
+        out: Path | None = None, generate: tuple[str, ...] = GENERATE_PROVIDERS, paired: tuple[str, ...] = (),
+        paired_rounds: tuple[int, int] = (10, 4)) -> BenchmarkResults:
+    """Every row in one run, each in its own try/except, within the time budget; `paired`: two training
+    providers stepped in turns in one process (`paired_rows`: `paired_rounds` = rounds, steps per round)."""
     start = time.perf_counter()
     results = BenchmarkResults(name="e2e", device=device_name(dev), smoke=smoke)
     ceilings = measure_ceilings(dev)
@@ -507,6 +570,11 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str,
             jobs.append((args, lambda row_args=row_args: in_child(train_row, row_args)))
         else:
             jobs.append((args, lambda row_args=row_args: train_row(*row_args)))
+    if paired:
+        args = dict(op=f"paired train step {size.batch}x{size.seq}", shape=[size.batch, size.seq], config=label,
+                    dtype=dt, provider=" + ".join(paired), pass_name="fwd+bwd+adamw")
+        pair_args = (paired, size, dev, dtype, paired_rounds[0], paired_rounds[1], warmup, matmul)
+        jobs.append((args, lambda: in_child(paired_rows, pair_args) if dev.type == "cuda" else paired_rows(*pair_args)))
     if long_row:
         for p in ("eager", "ours+compile"):
             args = dict(op=f"train step 1x{size.long_seq}", shape=[1, size.long_seq], config=label, dtype=dt,
@@ -525,14 +593,18 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str,
             results.add(Row(**args, status="skipped", note=f"the {budget_s:.0f} s time budget was spent"))
             continue
         try:
-            row = job()
+            got = job()
         except KeyboardInterrupt:  # stopped at a time limit: keep the rows already measured
             results.notes.append(f"{PARTIAL_NOTE} during {args['op']} / {args['provider']}")
             break
         except Exception as exc:  # noqa: BLE001 (one provider's failure must not lose the others)
-            row = _failed(args, exc)
-        results.add(row)
-        print(f"{row.op:>24} {row.provider:>26}: {row.status} {row.median_ms or 0:.4g} ms {row.note}", flush=True)
+            got = _failed(args, exc)
+        if isinstance(got, tuple):  # the paired rows and their note
+            got, note = got
+            results.notes.append(note)
+        for row in got if isinstance(got, list) else [got]:
+            results.add(row)
+            print(f"{row.op:>24} {row.provider:>26}: {row.status} {row.median_ms or 0:.4g} ms {row.note}", flush=True)
         if out is not None:  # written after every row, so a run killed later still leaves these
             results.write(out)
         _free(dev)
@@ -602,6 +674,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generate-providers", default=None,
                         help="comma-separated generate() rows instead (GENERATE_PROVIDERS, and an 'ours' one "
                         "with ' + inorm' or ' + ref': its norms or all its ops on the reference math)")
+    parser.add_argument("--paired", default=None, help="two training providers, comma-separated, stepped in turns "
+                        "in one process after the other rows (a drift in the device's clock falls on both alike)")
+    parser.add_argument("--paired-rounds", default="10x4", help="ROUNDSxSTEPS for --paired (default 10x4)")
     parser.add_argument("--profile", default="", help="comma-separated training providers to profile (two more "
                         "steps each, e2e_profile_<provider>.txt beside the results; on CUDA one more, what is "
                         "live at its memory peak by allocating line, e2e_memory_<provider>.txt)")
@@ -615,9 +690,13 @@ def main(argv: list[str] | None = None) -> int:
     providers = tuple(p for p in args.providers.split(",") if p)
     out = Path(args.out) if args.out else Path("bench-results") / f"e2e-{time.strftime('%Y%m%d-%H%M%S')}"
     profile = tuple(p for p in args.profile.split(",") if p)
+    paired = tuple(p.strip() for p in args.paired.split(",") if p.strip()) if args.paired else ()
+    if paired and len(paired) != 2:
+        raise ValueError(f"--paired takes two providers, got {len(paired)}: {args.paired!r}")
+    rounds, per_round = (int(v) for v in args.paired_rounds.split("x"))
     results = run(size, dev, dtype, providers, steps, warmup, budget, not args.no_long, not args.no_inference,
                   smoke=args.quick, profile=profile, out=out,
-                  generate=generate_rows(args))
+                  generate=generate_rows(args), paired=paired, paired_rounds=(rounds, per_round))
     js, md = results.write(out)
     print(f"wrote {js} and {md}")
     return 0

@@ -156,6 +156,23 @@ def test_two_pass_suffix_turns_the_one_read_kernel_off_for_its_row(monkeypatch: 
     assert seen == [("ours+compile+adamw+twopass", False), ("ours+compile+adamw", True)]
 
 
+def test_paired_providers_step_in_turns(tmp_path: Path) -> None:
+    """--paired: two providers in one process, a row each with the pooled steps, and the ratio note; Liger and
+    a third provider are refused."""
+    bench = _bench()
+    assert bench.main(["--quick", "--device", "cpu", "--providers", "", "--no-long", "--no-inference",
+                       "--paired", "eager,ours", "--paired-rounds", "2x1", "--out", str(tmp_path)]) == 0
+    results = BenchmarkResults.load(tmp_path / "e2e.json")
+    rows = {r.provider: r for r in results.rows if r.op.startswith("paired train step")}
+    assert set(rows) == {"eager", "ours"} and all(r.status == "ok" and r.reps == 2 for r in rows.values())
+    assert "in turns with ours, 2 rounds of 1 steps" in rows["eager"].note
+    assert any(n.startswith("paired (eager and ours in one process, in turns): ours ") for n in results.notes)
+    with pytest.raises(ValueError, match="two providers"):
+        bench.main(["--quick", "--device", "cpu", "--paired", "eager,ours,liger", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="cannot be paired"):
+        bench.paired_rows(("eager", "liger"), bench.QUICK, bench.resolve_device("cpu"), None, 1, 1, 0, None)
+
+
 def test_generate_rows_and_reference_backends() -> None:
     """--generate-providers picks rows, an 'ours' one may end in ' + inorm' or ' + ref', anything else is an
     error naming the known rows; reference_backends sets every module that has a backend, or those of kinds."""
