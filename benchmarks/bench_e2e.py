@@ -322,6 +322,20 @@ def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, 
         flce.ONE_READ = saved
 
 
+def _rates(row: Row, size: Size, batch: int, seq: int, matmul_tflops: float | None) -> str:
+    """Fill the timed row's FLOPs, TFLOP/s and % of the matmul ceiling; return its tokens/s for the note."""
+    row.flops = size.step_flops(batch, seq)
+    row.tflops = tflops(row.flops, row.median_ms)
+    if matmul_tflops:
+        row.pct_of_matmul = percent_of(row.tflops, matmul_tflops)
+    return f"{batch * seq / row.median_ms:.1f}k tok/s"
+
+
+def mfu_note(row: Row) -> str:
+    """"MFU x%" from the row's % of the matmul ceiling ("MFU -" where the ceiling was not measured)."""
+    return f"MFU {row.pct_of_matmul:.1f}%" if row.pct_of_matmul is not None else "MFU -"
+
+
 def training_step(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int,
                   seq: int) -> tuple[Callable[[], torch.Tensor], Callable[[], None], Callable[[], torch.Tensor]]:
     """The provider's model and optimizer, built, as (forward, update, step) closures over one fixed batch of
@@ -396,13 +410,8 @@ def _train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype,
     else:
         m = peak_memory(step, dev)
         row.peak_mem_bytes, row.peak_mem_method = m.peak_bytes, m.method
-    row.flops = size.step_flops(batch, seq)
-    row.tflops = tflops(row.flops, timing.median_ms)
-    if matmul_tflops:
-        row.pct_of_matmul = percent_of(row.tflops, matmul_tflops)
-    tok_s = batch * seq / (timing.median_ms / 1e3)
-    mfu = f"MFU {row.pct_of_matmul:.1f}%" if row.pct_of_matmul is not None else "MFU -"
-    row.note = f"{tok_s / 1e3:.1f}k tok/s; warm-up {warm_s:.1f} s ({warmup} steps); {mfu}{reserved}"
+    tok_s = _rates(row, size, batch, seq, matmul_tflops)
+    row.note = f"{tok_s}; warm-up {warm_s:.1f} s ({warmup} steps); {mfu_note(row)}{reserved}"
     if profile_to is not None:
         profile_steps(step, dev, profile_to)
         if dev.type == "cuda":  # the host's side of the step (is the device waiting on Python?), and what is
@@ -450,13 +459,10 @@ def paired_rows(pair: tuple[str, str], size: Size, dev: torch.device, dtype: tor
         row = Row(op=f"paired train step {batch}x{seq}", shape=[batch, seq], config=size.label,
                   dtype=str(dtype).split(".")[-1], provider=p, pass_name="fwd+bwd+adamw")
         row.set_timing(timing)
-        row.flops = size.step_flops(batch, seq)
-        row.tflops = tflops(row.flops, timing.median_ms)
-        if matmul_tflops:
-            row.pct_of_matmul = percent_of(row.tflops, matmul_tflops)
         other = pair[1] if p == pair[0] else pair[0]
-        row.note = (f"{batch * seq / timing.median_ms:.1f}k tok/s; in turns with {other}, {rounds} rounds of "
-                    f"{per_round} steps; peak: see the train step rows")
+        tok_s = _rates(row, size, batch, seq, matmul_tflops)
+        row.note = (f"{tok_s}; {mfu_note(row)}; in turns with {other}, {rounds} rounds of {per_round} steps; "
+                    "peak: see the train step rows")
         rows.append(row)
     ratios = round_ratios(medians, *pair)
     pooled = timings[pair[0]].median_ms / timings[pair[1]].median_ms
