@@ -11,6 +11,7 @@ import torch.nn.functional as TF
 
 from kernel_pytorch import functional as F
 from kernel_pytorch import reference as R
+from kernel_pytorch.functional import _dispatch as dispatch_mod
 from kernel_pytorch.functional import activation
 from kernel_pytorch.functional import mlp as mlp_mod
 from tests.grid import device_under_test, randn
@@ -213,7 +214,7 @@ def test_other_eager_calls_compose_the_block(eager_path, monkeypatch: pytest.Mon
         assert_close(_ours(p), _reference(p), "no_grad")
     mixed = dict(p, down_weight=p["down_weight"].detach().double().requires_grad_())
     assert not mlp_mod._block(mixed["x"], (mixed["down_weight"],))
-    monkeypatch.setattr(mlp_mod, "_autocast_on", lambda device_type: True)
+    monkeypatch.setattr(dispatch_mod, "_autocast_on", lambda device_type: True)
     _assert_same_function(p, lambda: _ours(p), lambda: _reference(p), "autocast flag")
     assert not calls
 

@@ -75,6 +75,18 @@ def _one_kind(x: Tensor, params: Sequence[Tensor | None]) -> bool:
     return all(p is None or (is_plain_tensor(p) and p.dtype == x.dtype and p.device == x.device) for p in params)
 
 
+def _records_grad(*ts: Tensor | None) -> bool:
+    """Whether autograd records a graph through any of `ts` (grad mode on, one of them requires grad)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
+def _fusable(x: Tensor, params: Sequence[Tensor | None]) -> bool:
+    """Where our fused forward/backward pairs around GEMMs apply (the gated MLP's block and op paths, the
+    shared-input Linears): a gradient is recorded, the parameters are x's kind (`_one_kind`) and autocast
+    is off (they run their GEMMs in the dtypes given)."""
+    return _records_grad(x, *params) and _one_kind(x, params) and not _autocast_on(x.device.type)
+
+
 def _check_float(name: str, t: Tensor) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a tensor (got {type(t).__name__})")

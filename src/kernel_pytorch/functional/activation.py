@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch import reference
-from kernel_pytorch.functional._dispatch import Backend, _resolve, kernels
+from kernel_pytorch.functional._dispatch import Backend, _records_grad, _resolve, kernels
 from kernel_pytorch.reference._act_checks import check_activation, check_bias_act, check_gated, check_gated_packed
 from kernel_pytorch.reference.gated_act import gelu_name
 
@@ -150,10 +150,6 @@ class _BiasActInPlace(torch.autograd.Function):
         if need_x:
             _increment_version(x)
         return dx if need_x else None, dbias, None
-
-
-def _records_grad(*ts: Tensor | None) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
 def gated_act(

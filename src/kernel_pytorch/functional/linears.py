@@ -33,14 +33,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kernel_pytorch._env import is_plain_tensor
-from kernel_pytorch.functional._dispatch import _autocast_on, _exporting, _one_kind
-from kernel_pytorch.functional.activation import _records_grad
+from kernel_pytorch.functional._dispatch import _exporting, _fusable
 
 
 def _fused(x: Tensor, params: Sequence[Tensor | None]) -> bool:
-    """The gated MLP's condition for its fused paths (functional/mlp._recompute_h), for a plain x."""
-    return (_records_grad(x, *params) and is_plain_tensor(x) and _one_kind(x, params)
-            and not _autocast_on(x.device.type) and not _exporting())
+    """The gated MLP's op-path condition (functional/mlp._recompute_h), for a plain x."""
+    return is_plain_tensor(x) and _fusable(x, params) and not _exporting()
 
 
 def _accumulate(dx: Tensor, d: Tensor, w: Tensor) -> Tensor:

@@ -44,15 +44,14 @@ from torch import Tensor
 
 from kernel_pytorch.functional._dispatch import (
     Backend,
-    _autocast_on,
     _check_float,
     _check_same_device,
     _exporting,
-    _one_kind,
+    _fusable,
     _resolve,
     kernels,
 )
-from kernel_pytorch.functional.activation import _records_grad, bias_act, gated_act, gated_act_packed
+from kernel_pytorch.functional.activation import bias_act, gated_act, gated_act_packed
 from kernel_pytorch.functional.linears import shared_input_linears
 from kernel_pytorch.reference._act_checks import check_activation
 
@@ -247,7 +246,7 @@ def gated_mlp_packed(
 def _block(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
     """Whether an eager-path call takes the whole-block function: it records a gradient, and x and
     the parameters share a dtype and device with autocast off (the block runs its GEMMs as given)."""
-    return _records_grad(x, *params) and _one_kind(x, params) and not _autocast_on(x.device.type)
+    return _fusable(x, params)
 
 
 def _recompute_h(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch import reference
-from kernel_pytorch.functional._dispatch import Backend, _resolve, kernels
+from kernel_pytorch.functional._dispatch import Backend, _records_grad, _resolve, kernels
 from kernel_pytorch.reference.rope_checks import RopeShape, check_position_range, check_rope_args
 
 # Argument signatures that passed `check_rope_args` (types, shapes, dtypes, devices, layout): a decode
@@ -74,10 +74,6 @@ class _RopeInplace(torch.autograd.Function):
         cos, sin, position_ids = ctx.saved_tensors
         dq, dk = kernels().rope.rope_bwd(dq, dk, cos, sin, position_ids, *ctx.options, eager=True)
         return dq, dk, None, None, None, None, None, None
-
-
-def _records_grad(q: Tensor, k: Tensor) -> bool:
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
 
 
 def apply_rotary(
