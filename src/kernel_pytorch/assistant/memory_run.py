@@ -118,7 +118,7 @@ def _cache_tensors(obj: Any, depth: int = 3) -> dict[int, torch.Tensor]:
     found: dict[int, torch.Tensor] = {}
     if isinstance(obj, torch.Tensor):
         if obj.numel():
-            found[obj.untyped_storage().data_ptr()] = obj
+            found[_storage(obj)[0]] = obj
         return found
     if depth == 0:
         return found
