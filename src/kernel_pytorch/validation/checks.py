@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from kernel_pytorch._errors import short_error
-from kernel_pytorch._tree import flatten, map_tensors, split_inputs
+from kernel_pytorch._tree import flatten, split_inputs
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.locate import user_location
 from kernel_pytorch.assistant.records import BreakRecord
@@ -25,6 +25,8 @@ from kernel_pytorch.benchmark.memory import MemoryMeasurement
 from kernel_pytorch.benchmark.module import ModuleBenchmark, benchmark_module
 from kernel_pytorch.benchmark.timer import speedup
 from kernel_pytorch.validation.compare import TensorCheck, compare_named, failures
+from kernel_pytorch.validation.inputs import inputs_for, is_drawn
+from kernel_pytorch.validation.reference64 import fp64_copy
 from kernel_pytorch.validation.report import (
     CompilationReport,
     CorrectnessReport,
@@ -40,12 +42,9 @@ from kernel_pytorch.validation.runs import (
     Reference,
     Run,
     bitwise_equal,
-    fp64_copy,
-    inputs_for,
     matched_params,
     named,
     run_model,
-    to_fp64,
 )
 
 # ---- correctness ---------------------------------------------------------------------------------
@@ -75,7 +74,7 @@ def correctness(
     checks: dict[int, list[TensorCheck]] = {}
     errors: list[str] = []
     shared, notes = matched_params(original, optimized) if check_gradients else ([], [])
-    first_inputs = inputs_for(inputs, seeds[0], seeds[0])
+    first_inputs = inputs_for(inputs, seeds[0], seeds[0], original)
     ref64, ref_label = fp64_copy(original, first_inputs, reference)
     if reference == "fp64" and ref64 is None:
         errors.append(f"reference='fp64' requested but unavailable: {ref_label}")
@@ -84,14 +83,27 @@ def correctness(
     first_cand: Run | None = None
     first_hi: Run | None = None
     first_grad_outs: GradOutputs = []
+    given: list[int] = []
     for seed in seeds:
-        args = first_inputs if seed == seeds[0] else inputs_for(inputs, seed, seeds[0])
+        args = first_inputs if seed == seeds[0] else inputs_for(inputs, seed, seeds[0], original)
         try:
             base = run_model(original, named(original, shared), args, with_grads=check_gradients, seed=seed,
                              grad_outputs=None)
         except Exception as exc:
-            errors.append(f"seed {seed}: the original failed: {short_error(exc, 2000, lines=6)}")
-            break
+            if seed == seeds[0] or not is_drawn(inputs):  # the caller's own inputs: the model's failure
+                errors.append(f"seed {seed}: the original failed: {short_error(exc, 2000, lines=6)}")
+                break
+            # inputs validation drew are validation's to get right, never the user's model's fault
+            notes.append(f"seed {seed}: the original model does not run on the inputs drawn for it "
+                         f"({short_error(exc, 300)}): this seed uses the inputs as given")
+            given.append(seed)
+            args = first_inputs
+            try:
+                base = run_model(original, named(original, shared), args, with_grads=check_gradients, seed=seed,
+                                 grad_outputs=None)
+            except Exception as again:
+                errors.append(f"seed {seed}: the original failed: {short_error(again, 2000, lines=6)}")
+                break
         # each seed differentiates what the original's outputs on it allow (their structure may
         # depend on the inputs); the optimized module and the fp64 copy follow that list
         grad_outs = base.differentiated
@@ -106,8 +118,8 @@ def correctness(
         hi = None
         if ref64 is not None:
             try:
-                hi = run_model(ref64, named(ref64, shared), map_tensors(to_fp64, args),
-                               with_grads=check_gradients, seed=seed, grad_outputs=grad_outs)
+                hi = ref64.run(shared, args, with_grads=check_gradients, seed=seed, grad_outputs=grad_outs)
+                ref_label = ref64.label
             except Exception as exc:
                 notes.append(f"fp64 reference failed, table only from seed {seed}: {short_error(exc, 2000, lines=2)}")
                 ref64, ref_label = None, f"none: the fp64 copy failed ({type(exc).__name__})"
@@ -115,7 +127,7 @@ def correctness(
         if seed == seeds[0]:
             first_cand, first_hi = cand, hi
     passed = not errors and bool(checks) and all(c.passed for cs in checks.values() for c in cs)
-    report = CorrectnessReport(passed, list(seeds), checks, ref_label, grad_label, errors, notes)
+    report = CorrectnessReport(passed, list(seeds), checks, ref_label, grad_label, errors, notes, given)
     return Correctness(report, shared, first_inputs, first_cand, first_hi, first_grad_outs)
 
 

@@ -27,6 +27,8 @@ class CorrectnessReport:
     gradients: str  # what was differentiated
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # seeds whose drawn inputs the original model could not run: they used the inputs as given
+    given_inputs_seeds: list[int] = field(default_factory=list)
 
     def failures(self) -> list[tuple[int, TensorCheck]]:
         """(seed, check) of every failing tensor, seed by seed."""
@@ -57,6 +59,7 @@ class CorrectnessReport:
             "failures": [f"seed {s}: {c.message()}" for s, c in self.failures()],
             "errors": self.errors,
             "notes": self.notes,
+            "given_inputs_seeds": self.given_inputs_seeds,
         }
 
 

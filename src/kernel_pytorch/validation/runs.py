@@ -1,12 +1,12 @@
 """Running the two models for validation: one forward (and backward) with gradients keyed by what they
-differentiate, fresh inputs per seed, the fp64 copy of the original, and parameters matched by name.
+differentiate, and parameters matched by name (each seed's inputs come from `inputs.py`, the fp64 copy
+of the original from `reference64.py`).
 
 Nothing here judges a result; `checks.py` compares the runs.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -14,8 +14,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from kernel_pytorch._tree import as_inputs, call, flatten, map_tensors, tensors
-from kernel_pytorch.benchmark.module import infer_device, upstream_gradients, with_input_grads
+from kernel_pytorch._tree import call, flatten, map_tensors
+from kernel_pytorch.benchmark.module import upstream_gradients, with_input_grads
 
 Reference = Literal["auto", "fp64", "none"]
 InputsArg = Any  # tuple | list | dict | Tensor | Callable[[int], those]
@@ -89,64 +89,6 @@ def run_model(
     return Run(map_tensors(lambda t: t.detach(), out), grads, missing, used)
 
 
-def redraw(example: tuple | dict, seed: int) -> tuple | dict:
-    """Fresh random inputs shaped like `example`: floats keep the example's mean and spread, integers
-    stay within its range, bools and non-tensors are reused."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def draw(t: Tensor) -> Tensor:
-        if t.is_floating_point():
-            ref = t.detach().float()
-            mean = float(ref.mean()) if ref.numel() else 0.0
-            std = float(ref.std()) if ref.numel() > 1 else 0.0
-            if not std > 0:
-                std = max(abs(mean), 1.0)
-            new = torch.randn(t.shape, generator=gen) * std + mean
-            return new.to(dtype=t.dtype, device=t.device)
-        if t.dtype == torch.bool or t.is_complex() or t.numel() == 0:
-            return t.clone()
-        lo, hi = int(t.min()), int(t.max())
-        return torch.randint(lo, hi + 1, t.shape, generator=gen).to(dtype=t.dtype, device=t.device)
-
-    return map_tensors(draw, example)
-
-
-def inputs_for(inputs: InputsArg, seed: int, first_seed: int) -> tuple | dict:
-    """The inputs of `seed`: a callable's `inputs(seed)`; else the example itself for the first seed
-    and a `redraw` of it for the others."""
-    if callable(inputs) and not isinstance(inputs, (Tensor, nn.Module)):
-        return as_inputs(inputs(seed))
-    base = as_inputs(inputs)
-    return base if seed == first_seed else redraw(base, seed)
-
-
-def to_fp64(t: Tensor) -> Tensor:
-    """A floating tensor detached and cast to float64; other tensors as they are."""
-    return t.detach().to(torch.float64) if t.is_floating_point() else t
-
-
-def fp64_copy(original: nn.Module, inputs: tuple | dict, mode: Reference) -> tuple[nn.Module | None, str]:
-    """An fp64 copy of the original for the budget, or None and why not."""
-    if mode == "none":
-        return None, "none (reference='none'): table only"
-    floats = [t for t in list(original.parameters()) + list(original.buffers()) + tensors(inputs)
-              if t.is_floating_point()]
-    if not floats:
-        return None, "none: no floating-point inputs or parameters"
-    if mode == "auto" and all(t.dtype == torch.float64 for t in floats):
-        return None, "none: the original already runs in fp64 (table only)"
-    size = sum(t.numel() for t in list(original.parameters()) + list(original.buffers())) * 8
-    dev = infer_device(original, inputs)
-    if mode == "auto" and dev.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(dev)
-        if size > free // 4:  # leave room for activations of three models
-            return None, f"none: an fp64 copy ({size / 2**30:.1f} GiB) would not fit comfortably"
-    try:
-        return copy.deepcopy(original).to(torch.float64), "fp64 copy of the original"
-    except Exception as exc:
-        return None, f"none: the original cannot be copied to fp64 ({type(exc).__name__}: {exc})"
-
-
 def matched_params(original: nn.Module, optimized: nn.Module) -> tuple[list[str], list[str]]:
     """Names of trainable parameters both modules have with the same shape; and notes on the rest."""
     orig = {n: p for n, p in original.named_parameters() if p.requires_grad}
@@ -179,6 +121,5 @@ def bitwise_equal(a: Tensor, b: Tensor) -> bool:
 
 
 __all__ = [
-    "GradOutputs", "InputsArg", "Reference", "Run", "bitwise_equal", "fp64_copy", "inputs_for", "matched_params",
-    "named", "redraw", "run_model", "to_fp64",
+    "GradOutputs", "InputsArg", "Reference", "Run", "bitwise_equal", "matched_params", "named", "run_model",
 ]

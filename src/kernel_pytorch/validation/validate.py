@@ -14,8 +14,9 @@ compilable and deterministic? One call, one result object with the four parts us
 The two modules are expected to hold the same weights (the optimized one is normally derived from the
 original); parameters are matched by name for the gradient comparison.
 
-The parts live next door: `report.py` (the result types, also importable from here), `runs.py`
-(running the models), `checks.py` (the four checks), `render.py` (the text summary).
+The parts live next door: `report.py` (the result types, also importable from here), `inputs.py`
+(each seed's inputs), `runs.py` (running the models), `reference64.py` (the fp64 copy), `checks.py` (the
+four checks), `render.py` (the text summary).
 """
 
 from __future__ import annotations
@@ -65,9 +66,10 @@ def validate_optimization(
         original: the reference module.
         optimized: the module under test, holding the same weights (parameters matched by name).
         inputs: example inputs: a tuple/list of positional args, a dict of keyword args, one tensor,
-            or a callable `seed -> inputs`. The first seed uses them as given; later seeds redraw
-            floating-point tensors with the same shape, dtype, mean and spread (integer tensors
-            within the same range).
+            or a callable `seed -> inputs`. The first seed uses them as given; later seeds draw
+            valid inputs of the model (`validation/inputs.py`: floats with the same mean and spread,
+            ids within range, ignored labels and masks kept), or the given ones where the original
+            cannot run the drawn ones.
         seeds: random seeds for inputs and upstream gradients; correctness must hold for each.
         check_gradients: also compare gradients of floating-point inputs and shared parameters,
             with a fixed random upstream gradient per output.
