@@ -3,6 +3,9 @@ and the patterns of transformers' own Llama (RMSNorm, SwiGLU MLP, rotate-half Ro
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import torch
 
@@ -88,3 +91,40 @@ def test_transformers_llama() -> None:
 ])
 def test_module_paths_read_as_named_modules_names_them(dynamo: str, named: str) -> None:
     assert module_path(dynamo) == named
+
+
+def _llama(source: str) -> tuple[torch.nn.Module, object]:
+    """A two-layer Llama: kernel_pytorch's built-in one, or transformers' own code."""
+    if source == "llama-tiny":
+        return build_model(source, device="cpu", dtype=torch.float32)
+    pytest.importorskip("transformers")
+    from tests.assistant.real_models import llama
+
+    return llama()
+
+
+@pytest.mark.parametrize("source", ["llama-tiny", "transformers"])
+def test_one_finding_per_cause_with_every_line(source: str) -> None:
+    """RoPE on q and on k, the two residual adds of a decoder layer: one finding each, at every line."""
+    findings = _fusion(*_llama(source))
+    ids = [f.id for f in findings]
+    assert len(ids) == len(set(ids)), ids  # every pattern of a Llama has one cause
+    by = {f.id: f for f in findings}
+    for kind, function, layer in (
+        ("rope", "apply_rotary_pos_emb", "model.layers.{}.self_attn"),
+        ("residual-norm", "LlamaDecoderLayer.forward", "model.layers.{}"),
+    ):
+        f = by[f"fusion.{kind}"]
+        assert f.location == f.locations[0] and len({loc.line for loc in f.locations}) >= 2, kind
+        assert f.to_dict()["locations"] == [loc.to_dict() for loc in f.locations]
+        assert f"in `{function}`" in f.title and f.data["function"] == function
+        assert f.data["count"] == 4 and f.data["modules"] == [layer.format(0), layer.format(1)]
+
+
+@pytest.mark.parametrize("source", ["llama-tiny", "transformers"])
+def test_findings_name_the_users_code_not_dynamos(source: str) -> None:
+    for f in _fusion(*_llama(source)):
+        # Dynamo's names: a module made from a function ("Func"), a global ("G['__import_a_dot_b']")
+        text = json.dumps(f.to_dict()).replace("scaled_dot_product", "")
+        assert not re.search(r"\bFunc\b|G\.__import|G\['__import|_dot_", text), f.id
+        assert f"in `{f.data['function']}`" in f.title

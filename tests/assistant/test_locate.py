@@ -1,5 +1,6 @@
 """Locations: the line executed, in the user's code or a library's with the user's frame that led there,
-never in the analyser's own files; a decorated forward located at its own `def`."""
+never in the analyser's own files; a decorated forward located at its own `def`; the function holding a
+line named as its source names it."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from kernel_pytorch.assistant.locate import (
     definition_location,
     error_location,
     forward_owner,
+    function_name,
     is_library_file,
     is_user_file,
+    location_of,
     user_location,
 )
 
@@ -115,3 +118,36 @@ def test_error_in_user_forward_is_located_at_the_user_line() -> None:
     except RuntimeError as exc:
         loc = error_location(exc, model)
     assert loc is not None and loc.line == _marker("calls-linear") and loc.via is None
+
+
+def _as_module(fn: Any) -> nn.Module:
+    """`fn` turned into a module, as transformers' hub-kernel decorator turns `apply_rotary_pos_emb`."""
+
+    class Func(nn.Module):
+        def forward(self, *args: Any) -> Any:
+            return fn(*args)
+
+    return Func()
+
+
+@_as_module
+def rotate(x: Tensor) -> Tensor:
+    return torch.cat((-x[..., 1:], x[..., :1]), dim=-1)  # LOC:rotate
+
+
+class Outer(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        def inner(y: Tensor) -> Tensor:
+            return y * 2  # LOC:inner
+
+        return inner(x) + 1  # LOC:outer
+
+
+def test_function_name_as_the_source_names_it() -> None:
+    def at(marker: str, function: str) -> str | None:
+        return function_name(location_of(HERE, _marker(marker), function))  # type: ignore[arg-type]
+
+    assert at("rotate", "rotate") == "rotate"  # not "Func": the decorator's module
+    assert at("outer", "forward") == "Outer.forward"
+    assert at("inner", "inner") == "Outer.forward.inner"
+    assert function_name(location_of(HERE, 1)) is None  # type: ignore[arg-type]  # the module docstring

@@ -1,4 +1,5 @@
-"""Rendering: a location inside a library shows the user's line that led there; sections whose
+"""Rendering: a location inside a library shows the user's line that led there, a finding at several
+lines shows each; sections whose
 analysis never ran read "not analysed", not "No findings"; the report's meta names a dtype."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from torch import nn
 
 import kernel_pytorch as kp
 from kernel_pytorch.assistant import Finding, Location, Report, Severity
+from kernel_pytorch.assistant.html_report import to_html
 from kernel_pytorch.assistant.render import render_terminal, to_json, to_markdown
 
 _VIA = Location("/proj/model.py", 12, "forward", "return self.blocks(x)")
@@ -57,3 +59,19 @@ def test_meta_dtype_of_a_model_without_parameters() -> None:
     assert run[-1] == "optimization_suggestions"
     ints = assistant.analyze_component(nn.Identity(), (torch.arange(3),))
     assert ints.meta["dtype"] == "no parameters"
+
+
+def test_a_finding_at_several_lines_shows_each_once_with_the_call_that_led_there() -> None:
+    other = Location("/site-packages/lib/layers.py", 44, "forward", "log.info('y')", via=_VIA)
+    f = Finding("fusion.rope", Severity.INFO, "RoPE", "e", _LIB, more_locations=(other,))
+    assert f.locations == (_LIB, other)
+    report = Report(model="M", meta={"sections_run": ["fusion_opportunities"]}, fusion_opportunities=(f,))
+    text = _terminal(report)
+    assert "at /site-packages/lib/layers.py:40" in text and "at /site-packages/lib/layers.py:44" in text
+    assert text.count("via /proj/model.py:12") == 1
+    md = to_markdown(report)
+    assert "`/site-packages/lib/layers.py:40` `log.warning('x')`, `/site-packages/lib/layers.py:44`" in md
+    assert md.count("via `/proj/model.py:12`") == 1
+    data = json.loads(to_json(report))["sections"]["fusion_opportunities"][0]
+    assert [loc["line"] for loc in data["locations"]] == [40, 44] and data["location"]["line"] == 40
+    assert "layers.py:44" in to_html(report)

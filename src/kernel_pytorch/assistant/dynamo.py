@@ -151,8 +151,12 @@ def node_info(node: torch.fx.Node) -> NodeInfo:
             contiguous = bool(value.is_contiguous())
         except Exception:  # a symbolic layout Dynamo cannot decide without a guard
             contiguous = None
-    stack = node.meta.get("nn_module_stack") or {}
-    path, cls = list(stack.values())[-1] if stack else (None, None)
+    # a module reached through a global (transformers wraps `apply_rotary_pos_emb` in a module of the
+    # `kernels` package, "G['__import_...'].apply_rotary_pos_emb") is none of the model's: the node
+    # belongs to the innermost module of the model around that call
+    entries = list((node.meta.get("nn_module_stack") or {}).values())
+    own = [e for e in entries if not e[0].startswith("G[")] or entries
+    path, cls = own[-1] if own else (None, None)
     return NodeInfo(
         name=node.name,
         op=node.op,

@@ -61,10 +61,12 @@ class Finding:
         title: one line saying what was found.
         evidence: what was measured or what torch said (its own explanation of a graph break, the
             failed guard of a recompilation, seconds per compile phase).
-        location: where in the user's code, when the finding has a place.
+        location: where in the user's code, when the finding has a place (the first, when it has several).
         suggestion: the concrete fix, code included where there is one; "" when nothing is to be done.
         estimated_gain: what the fix buys, and whether that was verified or estimated; None if unknown.
         data: the structured numbers behind the finding (counts, seconds) for JSON and tests.
+        more_locations: the other places of the same cause (the two residual adds of a decoder layer);
+            `locations` gives them all.
     """
 
     id: str
@@ -75,6 +77,12 @@ class Finding:
     suggestion: str = ""
     estimated_gain: str | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
+    more_locations: tuple[Location, ...] = ()
+
+    @property
+    def locations(self) -> tuple[Location, ...]:
+        """Every place of the finding, `location` first; () when it has none."""
+        return ((self.location,) if self.location is not None else ()) + self.more_locations
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +91,7 @@ class Finding:
             "title": self.title,
             "evidence": self.evidence,
             "location": self.location.to_dict() if self.location else None,
+            "locations": [loc.to_dict() for loc in self.locations],
             "suggestion": self.suggestion,
             "estimated_gain": self.estimated_gain,
             "data": _jsonable(self.data),

@@ -1,12 +1,14 @@
 """Fusion opportunities: the patterns kernel_pytorch's components implement, found in the captured graphs.
 
 Every match of `fusion_patterns` in the graphs of the Dynamo trace is located at the user's source line
-(the node's stack) and its module (the node's module path); matches at one line form one finding,
-with every module they occur in. Each says what the pattern costs in eager mode for the example
-shapes (ops, kernels, bytes read and written), what the fused replacement moves, and the time the
-difference is worth at the copy bandwidth of `estimates.copy_bandwidth` (measured on this device when
-cached, else a datasheet or assumed figure, named as such). The suggestion names the component that
-fixes it, through `components`, so it says "(in development)" until that component exists.
+(the node's stack), in its function, and its module (the node's module path). Matches of one pattern
+in one function with one fix are one cause: one finding, with every line and every module they occur
+in (RoPE on q and on k, the two residual adds of a decoder layer). Each says what the pattern costs
+in eager mode for the example shapes (ops, kernels, bytes read and written), what the fused
+replacement moves, and the time the difference is worth at the copy bandwidth of
+`estimates.copy_bandwidth` (measured on this device when cached, else a datasheet or assumed figure,
+named as such). The suggestion names the component that fixes it, through `components`, so it says
+"(in development)" until that component exists.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from kernel_pytorch.assistant.estimates import Bandwidth, copy_bandwidth, fmt_by
 from kernel_pytorch.assistant.findings import Finding, Location, Severity
 from kernel_pytorch.assistant.fusion_graph import LARGE_VOCAB, GraphView, Match
 from kernel_pytorch.assistant.fusion_patterns import find_all
-from kernel_pytorch.assistant.locate import definition_location, model_location, parse_stack
+from kernel_pytorch.assistant.locate import definition_location, function_name, model_location, parse_stack
 
 # this many matches of one attention line in one module per call: a Python loop over positions
 LOOP_MIN = 4
@@ -32,10 +34,12 @@ _COMPILE_FUSES = "torch.compile fuses such elementwise chains itself; the compon
 
 @dataclass(frozen=True)
 class Instance:
-    """One match, located: its module and what it costs (eager) against the fused replacement."""
+    """One match, located: its function (as the source names it, else its module's class), its
+    module and what it costs (eager) against the fused replacement."""
 
     match: Match
     location: Location | None
+    function: str
     module_path: str
     module_type: str
     ops: int
@@ -49,7 +53,7 @@ class Instance:
 
 
 def analyze_fusion(ctx: AnalysisContext) -> list[Finding]:
-    """The fusion opportunities of the component, one finding per pattern and source line."""
+    """The fusion opportunities of the component, one finding per pattern, function and fix."""
     if not ctx.eager.ok:  # nothing to trace (and tracing would only log the same error again)
         return [
             Finding(
@@ -75,8 +79,9 @@ def analyze_fusion(ctx: AnalysisContext) -> list[Finding]:
     instances = [_instance(GraphView(g), m, ctx.module, modules) for g in graphs for m in find_all(GraphView(g))]
     groups: dict[tuple[Any, ...], list[Instance]] = {}
     for inst in instances:
-        loc = inst.location
-        groups.setdefault((inst.match.kind, loc.file if loc else None, loc.line if loc else None), []).append(inst)
+        file = inst.location.file if inst.location else None
+        key = (inst.match.kind, file, inst.function, KINDS[inst.match.kind].fix(inst))
+        groups.setdefault(key, []).append(inst)
     bandwidth = copy_bandwidth(ctx.device)
     return [_finding(group, bandwidth) for group in groups.values()]
 
@@ -90,12 +95,14 @@ def _instance(g: GraphView, m: Match, model: nn.Module, modules: Mapping[str, nn
     module = modules.get(path, model)
     if location is None:
         location = definition_location(module)
+    module_type = anchor.module_type or type(module).__name__
+    function = (function_name(location) if location else None) or module_type
     ops, kernels, today = g.cost(m.nodes)
     saved = m.saved_bytes if m.saved_bytes is not None else max(0, today - m.fused_bytes)
-    return Instance(m, location, path, anchor.module_type or type(module).__name__, ops, kernels, today, saved)
+    return Instance(m, location, function, path, module_type, ops, kernels, today, saved)
 
 
-# ----- one finding per pattern and line -----------------------------------------------------------
+# ----- one finding per pattern, function and fix --------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -107,11 +114,24 @@ class _Kind:
     compiles_away: bool = False  # Inductor fuses it under torch.compile (elementwise chains)
 
 
+def _loop(group: list[Instance]) -> bool:
+    """Whether one line runs LOOP_MIN or more times per module: a Python loop, not several calls."""
+    lines: dict[Any, list[Instance]] = {}
+    for i in group:
+        lines.setdefault(i.location.line if i.location else None, []).append(i)
+    return any(len(same) >= LOOP_MIN * len({i.module_path for i in same}) for same in lines.values())
+
+
 def _finding(group: list[Instance], bandwidth: Bandwidth) -> Finding:
     first = group[0]
     kind = first.match.kind
     paths = list(dict.fromkeys(i.module_path for i in group))
-    if kind == "attention" and len(group) >= LOOP_MIN * len(paths):
+    lines: dict[tuple[str, int], Location] = {}
+    for i in group:
+        if i.location is not None:
+            lines.setdefault((i.location.file, i.location.line), i.location)
+    places = list(lines.values())
+    if kind == "attention" and _loop(group):
         kind = "attention-loop"
     spec = KINDS[kind]
     ops, kernels = sum(i.ops for i in group), sum(i.kernels for i in group)
@@ -122,8 +142,9 @@ def _finding(group: list[Instance], bandwidth: Bandwidth) -> Finding:
         f" and {len(paths) - 6} more" if len(paths) > 6 else ""
     )
     times = f" {len(group)} times" if len(group) > 1 else ""
+    run = f"its {len(places)} lines run" if len(places) > 1 else "this line runs"
     evidence = (
-        f"{spec.today(first)}. Per forward, for the example shapes, this line runs{times}: {ops} ops in "
+        f"{spec.today(first)}. Per forward, for the example shapes, {run}{times}: {ops} ops in "
         f"{kernels} eager kernels reading and writing {fmt_bytes(today)}; fused, {fmt_bytes(max(0, today - saved))}. "
         f"In {where}."
     )
@@ -142,12 +163,14 @@ def _finding(group: list[Instance], bandwidth: Bandwidth) -> Finding:
         severity=spec.severity,
         title=spec.title(first, len(group)),
         evidence=evidence,
-        location=first.location,
+        location=places[0] if places else None,
+        more_locations=tuple(places[1:]),
         suggestion=spec.fix(first),
         estimated_gain=gain,
         data={
             "kind": kind,
             "count": len(group),
+            "function": first.function,
             "modules": paths,
             "module_type": first.module_type,
             "ops": ops,
@@ -171,7 +194,7 @@ def _shape(shape: Any) -> str:
 
 
 def _in(inst: Instance) -> str:
-    return f"in `{inst.module_type}`"
+    return f"in `{inst.function}`"
 
 
 def _many(n: int) -> str:

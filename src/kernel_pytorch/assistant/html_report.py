@@ -10,7 +10,7 @@ import re
 
 from kernel_pytorch.assistant.charts import chart_images
 from kernel_pytorch.assistant.findings import SECTION_TITLES, Finding, Location, Report
-from kernel_pytorch.assistant.render import _headline_text, _ran, _where
+from kernel_pytorch.assistant.render import _headline_text, _joined, _ran, _where
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1080px;color:#222;
@@ -44,9 +44,9 @@ def _place(loc: Location) -> str:
 def _finding(f: Finding) -> str:
     sev = f.severity.value
     rows = [f'<div><span class="sev {sev}">{sev}</span><span class="title">{_inline(f.title)}</span></div>']
-    if f.location is not None:
-        via = f", via {_place(f.location.via)}" if f.location.via else ""
-        rows.append(f'<div class="row where"><span class="k">where</span>{_place(f.location)}{via}</div>')
+    places = _joined(f, _place)
+    if places:
+        rows.append(f'<div class="row where"><span class="k">where</span>{places}</div>')
     for label, text in (("evidence", f.evidence), ("fix", f.suggestion), ("gain", f.estimated_gain)):
         if text:
             rows.append(f'<div class="row"><span class="k">{label}</span>{_inline(text)}</div>')

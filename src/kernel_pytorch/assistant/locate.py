@@ -8,6 +8,7 @@ synthetic frames and the analyser's own files are never the answer.
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import linecache
@@ -161,6 +162,45 @@ def forward_owner(model: nn.Module, loc: Location) -> str | None:
             public = getattr(nn, cls.__name__, None) is cls and cls.__module__.startswith("torch.")
             return f"torch.nn.{cls.__name__}" if public else cls.__qualname__
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _functions(source: str) -> tuple[tuple[int, int, str], ...]:
+    """(`def` line, last line, qualified name) of every function in `source`, methods named through
+    their classes ("LlamaAttention.forward") and nested functions through the outer one."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ()
+    out: list[tuple[int, int, str]] = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                if not isinstance(child, ast.ClassDef):
+                    out.append((child.lineno, child.end_lineno or child.lineno, name))
+                walk(child, name + ".")
+            else:
+                walk(child, prefix)
+
+    walk(tree, "")
+    return tuple(out)
+
+
+def function_name(loc: Location) -> str | None:
+    """The function holding `loc`'s line as its source names it: "LlamaAttention.forward" for a
+    method, "apply_rotary_pos_emb" for a function; None outside any function or without the source.
+    Read from the source, so a function that a decorator turned into an object (a module, a wrapper)
+    keeps its own name."""
+    found = [f for f in _functions("".join(linecache.getlines(loc.file))) if f[0] <= loc.line <= f[1]]
+    if not found:
+        return None
+    name = max(found)[2]  # the innermost: the last to start
+    own = loc.function
+    if own and not own.startswith("<") and name.rsplit(".", 1)[-1] != own:
+        return own  # the source changed since the run, or a frame the file does not show
+    return name
 
 
 def describe(loc: Location) -> str:

@@ -51,8 +51,8 @@ class NodeInfo:
         itemsize: bytes per element of the example value (0 for non-tensors).
         dtype: the example value's dtype as text ("float32"), None for non-tensors.
         contiguous: whether the example value is contiguous (None for non-tensors).
-        module_path: the innermost module whose forward made the node ("model.layers.0.mlp"; "" the
-            root module), None when Dynamo recorded none.
+        module_path: the innermost module of the model whose forward made the node
+            ("model.layers.0.mlp"; "" the root module), None when Dynamo recorded none.
         module_type: that module's class name.
         stack: the user stack Dynamo recorded for the node (its `stack_trace`, outermost first).
     """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group
@@ -88,20 +89,29 @@ def _meta_text(report: Report) -> str:
     return " · ".join(bits)
 
 
+def _places(f: Finding) -> list[tuple[list[Location], Location | None]]:
+    """The finding's places in runs that share one `via` (the call that led there): (places, via)."""
+    runs: list[tuple[list[Location], Location | None]] = []
+    for loc in f.locations:
+        if runs and runs[-1][1] == loc.via:
+            runs[-1][0].append(loc)
+        else:
+            runs.append(([loc], loc.via))
+    return runs
+
+
 def _finding_renderable(f: Finding) -> Group:
     lines: list[Text] = []
     title = Text(f"{_MARK[f.severity]} ", style=_STYLE[f.severity])
     title.append(f.title, style="bold")
     lines.append(title)
-    loc = f.location
-    for label, place in (("at", loc), ("via", loc.via if loc is not None else None)):
-        if place is None:
-            continue
-        where = Text(f"    {label} ", style="dim")
-        where.append(_where(place), style="magenta")
-        if place.code:
-            where.append(f"  {place.code}", style="dim italic")
-        lines.append(where)
+    for places, via in _places(f):
+        for label, place in [("at", p) for p in places] + ([("via", via)] if via is not None else []):
+            where = Text(f"    {label} ", style="dim")
+            where.append(_where(place), style="magenta")
+            if place.code:
+                where.append(f"  {place.code}", style="dim italic")
+            lines.append(where)
     if f.evidence:
         lines.append(Text(f"    {f.evidence}", style="dim"))
     if f.suggestion:
@@ -162,6 +172,13 @@ def _md_place(loc: Location) -> str:
     return f"`{_where(loc)}`" + (f" `{loc.code}`" if loc.code else "")
 
 
+def _joined(f: Finding, show: Callable[[Location], str]) -> str:
+    """The finding's places on one line, each shown by `show`: "a, b, via c; d"."""
+    return "; ".join(
+        ", ".join(map(show, places)) + (f", via {show(via)}" if via is not None else "") for places, via in _places(f)
+    )
+
+
 def to_markdown(report: Report) -> str:
     """The report as Markdown: a facts table, the headline, then one subsection per finding."""
     m = report.meta
@@ -180,9 +197,9 @@ def to_markdown(report: Report) -> str:
             continue
         for f in findings:
             out += [f"### {f.severity.value.upper()}: {_md_escape(f.title)}", ""]
-            if f.location is not None:
-                via = f", via {_md_place(f.location.via)}" if f.location.via else ""
-                out.append(f"- **Where:** {_md_place(f.location)}{via}")
+            places = _joined(f, _md_place)
+            if places:
+                out.append(f"- **Where:** {places}")
             if f.evidence:
                 out.append(f"- **Evidence:** {f.evidence}")
             if f.suggestion:

@@ -117,6 +117,7 @@ def analyze_suggestions(ctx: Any) -> list[Finding]:
             title=f"#{i}: {f.title}",
             evidence=f"from {section_of.get(id(f), '?')}: {f.evidence}"[:600],
             location=f.location,
+            more_locations=f.more_locations,
             suggestion=f.suggestion,
             estimated_gain=_gain_text(f, g, score),
             data={"rank": i, "source_id": f.id, "section": section_of.get(id(f)), "score": score,

@@ -138,7 +138,9 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tupl
     """Rotate q (B, H, T, Dh) and k (B, Hkv, T, Dh) by cos/sin (B, T, Dh); shapes are kept."""
     cos = cos.unsqueeze(1)  # broadcast over heads
     sin = sin.unsqueeze(1)
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    q_embed = q * cos + rotate_half(q) * sin
+    k_embed = k * cos + rotate_half(k) * sin
+    return q_embed, k_embed
 
 
 def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
