@@ -176,3 +176,19 @@ def test_the_kv_cache_is_taken_under_either_name(name: str) -> None:
     with torch.no_grad():
         attn(hidden, position_embeddings, None, **{name: cache})
     assert cache.get_seq_length(0) == 8
+
+
+class _Raises(transformers.models.llama.modeling_llama.LlamaAttention):
+    """A Llama attention by structure whose forward fails on any input."""
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):  # noqa: ANN001, ANN201
+        raise RuntimeError("cannot attend to a probe")
+
+
+def test_probe_failure_reason_carries_the_error() -> None:
+    model, _ = models.llama()
+    module = _Raises(model.config, layer_idx=0)
+    match = AttentionRule().match(module, "model.layers.0.self_attn", model)
+    assert match is not None and match.replacement is None
+    assert "on a probe (RuntimeError: cannot attend to a probe)" in match.reason
+

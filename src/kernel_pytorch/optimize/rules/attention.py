@@ -29,8 +29,9 @@ None on full layers), else the config's (Mistral, Phi-3). An activation-checkpoi
 runs after the hint is cleared, finds the decision on transformers' mask tensor.
 
 Left alone, with the reason: attention dropout > 0, flash / flex / paged attention implementations
-(their masks are other objects), bidirectional layers, extra parameters, hooks, LoRA-like projections.
-GPT-2's Conv1D attention is not of this shape and is not matched.
+(their masks are other objects), bidirectional layers, extra parameters, hooks, LoRA-like projections,
+a module that fails the probe (with the error's text). GPT-2's Conv1D attention is not of this shape and
+is not matched.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from kernel_pytorch._errors import short_error
 from kernel_pytorch.functional import Backend
 from kernel_pytorch.functional.attention import attention, prepare_mask
 from kernel_pytorch.functional.linears import shared_input_linears
@@ -294,7 +296,8 @@ class AttentionRule:
                 expected = module(*args, **kwargs)[0]
                 got = new(*args, **kwargs)[0]
         except Exception as exc:  # a forward of another kind: not ours to replace
-            return Match(None, f"{kind} does not run as a transformers attention on a probe ({type(exc).__name__})")
+            return Match(None, f"{kind} does not run as a transformers attention on a probe "
+                               f"({short_error(exc, 300, lines=2)})")
         if not same_output(expected, got):
             return Match(None, f"{kind} computes something other than HFAttention on a probe input")
         extra = f", {'/'.join(norms)} swapped" if norms else ""
