@@ -92,6 +92,62 @@ def gpt2() -> tuple[nn.Module, dict[str, Tensor]]:
     return GPT2LMHeadModel(config).eval(), lm_inputs()
 
 
+def gpt_neox(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
+    """GPT-NeoX (Pythia): packed per-head query_key_value, a quarter of each head rotated, parallel residual."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    sizes = {k: v for k, v in DECODER.items() if k != "num_key_value_heads"}  # K/V heads = heads
+    config = GPTNeoXConfig(**{**sizes, "rotary_pct": 0.25, **overrides})
+    return GPTNeoXForCausalLM(config).eval(), lm_inputs()
+
+
+def falcon(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
+    """Falcon's new decoder architecture (Falcon-40B/180B): query_key_value grouped per KV head, 2 of 4."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    sizes = dict(vocab_size=VOCAB, hidden_size=32, ffn_hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=64)
+    config = FalconConfig(**{**sizes, "new_decoder_architecture": True, "num_kv_heads": 2, **overrides})
+    return FalconForCausalLM(config).eval(), lm_inputs()
+
+
+def falcon_multi_query() -> tuple[nn.Module, dict[str, Tensor]]:
+    """Falcon-7B's layout: one K/V head after the query heads, sequential residual, biases."""
+    return falcon(new_decoder_architecture=False, multi_query=True, parallel_attn=False, bias=True)
+
+
+def falcon_per_head() -> tuple[nn.Module, dict[str, Tensor]]:
+    """Falcon without multi_query: [q, k, v] interleaved per head, as GPT-NeoX."""
+    return falcon(new_decoder_architecture=False, multi_query=False, num_kv_heads=4)
+
+
+def stablelm(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
+    """StableLM (3B/Zephyr): a quarter of each head rotated, LayerNorms."""
+    from transformers import StableLmConfig, StableLmForCausalLM
+
+    config = StableLmConfig(**{**DECODER, "partial_rotary_factor": 0.25, **overrides})
+    return StableLmForCausalLM(config).eval(), lm_inputs()
+
+
+def stablelm_qk_layernorm() -> tuple[nn.Module, dict[str, Tensor]]:
+    """StableLM 2 12B's variant: per-head LayerNorms on q and k, parallel residual."""
+    model, inputs = stablelm(qk_layernorm=True, use_parallel_residual=True)
+    with torch.no_grad():  # the per-head norms start at weight 1: make each head's differ
+        for name, p in model.named_parameters():
+            if "layernorm.norms" in name:
+                p.normal_(1, 0.1)
+    return model, inputs
+
+
+def padded_lm_inputs(batch: int = 2, seq: int = 8) -> dict[str, Tensor]:
+    """lm_inputs with row 1's last 2 positions padding: attention_mask 0 there, labels -100."""
+    inputs = lm_inputs(batch, seq)
+    mask = torch.ones_like(inputs["input_ids"])
+    mask[1, -2:] = 0
+    inputs["labels"][mask == 0] = -100
+    return {**inputs, "attention_mask": mask}
+
+
 class Block(nn.Module):
     """Pre-norm residual MLP block."""
 

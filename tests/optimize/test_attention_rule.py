@@ -176,3 +176,56 @@ def test_the_kv_cache_is_taken_under_either_name(name: str) -> None:
     with torch.no_grad():
         attn(hidden, position_embeddings, None, **{name: cache})
     assert cache.get_seq_length(0) == 8
+
+
+class _Raises(transformers.models.llama.modeling_llama.LlamaAttention):
+    """A Llama attention by structure whose forward fails on any input."""
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):  # noqa: ANN001, ANN201
+        raise RuntimeError("cannot attend to a probe")
+
+
+def test_probe_failure_reason_carries_the_error() -> None:
+    model, _ = models.llama()
+    module = _Raises(model.config, layer_idx=0)
+    match = AttentionRule().match(module, "model.layers.0.self_attn", model)
+    assert match is not None and match.replacement is None
+    assert "on a probe (RuntimeError: cannot attend to a probe)" in match.reason
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "falcon", "falcon_multi_query", "falcon_per_head"])
+def test_packed_layouts_split_as_the_module_does(family: str) -> None:
+    # q/k/v cut from query_key_value's output must be the heads the module itself attends with: with
+    # cos = 1, sin = 0 (no rotation) and no mask, module and replacement see the same q, k, v
+    torch.manual_seed(0)
+    model, _ = getattr(models, family)()
+    old = next(m for n, m in model.named_modules() if n.endswith(("attention", "self_attention")))
+    match = AttentionRule().match(old, "attn", model)
+    assert match is not None and match.replacement is not None, match
+    hidden = torch.randn(2, 5, 32)
+    rot = torch.ones(1, 5, 8), torch.zeros(1, 5, 8)
+    if family == "gpt_neox":
+        rot = rot[0][..., :2], rot[1][..., :2]  # a quarter of each head rotates
+    with torch.no_grad():
+        result = compare(match.replacement(hidden, position_embeddings=rot)[0],
+                         old(hidden, attention_mask=None, position_embeddings=rot)[0])
+    assert result.passed, result.message()
+
+
+def test_alibi_and_broken_layouts_left_alone_with_reasons() -> None:
+    model, _ = models.falcon(new_decoder_architecture=False, multi_query=False, num_kv_heads=4, alibi=True)
+    match = AttentionRule().match(model.transformer.h[0].self_attention, "attn", model)
+    assert match is not None and match.replacement is None and "ALiBi" in match.reason
+    model, _ = models.falcon(new_decoder_architecture=False, multi_query=False, num_kv_heads=2)
+    match = AttentionRule().match(model.transformer.h[0].self_attention, "attn", model)
+    assert match is not None and match.replacement is None and "num_kv_heads=2 != 4 heads" in match.reason
+
+
+def test_packed_replacement_keeps_children_and_keys() -> None:
+    model, inputs = models.falcon()
+    old = model.transformer.h[1].self_attention
+    keys = list(old.state_dict())
+    optimize(model, inputs, components="attention", seeds=(0,))
+    new = model.transformer.h[1].self_attention
+    assert isinstance(new, HFAttention) and new.query_key_value is old.query_key_value and new.dense is old.dense
+    assert list(new.state_dict()) == keys and (new.n_heads, new.n_kv_heads, new.layout.kind) == (4, 2, "grouped")

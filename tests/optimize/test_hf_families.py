@@ -1,7 +1,8 @@
-"""optimize() on a tiny model of every Hugging Face family the issue names (Llama, Mistral, Qwen2/3,
-Gemma 1/2/3, Phi-3, GPT-2; random configs, no downloads): the expected modules change, the training
-loss and every gradient match the unmodified model (the tolerance table), greedy `generate()` gives the
-same tokens, and a 30-step AdamW run tracks the unmodified model's loss curve."""
+"""optimize() on a tiny model of every Hugging Face family we support (Llama, Mistral, Qwen2/3, Gemma
+1/2/3, Phi-3, GPT-2, GPT-NeoX, Falcon in three layouts, StableLM with and without qk_layernorm; random
+configs, no downloads): the expected modules change, the training loss and every gradient match the
+unmodified model (the tolerance table), on a padded batch too, greedy `generate()` gives the same
+tokens, and a 30-step AdamW run tracks the unmodified model's loss curve."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ transformers = pytest.importorskip("transformers")
 
 CORE = {"hf_rms_norm": 5, "hf_gated_mlp": 2, "hf_attention": 2, "fused_linear_cross_entropy": 1}
 FULL = {**CORE, "torch_embedding": 1}
+LAYER_NORMS = {"torch_layer_norm": 5, "hf_attention": 2, "fused_linear_cross_entropy": 1, "torch_embedding": 1}
+PACKED = {**LAYER_NORMS, "fc_mlp": 2}
 EXPECTED = {
     "llama": FULL,
     "mistral": FULL,  # sliding_window 6 < 8 tokens: the window binds, transformers' mask is used
@@ -33,7 +36,15 @@ EXPECTED = {
              "torch_embedding": 1},
     # Conv1D attention/MLP: not matched; token and position tables both swapped
     "gpt2": {"torch_layer_norm": 5, "fused_linear_cross_entropy": 1, "torch_embedding": 2},
+    # packed per-head query_key_value, a quarter of each head rotated; dense_h_to_4h/dense_4h_to_h MLP
+    "gpt_neox": PACKED,
+    "falcon": PACKED,  # new_decoder_architecture: q/k/v grouped per KV head (GQA)
+    "falcon_multi_query": PACKED,  # one K/V head; sequential residual
+    "falcon_per_head": {**PACKED, "torch_layer_norm": 3},  # one norm per layer with parallel_attn
+    "stablelm": {**LAYER_NORMS, "hf_gated_mlp": 2},  # partial rotary (a quarter)
+    "stablelm_qk_layernorm": {**LAYER_NORMS, "hf_gated_mlp": 2, "torch_layer_norm": 3},  # parallel residual
 }
+PADDED = ["llama", "gpt_neox", "falcon", "falcon_multi_query", "stablelm", "stablelm_qk_layernorm"]
 # The training loss goes through a fused linear cross-entropy that sums in another order: over 30 AdamW
 # steps on fp32 the two curves may drift apart by this much (relative to the loss) at any step (measured on
 # CPU: 2e-7).
@@ -46,18 +57,23 @@ def _built(family: str, **overrides: object) -> tuple[torch.nn.Module, torch.nn.
     return model, copy.deepcopy(model), inputs
 
 
-@pytest.mark.parametrize("family", list(EXPECTED))
-def test_family(family: str) -> None:
-    model, reference, inputs = _built(family)
-    prompt = inputs["input_ids"][:1, :5]
-    tokens = reference.generate(prompt, max_new_tokens=4, do_sample=False)
+def _optimized(family: str, inputs: dict | None = None) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
+    """(optimized model, unmodified copy, inputs), the report checked against EXPECTED."""
+    model, reference, example = _built(family)
+    inputs = example if inputs is None else inputs
+    params = dict(model.named_parameters())
     _, report = optimize(model, inputs, seeds=(0,))
     assert report.passed and report.counts() == EXPECTED[family], report.summary(validation=False)
     attention = [m for m in model.modules() if isinstance(m, HFAttention)]
     assert len(attention) == EXPECTED[family].get("hf_attention", 0)
     assert isinstance(model.lm_head, FusedLossLMHead) == ("fused_linear_cross_entropy" in EXPECTED[family])
     assert list(model.state_dict()) == list(reference.state_dict())
-    # training step: loss and every gradient against the unmodified model
+    assert all(p is params[n] for n, p in model.named_parameters())
+    return model, reference, inputs
+
+
+def _training_step_matches(family: str, model: torch.nn.Module, reference: torch.nn.Module, inputs: dict) -> None:
+    """Loss and every gradient of one training step against the unmodified model."""
     model.train()
     reference.train()
     torch.manual_seed(0)  # the same dropout masks (GPT-2 trains with dropout)
@@ -74,7 +90,31 @@ def test_family(family: str) -> None:
         result = compare_reordered(p.grad, grads[name].grad)
         assert result.passed, f"{name}: {result.message()}"
     model.eval()
+    reference.eval()
+
+
+@pytest.mark.parametrize("family", list(EXPECTED))
+def test_family(family: str) -> None:
+    model, reference, inputs = _optimized(family)
+    prompt = inputs["input_ids"][:1, :5]
+    tokens = reference.generate(prompt, max_new_tokens=4, do_sample=False)
+    _training_step_matches(family, model, reference, inputs)
     assert torch.equal(model.generate(prompt, max_new_tokens=4, do_sample=False), tokens)
+
+
+@pytest.mark.parametrize("family", PADDED)
+def test_padded_batch(family: str) -> None:
+    # row 1 ends in 2 padding positions (mask 0, labels -100): transformers' mask is passed on
+    torch.manual_seed(1)
+    inputs = models.padded_lm_inputs()
+    model, reference, _ = _optimized(family, inputs)
+    kept = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        ours, theirs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]), reference(
+            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    result = compare(ours.logits[kept], theirs.logits[kept])
+    assert result.passed, result.message()
+    _training_step_matches(family, model, reference, inputs)
 
 
 def _curve(model: torch.nn.Module, batches: list[dict]) -> list[float]:

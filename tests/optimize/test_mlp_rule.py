@@ -193,3 +193,24 @@ def test_fc_mlp_swapped_sharing_parameters() -> None:
     assert report.passed and report.counts() == {"fc_mlp": 1} and type(module[0]) is kp.nn.MLP
     assert {n: id(p) for n, p in module.named_parameters()} == params and list(module.state_dict()) == keys
     _close(module(*x), expected)
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "falcon"])
+def test_dense_h_to_4h_mlps_keep_their_names(family: str) -> None:
+    torch.manual_seed(0)
+    model, inputs = getattr(models, family)()
+    old = _mlps(model)[0]
+    keys, x = list(old.state_dict()), torch.randn(2, 3, 32)
+    expected = old(x)
+    _, report = optimize(model, inputs, components="fc_mlp", seeds=(0,))
+    assert report.passed and report.counts() == {"fc_mlp": N_MLPS}
+    new = _mlps(model)[0]
+    assert type(new) is kp.nn.MLP and new.activation == "gelu" and new.names == ("dense_h_to_4h", "dense_4h_to_h")
+    assert new.dense_h_to_4h.weight is old.dense_h_to_4h.weight and list(new.state_dict()) == keys
+    assert "names=('dense_h_to_4h', 'dense_4h_to_h')" in repr(new)
+    _close(new(x), expected)
+
+
+def test_mlp_names_must_be_two_attribute_names() -> None:
+    with pytest.raises(ValueError, match="two different attribute names"):
+        kp.nn.MLP(8, 16, names=("fc", "fc"))

@@ -8,7 +8,9 @@ stay interchangeable with the unfused module and with transformers'. Phi-3's pac
 checkpoints load into either form too; `state_dict_layout="packed"` saves in that layout.
 
 `MLP` is the plain `fc1 -> activation -> fc2` block (CLIP, SigLIP, Phi-2 names) whose fc1 bias is
-added by the fused bias + activation kernel.
+added by the fused bias + activation kernel. `names=` holds the two Linears under other names
+(`LINEAR_NAMES`: GPT-NeoX's and Falcon's `dense_h_to_4h` / `dense_4h_to_h`), so those checkpoints'
+keys load unchanged too.
 
 Neither module has a torch class to subclass (STYLE rule 4): the modules they replace are
 transformers', matched by parameter names. `backend` may be set on an instance as on the norms.
@@ -27,6 +29,12 @@ from kernel_pytorch.nn._recompute import recompute_norm_outputs
 from kernel_pytorch.reference._act_checks import check_activation
 
 _GATE, _UP, _PACKED = "gate_proj.", "up_proj.", "gate_up_proj."
+# (first, second) Linear names of the fc -> act -> fc MLPs `MLP.from_module` recognises
+LINEAR_NAMES = (("fc1", "fc2"), ("dense_h_to_4h", "dense_4h_to_h"))
+# transformers' activation modules (ACT2FN) whose math is one of ours; the name alone decides, and
+# optimize()'s probe checks the module computes it
+_HF_ACTIVATIONS = {"GELUActivation": "gelu", "GELUTanh": "gelu_tanh", "NewGELUActivation": "gelu_tanh",
+                   "SiLUActivation": "silu"}
 
 
 def _layout_check(layout: str) -> str:
@@ -192,41 +200,54 @@ class MLP(torch.nn.Module):
         activation: "gelu", "gelu_tanh", "silu", "relu" (or transformers' names).
         bias: biases on fc1 and fc2.
         device, dtype: of the parameters.
-    forward: x (..., H) -> (..., H) of x's dtype. Parameter names fc1/fc2 as CLIP's, SigLIP's and
-    Phi-2's MLPs have them.
+        names: the attribute (and state_dict) names of fc1 and fc2: ("fc1", "fc2") as CLIP's, SigLIP's
+            and Phi-2's MLPs have them, ("dense_h_to_4h", "dense_4h_to_h") as GPT-NeoX's and Falcon's.
+    forward: x (..., H) -> (..., H) of x's dtype.
     """
 
     backend: Backend = "auto"
 
     def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "gelu", bias: bool = True,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
+                 names: tuple[str, str] = LINEAR_NAMES[0]) -> None:
         super().__init__()
         self.activation = check_activation(activation)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
-        self.fc1 = torch.nn.Linear(hidden_size, intermediate_size, bias=bias, device=device, dtype=dtype)
-        self.fc2 = torch.nn.Linear(intermediate_size, hidden_size, bias=bias, device=device, dtype=dtype)
+        if len(names) != 2 or len(set(names)) != 2 or not all(isinstance(n, str) and n.isidentifier() for n in names):
+            raise ValueError(f"names must be two different attribute names (got {names!r})")
+        self.names = tuple(names)
+        kw = {"bias": bias, "device": device, "dtype": dtype}
+        self.add_module(names[0], torch.nn.Linear(hidden_size, intermediate_size, **kw))
+        self.add_module(names[1], torch.nn.Linear(intermediate_size, hidden_size, **kw))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.bias_act_mlp(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, self.activation,
-                              backend=self.backend)
+        fc1, fc2 = self._modules[self.names[0]], self._modules[self.names[1]]
+        return F.bias_act_mlp(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, self.activation, backend=self.backend)
 
     def extra_repr(self) -> str:
+        names = "" if self.names == LINEAR_NAMES[0] else f", names={self.names!r}"
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
-                f"activation={self.activation!r}")
+                f"activation={self.activation!r}{names}")
 
     @classmethod
-    def from_module(cls, mlp: torch.nn.Module, activation: str | None = None) -> MLP:
-        """An MLP sharing the parameters of a module with `fc1`/`fc2` Linears (CLIPMLP, SiglipMLP,
-        PhiMLP); activation as in `GatedMLP.from_module` (its module `activation_fn`/`act`/`act_fn`)."""
-        fc1, fc2 = _linear(mlp, "fc1"), _linear(mlp, "fc2")
+    def from_module(cls, mlp: torch.nn.Module, activation: str | None = None,
+                    names: tuple[str, str] | None = None) -> MLP:
+        """An MLP sharing the parameters of a module with fc1/fc2 Linears under `names`, by default the
+        first pair of `LINEAR_NAMES` it has (CLIPMLP, SiglipMLP, PhiMLP: fc1/fc2; GPTNeoXMLP, FalconMLP:
+        dense_h_to_4h/dense_4h_to_h), kept under those names; activation as in `GatedMLP.from_module`
+        (its module `activation_fn`/`act`/`act_fn`, transformers' GELU/SiLU modules included)."""
+        if names is None:
+            names = next((pair for pair in LINEAR_NAMES if all(hasattr(mlp, n) for n in pair)), LINEAR_NAMES[0])
+        first, second = names
+        fc1, fc2 = _linear(mlp, first), _linear(mlp, second)
         if (fc2.in_features, fc2.out_features) != (fc1.out_features, fc1.in_features):
-            raise ValueError(f"fc2 must map {fc1.out_features} -> {fc1.in_features} "
+            raise ValueError(f"{second} must map {fc1.out_features} -> {fc1.in_features} "
                              f"(got {fc2.in_features} -> {fc2.out_features})")
         if (fc1.bias is None) != (fc2.bias is None):
-            raise ValueError("fc1 and fc2 must both have a bias or both have none")
+            raise ValueError(f"{first} and {second} must both have a bias or both have none")
         act = activation if activation is not None else _activation_of(mlp, ("activation_fn", "act", "act_fn"))
-        ours = cls(fc1.in_features, fc1.out_features, act, bias=fc1.bias is not None, device="meta")
-        for name, src in (("fc1", fc1), ("fc2", fc2)):
+        ours = cls(fc1.in_features, fc1.out_features, act, bias=fc1.bias is not None, device="meta", names=names)
+        for name, src in zip(names, (fc1, fc2)):
             dst = getattr(ours, name)
             dst.weight = src.weight
             if src.bias is not None:
@@ -248,9 +269,12 @@ def _linear(mlp: torch.nn.Module, name: str) -> torch.nn.Linear:
 
 
 def _activation_of(mlp: torch.nn.Module, attrs: tuple[str, ...]) -> str:
-    """Our name for the activation `mlp` applies: torch's activation module, else config.hidden_act."""
+    """Our name for the activation `mlp` applies: torch's or transformers' activation module, else
+    config.hidden_act."""
     for attr in attrs:
         fn = getattr(mlp, attr, None)
+        if type(fn).__module__.startswith("transformers.") and type(fn).__name__ in _HF_ACTIVATIONS:
+            return _HF_ACTIVATIONS[type(fn).__name__]
         if isinstance(fn, torch.nn.SiLU):
             return "silu"
         if isinstance(fn, torch.nn.ReLU):
@@ -260,5 +284,5 @@ def _activation_of(mlp: torch.nn.Module, attrs: tuple[str, ...]) -> str:
     hidden_act = getattr(getattr(mlp, "config", None), "hidden_act", None)
     if isinstance(hidden_act, str):
         return check_activation(hidden_act)
-    raise ValueError(f"cannot tell {type(mlp).__name__}'s activation (no torch activation module and no "
-                     f"config.hidden_act); pass activation=")
+    raise ValueError(f"cannot tell {type(mlp).__name__}'s activation (no torch or transformers activation module "
+                     f"and no config.hidden_act); pass activation=")

@@ -5,8 +5,9 @@ A rule never edits the module it is shown, nor any class: it returns a new modul
 same `Parameter` objects, so names, devices, dtypes, `state_dict` keys and ties are kept) or says why
 not. `optimize()` swaps the instance in the model, validates, and reverts what fails.
 
-Families: `norms.py` (torch and Hugging Face norms), `mlp.py` (gated, packed gate_up and fc1/fc2
-MLPs), `attention.py` (Hugging Face decoder attention, RoPE applied inside it), `loss.py` (LM head +
+Families: `norms.py` (torch and Hugging Face norms), `mlp.py` (gated, packed gate_up and fc1/fc2 or
+dense_h_to_4h/dense_4h_to_h MLPs), `attention.py` (Hugging Face decoder attention, RoPE applied inside it;
+`attention_layouts.py`: where its q, k and v come from, split or packed), `loss.py` (LM head +
 causal-LM loss -> fused linear cross-entropy), `embedding.py` (torch.nn.Embedding, for its deterministic
 backward in the table's dtype).
 """

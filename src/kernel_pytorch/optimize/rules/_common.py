@@ -62,6 +62,15 @@ def run_probe(module: nn.Module, x: Tensor) -> Tensor | None:
         return None
 
 
+# Linear subclasses whose forward is x @ W.T + b with the bias added after the product is rounded (Falcon
+# keeps its training's extra rounding in bf16): the same map, so the replacement may read their weights
+PLAIN_LINEARS = frozenset({"transformers.models.falcon.modeling_falcon.FalconLinear"})
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def projections_left_alone(module: nn.Module, projs: dict[str, nn.Linear]) -> str | None:
     """Why a module built around the projections `projs` cannot be rebuilt from their parameters: the module
     or a projection is blocked (`blocked`), a projection has a forward of its own (LoRA, quantized), or the
@@ -71,7 +80,7 @@ def projections_left_alone(module: nn.Module, projs: dict[str, nn.Linear]) -> st
     for name, proj in projs.items():
         if (why := blocked(proj)) is not None:
             return f"{name}: {why}"
-        if type(proj).forward is not nn.Linear.forward:
+        if type(proj).forward is not nn.Linear.forward and _qualname(type(proj)) not in PLAIN_LINEARS:
             return f"{name} is a {type(proj).__name__} with its own forward (LoRA, quantized, ...)"
     if [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
         return "holds parameters or buffers of its own, which the replacement would drop"

@@ -1,19 +1,24 @@
-"""Attention rule: Hugging Face decoder attention modules (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3
-and any class shaped like them) to `HFAttention`, which computes the same attention through
-`kernel_pytorch.functional.attention` and `apply_rotary`.
+"""Attention rule: Hugging Face decoder attention modules (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3,
+StableLM, GPT-NeoX, Falcon and any class shaped like them) to `HFAttention`, which computes the same
+attention through `kernel_pytorch.functional.attention` and `apply_rotary`.
 
-Recognised by structure, not by class name: o_proj plus q_proj/k_proj/v_proj (or Phi-3's packed
-qkv_proj) Linears, optional q_norm/k_norm (Qwen3, Gemma3), the `config`, `layer_idx`, `head_dim` and
-`scaling` transformers' attention classes keep, and a forward taking `position_embeddings`. A probe
-(random hidden states, cos/sin and a padded causal mask) checks the replacement computes what the module
+Recognised by structure, not by class name: the projections (q_proj/k_proj/v_proj -> o_proj, Phi-3's
+packed qkv_proj, GPT-NeoX's and Falcon's packed query_key_value -> dense, in the layouts of
+attention_layouts.py), optional q_norm/k_norm on (B, T, H, D) (Qwen3, Gemma3) or q_layernorm/k_layernorm
+on (B, H, T, D) (StableLM's qk_layernorm), the `config`, `layer_idx` and `scaling` transformers'
+attention classes keep, and a forward taking `position_embeddings`. Partial rotary (GPT-NeoX's
+rotary_pct, StableLM's and Phi's partial_rotary_factor) rotates the first r features of each head, r
+being the width of transformers' cos/sin; the rest pass through. A probe (random hidden states, cos/sin
+of the module's rotary width and a padded causal mask) checks the replacement computes what the module
 computes before it is used.
 
 Split q/k/v projections (plain Linears) run through `functional.shared_input_linears`: the same three
 GEMMs, and in the backward the input's gradient summed inside the GEMMs instead of by an add kernel.
 
 `HFAttention` keeps transformers' call (hidden_states, position_embeddings=(cos, sin), attention_mask,
-past_key_values, **kwargs) -> (attn_output, None), the child modules themselves (so `state_dict` keys and
-parameters are unchanged) and every plain attribute (`layer_idx`, `sliding_window`, `is_causal` ...).
+past_key_values / cache / layer_past, **kwargs) -> (attn_output, None), the child modules themselves
+(so `state_dict` keys and parameters are unchanged) and every plain attribute (`layer_idx`,
+`sliding_window`, `is_causal` ...).
 
 The fast call. transformers builds the 4-D mask before the layers see it; whether it hands SDPA
 `is_causal=True` or a materialised (B, 1, T, T) mask with K/V repeated depends on its version and on
@@ -29,8 +34,9 @@ None on full layers), else the config's (Mistral, Phi-3). An activation-checkpoi
 runs after the hint is cleared, finds the decision on transformers' mask tensor.
 
 Left alone, with the reason: attention dropout > 0, flash / flex / paged attention implementations
-(their masks are other objects), bidirectional layers, extra parameters, hooks, LoRA-like projections.
-GPT-2's Conv1D attention is not of this shape and is not matched.
+(their masks are other objects), ALiBi (Falcon's `alibi`: the bias rides in the mask, which the fast
+call drops), bidirectional layers, extra parameters, hooks, LoRA-like projections, a module that fails
+the probe (with the error's text). GPT-2's Conv1D attention is not of this shape and is not matched.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from kernel_pytorch._errors import short_error
 from kernel_pytorch.functional import Backend
 from kernel_pytorch.functional.attention import attention, prepare_mask
 from kernel_pytorch.functional.linears import shared_input_linears
@@ -48,10 +55,11 @@ from kernel_pytorch.functional.rope import apply_rotary
 from kernel_pytorch.nn._recompute import recompute_norm_outputs
 from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.optimize.rules._common import projections_left_alone, same_output
+from kernel_pytorch.optimize.rules.attention_layouts import QKVLayout, qkv_layout, rotary_dims
 from kernel_pytorch.optimize.rules.norms import HFRMSNormRule
 
-_SPLIT = ("q_proj", "k_proj", "v_proj")
-_NORMS = ("q_norm", "k_norm")
+_NORMS = ("q_norm", "k_norm")  # on (B, T, H, D); RMSNorms, swapped by the norm rule
+_HEAD_NORMS = ("q_layernorm", "k_layernorm")  # on (B, H, T, D) (StableLM's per-head LayerNorms), kept
 _IMPLEMENTATIONS = ("sdpa", "eager", None)
 # keyword arguments of a causal LM's forward that leave its mask plain causal (attention_mask and
 # position_ids are looked at separately)
@@ -103,7 +111,7 @@ class HFAttention(nn.Module):
 
     backend: Backend = "auto"
 
-    def __init__(self, old: nn.Module, norms: dict[str, nn.Module]) -> None:
+    def __init__(self, old: nn.Module, layout: QKVLayout, norms: dict[str, nn.Module]) -> None:
         super().__init__()
         for key, value in vars(old).items():
             if not key.startswith("_") and key != "training":
@@ -111,8 +119,8 @@ class HFAttention(nn.Module):
         for name, child in old.named_children():
             self.add_module(name, norms.get(name, child))
         config = old.config
-        self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self._sizes = (self.n_heads * old.head_dim, self.n_kv_heads * old.head_dim, self.n_kv_heads * old.head_dim)
+        self.layout = layout
+        self.n_heads, self.n_kv_heads, self.head_dim = layout.n_heads, layout.n_kv_heads, layout.head_dim
         self.softcap = getattr(old, "attn_logit_softcapping", None)
         # None with the eager implementation means no mask at all; with SDPA, causal
         self.none_is_causal = getattr(config, "_attn_implementation", None) != "eager"
@@ -125,7 +133,7 @@ class HFAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"layer_idx={self.layer_idx}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-                f"head_dim={self.head_dim}, window_bound={self.window_bound}")
+                f"head_dim={self.head_dim}, layout={self.layout.kind!r}, window_bound={self.window_bound}")
 
     def attach(self, model: nn.Module) -> None:
         """Share the model's MaskHint (registering its hooks on the first attach)."""
@@ -148,39 +156,41 @@ class HFAttention(nn.Module):
 
     def forward(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor] | None = None,
                 attention_mask: Tensor | None = None, past_key_values: Any = None,
-                cache_position: Tensor | None = None, cache: Any = None, **kwargs: Any) -> tuple[Tensor, None]:
+                cache_position: Tensor | None = None, cache: Any = None, layer_past: Any = None,
+                **kwargs: Any) -> tuple[Tensor, None]:
         """hidden_states (B, T, hidden) -> ((B, T, hidden), None), as transformers' attention (which
-        takes the KV cache as `past_key_values` in older transformers and as `cache` in newer ones)."""
-        if cache is not None:
-            past_key_values = cache
+        takes the KV cache as `past_key_values` in older transformers, as `cache` in newer ones and as
+        `layer_past` in GPT-NeoX and Falcon). cos, sin: (B or 1, T, r), r <= head_dim: the first r
+        features of each head rotate, the rest pass through."""
+        past_key_values = next((c for c in (cache, layer_past) if c is not None), past_key_values)
         b, t = hidden_states.shape[:2]
         with recompute_norm_outputs():  # the projections keep not a norm's output but its input
-            if hasattr(self, "qkv_proj"):
-                q, k, v = self.qkv_proj(hidden_states).split(self._sizes, dim=-1)
-            elif self._plain_projections():  # one input-gradient buffer, summed in the GEMMs
-                q, k, v = shared_input_linears(hidden_states, *_weights_and_biases(self.q_proj, self.k_proj,
-                                                                                   self.v_proj))
+            if self.layout.packed is not None:
+                q, k, v = self.layout.split(getattr(self, self.layout.packed)(hidden_states))
             else:
-                q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
-        q = q.view(b, t, -1, self.head_dim)
-        k = k.view(b, t, -1, self.head_dim)
+                q, k, v = (x.view(b, t, -1, self.head_dim) for x in self._split_projections(hidden_states))
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = v.view(b, t, -1, self.head_dim).transpose(1, 2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if hasattr(self, "q_layernorm"):
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
         cos, sin = position_embeddings
         q, k = apply_rotary(q, k, cos, sin, backend=self.backend)
         if past_key_values is not None:
             extra = () if cache_position is None else ({"sin": sin, "cos": cos, "cache_position": cache_position},)
             k, v = past_key_values.update(k, v, self.layer_idx, *extra)
         out = self._attend(q, k, v, attention_mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), None
+        return getattr(self, self.layout.out)(out.transpose(1, 2).reshape(b, t, -1)), None
 
-    def _plain_projections(self) -> bool:
-        """Whether q/k/v are still torch Linears without hooks (checked per call: a module swapped in
-        later, e.g. a LoRA layer, runs as itself)."""
-        return all(type(p).forward is nn.Linear.forward and not (p._forward_hooks or p._forward_pre_hooks)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))
+    def _split_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q_proj(x), k_proj(x), v_proj(x): while all three are still torch Linears without hooks (checked
+        per call: a module swapped in later, e.g. a LoRA layer, runs as itself), as shared-input GEMMs
+        with one input-gradient buffer summed in the GEMMs."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        if all(type(p).forward is nn.Linear.forward and not (p._forward_hooks or p._forward_pre_hooks)
+               for p in projs):
+            return shared_input_linears(x, *_weights_and_biases(*projs))
+        return projs[0](x), projs[1](x), projs[2](x)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Any) -> Tensor:
         q_len, kv_len = q.shape[2], k.shape[2]
@@ -208,33 +218,32 @@ def _weights_and_biases(*linears: nn.Linear) -> tuple[tuple[Tensor, ...], tuple[
     return tuple(p.weight for p in linears), tuple(p.bias for p in linears)
 
 
-def _shape(module: nn.Module) -> dict[str, nn.Linear] | None:
-    """The projections when `module` is shaped like a transformers decoder attention, else None."""
-    names = ("qkv_proj", "o_proj") if isinstance(getattr(module, "qkv_proj", None), nn.Linear) else (*_SPLIT, "o_proj")
-    projs = {n: getattr(module, n, None) for n in names}
-    if not all(isinstance(p, nn.Linear) for p in projs.values()):
-        return None
-    config = getattr(module, "config", None)
-    if not all(hasattr(config, a) for a in ("num_attention_heads", "num_key_value_heads")):
-        return None
-    if not all(isinstance(getattr(module, a, None), int) for a in ("head_dim", "layer_idx")):
+def _shape(module: nn.Module) -> QKVLayout | str | None:
+    """The projections' layout when `module` is shaped like a transformers decoder attention (a reason
+    string when it is, in a layout we do not reproduce), else None."""
+    if not isinstance(getattr(module, "layer_idx", None), int):
         return None
     try:
         takes = "position_embeddings" in inspect.signature(module.forward).parameters
     except (TypeError, ValueError):
         takes = False
-    return projs if takes else None
+    return qkv_layout(module) if takes else None
 
 
 def _left_alone(module: nn.Module, projs: dict[str, nn.Linear]) -> str | None:
     if (why := projections_left_alone(module, projs)) is not None:
         return why
     for name, child in module.named_children():
-        if name not in projs and name not in _NORMS:
+        if name not in projs and name not in (*_NORMS, *_HEAD_NORMS):
             return f"has a child {name} ({type(child).__name__}) the replacement would not call"
+    for q, k in (_NORMS, _HEAD_NORMS):  # the forward applies both of a pair or neither
+        if isinstance(getattr(module, q, None), nn.Module) != isinstance(getattr(module, k, None), nn.Module):
+            return f"has one of {q}/{k} but not the other"
     impl = getattr(module.config, "_attn_implementation", None)
     if impl not in _IMPLEMENTATIONS:
         return f"attn_implementation={impl!r}: only 'sdpa' and 'eager' masks are understood"
+    if getattr(module.config, "alibi", False):
+        return "ALiBi position bias (carried in the mask, which the fast causal call would drop)"
     if float(getattr(module, "attention_dropout", 0.0) or 0.0) > 0:
         return "attention_dropout > 0 (the replacement applies no dropout)"
     if not getattr(module, "is_causal", True):
@@ -244,15 +253,16 @@ def _left_alone(module: nn.Module, projs: dict[str, nn.Linear]) -> str | None:
     return None
 
 
-def _probe(module: nn.Module, projs: dict[str, nn.Linear]) -> tuple[tuple, dict]:
-    """(args, kwargs) for one call: hidden states (2, 5, hidden), random cos/sin over the rotary width and
-    a causal additive mask that pads the first key of row 0 (the mask path; the fast path needs no probe:
-    it is the same attention with the mask it would build)."""
-    weight = projs["o_proj"].weight
+def _probe(module: nn.Module, layout: QKVLayout) -> tuple[tuple, dict]:
+    """(args, kwargs) for one call: hidden states (2, 5, hidden), random cos/sin over the module's rotary
+    width and a causal additive mask that pads the first key of row 0 (the mask path; the fast path needs
+    no probe: it is the same attention with the mask it would build)."""
+    out = getattr(module, layout.out)
+    weight = out.weight
     dtype = weight.dtype if weight.dtype in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
     g = torch.Generator().manual_seed(1234)
-    hidden = projs["o_proj"].out_features
-    rot = int(module.head_dim * float(getattr(module.config, "partial_rotary_factor", 1.0) or 1.0)) // 2 * 2
+    hidden = out.out_features
+    rot = rotary_dims(module, layout.head_dim)
     x = torch.randn(2, 5, hidden, generator=g)
     angles = torch.rand(2, 5, rot // 2, generator=g) * 6.0
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
@@ -270,9 +280,12 @@ class AttentionRule:
     family = "attention"
 
     def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
-        if isinstance(module, HFAttention) or (projs := _shape(module)) is None:
+        if isinstance(module, HFAttention) or (layout := _shape(module)) is None:
             return None
         kind = type(module).__name__
+        if isinstance(layout, str):
+            return Match(None, f"{kind}: {layout}")
+        projs = {n: getattr(module, n) for n in layout.projections}
         if (why := _left_alone(module, projs)) is not None:
             return Match(None, f"{kind}: {why}")
         norms: dict[str, nn.Module] = {}
@@ -283,22 +296,23 @@ class AttentionRule:
                 if found is not None and found.replacement is not None:
                     norms[n] = found.replacement
         try:
-            new = HFAttention(module, norms)
+            new = HFAttention(module, layout, norms)
         except (AttributeError, TypeError, ValueError) as exc:
             return Match(None, f"{kind}: {exc}")
         if list(module.state_dict(keep_vars=True)) != list(new.state_dict(keep_vars=True)):
             return Match(None, f"{kind}: the replacement's state_dict keys would differ")
-        args, kwargs = _probe(module, projs)
+        args, kwargs = _probe(module, layout)
         try:
             with torch.no_grad():
                 expected = module(*args, **kwargs)[0]
                 got = new(*args, **kwargs)[0]
         except Exception as exc:  # a forward of another kind: not ours to replace
-            return Match(None, f"{kind} does not run as a transformers attention on a probe ({type(exc).__name__})")
+            return Match(None, f"{kind} does not run as a transformers attention on a probe "
+                               f"({short_error(exc, 300, lines=2)})")
         if not same_output(expected, got):
             return Match(None, f"{kind} computes something other than HFAttention on a probe input")
         extra = f", {'/'.join(norms)} swapped" if norms else ""
-        packed = ", packed qkv_proj" if "qkv_proj" in projs else ""
+        packed = f", packed {layout.packed} ({layout.kind})" if layout.packed else ""
         return Match(new, f"{kind} ({new.n_heads} heads, {new.n_kv_heads} KV heads{packed}{extra}) "
                           "-> HFAttention (SDPA is_causal + GQA when the mask is plain causal)")
 

@@ -7,8 +7,11 @@ Recognised by structure, not by class name:
     packed_gated_mlp: child Linears gate_up_proj ([gate; up] rows), down_proj   Phi3MLP
                    (-> GatedMLP(fuse_gate_up=True): one GEMM, gated_act_packed, saved in the packed layout)
     fc_mlp:        child Linears fc1, fc2                          CLIPMLP, SiglipMLP, PhiMLP, ViT MLPs ...
+                   or dense_h_to_4h, dense_4h_to_h                 GPTNeoXMLP, FalconMLP
+                   (-> MLP(names=...): the Linears keep their names, so their state_dict keys)
 
-The activation is the module's torch activation module, else its `config.hidden_act`
+The activation is the module's torch or transformers activation module (GELU, GELU-tanh, SiLU), else
+its `config.hidden_act`
 (`GatedMLP.from_module`, `MLP.from_module`); one we do not run (relu2, quick_gelu, ...) leaves the
 module alone, with the reason. A probe input then checks that the replacement computes what the
 module computes, so a module with these names and another forward is left alone too.
@@ -22,16 +25,17 @@ Linear subclasses with their own forward, dropout) are left alone.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from torch import nn
 
 from kernel_pytorch import nn as kp_nn
+from kernel_pytorch.nn.mlp import LINEAR_NAMES
 from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.optimize.rules._common import probe_input, projections_left_alone, run_probe, same_output
 
 _GATED = ("gate_proj", "up_proj", "down_proj")
 _PACKED = ("gate_up_proj", "down_proj")
-_FC = ("fc1", "fc2")
 
 
 def _linears(module: nn.Module, names: tuple[str, ...]) -> dict[str, nn.Linear] | None:
@@ -117,15 +121,19 @@ class PackedGatedMLPRule:
 
 
 class FcMLPRule:
-    """An fc1 -> activation -> fc2 MLP (fc1/fc2 Linears, any class) -> kernel_pytorch.nn.MLP."""
+    """An fc1 -> activation -> fc2 MLP (any class whose Linears carry one of `kernel_pytorch.nn.mlp.LINEAR_NAMES`:
+    fc1/fc2, dense_h_to_4h/dense_4h_to_h) -> kernel_pytorch.nn.MLP holding them under the same names."""
 
     name = "fc_mlp"
     family = "mlp"
 
     def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
-        if isinstance(module, kp_nn.MLP) or (projs := _linears(module, _FC)) is None:
+        if isinstance(module, kp_nn.MLP):
             return None
-        return _swap(module, projs, kp_nn.MLP.from_module, "MLP")
+        for names in LINEAR_NAMES:
+            if (projs := _linears(module, names)) is not None:
+                return _swap(module, projs, partial(kp_nn.MLP.from_module, names=names), "MLP")
+        return None
 
 
 MLP_RULES = (HFGatedMLPRule(), PackedGatedMLPRule(), FcMLPRule())
