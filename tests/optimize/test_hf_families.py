@@ -25,10 +25,11 @@ EXPECTED = {
     "mistral": FULL,  # sliding_window 6 < 8 tokens: the window binds, transformers' mask is used
     "qwen2": FULL,
     "qwen3": FULL,  # q_norm / k_norm swapped inside the attention
-    "gemma": CORE,  # GemmaScaledWordEmbedding has a forward of its own: left alone
+    "gemma": {**CORE, "hf_scaled_embedding": 1},  # lookup * embed_scale (a buffer cast to the table's dtype)
     # final_logit_softcapping: the loss rule declines; norms: 4 per layer + final
-    "gemma2": {"hf_rms_norm": 9, "hf_gated_mlp": 2, "hf_attention": 2},
-    "gemma3": {"hf_rms_norm": 9, "hf_gated_mlp": 2, "hf_attention": 2, "fused_linear_cross_entropy": 1},
+    "gemma2": {"hf_rms_norm": 9, "hf_gated_mlp": 2, "hf_attention": 2, "hf_scaled_embedding": 1},
+    "gemma3": {"hf_rms_norm": 9, "hf_gated_mlp": 2, "hf_attention": 2, "fused_linear_cross_entropy": 1,
+               "hf_scaled_embedding": 1},
     "phi3": {"hf_rms_norm": 5, "packed_gated_mlp": 2, "hf_attention": 2, "fused_linear_cross_entropy": 1,
              "torch_embedding": 1},
     # Conv1D attention/MLP: not matched; token and position tables both swapped
