@@ -3,9 +3,9 @@
 `Embedding` subclasses torch.nn.Embedding and overrides `forward` only (constructor, `weight`,
 state_dict keys and repr are torch's); its backward is the deterministic sorted-segment sum of
 functional.embedding. `ScaledEmbedding` multiplies the rows by a constant after the lookup, rounding as
-transformers' scaled word embeddings do (Gemma 1/2/3, BART, ...). The position modules wrap reference/positions.py: sinusoidal tables
-(DistilBERT/XLM interleaved, Marian concatenated), a learned table with OPT's offset, and ALiBi slopes
-with the bias tensor and a FlexAttention score_mod.
+transformers' scaled word embeddings do (Gemma 1/2/3, BART, ...). The position modules wrap
+reference/positions.py: sinusoidal tables (DistilBERT/XLM interleaved, Marian concatenated), a learned
+table with OPT's offset, and ALiBi slopes with the bias tensor and a FlexAttention score_mod.
 """
 
 from __future__ import annotations
