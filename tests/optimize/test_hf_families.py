@@ -26,8 +26,9 @@ EXPECTED = {
     "qwen2": FULL,
     "qwen3": FULL,  # q_norm / k_norm swapped inside the attention
     "gemma": {**CORE, "hf_scaled_embedding": 1},  # lookup * embed_scale (a buffer cast to the table's dtype)
-    # final_logit_softcapping: the loss rule declines; norms: 4 per layer + final
-    "gemma2": {"hf_rms_norm": 9, "hf_gated_mlp": 2, "hf_attention": 2, "hf_scaled_embedding": 1},
+    # final_logit_softcapping applied inside the fused loss; norms: 4 per layer + final
+    "gemma2": {"hf_rms_norm": 9, "hf_gated_mlp": 2, "hf_attention": 2, "fused_linear_cross_entropy": 1,
+               "hf_scaled_embedding": 1},
     "gemma3": {"hf_rms_norm": 9, "hf_gated_mlp": 2, "hf_attention": 2, "fused_linear_cross_entropy": 1,
                "hf_scaled_embedding": 1},
     "phi3": {"hf_rms_norm": 5, "packed_gated_mlp": 2, "hf_attention": 2, "fused_linear_cross_entropy": 1,

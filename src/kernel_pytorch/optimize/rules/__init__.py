@@ -7,7 +7,7 @@ not. `optimize()` swaps the instance in the model, validates, and reverts what f
 
 Families: `norms.py` (torch and Hugging Face norms), `mlp.py` (gated, packed gate_up and fc1/fc2
 MLPs), `attention.py` (Hugging Face decoder attention, RoPE applied inside it), `loss.py` (LM head +
-causal-LM loss -> fused linear cross-entropy), `embedding.py` (torch.nn.Embedding and transformers'
+causal-LM or T5 loss -> fused linear cross-entropy), `embedding.py` (torch.nn.Embedding and transformers'
 scaled word embeddings, for their deterministic backward in the table's dtype).
 """
 
