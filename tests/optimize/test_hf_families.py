@@ -1,7 +1,8 @@
-"""optimize() on a tiny model of every Hugging Face family the issue names (Llama, Mistral, Qwen2/3,
-Gemma 1/2/3, Phi-3, GPT-2; random configs, no downloads): the expected modules change, the training
-loss and every gradient match the unmodified model (the tolerance table), greedy `generate()` gives the
-same tokens, and a 30-step AdamW run tracks the unmodified model's loss curve."""
+"""optimize() on a tiny model of every supported Hugging Face family (Llama, Mistral, Qwen2/3, Gemma
+1/2/3, Phi-3, GPT-2, T5, Mixtral, Qwen2/3-MoE; random configs, no downloads): the expected modules
+change, the training loss and every gradient match the unmodified model (the tolerance table), greedy
+`generate()` gives the same tokens, MoE expert blocks are left alone with the reason, and a 30-step
+AdamW run tracks the unmodified model's loss curve."""
 
 from __future__ import annotations
 
@@ -35,7 +36,15 @@ EXPECTED = {
              "torch_embedding": 1},
     # Conv1D attention/MLP: not matched; token and position tables both swapped
     "gpt2": {"torch_layer_norm": 5, "fused_linear_cross_entropy": 1, "torch_embedding": 2},
+    # T5LayerNorm is Llama-style (6 per stack); tables: shared, both stacks' embed_tokens (all one tied
+    # weight) and each stack's relative_attention_bias; T5's attention and wi/wo MLP are not matched
+    "t5": {"hf_rms_norm": 12, "fused_linear_cross_entropy": 1, "torch_embedding": 5},
+    # the sparse blocks (router + stacked experts) are left alone: MOE_BLOCKS
+    "mixtral": {"hf_rms_norm": 5, "hf_attention": 2, "fused_linear_cross_entropy": 1, "torch_embedding": 1},
+    "qwen2_moe": FULL,  # layer 0's gated shared_expert and layer 1's dense MLP
+    "qwen3_moe": {"hf_rms_norm": 5, "hf_attention": 2, "fused_linear_cross_entropy": 1, "torch_embedding": 1},
 }
+MOE_BLOCKS = {"mixtral": 2, "qwen2_moe": 1, "qwen3_moe": 2}
 # The training loss goes through a fused linear cross-entropy that sums in another order: over 30 AdamW
 # steps on fp32 the two curves may drift apart by this much (relative to the loss) at any step (measured on
 # CPU: 2e-7).
@@ -77,6 +86,18 @@ def test_family(family: str) -> None:
         assert result.passed, f"{name}: {result.message()}"
     model.eval()
     assert torch.equal(model.generate(prompt, max_new_tokens=4, do_sample=False), tokens)
+
+
+@pytest.mark.parametrize("family", list(MOE_BLOCKS))
+def test_moe_expert_blocks_left_alone_with_the_reason(family: str) -> None:
+    model, _, inputs = _built(family)
+    experts = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+    _, report = optimize(model, inputs, seeds=(0,))
+    blocks = [c for c in report.skipped() if c.rule == "moe_block"]
+    assert len(blocks) == MOE_BLOCKS[family] and report.counts() == EXPECTED[family]
+    assert all("grouped-GEMM expert MLP is not part of kernel_pytorch yet" in c.reason for c in blocks)
+    assert all("4 experts, top-2" in c.reason for c in blocks)
+    assert [m for m in model.modules() if type(m).__name__.endswith("Experts")] == experts  # the same objects
 
 
 def _curve(model: torch.nn.Module, batches: list[dict]) -> list[float]:
