@@ -205,6 +205,18 @@ def test_t5_loss_over_unshifted_labels() -> None:
             m.zero_grad(set_to_none=True)
 
 
+def test_t5_bf16_loss_in_the_logits_dtype() -> None:
+    torch.manual_seed(0)
+    model, inputs = models.t5()
+    model.to(torch.bfloat16)
+    reference = copy.deepcopy(model)
+    _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    assert report.passed and report.counts() == {"fused_linear_cross_entropy": 1}
+    ours, theirs = model(**inputs), reference(**inputs)
+    assert ours.loss.dtype == theirs.loss.dtype == torch.bfloat16  # T5's loss is in its logits' dtype
+    _close(ours.loss, theirs.loss)
+
+
 def test_other_encoder_decoders_left_alone() -> None:
     from transformers import BartConfig, BartForConditionalGeneration
 

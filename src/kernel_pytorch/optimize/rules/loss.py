@@ -25,8 +25,8 @@ Encoder-decoders (T5, `config.is_encoder_decoder`). With `labels` the wrapper fi
 none are given) and runs the class's own forward without labels while the head hands back its input:
 the "logits" of that run are the decoder output after the model's own scaling (T5's d_model**-0.5 when
 `scale_decoder_outputs`), bit for bit. The loss is the mean cross-entropy over the unshifted labels with
-ignore_index -100. Encoder-decoders with anything of their own beside lm_head (BART's
-`final_logits_bias`), or whose loss or logits differ on the probe, are left alone.
+ignore_index -100, returned in the logits' dtype as T5's is. Encoder-decoders with anything of their own
+beside lm_head (BART's `final_logits_bias`), or whose loss or logits differ on the probe, are left alone.
 
 What `logits` holds, both kinds:
   - training (`model.training`) with labels: None. The logits are never materialised; that is the
@@ -180,6 +180,7 @@ def _fused_seq2seq_forward(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
     hidden = outputs.logits
     loss = fused_linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight,
                                       labels.reshape(-1).to(hidden.device), head.bias, ignore_index=-100)
+    loss = loss.to(hidden.dtype)  # T5's CrossEntropyLoss on its logits gives the loss in their dtype
     logits = None
     if not model.training or head.logits_in_training:
         logits = nn.functional.linear(hidden, head.weight, head.bias)
@@ -250,7 +251,7 @@ def _probe(model: nn.Module, head: FusedLossLMHead) -> str | None:
     ref = run(type(model).forward)
     head.output_class = type(ref)
     ours = run(head.wrapper())
-    if not same_output(ref.loss.float(), ours.loss.float()):
+    if not same_output(ref.loss, ours.loss.to(ref.loss.dtype)):
         return f"loss {float(ours.loss):.6g} instead of {float(ref.loss):.6g} on a probe batch"
     if not same_output(ref.logits, ours.logits):
         return "logits differ on a probe batch (soft-capping or scaling of the logits?)"
