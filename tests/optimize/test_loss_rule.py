@@ -1,7 +1,8 @@
 """The "loss" rule: an HF *ForCausalLM's lm_head + ForCausalLMLoss becomes one fused linear
 cross-entropy through a forward on the instance: the loss is transformers' (shift, ignore_index,
-num_items_in_batch, shift_labels), logits are None only in training with labels, the class is untouched,
-and models that change their logits are left alone."""
+num_items_in_batch, shift_labels), logits are None only in training with labels, the class is untouched.
+Gemma 2/3's soft-capping and the MoE router aux loss are computed as transformers does; T5 gets its loss
+over unshifted labels; BART, whose logits are not lm_head's alone, is left alone."""
 
 from __future__ import annotations
 
