@@ -64,17 +64,19 @@ def qwen3() -> tuple[nn.Module, dict[str, Tensor]]:
     return Qwen3ForCausalLM(Qwen3Config(**DECODER, head_dim=8)).eval(), lm_inputs()
 
 
-def gemma2() -> tuple[nn.Module, dict[str, Tensor]]:
+def gemma2(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    config = Gemma2Config(**DECODER, head_dim=8, sliding_window=6, attn_implementation="eager")
+    config = Gemma2Config(**{**DECODER, "head_dim": 8, "sliding_window": 6, "attn_implementation": "eager",
+                             **overrides})
     return _noisy_norms(Gemma2ForCausalLM(config)).eval(), lm_inputs()
 
 
-def gemma3() -> tuple[nn.Module, dict[str, Tensor]]:
+def gemma3(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    config = Gemma3TextConfig(**DECODER, head_dim=8, sliding_window=6, sliding_window_pattern=2)
+    config = Gemma3TextConfig(**{**DECODER, "head_dim": 8, "sliding_window": 6, "sliding_window_pattern": 2,
+                                 **overrides})
     return _noisy_norms(Gemma3ForCausalLM(config)).eval(), lm_inputs()
 
 
@@ -146,6 +148,43 @@ def padded_lm_inputs(batch: int = 2, seq: int = 8) -> dict[str, Tensor]:
     mask[1, -2:] = 0
     inputs["labels"][mask == 0] = -100
     return {**inputs, "attention_mask": mask}
+
+
+MOE = dict(num_experts_per_tok=2, moe_intermediate_size=48)
+
+
+def mixtral(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(**{**DECODER, "num_local_experts": 4, "num_experts_per_tok": 2, **overrides})
+    return MixtralForCausalLM(config).eval(), lm_inputs()
+
+
+def qwen2_moe(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    # layer 0 a sparse block (router, 4 experts, a gated shared expert), layer 1 a dense MLP
+    config = Qwen2MoeConfig(**{**DECODER, **MOE, "num_experts": 4, "shared_expert_intermediate_size": 64,
+                               "mlp_only_layers": [1], **overrides})
+    return Qwen2MoeForCausalLM(config).eval(), lm_inputs()
+
+
+def qwen3_moe(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(**{**DECODER, **MOE, "num_experts": 4, "head_dim": 8, **overrides})
+    return Qwen3MoeForCausalLM(config).eval(), lm_inputs()
+
+
+def t5(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(**{"vocab_size": VOCAB, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2,
+                         "num_heads": 4, "decoder_start_token_id": 0, **overrides})
+    model = T5ForConditionalGeneration(config).eval()
+    ids = torch.randint(3, VOCAB, (2, 8))
+    labels = torch.randint(3, VOCAB, (2, 6))
+    return model, {"input_ids": ids, "labels": labels}
 
 
 class Block(nn.Module):

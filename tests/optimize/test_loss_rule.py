@@ -1,7 +1,8 @@
 """The "loss" rule: an HF *ForCausalLM's lm_head + ForCausalLMLoss becomes one fused linear
 cross-entropy through a forward on the instance: the loss is transformers' (shift, ignore_index,
-num_items_in_batch, shift_labels), logits are None only in training with labels, the class is untouched,
-and models that change their logits are left alone."""
+num_items_in_batch, shift_labels), logits are None only in training with labels, the class is untouched.
+Gemma 2/3's soft-capping and the MoE router aux loss are computed as transformers does; T5 gets its loss
+over unshifted labels; BART, whose logits are not lm_head's alone, is left alone."""
 
 from __future__ import annotations
 
@@ -110,9 +111,122 @@ def test_fused_causal_lm_loss_function() -> None:
     _close(fused_causal_lm_loss(hidden, weight, None, labels), expected)
 
 
-def test_logit_softcapping_left_alone() -> None:
-    model, inputs = models.gemma2()
+def _grads_match(model: torch.nn.Module, reference: torch.nn.Module) -> None:
+    grads = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        if p.grad is None and grads[name].grad is None:
+            continue
+        result = compare_reordered(p.grad, grads[name].grad)
+        assert result.passed, f"{name}: {result.message()}"
+
+
+def _train_step(model: torch.nn.Module, reference: torch.nn.Module, inputs: dict) -> tuple:
+    """One training forward and backward of both; (ours, theirs) outputs, loss and gradients compared."""
+    model.train()
+    reference.train()
+    try:
+        torch.manual_seed(0)
+        ours = model(**inputs)
+        torch.manual_seed(0)
+        theirs = reference(**inputs)
+        assert ours.logits is None and theirs.logits is not None and type(ours) is type(theirs)
+        _close(ours.loss, theirs.loss)
+        ours.loss.backward()
+        theirs.loss.backward()
+        _grads_match(model, reference)
+    finally:
+        model.eval()
+        reference.eval()
+    return ours, theirs
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_logit_softcapping_inside_the_fused_loss(family: str) -> None:
+    torch.manual_seed(0)
+    # the tiny model's logits are ~0.1: a cap of 0.1 bends them (Gemma 2's 30 would not, at this scale)
+    model, inputs = getattr(models, family)(final_logit_softcapping=0.1)
+    reference = copy.deepcopy(model)
     _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    assert report.passed and report.counts() == {"fused_linear_cross_entropy": 1}
+    assert "soft-capped at 0.1" in report.applied()[0].reason
+    labels = inputs["labels"].clone()
+    labels[1, :3] = -100
+    batch = {"input_ids": inputs["input_ids"], "labels": labels}
+    ours, theirs = model(**batch), reference(**batch)
+    assert torch.equal(ours.logits, theirs.logits)  # soft-capped as transformers rounds it
+    _close(ours.loss, theirs.loss)
+    hidden = reference.model(input_ids=inputs["input_ids"]).last_hidden_state
+    uncapped = fused_causal_lm_loss(hidden, model.lm_head.weight, None, labels)
+    assert not compare(uncapped, theirs.loss).passed  # the cap is what makes them agree
+    _train_step(model, reference, batch)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_router_aux_loss_added_as_transformers(family: str) -> None:
+    torch.manual_seed(0)
+    model, inputs = getattr(models, family)()
+    reference = copy.deepcopy(model)
+    _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    assert report.passed and report.counts() == {"fused_linear_cross_entropy": 1}
+    assert "router aux loss" in report.applied()[0].reason
+    ours, theirs = _train_step(model, reference, {**inputs, "output_router_logits": True})
+    _close(ours.aux_loss, theirs.aux_loss)
+    assert len(ours.router_logits) == len(theirs.router_logits) >= 1  # one per sparse layer
+    assert any(p.grad is not None for n, p in model.named_parameters() if n.endswith("gate.weight"))
+    # the config's default decides when the call does not
+    for m in (model, reference):
+        m.zero_grad(set_to_none=True)
+        m.config.output_router_logits = True
+    ours, _ = _train_step(model, reference, inputs)
+    assert ours.aux_loss is not None
+    model.zero_grad(set_to_none=True)
+    model.config.output_router_logits = False
+    assert model(**inputs).aux_loss is None
+
+
+def test_t5_loss_over_unshifted_labels() -> None:
+    torch.manual_seed(0)
+    model, inputs = models.t5(tie_word_embeddings=False)  # T5 v1.1: no d_model**-0.5 on the decoder output
+    assert not model.config.scale_decoder_outputs
+    reference = copy.deepcopy(model)
+    _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    assert report.passed and report.counts() == {"fused_linear_cross_entropy": 1}
+    assert "cross-entropy over the labels" in report.applied()[0].reason
+    labels = inputs["labels"].clone()
+    labels[0, 3:] = -100
+    decoder_ids = torch.randint(3, models.VOCAB, labels.shape)
+    for batch in ({"input_ids": inputs["input_ids"], "labels": labels},
+                  {"input_ids": inputs["input_ids"], "labels": labels, "decoder_input_ids": decoder_ids}):
+        ours, theirs = model(**batch), reference(**batch)
+        _close(ours.loss, theirs.loss)
+        assert torch.equal(ours.logits, theirs.logits)
+        assert torch.equal(ours.encoder_last_hidden_state, theirs.encoder_last_hidden_state)
+        _train_step(model, reference, batch)
+        for m in (model, reference):
+            m.zero_grad(set_to_none=True)
+
+
+def test_t5_bf16_loss_in_the_logits_dtype() -> None:
+    torch.manual_seed(0)
+    model, inputs = models.t5()
+    model.to(torch.bfloat16)
+    reference = copy.deepcopy(model)
+    _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    assert report.passed and report.counts() == {"fused_linear_cross_entropy": 1}
+    ours, theirs = model(**inputs), reference(**inputs)
+    assert ours.loss.dtype == theirs.loss.dtype == torch.bfloat16  # T5's loss is in its logits' dtype
+    _close(ours.loss, theirs.loss)
+
+
+def test_other_encoder_decoders_left_alone() -> None:
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(vocab_size=models.VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
+                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                        decoder_ffn_dim=64, max_position_embeddings=64)
+    model = BartForConditionalGeneration(config).eval()
+    ids = torch.randint(3, models.VOCAB, (2, 8))
+    _, report = optimize(model, {"input_ids": ids, "labels": ids}, components="loss", seeds=(0,))
     assert report.counts() == {} and not isinstance(model.lm_head, FusedLossLMHead)
-    assert "final_logit_softcapping" in report.skipped()[0].reason
+    assert "final_logits_bias beside lm_head" in report.skipped()[0].reason
     assert "forward" not in vars(model)

@@ -31,7 +31,7 @@ def _mlps(model: nn.Module) -> list[nn.Module]:
 def test_registered_and_selectable_by_name_and_family() -> None:
     names = {r.name: r.family for r in default_rules()}
     assert names["hf_gated_mlp"] == names["fc_mlp"] == "mlp"
-    assert [r.name for r in select_rules("mlp")] == ["hf_gated_mlp", "packed_gated_mlp", "fc_mlp"]
+    assert [r.name for r in select_rules("mlp")] == ["hf_gated_mlp", "packed_gated_mlp", "fc_mlp", "moe_block"]
     assert [r.name for r in select_rules(["hf_gated_mlp"])] == ["hf_gated_mlp"]
 
 

@@ -108,10 +108,9 @@ def test_qwen2_norms_swapped() -> None:
 def test_gemma_norms_swapped_with_their_rounding() -> None:
     model, inputs = models.gemma()
     _, report = optimize(model, inputs, seeds=(0,))
-    # GemmaScaledWordEmbedding scales in a forward of its own: left alone, and said so
-    assert report.passed and report.counts() == {k: v for k, v in DECODER_COUNTS.items() if k != "torch_embedding"}
-    embedding = next(c for c in report.skipped() if c.rule == "torch_embedding")
-    assert "overrides torch.nn.Embedding.forward" in embedding.reason
+    # GemmaTextScaledWordEmbedding: lookup * embed_scale, recognised by its probe
+    counts = {k: v for k, v in DECODER_COUNTS.items() if k != "torch_embedding"}
+    assert report.passed and report.counts() == {**counts, "hf_scaled_embedding": 1}
     assert (model.model.norm.casting, model.model.norm.offset) == ("gemma", 1.0)
     assert "Gemma-style" in next(c for c in report.applied() if c.rule == "hf_rms_norm").reason
     assert rms_norm_options("gemma") == {"casting": "gemma", "offset": 1.0}

@@ -8,7 +8,13 @@ from kernel_pytorch.nn.attention import (
     StandardAttention,
     StaticKVCache,
 )
-from kernel_pytorch.nn.embedding import ALiBi, Embedding, LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
+from kernel_pytorch.nn.embedding import (
+    ALiBi,
+    Embedding,
+    LearnedPositionalEmbedding,
+    ScaledEmbedding,
+    SinusoidalPositionalEmbedding,
+)
 from kernel_pytorch.nn.loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from kernel_pytorch.nn.mlp import MLP, GatedMLP
 from kernel_pytorch.nn.norm import FusedAddRMSNorm, LayerNorm, RMSNorm
@@ -29,6 +35,7 @@ __all__ = [
     "MemoryEfficientAttention",
     "RMSNorm",
     "RotaryEmbedding",
+    "ScaledEmbedding",
     "SinusoidalPositionalEmbedding",
     "StandardAttention",
     "StaticKVCache",

@@ -2,9 +2,10 @@
 
 `Embedding` subclasses torch.nn.Embedding and overrides `forward` only (constructor, `weight`,
 state_dict keys and repr are torch's); its backward is the deterministic sorted-segment sum of
-functional.embedding. The position modules wrap reference/positions.py: sinusoidal tables
-(DistilBERT/XLM interleaved, Marian concatenated), a learned table with OPT's offset, and ALiBi slopes
-with the bias tensor and a FlexAttention score_mod.
+functional.embedding. `ScaledEmbedding` multiplies the rows by a constant after the lookup, rounding as
+transformers' scaled word embeddings do (Gemma 1/2/3, BART, ...). The position modules wrap
+reference/positions.py: sinusoidal tables (DistilBERT/XLM interleaved, Marian concatenated), a learned
+table with OPT's offset, and ALiBi slopes with the bias tensor and a FlexAttention score_mod.
 """
 
 from __future__ import annotations
@@ -35,6 +36,31 @@ class Embedding(torch.nn.Embedding):
             return super().forward(input)
         return F.embedding(input, self.weight, self.padding_idx, scale_grad_by_freq=self.scale_grad_by_freq,
                            deterministic=self.deterministic, backend=self.backend)
+
+
+class ScaledEmbedding(Embedding):
+    """`Embedding` whose rows are multiplied by `embed_scale` after the lookup (Gemma's sqrt(H), BART's
+    `scale_embedding`).
+
+    Same arguments as Embedding, plus `embed_scale`, kept as given because the two forms round
+    differently in low precision:
+      - a 0-d tensor (transformers' Gemma): a non-persistent buffer `embed_scale`, cast to the table's
+        dtype before the multiply (in bf16 Gemma-2B's sqrt(2048) = 45.2548 becomes 45.25);
+      - a float (BART-like): the multiply takes it as a Python scalar, as torch does.
+    forward: integer indices (any shape) -> indices.shape + (H,) in the table's dtype.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, *,
+                 embed_scale: float | Tensor = 1.0, **kwargs) -> None:
+        super().__init__(num_embeddings, embedding_dim, padding_idx, **kwargs)
+        if isinstance(embed_scale, Tensor):
+            self.register_buffer("embed_scale", embed_scale, persistent=False)
+        else:
+            self.embed_scale = float(embed_scale)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 (torch's parameter name)
+        scale = self.embed_scale
+        return super().forward(input) * (scale.to(self.weight.dtype) if isinstance(scale, Tensor) else scale)
 
 
 class LearnedPositionalEmbedding(Embedding):

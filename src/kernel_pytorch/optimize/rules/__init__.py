@@ -6,10 +6,11 @@ same `Parameter` objects, so names, devices, dtypes, `state_dict` keys and ties 
 not. `optimize()` swaps the instance in the model, validates, and reverts what fails.
 
 Families: `norms.py` (torch and Hugging Face norms), `mlp.py` (gated, packed gate_up and fc1/fc2 or
-dense_h_to_4h/dense_4h_to_h MLPs), `attention.py` (Hugging Face decoder attention, RoPE applied inside it;
-`attention_layouts.py`: where its q, k and v come from, split or packed), `loss.py` (LM head +
-causal-LM loss -> fused linear cross-entropy), `embedding.py` (torch.nn.Embedding, for its deterministic
-backward in the table's dtype).
+dense_h_to_4h/dense_4h_to_h MLPs; MoE expert blocks recognised and left alone), `attention.py` (Hugging
+Face decoder attention, RoPE applied inside it; `attention_layouts.py`: where its q, k and v come from,
+split or packed), `loss.py` (LM head + causal-LM or T5 loss -> fused linear cross-entropy), `embedding.py`
+(torch.nn.Embedding and transformers' scaled word embeddings, for their deterministic backward in the
+table's dtype).
 """
 
 from __future__ import annotations

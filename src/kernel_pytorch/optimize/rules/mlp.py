@@ -1,5 +1,5 @@
 """MLP rules: Hugging Face-style gated MLPs to `kernel_pytorch.nn.GatedMLP`, and fc1 -> act -> fc2
-MLPs to `kernel_pytorch.nn.MLP`.
+MLPs to `kernel_pytorch.nn.MLP`; mixture-of-experts blocks recognised and left alone.
 
 Recognised by structure, not by class name:
 
@@ -9,6 +9,11 @@ Recognised by structure, not by class name:
     fc_mlp:        child Linears fc1, fc2                          CLIPMLP, SiglipMLP, PhiMLP, ViT MLPs ...
                    or dense_h_to_4h, dense_4h_to_h                 GPTNeoXMLP, FalconMLP
                    (-> MLP(names=...): the Linears keep their names, so their state_dict keys)
+    moe_block:     a router child (gate / router) and an `experts` child holding stacked (E, ., .) expert
+                   weights                                         Mixtral, Qwen2-MoE, Qwen3-MoE sparse blocks
+                   (recognised and left alone, with the reason: a grouped-GEMM expert MLP is not part of
+                   kernel_pytorch yet; its other children, Qwen2-MoE's gated shared_expert, are looked at
+                   on their own)
 
 The activation is the module's torch or transformers activation module (GELU, GELU-tanh, SiLU), else
 its `config.hidden_act`
@@ -136,6 +141,30 @@ class FcMLPRule:
         return None
 
 
-MLP_RULES = (HFGatedMLPRule(), PackedGatedMLPRule(), FcMLPRule())
+class MoEBlockRule:
+    """A mixture-of-experts block (router child `gate` or `router`, `experts` holding stacked (E, ., .)
+    weights, any class): recognised and left alone, with the reason. The block's other children are still
+    offered to the rules (a left-alone module's children are), so a shared expert is swapped on its own."""
 
-__all__ = ["MLP_RULES", "FcMLPRule", "HFGatedMLPRule", "PackedGatedMLPRule"]
+    name = "moe_block"
+    family = "mlp"
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
+        experts = getattr(module, "experts", None)
+        router = next((r for r in (getattr(module, "gate", None), getattr(module, "router", None))
+                       if isinstance(r, nn.Module)), None)
+        if not isinstance(experts, nn.Module) or router is None:
+            return None
+        stacked = [p for p in experts.parameters(recurse=False) if p.dim() == 3]
+        if not stacked:
+            return None  # a ModuleList of expert MLPs: each expert is offered to the MLP rules itself
+        top_k = getattr(router, "top_k", getattr(module, "top_k", None))
+        routing = f"{stacked[0].shape[0]} experts" + (f", top-{top_k}" if isinstance(top_k, int) else "")
+        return Match(None, f"MoE expert block ({routing}; {type(router).__name__}, {type(experts).__name__}): "
+                           "a grouped-GEMM expert MLP is not part of kernel_pytorch yet, so the router and the "
+                           "experts stay as they are")
+
+
+MLP_RULES = (HFGatedMLPRule(), PackedGatedMLPRule(), FcMLPRule(), MoEBlockRule())
+
+__all__ = ["MLP_RULES", "FcMLPRule", "HFGatedMLPRule", "MoEBlockRule", "PackedGatedMLPRule"]
