@@ -40,7 +40,7 @@ from kernel_pytorch.functional.activation import (
 from kernel_pytorch.functional.attention import AttentionBackend, attention, prepare_mask, seq_ids_from_cu_seqlens
 from kernel_pytorch.functional.embedding import embedding
 from kernel_pytorch.functional.linears import shared_input_linears
-from kernel_pytorch.functional.loss import cross_entropy, fused_linear_cross_entropy
+from kernel_pytorch.functional.loss import LossOutput, cross_entropy, fused_linear_cross_entropy
 from kernel_pytorch.functional.mlp import bias_act_mlp, gated_mlp, gated_mlp_packed
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
 from kernel_pytorch.functional.rope import apply_rotary
@@ -52,6 +52,7 @@ __all__ = [
     "AttentionBackend",
     "Backend",
     "Casting",
+    "LossOutput",
     "add_rms_norm",
     "apply_rotary",
     "attention",
