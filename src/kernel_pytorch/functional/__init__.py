@@ -15,7 +15,8 @@ backend:
     "reference" the pure-torch specification in kernel_pytorch.reference (autograd through torch).
 
 casting (rms_norm, add_rms_norm): where the result rounds to a bf16/fp16 x's dtype, one of CASTINGS:
-    "llama" (the default: HF LlamaRMSNorm), "gemma" (HF GemmaRMSNorm) or "torch" (torch.nn.RMSNorm).
+    "llama" (the default: HF LlamaRMSNorm), "gemma" (HF GemmaRMSNorm), "torch" (torch.nn.RMSNorm) or
+    "none" (Liger-Kernel's math in the input dtype).
 
 In eager mode on CUDA the kernels are launched through a thin autograd.Function (same launchers, less
 host time than the op dispatcher); under torch.compile / torch.export the registered ops

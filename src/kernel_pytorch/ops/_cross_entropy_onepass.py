@@ -198,7 +198,8 @@ def launch_onepass(
     _kernel(
         (n,), logits.tensor, target, weight.contiguous() if weight is not None else lse,
         stats if stats is not None else lse, loss_rows, lse, scale, x, xs if xs is not None else x,
-        token_scale if token_scale is not None else lse, pred if pred is not None else target, n, v, *logits.args, h, x.stride(0), x.stride(1), xs.stride(0) if xs is not None else 0,
+        token_scale if token_scale is not None else lse, pred if pred is not None else target,
+        n, v, *logits.args, h, x.stride(0), x.stride(1), xs.stride(0) if xs is not None else 0,
         int(ignore_index), float(softcap if softcap is not None else 1.0),
         BLOCK=block, H_BLOCK=min(H_BLOCK, next_power_of_2(h)), HAS_WEIGHT=weight is not None,
         HAS_CAP=softcap is not None, MEAN=mean, WRITE_XS=xs is not None, PREFETCH=LAUNCH.prefetch,
