@@ -514,7 +514,7 @@ def compile_report(variants: list[str]) -> None:
             "g_s1": i32}
     opts = {"ignore_index": i32, "smoothing": f32, "z_scale": f32, "cap": f32}
     fwd_sig = {"X": ptr, "T": "*i64", "W": "*fp32", "STATS": "*fp32", "LOSS": "*fp32", "LSE": "*fp32", "G": ptr,
-               **rows, **opts}
+               "TS": "*fp32", "PRED": "*i64", **rows, **opts}
     flag_sets = {"plain": (False, False, False), "weights+smooth+cap": (True, True, True)}
     print("\n== kernels compiled for sm_90a (registers per thread; STACK > 0 means spills) ==")
     for text in variants:
@@ -524,14 +524,15 @@ def compile_report(variants: list[str]) -> None:
                 consts = dict(BLOCK=launch.block, HAS_WEIGHT=hw, SMOOTH=sm, HAS_CAP=cap, MEAN=True, GRAD=grad,
                               PREFETCH=launch.prefetch, REVERSE=launch.reverse,
                               KEEP="evict_last" if launch.evict else "", DROP="evict_first" if launch.evict else "",
-                              PRECISE=False)
+                              PRECISE=False, HAS_SCALE=False, ARGMAX=False)
                 one(ce._cross_entropy_fwd_kernel, fwd_sig, consts, launch.num_warps,
                     f"fwd {text} {fname} {'grad' if grad else 'loss only'}")
     bwd_sig = {"X": ptr, "T": "*i64", "W": "*fp32", "STATS": "*fp32", "LSE": "*fp32", "DLOSS": "*fp32", "G": ptr,
-               **{k: v for k, v in rows.items() if k != "n_rows"}, "stride_dloss": i32, **opts}
+               "TS": "*fp32", **{k: v for k, v in rows.items() if k != "n_rows"}, "stride_dloss": i32, **opts}
     for fname, (hw, sm, cap) in flag_sets.items():
         one(ce._cross_entropy_bwd_kernel, bwd_sig, dict(BLOCK=ce.BWD_BLOCK, HAS_WEIGHT=hw, SMOOTH=sm, HAS_CAP=cap,
-                                                        MEAN=False, PRECISE=False), ce.BWD_WARPS, f"bwd {fname}")
+                                                        MEAN=False, PRECISE=False, HAS_SCALE=False),
+        ce.BWD_WARPS, f"bwd {fname}")
     scale_sig = {"G": ptr, "OUT": ptr, "S": "*fp32", "n_rows": i32, "n_cols": i32, "inner": i32, "s0": i32,
                  "s1": i32, "o_inner": i32, "o_s0": i32, "o_s1": i32, "stride_s": i32}
     for in_place in (True, False):

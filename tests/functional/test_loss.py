@@ -117,7 +117,7 @@ def test_inplace_backward_function() -> None:
     h, w = randn(5, 8).requires_grad_(), randn(13, 8).requires_grad_()
     target = torch.randint(0, 13, (5,))
     logits = h @ w.t()
-    loss = loss_mod._CrossEntropyInplace.apply(logits, target, None, IGNORE, "mean", 0.1, 0.0, None)
+    loss = loss_mod._CrossEntropyInplace.apply(logits, target, None, IGNORE, "mean", 0.1, 0.0, None)[0]
     ref_logits = h @ w.t()
     want = R.cross_entropy(ref_logits, target, None, IGNORE, "mean", 0.1)
     assert_close(loss, want, "loss")
@@ -155,3 +155,99 @@ def test_losses_capture_in_a_cuda_graph(fused: bool) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
+
+
+# --- what a training loop logs beside the loss, and per-token scales ------------------------------------
+
+
+def _by_hand(logits, target, u, reduction, scale, cap):
+    """LossOutput's fields from torch ops: per-row losses times u, the z-loss term, argmax and accuracy."""
+    z = cap * torch.tanh(logits.float() / cap)
+    valid = target != IGNORE
+    lse = torch.logsumexp(z, -1)
+    zl = torch.where(valid, scale * lse ** 2, 0.0) * u
+    rows = TF.cross_entropy(z, target, ignore_index=IGNORE, reduction="none") * u + zl
+    pred = torch.where(valid, logits.argmax(-1), -1)
+    hit = ((pred == target) & valid).float()
+    if reduction == "none":
+        return rows, zl, hit, pred
+    div = valid.sum() if reduction == "mean" else 1
+    return rows.sum() / div, zl.sum() / div, hit.sum() / valid.sum(), pred
+
+
+def test_extras_errors_name_the_argument() -> None:
+    logits, target = _inputs()
+    with pytest.raises(ValueError, match=r"token_scale must have the target's shape \(6,\)"):
+        F.cross_entropy(logits, target, token_scale=torch.ones(5))
+    with pytest.raises(TypeError, match="token_scale must be a floating-point tensor"):
+        F.cross_entropy(logits, target, token_scale=torch.ones(6, dtype=torch.long))
+    with pytest.raises(TypeError, match="return_z_loss must be True or False"):
+        F.cross_entropy(logits, target, return_z_loss=1)
+    x, w = randn(6, 8), randn(11, 8)
+    with pytest.raises(TypeError, match="return_predicted_tokens must be True or False"):
+        F.fused_linear_cross_entropy(x, w, target, return_predicted_tokens="yes")
+    with pytest.raises(ValueError, match="token_scale must have the target's shape"):
+        F.fused_linear_cross_entropy(x, w, target, token_scale=torch.ones(6, 1))
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_loss_output_is_what_a_loop_logs(backend: str, reduction: str) -> None:
+    logits, target = _inputs()
+    u = torch.rand(6) + 0.5
+    out = F.cross_entropy(logits, target, reduction=reduction, lse_square_scale=1e-2, softcap=5.0, token_scale=u,
+                          return_z_loss=True, return_token_accuracy=True, return_predicted_tokens=True,
+                          backend=backend)
+    assert isinstance(out, F.LossOutput)
+    want = _by_hand(logits, target, u, reduction, 1e-2, 5.0)
+    for name, got, ref in zip(("loss", "z_loss", "token_accuracy"), out, want):
+        assert_close(got, ref, name)
+    assert torch.equal(out.predicted_tokens, want[3])
+    assert not out.z_loss.requires_grad  # for logging: the loss already holds it
+    dloss = torch.rand(want[0].shape) + 0.25
+    assert_close(torch.autograd.grad(out.loss, logits, dloss)[0], torch.autograd.grad(want[0], logits, dloss)[0],
+                 "grad")
+    plain = F.cross_entropy(logits, target, reduction=reduction, backend=backend)
+    assert isinstance(plain, torch.Tensor)
+    only = F.cross_entropy(logits, target, reduction=reduction, return_token_accuracy=True, backend=backend)
+    assert only.z_loss is None and only.predicted_tokens is None and only.token_accuracy is not None
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_fused_loss_output_matches_the_unfused(backend: str) -> None:
+    x, w = randn(6, 8).requires_grad_(), randn(11, 8).requires_grad_()
+    target = torch.randint(0, 11, (6,))
+    target[[0, 4]] = IGNORE
+    u = torch.rand(6) + 0.5
+    kw = dict(lse_square_scale=1e-3, token_scale=u, return_z_loss=True, return_token_accuracy=True,
+              return_predicted_tokens=True)
+    ours = F.fused_linear_cross_entropy(x, w, target, **kw, backend=backend)
+    want = F.cross_entropy(x @ w.t(), target, **kw, backend="reference")
+    for name in ("loss", "z_loss", "token_accuracy"):
+        assert_close(getattr(ours, name), getattr(want, name), name)
+    assert torch.equal(ours.predicted_tokens, want.predicted_tokens)
+    for a, b in zip(torch.autograd.grad(ours.loss, (x, w)), torch.autograd.grad(want.loss, (x, w))):
+        assert_close(a, b, "grad")
+
+
+def test_all_ignored_accuracy_is_nan() -> None:
+    logits = randn(4, 7)
+    out = F.cross_entropy(logits, torch.full((4,), IGNORE), return_token_accuracy=True, return_predicted_tokens=True)
+    assert torch.isnan(out.token_accuracy) and (out.predicted_tokens == -1).all()
+
+
+def test_compiled_loss_output_no_breaks() -> None:
+    logits, target = _inputs()
+    u = torch.rand(6) + 0.5
+
+    def f(z):
+        return F.cross_entropy(z, target, lse_square_scale=1e-3, token_scale=u, return_z_loss=True,
+                               return_token_accuracy=True, return_predicted_tokens=True)
+
+    want = f(logits)
+    ours = torch.compile(f, fullgraph=True, backend="aot_eager")(logits)
+    assert isinstance(ours, F.LossOutput)
+    for name in ("loss", "z_loss", "token_accuracy"):
+        assert_close(getattr(ours, name), getattr(want, name), name)
+    assert torch.equal(ours.predicted_tokens, want.predicted_tokens)
+    assert_close(torch.autograd.grad(ours.loss, logits)[0], torch.autograd.grad(want.loss, logits)[0], "grad")

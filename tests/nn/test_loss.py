@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as TF
 
+from kernel_pytorch import functional as F
 from kernel_pytorch import nn as knn
 from tests.grid import randn
 from tests.ops.norm_helpers import assert_close
@@ -63,3 +64,46 @@ def test_fused_linear_cross_entropy_loss_matches_hf_llama() -> None:
     for (name, _), got, want in zip(model.named_parameters(), torch.autograd.grad(ours, list(model.parameters())),
                                     hf_grads):
         assert_close(got, want, name)
+
+
+def test_cross_entropy_loss_extras_in_torchs_layout() -> None:
+    """(N, C, d) logits: the predicted tokens and per-token scales have the target's (N, d) shape."""
+    x, target = randn(2, 9, 3).requires_grad_(), torch.randint(0, 9, (2, 3))
+    target[0, 1] = -100
+    u = torch.rand(2, 3) + 0.5
+    loss_fn = knn.CrossEntropyLoss(lse_square_scale=1e-2, return_z_loss=True, return_token_accuracy=True,
+                                   return_predicted_tokens=True)
+    assert repr(loss_fn) == repr(torch.nn.CrossEntropyLoss())
+    out = loss_fn(x, target, token_scale=u)
+    want = F.cross_entropy(x.movedim(1, -1), target, lse_square_scale=1e-2, token_scale=u, return_z_loss=True,
+                           return_token_accuracy=True, return_predicted_tokens=True, backend="reference")
+    assert out.predicted_tokens.shape == (2, 3) and out.predicted_tokens[0, 1] == -1
+    for got, ref, name in zip(out[:3], want[:3], out._fields):
+        assert_close(got, ref, name)
+    assert torch.equal(out.predicted_tokens, want.predicted_tokens)
+    with pytest.raises(ValueError, match="need class-index targets"):
+        loss_fn(x, torch.softmax(randn(2, 9, 3), 1))
+
+
+def test_fused_linear_cross_entropy_loss_extras_export() -> None:
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm_head = torch.nn.Linear(8, 11, bias=False)
+            self.loss = knn.FusedLinearCrossEntropyLoss(return_z_loss=True, return_token_accuracy=True,
+                                                        return_predicted_tokens=True, lse_square_scale=1e-3)
+
+        def forward(self, hidden, target, token_scale):
+            return self.loss(hidden, self.lm_head.weight, target, token_scale=token_scale)
+
+    head = Head()
+    hidden, target = randn(6, 8), torch.randint(0, 11, (6,))
+    target[2] = -100
+    u = torch.rand(6) + 0.5
+    want = head(hidden, target, u)
+    ep = torch.export.export(head, (hidden, target, u))
+    assert "kernel_pytorch.fused_linear_cross_entropy_fwd" in str(ep.graph)
+    got = ep.module()(hidden, target, u)
+    for a, b, name in zip(got[:3], want[:3], want._fields):
+        assert_close(a, b, name)
+    assert torch.equal(got[3], want.predicted_tokens)

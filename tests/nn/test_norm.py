@@ -9,7 +9,7 @@ import kernel_pytorch as kp
 from kernel_pytorch import reference as R
 from kernel_pytorch.tolerances import fp64_budget
 from tests.grid import compile_and_count_breaks, randn
-from tests.ops.norm_helpers import assert_close
+from tests.ops.norm_helpers import assert_close, assert_compiles_like_eager
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -117,7 +117,7 @@ def test_rms_norm_rounds_as_torch_by_default_and_is_as_close_to_fp64() -> None:
     assert err["ours"] <= err["torch"] < err["llama"], err  # on CPU 0.016, 0.016 (bitwise torch's), 0.025
 
 
-@pytest.mark.parametrize("casting", ["llama", "gemma", "torch"])
+@pytest.mark.parametrize("casting", ["llama", "gemma", "torch", "none"])
 def test_casting_reaches_the_functional(casting: str) -> None:
     x, r = randn(3, 32, dtype=torch.bfloat16, device=DEV, scale=3.0), randn(3, 32, dtype=torch.bfloat16, device=DEV)
     offset = 1.0 if casting == "gemma" else 0.0
@@ -150,12 +150,24 @@ def test_llama_casting_matches_llama_rms_norm() -> None:
         assert_close(fused(x, torch.zeros_like(x))[0], hf(x), "fused y")
 
 
+def test_none_casting_module_compiles_like_eager() -> None:
+    """casting="none" (Liger's math in the input dtype) through the module: eager and
+    torch.compile(fullgraph=True) against the reference, forward and backward, in bf16."""
+    norm = kp.nn.RMSNorm(48, eps=1e-6, dtype=torch.bfloat16, device=DEV, casting="none")
+    assert repr(norm).endswith("casting='none')")
+    with torch.no_grad():
+        norm.weight.copy_(randn(48, dtype=torch.bfloat16, scale=0.5, offset=1.0))
+    x = randn(4, 48, dtype=torch.bfloat16, device=DEV, scale=3.0).requires_grad_()
+    assert_close(norm(x), R.rms_norm(x, norm.weight, 1e-6, 0.0, "none"), "y")
+    assert_compiles_like_eager(norm, (x,))
+
+
 def test_casting_in_repr_and_checked_at_construction() -> None:
     assert repr(kp.nn.RMSNorm(8)) == repr(torch.nn.RMSNorm(8))
     assert repr(kp.nn.RMSNorm(8, casting="llama")).endswith("casting='llama')")
     assert "casting" not in repr(kp.nn.FusedAddRMSNorm(8))
     assert repr(kp.nn.FusedAddRMSNorm(8, offset=1.0, casting="gemma")).endswith("casting='gemma')")
-    for build in (lambda: kp.nn.RMSNorm(8, casting="none"), lambda: kp.nn.FusedAddRMSNorm(8, casting="fp32")):
+    for build in (lambda: kp.nn.RMSNorm(8, casting="half"), lambda: kp.nn.FusedAddRMSNorm(8, casting="fp32")):
         with pytest.raises(ValueError, match="casting must be one of"):
             build()
 

@@ -131,6 +131,23 @@ def test_torch_casting_is_closer_to_fp64_in_bf16() -> None:
     assert err["llama"] > 1.5 * err["torch"]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_none_casting_is_the_math_in_the_input_dtype(dtype: torch.dtype) -> None:
+    """casting="none" (Liger's casting_mode="none"): the fp32 statistic, then every product in x's dtype,
+    bit for bit as torch computes it on low-precision tensors; the least accurate of the modes."""
+    x, w = randn(8, 96, dtype=dtype, scale=3.0), randn(96, dtype=dtype, scale=0.5, offset=1.0)
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + EPS)
+    in_dtype = x * rstd.to(dtype) * (w.float() + 1.0).to(dtype)
+    y = R.rms_norm(x, w, EPS, 1.0, "none")
+    assert y.dtype == dtype and torch.equal(y, in_dtype)
+    y64 = R.rms_norm(x.double(), w.double(), EPS, 1.0)
+    err = {c: (R.rms_norm(x, w, EPS, 1.0, c).double() - y64).abs().max().item() for c in ("none", "torch")}
+    assert err["none"] > err["torch"]
+    for exact in (torch.float32, torch.float64):  # no rounding to differ in: one computation
+        xe, we = x.to(exact), w.to(exact)
+        torch.testing.assert_close(R.rms_norm(xe, we, EPS, 1.0, "none"), R.rms_norm(xe, we, EPS, 1.0, "torch"))
+
+
 @pytest.mark.parametrize("casting", CASTINGS)
 def test_backward_is_the_gradient_in_fp64(casting: str) -> None:
     x = randn(6, 40, dtype=torch.float64).requires_grad_()
@@ -156,9 +173,7 @@ def test_add_rms_norm_passes_the_casting_on(casting: str) -> None:
 
 
 def test_unknown_casting_is_refused() -> None:
-    assert rounds_normed("llama") and not rounds_normed("gemma") and not rounds_normed("torch")
+    assert rounds_normed("llama") and not any(rounds_normed(c) for c in ("gemma", "torch", "none"))
     x, w = randn(2, 8), randn(8)
-    with pytest.raises(ValueError, match=r"casting must be one of \('llama', 'gemma', 'torch'\)"):
+    with pytest.raises(ValueError, match=r"casting must be one of \('llama', 'gemma', 'torch', 'none'\)"):
         R.rms_norm(x, w, casting="fp32")
-    with pytest.raises(ValueError, match="Liger-Kernel's 'none'"):
-        R.rms_norm(x, w, casting="none")

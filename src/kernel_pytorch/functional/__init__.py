@@ -15,7 +15,8 @@ backend:
     "reference" the pure-torch specification in kernel_pytorch.reference (autograd through torch).
 
 casting (rms_norm, add_rms_norm): where the result rounds to a bf16/fp16 x's dtype, one of CASTINGS:
-    "llama" (the default: HF LlamaRMSNorm), "gemma" (HF GemmaRMSNorm) or "torch" (torch.nn.RMSNorm).
+    "llama" (the default: HF LlamaRMSNorm), "gemma" (HF GemmaRMSNorm), "torch" (torch.nn.RMSNorm) or
+    "none" (Liger-Kernel's math in the input dtype).
 
 In eager mode on CUDA the kernels are launched through a thin autograd.Function (same launchers, less
 host time than the op dispatcher); under torch.compile / torch.export the registered ops
@@ -40,7 +41,7 @@ from kernel_pytorch.functional.activation import (
 from kernel_pytorch.functional.attention import AttentionBackend, attention, prepare_mask, seq_ids_from_cu_seqlens
 from kernel_pytorch.functional.embedding import embedding
 from kernel_pytorch.functional.linears import shared_input_linears
-from kernel_pytorch.functional.loss import cross_entropy, fused_linear_cross_entropy
+from kernel_pytorch.functional.loss import LossOutput, cross_entropy, fused_linear_cross_entropy
 from kernel_pytorch.functional.mlp import bias_act_mlp, gated_mlp, gated_mlp_packed
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
 from kernel_pytorch.functional.rope import apply_rotary
@@ -52,6 +53,7 @@ __all__ = [
     "AttentionBackend",
     "Backend",
     "Casting",
+    "LossOutput",
     "add_rms_norm",
     "apply_rotary",
     "attention",

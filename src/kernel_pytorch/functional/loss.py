@@ -12,6 +12,14 @@ here, not a registered op: an op that writes into its input must declare it (mut
 would then copy the logits to keep the graph functional, losing the memory it saves. Under compile, and
 off CUDA, the flag is ignored. The logits' version is bumped, so an autograd node that saved them
 raises instead of reading the gradient.
+
+Beside the loss a training loop logs: `return_z_loss`, `return_token_accuracy` and
+`return_predicted_tokens` (Liger-Kernel's names) make a call return a `LossOutput(loss, z_loss,
+token_accuracy, predicted_tokens)` (reference/cross_entropy_extras.py), the unrequested fields None; a
+call asking for none returns the loss tensor. The kernels take each row's argmax in their pass over the
+logits, so the fused loss still never holds them. Such a call runs the registered op even in eager
+mode: the eager entry returns the loss alone, the op its lse and argmax too. `token_scale` (target's
+shape) multiplies each row's loss and gradient before the reduction (reference/cross_entropy.py).
 """
 
 from __future__ import annotations
@@ -21,15 +29,19 @@ from torch import Tensor
 
 from kernel_pytorch import reference
 from kernel_pytorch.functional._dispatch import Backend, _resolve, kernels
+from kernel_pytorch.reference.cross_entropy import cross_entropy_rows
 from kernel_pytorch.reference.cross_entropy_checks import (
     check_class_weight,
     check_cross_entropy_args,
     check_finite_loss,
+    check_flags,
     check_linear_args,
     check_options,
     check_target,
     check_target_range,
+    check_token_scale,
 )
+from kernel_pytorch.reference.cross_entropy_extras import LossExtras, LossOutput, loss_output, predicted_tokens
 
 
 class _CrossEntropyInplace(torch.autograd.Function):
@@ -37,23 +49,43 @@ class _CrossEntropyInplace(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,  # noqa: ANN001
-                reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float | None) -> Tensor:
+                reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float | None,
+                token_scale: Tensor | None = None, argmax: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+        """-> (loss, lse, argmax of each row or None), the last two for LossOutput."""
         out = kernels().cross_entropy.cross_entropy_fwd(
             logits, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
-            lse_square_scale=lse_square_scale, softcap=softcap, grad_inplace=True, eager=True)
+            lse_square_scale=lse_square_scale, softcap=softcap, grad_inplace=True, token_scale=token_scale,
+            argmax=argmax, eager=True)
         # logits now hold the gradient: whoever saved them must not read them as logits
         torch.autograd.graph.increment_version(logits)
         ctx.grad = out.grad  # not save_for_backward: that would check the version just bumped
-        return out.loss
+        ctx.mark_non_differentiable(out.lse)
+        return out.loss, out.lse, out.pred
 
     @staticmethod
-    def backward(ctx, dloss: Tensor) -> tuple:  # noqa: ANN001
+    def backward(ctx, dloss: Tensor, *_: Tensor | None) -> tuple:  # noqa: ANN001
         grad, ctx.grad = ctx.grad, None  # the buffer is this backward's alone; a second one finds None
         if grad is None:
             raise RuntimeError("cross_entropy(inplace_backward=True) can run its backward once only "
                                "(its gradient was written over the logits and handed out)")
         kernels().cross_entropy.scale_grad_(grad, dloss, eager=True)
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
+
+
+def _reference_extras(logits: Tensor, target: Tensor, extras: LossExtras, ignore_index: int,
+                      softcap: float | None) -> tuple[Tensor | None, Tensor | None]:
+    """(each row's lse, its argmax), where asked for, from logits the reference path holds."""
+    logits = logits.detach()
+    lse = cross_entropy_rows(logits, target, None, ignore_index, softcap=softcap)[2] if extras.z_loss else None
+    return lse, predicted_tokens(logits, target, ignore_index) if extras.argmax else None
+
+
+def _extras(return_z_loss: bool, return_token_accuracy: bool, return_predicted_tokens: bool,
+            compiling: bool) -> LossExtras:
+    if not compiling:
+        check_flags(return_z_loss=return_z_loss, return_token_accuracy=return_token_accuracy,
+                    return_predicted_tokens=return_predicted_tokens)
+    return LossExtras(return_z_loss, return_token_accuracy, return_predicted_tokens)
 
 
 def _explain_non_finite(loss: Tensor, logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
@@ -82,10 +114,14 @@ def cross_entropy(
     label_smoothing: float = 0.0,
     lse_square_scale: float = 0.0,
     softcap: float | None = None,
+    token_scale: Tensor | None = None,
     inplace_backward: bool = False,
     check_finite: bool = False,
+    return_z_loss: bool = False,
+    return_token_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
     backend: Backend = "auto",
-) -> Tensor:
+) -> Tensor | LossOutput:
     """Cross-entropy over class indices (torch.nn.functional.cross_entropy semantics, the class dim
     last), with z-loss and logit soft-capping; loss and gradient in one pass (reference/cross_entropy.py).
 
@@ -95,34 +131,48 @@ def cross_entropy(
         weight: (V,) class weights or None.
         reduction: "mean", "sum" or "none"; label_smoothing: in [0, 1].
         lse_square_scale: z-loss scale (adds scale * lse^2 per row); softcap: c in c * tanh(x / c), or None.
+        token_scale: (...) of target's shape, a float factor of each row's loss and gradient, or None.
         inplace_backward: write the gradient over the logits (eager CUDA; module docstring).
         check_finite: raise FloatingPointError naming the first row whose loss is not finite (a host sync).
+        return_z_loss, return_token_accuracy, return_predicted_tokens: return a LossOutput with these
+            (module docstring; reference/cross_entropy_extras.py gives their values).
         backend: "auto", "triton" or "reference" (kernel_pytorch.functional's docstring).
     Returns:
-        fp32 loss (fp64 for fp64 logits): 0-d, or target's shape for "none".
+        fp32 loss (fp64 for fp64 logits): 0-d, or target's shape for "none"; a LossOutput where an
+        extra is asked for.
     """
     compiling = torch.compiler.is_compiling()
+    extras = _extras(return_z_loss, return_token_accuracy, return_predicted_tokens, compiling)
     if not compiling:
         check_cross_entropy_args(logits, target, weight, reduction, label_smoothing, lse_square_scale, softcap,
                                  ignore_index)
+        check_token_scale(token_scale, target)
         check_target_range(target, logits.shape[-1], ignore_index)
     args = (int(ignore_index), reduction, float(label_smoothing), float(lse_square_scale))
     path = _resolve(backend, "cross_entropy", logits, compiling)
     with_grad = torch.is_grad_enabled() and logits.requires_grad
     inplace = False
+    lse = pred = None
     if path == "eager" and inplace_backward and with_grad:
         inplace = True
-        loss = _CrossEntropyInplace.apply(logits, target, weight, *args, softcap)
-    elif path == "eager":
-        loss = kernels().cross_entropy_eager(logits, target, weight, *args, float(softcap or 0.0), with_grad)
-    elif path == "op":
-        loss = torch.ops.kernel_pytorch.cross_entropy_fwd(logits, target, weight, *args, float(softcap or 0.0),
-                                                           with_grad)[0]
+        loss, lse, pred = _CrossEntropyInplace.apply(logits, target, weight, *args, softcap, token_scale,
+                                                     extras.argmax)
+    elif path == "eager" and not extras.any:
+        loss = kernels().cross_entropy_eager(logits, target, weight, *args, float(softcap or 0.0), with_grad,
+                                             token_scale)
+    elif path in ("eager", "op"):
+        loss, lse, _, pred = torch.ops.kernel_pytorch.cross_entropy_fwd(
+            logits, target, weight, *args, float(softcap or 0.0), with_grad, token_scale, extras.argmax)
     else:
-        loss = reference.cross_entropy(logits, target, weight, *args, softcap)
+        loss = reference.cross_entropy(logits, target, weight, *args, softcap, token_scale)
+        if extras.any:
+            lse, pred = _reference_extras(logits, target, extras, args[0], softcap)
     if check_finite and not compiling:
         _explain_non_finite(loss, logits, target, weight, args[0], args[2], args[3], softcap, not inplace)
-    return loss
+    if not extras.any:
+        return loss
+    return loss_output(loss, lse, pred if extras.argmax else None, target, extras, ignore_index=args[0],
+                       reduction=reduction, lse_square_scale=args[3], token_scale=token_scale)
 
 
 def fused_linear_cross_entropy(
@@ -137,38 +187,58 @@ def fused_linear_cross_entropy(
     label_smoothing: float = 0.0,
     lse_square_scale: float = 0.0,
     softcap: float | None = None,
+    token_scale: Tensor | None = None,
+    return_z_loss: bool = False,
+    return_token_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
     backend: Backend = "auto",
-) -> Tensor:
+) -> Tensor | LossOutput:
     """cross_entropy(x @ weight.T + bias, target) without holding all the logits: chunks of rows sized
     from the shapes and the free memory (ops/fused_linear_cross_entropy.py).
 
     Args:
         x: (..., H) fp32/bf16/fp16; weight: (V, H) of x's dtype (may be tied to the input embedding);
             target: (...) class indices; bias: (V,) or None.
-        ce_weight: (V,) class weights (torch's `weight`); the other options as in `cross_entropy`.
+        ce_weight: (V,) class weights (torch's `weight`); the other options, token_scale and the
+            return_* flags as in `cross_entropy`.
     Returns:
-        fp32 loss (fp64 for fp64 x): 0-d, or target's shape for "none".
+        fp32 loss (fp64 for fp64 x): 0-d, or target's shape for "none"; a LossOutput where an extra is
+        asked for.
     """
     compiling = torch.compiler.is_compiling()
+    extras = _extras(return_z_loss, return_token_accuracy, return_predicted_tokens, compiling)
     if not compiling:
         check_linear_args(x, weight, bias)
         check_target(target, x.shape[:-1], x.device)
         check_class_weight(ce_weight, weight.shape[0], x.device, "ce_weight")
         check_options(reduction, label_smoothing, lse_square_scale, softcap, ignore_index)
+        check_token_scale(token_scale, target)
         check_target_range(target, weight.shape[0], ignore_index)
     path = _resolve(backend, "fused_linear_cross_entropy", x, compiling)
+    lse = pred = None
     if path == "reference":
-        return reference.fused_linear_cross_entropy(
+        loss = reference.fused_linear_cross_entropy(
             x, weight, target, bias, ce_weight=ce_weight, ignore_index=ignore_index, reduction=reduction,
-            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap)
-    grad = torch.is_grad_enabled()
-    needs = (grad and x.requires_grad, grad and weight.requires_grad,
-             grad and bias is not None and bias.requires_grad)
-    args = (x, weight, target, bias, ce_weight, int(ignore_index), reduction, float(label_smoothing),
-            float(lse_square_scale), float(softcap or 0.0), *needs)
-    if path == "eager":
-        return kernels().fused_linear_cross_entropy_eager(*args)
-    return torch.ops.kernel_pytorch.fused_linear_cross_entropy_fwd(*args)[0]
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
+            token_scale=token_scale)
+        if extras.any:
+            with torch.no_grad():
+                logits = torch.nn.functional.linear(x, weight, bias)
+            lse, pred = _reference_extras(logits, target, extras, ignore_index, softcap)
+    else:
+        grad = torch.is_grad_enabled()
+        needs = (grad and x.requires_grad, grad and weight.requires_grad,
+                 grad and bias is not None and bias.requires_grad)
+        args = (x, weight, target, bias, ce_weight, int(ignore_index), reduction, float(label_smoothing),
+                float(lse_square_scale), float(softcap or 0.0), *needs, token_scale)
+        if path == "eager" and not extras.any:
+            return kernels().fused_linear_cross_entropy_eager(*args)
+        outs = torch.ops.kernel_pytorch.fused_linear_cross_entropy_fwd(*args, extras.argmax)
+        loss, lse, pred = outs[0], outs[1], outs[5]
+    if not extras.any:
+        return loss
+    return loss_output(loss, lse, pred if extras.argmax else None, target, extras, ignore_index=int(ignore_index),
+                       reduction=reduction, lse_square_scale=float(lse_square_scale), token_scale=token_scale)
 
 
-__all__ = ["cross_entropy", "fused_linear_cross_entropy"]
+__all__ = ["LossOutput", "cross_entropy", "fused_linear_cross_entropy"]

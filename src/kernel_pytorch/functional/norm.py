@@ -102,8 +102,9 @@ def rms_norm(
         eps: added to the mean square.
         offset: added to the weight; 1.0 reproduces Gemma's `(1 + weight)`.
         casting: "llama" (HF LlamaRMSNorm: x * rstd rounded to x's dtype before the weight; the
-            default), "gemma" (HF GemmaRMSNorm: one rounding at the end; use with offset=1.0) or
-            "torch" (torch.nn.RMSNorm / F.rms_norm: one rounding at the end). Only bf16/fp16 differ.
+            default), "gemma" (HF GemmaRMSNorm: one rounding at the end; use with offset=1.0),
+            "torch" (torch.nn.RMSNorm / F.rms_norm: one rounding at the end) or "none" (Liger-Kernel's
+            casting_mode="none": the products in x's dtype, rounded at each). Only bf16/fp16 differ.
         backend: "auto", "triton" or "reference" (kernel_pytorch.functional's docstring).
     Returns:
         (..., D) tensor of x's dtype.

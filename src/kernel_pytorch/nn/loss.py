@@ -5,6 +5,10 @@ a language-model head.
 buffer, `state_dict` keys and `repr` are torch's); it adds keyword-only options torch lacks. Inputs
 torch lays out with the class dim second ((N, C, d1, ...)) are viewed class-last; class-probability
 targets are handed to torch's own forward.
+
+Both modules take Liger-Kernel's `return_z_loss`, `return_token_accuracy` and `return_predicted_tokens`
+in the constructor (a forward then returns a `LossOutput`: functional/loss.py) and a per-token
+`token_scale` in the forward.
 """
 
 from __future__ import annotations
@@ -13,10 +17,23 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch import functional as F
-from kernel_pytorch.functional import Backend
+from kernel_pytorch.functional import Backend, LossOutput
 
 
-class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
+class _Extras:
+    """The return_* flags both loss modules keep (functional/loss.py gives their meaning)."""
+
+    def _set_extras(self, return_z_loss: bool, return_token_accuracy: bool, return_predicted_tokens: bool) -> None:
+        self.return_z_loss = return_z_loss
+        self.return_token_accuracy = return_token_accuracy
+        self.return_predicted_tokens = return_predicted_tokens
+
+    def _extras(self) -> dict[str, bool]:
+        return {"return_z_loss": self.return_z_loss, "return_token_accuracy": self.return_token_accuracy,
+                "return_predicted_tokens": self.return_predicted_tokens}
+
+
+class CrossEntropyLoss(_Extras, torch.nn.CrossEntropyLoss):
     """torch.nn.CrossEntropyLoss running kernel_pytorch's cross-entropy (Triton on CUDA): loss and
     gradient in one pass over the logits, fp32 math whatever their dtype.
 
@@ -25,28 +42,35 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         softcap: logit soft-capping c * tanh(x / c) (Gemma-2), or None.
         inplace_backward: write the gradient over the input logits (eager CUDA; the caller must not
             read them again: functional/loss.py).
-    forward: input (N, C), (N, C, d1, ...) or (C,); target (N), (N, d1, ...) or () class indices
-    -> fp32 loss, 0-d or target's shape ("none").
+        return_z_loss, return_token_accuracy, return_predicted_tokens: return a LossOutput with these.
+    forward: input (N, C), (N, C, d1, ...) or (C,); target (N), (N, d1, ...) or () class indices;
+    token_scale of target's shape or None -> fp32 loss, 0-d or target's shape ("none"), or a LossOutput.
     """
 
     backend: Backend = "auto"
 
     def __init__(self, *args, lse_square_scale: float = 0.0, softcap: float | None = None,
-                 inplace_backward: bool = False, **kwargs) -> None:
+                 inplace_backward: bool = False, return_z_loss: bool = False, return_token_accuracy: bool = False,
+                 return_predicted_tokens: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.lse_square_scale, self.softcap, self.inplace_backward = lse_square_scale, softcap, inplace_backward
+        self._set_extras(return_z_loss, return_token_accuracy, return_predicted_tokens)
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 (torch's name)
+    def forward(self, input: Tensor, target: Tensor,  # noqa: A002 (torch's name)
+                token_scale: Tensor | None = None) -> Tensor | LossOutput:
         if target.is_floating_point():  # class probabilities: torch's own loss
+            if token_scale is not None or any(self._extras().values()):
+                raise ValueError("token_scale and the return_* options need class-index targets (got class "
+                                 f"probabilities, {target.dtype})")
             return super().forward(input, target)
         logits = input.movedim(1, -1) if input.dim() > 2 else input
         return F.cross_entropy(
             logits, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
             label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
-            inplace_backward=self.inplace_backward, backend=self.backend)
+            token_scale=token_scale, inplace_backward=self.inplace_backward, backend=self.backend, **self._extras())
 
 
-class FusedLinearCrossEntropyLoss(torch.nn.Module):
+class FusedLinearCrossEntropyLoss(_Extras, torch.nn.Module):
     """cross_entropy(hidden @ weight.T + bias, target) without holding the logits (the LM head's loss):
     chunks of tokens, the gradients computed in the forward (functional.fused_linear_cross_entropy).
 
@@ -54,25 +78,30 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
         ignore_index, reduction, label_smoothing: as torch.nn.CrossEntropyLoss.
         lse_square_scale, softcap: as `CrossEntropyLoss`.
         ce_weight: (V,) class weights or None (a buffer, like torch's `weight`).
-    forward(hidden (..., H), weight (V, H), target (...), bias (V,) or None) -> fp32 loss, 0-d or
-    target's shape ("none"). weight may be tied to the input embedding.
+        return_z_loss, return_token_accuracy, return_predicted_tokens: as `CrossEntropyLoss`.
+    forward(hidden (..., H), weight (V, H), target (...), bias (V,) or None, token_scale of target's
+    shape or None) -> fp32 loss, 0-d or target's shape ("none"), or a LossOutput. weight may be tied to
+    the input embedding.
     """
 
     backend: Backend = "auto"
 
     def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
                  lse_square_scale: float = 0.0, softcap: float | None = None,
-                 ce_weight: Tensor | None = None) -> None:
+                 ce_weight: Tensor | None = None, *, return_z_loss: bool = False, return_token_accuracy: bool = False,
+                 return_predicted_tokens: bool = False) -> None:
         super().__init__()
         self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
         self.lse_square_scale, self.softcap = lse_square_scale, softcap
         self.register_buffer("ce_weight", ce_weight)
+        self._set_extras(return_z_loss, return_token_accuracy, return_predicted_tokens)
 
-    def forward(self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None) -> Tensor:
+    def forward(self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
+                token_scale: Tensor | None = None) -> Tensor | LossOutput:
         return F.fused_linear_cross_entropy(
             hidden, weight, target, bias, ce_weight=self.ce_weight, ignore_index=self.ignore_index,
             reduction=self.reduction, label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale,
-            softcap=self.softcap, backend=self.backend)
+            softcap=self.softcap, token_scale=token_scale, backend=self.backend, **self._extras())
 
     def extra_repr(self) -> str:
         return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}"

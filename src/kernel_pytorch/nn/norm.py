@@ -41,9 +41,9 @@ class RMSNorm(torch.nn.RMSNorm):
     """torch.nn.RMSNorm running kernel_pytorch's RMSNorm (Triton on CUDA).
 
     Same arguments as torch.nn.RMSNorm, plus keyword-only `casting` ("torch", the default: rounds as
-    torch.nn.RMSNorm does; "llama" or "gemma" where it stands in for a Hugging Face norm;
-    functional.rms_norm) and `offset` (added to the weight: 1.0 for Gemma-style norms, whose weight
-    then starts at 0). forward: x (..., *normalized_shape) -> same shape and dtype.
+    torch.nn.RMSNorm does; "llama" or "gemma" where it stands in for a Hugging Face norm; "none" for
+    Liger-Kernel's math in the input dtype; functional.rms_norm) and `offset` (added to the weight: 1.0
+    for Gemma-style norms, whose weight then starts at 0). forward: x (..., *normalized_shape) -> same shape and dtype.
     `backend` may be set on an instance ("auto", "triton", "reference").
     """
 

@@ -6,7 +6,9 @@ Kernels:
     Pass 1 streams a valid row in BLOCK-column steps: online max and sum of exponentials in fp32 (one
     block-wide max per step; the sums stay per lane until the row ends), the smoothing sum, and one
     scalar load for the target's logit; then lse and the row's loss, already divided by the mean's
-    denominator. With GRAD, pass 2 reads the row again and writes dx, scaled as above, into the logits
+    denominator, each row's terms times its token scale (HAS_SCALE). ARGMAX: pass 1 also keeps each
+    lane's largest logit and its first column, reduced to the row's argmax at the row's end. With GRAD,
+    pass 2 reads the row again and writes dx, scaled as above, into the logits
     themselves (in place) or into a new buffer. The second read is meant to hit L2: a row of 128K bf16
     is 256 KB, and 132 rows in flight (one per SM) are 33 MB of H100's 50 MB L2, so pass 1 marks its
     loads evict_last and pass 2 evict_first (FwdLaunch.evict). Each pass issues the next block's load
@@ -68,14 +70,16 @@ def _grad_block(x, cols, mask, t, lse, coef_p, coef_t, coef_s, W, cap,
 
 @triton.jit
 def _cross_entropy_fwd_kernel(
-    X, T, W, STATS, LOSS, LSE, G,
+    X, T, W, STATS, LOSS, LSE, G, TS, PRED,
     n_rows, n_cols, x_inner, x_s0, x_s1, g_inner, g_s0, g_s1,
     ignore_index, smoothing, z_scale, cap,
     BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, HAS_CAP: tl.constexpr,
     MEAN: tl.constexpr, GRAD: tl.constexpr, PREFETCH: tl.constexpr, REVERSE: tl.constexpr,
-    KEEP: tl.constexpr, DROP: tl.constexpr, PRECISE: tl.constexpr,
+    KEEP: tl.constexpr, DROP: tl.constexpr, PRECISE: tl.constexpr, HAS_SCALE: tl.constexpr,
+    ARGMAX: tl.constexpr,
 ):
-    # KEEP / DROP: eviction policies of pass 1's loads and of pass 2's loads and stores ("" for none)
+    # KEEP / DROP: eviction policies of pass 1's loads and of pass 2's loads and stores ("" for none).
+    # HAS_SCALE: TS holds each row's token scale u; ARGMAX: PRED gets each row's argmax (-1 if ignored)
     offs = tl.arange(0, BLOCK)
     if MEAN:  # the mean's row scales (reference: r and q), folded into loss and gradient
         r = _recip(tl.load(STATS), PRECISE)
@@ -95,11 +99,22 @@ def _cross_entropy_fwd_kernel(
         g_row = G + (row // g_inner) * g_s0 + (row % g_inner) * g_s1
         t = tl.load(T + row).to(tl.int64)
         if t != ignore_index:
+            # the row's scales: r and q times its token scale (new names: a runtime branch may not
+            # retype a variable it shares with the other branch)
+            if HAS_SCALE:
+                u = tl.load(TS + row).to(tl.float32)
+            else:
+                u = 1.0
+            ru = r * u
+            qu = q * u
             bad = (t < 0) | (t >= n_cols)
             t_ok = tl.where(bad, 0, t).to(tl.int32)  # int32: compared with every column index in pass 2
             m = tl.full([], float("-inf"), tl.float32)
             d = tl.zeros([BLOCK], dtype=tl.float32)
             s = tl.zeros([BLOCK], dtype=tl.float32)
+            # per lane: the largest logit seen and its first column (a lane's columns only increase)
+            best = tl.full([BLOCK], float("-inf"), tl.float32)
+            best_col = offs
             # pass 1. PREFETCH: the next block's load is issued before this block's reductions, so
             # two blocks per program are in flight (Triton does not pipeline loads that feed no dot)
             if PREFETCH:
@@ -114,6 +129,10 @@ def _cross_entropy_fwd_kernel(
                 else:
                     x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy=KEEP)
                 z = x.to(tl.float32)
+                if ARGMAX:  # on the logits before the cap (reference/cross_entropy_extras.py)
+                    better = z > best
+                    best = tl.where(better, z, best)
+                    best_col = tl.where(better, cols, best_col)
                 if HAS_CAP:  # the cap maps the padding's -inf to -c: mask it again
                     z = tl.where(mask, _softcap(z, cap, PRECISE), float("-inf"))
                 m_new = tl.maximum(m, tl.max(z, axis=0))
@@ -138,12 +157,16 @@ def _cross_entropy_fwd_kernel(
             ce = (1.0 - smoothing) * w_t * (lse - z_t)
             if SMOOTH:
                 ce += smoothing / n_cols * (w_total * lse - tl.sum(s, axis=0))
-            tl.store(LOSS + row, r * ce + q * z_scale * lse * lse)
+            tl.store(LOSS + row, ru * ce + qu * z_scale * lse * lse)
             tl.store(LSE + row, lse)
+            if ARGMAX:
+                top = tl.max(best, axis=0)
+                tl.store(PRED + row, tl.min(tl.where((best == top) & (best_col < n_cols), best_col, n_cols),
+                                            axis=0).to(tl.int64))
             if GRAD:  # pass 2, forwards or (REVERSE) from the row's end
-                coef_p = r * ((1.0 - smoothing) * w_t + smoothing / n_cols * w_total) + 2.0 * q * z_scale * lse
-                coef_t = r * (1.0 - smoothing) * w_t
-                coef_s = r * smoothing / n_cols
+                coef_p = ru * ((1.0 - smoothing) * w_t + smoothing / n_cols * w_total) + 2.0 * qu * z_scale * lse
+                coef_t = ru * (1.0 - smoothing) * w_t
+                coef_s = ru * smoothing / n_cols
                 if REVERSE:
                     first = (n_blocks - 1) * BLOCK
                     step = -BLOCK
@@ -169,6 +192,8 @@ def _cross_entropy_fwd_kernel(
             # 0 * (1 / denominator): NaN exactly when no row is valid, so the mean is torch's 0/0
             tl.store(LOSS + row, 0.0 * r)
             tl.store(LSE + row, 0.0)
+            if ARGMAX:
+                tl.store(PRED + row, tl.full([], -1, tl.int64))
             if GRAD:
                 for start in range(0, n_cols, BLOCK):
                     cols = start + offs
@@ -177,11 +202,11 @@ def _cross_entropy_fwd_kernel(
 
 @triton.jit
 def _cross_entropy_bwd_kernel(
-    X, T, W, STATS, LSE, DLOSS, G,
+    X, T, W, STATS, LSE, DLOSS, G, TS,
     n_cols, x_inner, x_s0, x_s1, g_inner, g_s0, g_s1, stride_dloss,
     ignore_index, smoothing, z_scale, cap,
     BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, HAS_CAP: tl.constexpr,
-    MEAN: tl.constexpr, PRECISE: tl.constexpr,
+    MEAN: tl.constexpr, PRECISE: tl.constexpr, HAS_SCALE: tl.constexpr,
 ):
     # program (row, column block); stride_dloss 0 broadcasts a 0-d upstream gradient
     row = tl.program_id(0).to(tl.int64)
@@ -194,6 +219,8 @@ def _cross_entropy_bwd_kernel(
         x = tl.load(X + (row // x_inner) * x_s0 + (row % x_inner) * x_s1 + cols, mask=mask, other=0.0).to(tl.float32)
         lse = tl.load(LSE + row)
         r = tl.load(DLOSS + row * stride_dloss).to(tl.float32)
+        if HAS_SCALE:
+            r = r * tl.load(TS + row).to(tl.float32)
         q = r
         if MEAN:
             r = r / tl.load(STATS)

@@ -19,7 +19,8 @@ blocks: rare for real logits, correct for any). So every e_j <= exp(SWITCH) and 
 no overflow in fp32 or in the logits' dtype, and exp(z - m) underflows only where p_j < exp(-87).
 
 Applies to "mean"/"sum" without label smoothing or z-loss (their gradient terms are not proportional
-to p) and without a bias gradient; softcap and class weights are per-element and per-row factors. The
+to p) and without a bias gradient; softcap, class weights and token scales are per-element and per-row
+factors, and the argmax (predicted tokens) is taken from each block before it is overwritten. The
 others keep the two-pass kernel. Ignored rows: loss 0, lse 0, s 0, zero q and xs rows. Out-of-range
 targets: NaN lse, loss and s, as the two-pass kernel.
 """
@@ -43,12 +44,14 @@ SWITCH = 20.0
 
 @triton.jit
 def _cross_entropy_onepass_kernel(
-    X, T, W, STATS, LOSS, LSE, S, XC, XS,
+    X, T, W, STATS, LOSS, LSE, S, XC, XS, TS, PRED,
     n_rows, n_cols, x_inner, x_s0, x_s1, h, xc_s0, xc_s1, xs_s0, ignore_index, cap,
     BLOCK: tl.constexpr, H_BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_CAP: tl.constexpr,
     MEAN: tl.constexpr, WRITE_XS: tl.constexpr, PREFETCH: tl.constexpr, SWITCH_AT: tl.constexpr,
-    PRECISE: tl.constexpr,
+    PRECISE: tl.constexpr, HAS_SCALE: tl.constexpr, ARGMAX: tl.constexpr,
 ):
+    # HAS_SCALE: TS holds each row's token scale, a factor of r; ARGMAX: PRED gets each row's argmax,
+    # -1 on ignored rows (as ops/_cross_entropy_kernels.py)
     offs = tl.arange(0, BLOCK)
     h_offs = tl.arange(0, H_BLOCK)
     DTYPE = X.dtype.element_ty
@@ -63,6 +66,12 @@ def _cross_entropy_onepass_kernel(
         if t != ignore_index:
             bad = (t < 0) | (t >= n_cols)
             t_ok = tl.where(bad, 0, t).to(tl.int32)
+            if HAS_SCALE:
+                ru = r * tl.load(TS + row).to(tl.float32)
+            else:
+                ru = r
+            best = tl.full([BLOCK], float("-inf"), tl.float32)
+            best_col = offs
             z_t = tl.load(x_row + t_ok).to(tl.float32)  # before the pass writes over it
             if HAS_CAP:
                 z_t = _softcap(z_t, cap, PRECISE)
@@ -79,6 +88,10 @@ def _cross_entropy_onepass_kernel(
                 else:
                     x = tl.load(x_row + cols, mask=mask, other=float("-inf"))
                 z = x.to(tl.float32)
+                if ARGMAX:  # on the logits before the cap, before they are overwritten
+                    better = z > best
+                    best = tl.where(better, z, best)
+                    best_col = tl.where(better, cols, best_col)
                 if HAS_CAP:  # the cap maps the padding's -inf to -c: mask it again
                     z = tl.where(mask, _softcap(z, cap, PRECISE), float("-inf"))
                 bm = tl.max(z, axis=0)
@@ -106,9 +119,13 @@ def _cross_entropy_onepass_kernel(
                 w_t = tl.load(W + t_ok).to(tl.float32)
             else:
                 w_t = 1.0
-            tl.store(LOSS + row, r * w_t * (lse - z_t))
+            tl.store(LOSS + row, ru * w_t * (lse - z_t))
             tl.store(LSE + row, lse)
-            s = tl.where(bad, float("nan"), r * w_t / d_sum)
+            if ARGMAX:
+                top = tl.max(best, axis=0)
+                tl.store(PRED + row, tl.min(tl.where((best == top) & (best_col < n_cols), best_col, n_cols),
+                                            axis=0).to(tl.int64))
+            s = tl.where(bad, float("nan"), ru * w_t / d_sum)
             q_t = _exp(z_t - m_ref, PRECISE) - d_sum
             if HAS_CAP:
                 y_t = z_t / cap
@@ -125,6 +142,8 @@ def _cross_entropy_onepass_kernel(
             tl.store(LOSS + row, 0.0 * r)  # NaN exactly when no row is valid: the mean is torch's 0/0
             tl.store(LSE + row, 0.0)
             tl.store(S + row, 0.0)
+            if ARGMAX:
+                tl.store(PRED + row, tl.full([], -1, tl.int64))
             for start in range(0, n_cols, BLOCK):
                 cols = start + offs
                 tl.store(x_row + cols, tl.zeros([BLOCK], dtype=DTYPE), mask=cols < n_cols)
@@ -160,7 +179,7 @@ def applies(label_smoothing: float, lse_square_scale: float, reduction: str, bia
 def launch_onepass(
     logits: Rows, target: Tensor, weight: Tensor | None, stats: Tensor | None, loss_rows: Tensor, lse: Tensor,
     scale: Tensor, x: Tensor, xs: Tensor | None, *, ignore_index: int, mean: bool, softcap: float | None,
-    eager: bool = False,
+    token_scale: Tensor | None = None, pred: Tensor | None = None, eager: bool = False,
 ) -> None:
     """q over the logits' rows in place; loss_rows, lse and scale (the rows' s), (N,) fp32; xs = s x.
 
@@ -168,6 +187,8 @@ def launch_onepass(
         logits: (N, V) rows, overwritten with q. target: (N,) contiguous. weight: (V,) class weights.
         stats: `cross_entropy_stats` (needed for mean). x: (N, H) the rows' inputs (any strides);
         xs: (N, H) with a unit column stride, or None where grad_W is not needed.
+        token_scale: (N,) contiguous, each row's factor, or None. pred: (N,) int64 for the rows' argmax,
+        or None.
     """
     n, v = logits.n_rows, logits.tensor.shape[-1]
     if n == 0:
@@ -177,10 +198,12 @@ def launch_onepass(
     _kernel(
         (n,), logits.tensor, target, weight.contiguous() if weight is not None else lse,
         stats if stats is not None else lse, loss_rows, lse, scale, x, xs if xs is not None else x,
+        token_scale if token_scale is not None else lse, pred if pred is not None else target,
         n, v, *logits.args, h, x.stride(0), x.stride(1), xs.stride(0) if xs is not None else 0,
         int(ignore_index), float(softcap if softcap is not None else 1.0),
         BLOCK=block, H_BLOCK=min(H_BLOCK, next_power_of_2(h)), HAS_WEIGHT=weight is not None,
         HAS_CAP=softcap is not None, MEAN=mean, WRITE_XS=xs is not None, PREFETCH=LAUNCH.prefetch,
-        SWITCH_AT=SWITCH, PRECISE=precise_math(logits.tensor), num_warps=max(1, min(LAUNCH.num_warps, block // 256)),
+        SWITCH_AT=SWITCH, PRECISE=precise_math(logits.tensor), HAS_SCALE=token_scale is not None,
+        ARGMAX=pred is not None, num_warps=max(1, min(LAUNCH.num_warps, block // 256)),
         eager=eager,
     )

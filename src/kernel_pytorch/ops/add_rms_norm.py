@@ -3,7 +3,7 @@
 Math (see reference/add_rms_norm.py), for x, residual (rows, D) and weight (D,):
     h = (x + residual).to(dtype);  y = rms_norm(h)          -> returns (y, h, rstd)
     d_sum = rms_norm_backward(dy on h) + dh;  dx = dresidual = d_sum
-rms_norm's casting ("llama", "gemma", "torch") says where y rounds, as in ops/rms_norm.py.
+rms_norm's casting ("llama", "gemma", "torch", "none") says where y rounds, as in ops/rms_norm.py.
 
 The kernels are RMSNorm's (ops/rms_norm.py) with their residual flags on: the forward reads x and
 residual once and writes y and h; the backward adds dh while it writes the gradient, so the add

@@ -19,7 +19,10 @@ buffer alike (the separate buffer costs memory, N V B, not bytes). Loss only: N 
 comes from DRAM (ops/_cross_entropy_kernels.py says what was measured, and which row-split designs
 were tried instead).
 
-Registration: the forward op returns (loss, lse, grad), grad being the gradient for an upstream
+Token scales u (N,) multiply r and q row by row; with `argmax` pass 1 also keeps each row's largest
+logit and its column (reference/cross_entropy_extras.py: the predicted tokens).
+
+Registration: the forward op returns (loss, lse, grad, pred), grad being the gradient for an upstream
 gradient of 1 (of sum(loss) for "none"), computed in the same pass; the backward op returns
 dloss * grad (one factor, or one per row for "none"). Under compile and export that product is a new
 tensor (an op may not write into its inputs): one more read and write of a logits-sized tensor. The
@@ -50,6 +53,7 @@ from kernel_pytorch.ops._row_view import Rows, contiguous_rows, row_view
 from kernel_pytorch.ops._scale import scale_grad_, scaled_grad
 from kernel_pytorch.reference._math import acc, acc_dtype
 from kernel_pytorch.reference.cross_entropy import cross_entropy, cross_entropy_backward, cross_entropy_rows
+from kernel_pytorch.reference.cross_entropy_extras import predicted_tokens
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ class CrossEntropyForward(NamedTuple):
     lse: Tensor  # (N,) fp32 logsumexp of each row's (capped) logits; 0 on ignored rows, NaN on bad targets
     grad: Tensor | None  # logits' shape and dtype, for an upstream gradient of 1; None unless asked for
     stats: Tensor | None  # (3,) fp32 `cross_entropy_stats`, where the kernels needed them; else None
+    pred: Tensor | None = None  # (N,) int64 argmax of each row, -1 on ignored rows; None unless asked for
 
 
 def fwd_launch(n_cols: int, grad: bool = True) -> FwdLaunch:
@@ -124,11 +129,13 @@ def fwd_launch(n_cols: int, grad: bool = True) -> FwdLaunch:
 
 def launch_fwd(
     logits: Rows, target: Tensor, weight: Tensor | None, stats: Tensor | None, loss_rows: Tensor, lse: Tensor,
-    grad: Rows | None, opts: CrossEntropyOptions, *, eager: bool = False,
+    grad: Rows | None, opts: CrossEntropyOptions, *, token_scale: Tensor | None = None, pred: Tensor | None = None,
+    eager: bool = False,
 ) -> None:
     """The forward kernel into given buffers: loss_rows and lse (N,) fp32, and the gradient's rows
     (`grad`, which may be `logits` itself) unless None. target: (N,) contiguous; `stats` is required
-    where opts.needs_stats."""
+    where opts.needs_stats. token_scale: (N,) contiguous, each row's factor, or None; pred: (N,) int64
+    for each row's argmax (-1 on ignored rows), or None."""
     n, v = logits.n_rows, logits.tensor.shape[-1]
     if n == 0:
         return
@@ -137,8 +144,10 @@ def launch_fwd(
     g = grad if grad is not None else logits
     _fwd_kernel(
         (programs,), logits.tensor, target, weight.contiguous() if weight is not None else lse,
-        stats if stats is not None else lse, loss_rows, lse, g.tensor, n, v, *logits.args, *g.args,
-        *opts.scalars(), BLOCK=launch.block, GRAD=grad is not None, PREFETCH=launch.prefetch,
+        stats if stats is not None else lse, loss_rows, lse, g.tensor,
+        token_scale if token_scale is not None else lse, pred if pred is not None else target,
+        n, v, *logits.args, *g.args, *opts.scalars(), BLOCK=launch.block, GRAD=grad is not None,
+        PREFETCH=launch.prefetch, HAS_SCALE=token_scale is not None, ARGMAX=pred is not None,
         REVERSE=launch.reverse, KEEP="evict_last" if launch.evict else "", DROP="evict_first" if launch.evict else "",
         num_warps=launch.num_warps, PRECISE=precise_math(logits.tensor), eager=eager, **opts.flags(weight),
     )
@@ -146,21 +155,27 @@ def launch_fwd(
 
 def launch_bwd(
     dloss: Tensor, logits: Rows, target: Tensor, lse: Tensor, weight: Tensor | None, stats: Tensor | None,
-    grad: Rows, opts: CrossEntropyOptions, *, eager: bool = False,
+    grad: Rows, opts: CrossEntropyOptions, *, token_scale: Tensor | None = None, eager: bool = False,
 ) -> None:
     """The backward kernel into `grad`'s rows (which may be `logits` itself). target: (N,) contiguous;
-    dloss: (N,) contiguous for reduction "none", else one element."""
+    dloss: (N,) contiguous for reduction "none", else one element; token_scale: (N,) contiguous or None."""
     n, v = logits.n_rows, logits.tensor.shape[-1]
     if n == 0:
         return
     block = min(BWD_BLOCK, next_power_of_2(v))
     _bwd_kernel(
         (n, triton.cdiv(v, block)), logits.tensor, target, weight.contiguous() if weight is not None else lse,
-        stats if stats is not None else lse, lse, dloss, grad.tensor, v, *logits.args, *grad.args,
+        stats if stats is not None else lse, lse, dloss, grad.tensor,
+        token_scale if token_scale is not None else lse, v, *logits.args, *grad.args,
         1 if opts.reduction == "none" else 0, *opts.scalars(),
         BLOCK=block, num_warps=max(1, min(BWD_WARPS, block // 256)), PRECISE=precise_math(logits.tensor),
-        eager=eager, **opts.flags(weight),
+        HAS_SCALE=token_scale is not None, eager=eager, **opts.flags(weight),
     )
+
+
+def _flat(token_scale: Tensor | None) -> Tensor | None:
+    """Token scales as the kernels read them: (N,) contiguous."""
+    return token_scale.reshape(-1).contiguous() if token_scale is not None else None
 
 
 def _grad_rows(logits: Tensor, rows: Rows, inplace: bool) -> tuple[Tensor, Rows]:
@@ -184,6 +199,8 @@ def cross_entropy_fwd(
     softcap: float | None = None,
     with_grad: bool = True,
     grad_inplace: bool = False,
+    token_scale: Tensor | None = None,
+    argmax: bool = False,
     eager: bool = False,
 ) -> CrossEntropyForward:
     """Loss, lse and (with_grad) the gradient for an upstream gradient of 1, in one kernel.
@@ -196,6 +213,8 @@ def cross_entropy_fwd(
             of a per-row upstream gradient is `cross_entropy_bwd`).
         with_grad: also write the gradient; grad_inplace: write it over the logits (which the caller
             must not need again) and return them as the gradient.
+        token_scale: (...) of target's shape, each row's factor of its loss and gradient, or None.
+        argmax: also return each row's argmax (`pred`).
         eager: launch directly rather than through wrap_triton.
     """
     opts = CrossEntropyOptions(ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
@@ -208,9 +227,11 @@ def cross_entropy_fwd(
     grad, g_rows = _grad_rows(logits, rows, grad_inplace) if with_grad else (None, None)
     stats = cross_entropy_stats(t, weight, logits.shape[-1], ignore_index, eager=eager) \
         if opts.needs_stats(weight) else None
-    launch_fwd(rows, t, weight, stats, loss_rows, lse, g_rows, opts, eager=eager)
+    ts = _flat(token_scale)
+    pred = torch.empty(rows.n_rows, dtype=torch.int64, device=logits.device) if argmax else None
+    launch_fwd(rows, t, weight, stats, loss_rows, lse, g_rows, opts, token_scale=ts, pred=pred, eager=eager)
     loss = loss_rows.view(target.shape) if reduction == "none" else loss_rows.sum()
-    return CrossEntropyForward(loss, lse, grad, stats)
+    return CrossEntropyForward(loss, lse, grad, stats, pred)
 
 
 def cross_entropy_bwd(
@@ -227,6 +248,7 @@ def cross_entropy_bwd(
     softcap: float | None = None,
     grad_inplace: bool = False,
     stats: Tensor | None = None,
+    token_scale: Tensor | None = None,
     eager: bool = False,
 ) -> Tensor:
     """The gradient for the upstream gradient `dloss`, recomputed from the logits and the forward's lse.
@@ -236,6 +258,7 @@ def cross_entropy_bwd(
         logits, target, weight and the options: as given to `cross_entropy_fwd`; lse: its lse.
         grad_inplace: write the gradient over the logits and return them.
         stats: the forward's stats where it returned them (else computed where needed).
+        token_scale: as given to `cross_entropy_fwd`.
     Returns:
         logits' shape and dtype.
     """
@@ -246,21 +269,25 @@ def cross_entropy_bwd(
     if stats is None and opts.needs_stats(weight):
         stats = cross_entropy_stats(t, weight, logits.shape[-1], ignore_index, eager=eager)
     dl = dloss.reshape(-1).contiguous() if reduction == "none" else dloss.reshape(1)
-    launch_bwd(dl, rows, t, lse.contiguous(), weight, stats, g_rows, opts, eager=eager)
+    launch_bwd(dl, rows, t, lse.contiguous(), weight, stats, g_rows, opts, token_scale=_flat(token_scale),
+               eager=eager)
     return grad
 
 
 # Registration. softcap 0.0 stands for no cap (an op schema takes no Optional float here);
-# with_grad=False computes loss and lse only (the logits need no gradient).
+# with_grad=False computes loss and lse only (the logits need no gradient); argmax=True fills `pred`
+# (empty otherwise). No gradient reaches token_scale.
 
 
 def _fwd_launch(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
-                label_smoothing: float, lse_square_scale: float, softcap: float, with_grad: bool, *,
-                eager: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+                label_smoothing: float, lse_square_scale: float, softcap: float, with_grad: bool,
+                token_scale: Tensor | None = None, argmax: bool = False, *,
+                eager: bool = False) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     out = cross_entropy_fwd(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
                             label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
-                            softcap=softcap or None, with_grad=with_grad, eager=eager)
-    return out.loss, out.lse, out.grad
+                            softcap=softcap or None, with_grad=with_grad, token_scale=token_scale, argmax=argmax,
+                            eager=eager)
+    return out.loss, out.lse, out.grad, out.pred
 
 
 def _bwd_launch(dloss: Tensor, grad: Tensor, *, eager: bool = False) -> Tensor:
@@ -273,17 +300,20 @@ def _bwd_launch(dloss: Tensor, grad: Tensor, *, eager: bool = False) -> Tensor:
 
 def _fwd_reference(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
                    label_smoothing: float, lse_square_scale: float, softcap: float, with_grad: bool,
-                   ) -> tuple[Tensor, Tensor, Tensor | None]:
+                   token_scale: Tensor | None = None, argmax: bool = False,
+                   ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     cap = softcap or None
-    loss = cross_entropy(logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, cap)
+    loss = cross_entropy(logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, cap,
+                         token_scale)
     _, _, lse = cross_entropy_rows(logits, target, weight, ignore_index, label_smoothing, lse_square_scale, cap)
     lse = torch.where(target.reshape(-1) != ignore_index, lse, torch.zeros((), dtype=lse.dtype))
     grad = None
     if with_grad:
         ones = torch.ones(target.shape if reduction == "none" else (), dtype=loss.dtype, device=logits.device)
         grad = cross_entropy_backward(ones, logits, target, weight, ignore_index, reduction, label_smoothing,
-                                      lse_square_scale, cap).contiguous()
-    return loss, lse, grad
+                                      lse_square_scale, cap, token_scale).contiguous()
+    pred = predicted_tokens(logits, target, ignore_index).reshape(-1) if argmax else None
+    return loss, lse, grad, pred
 
 
 def _bwd_reference(dloss: Tensor, grad: Tensor) -> Tensor:
@@ -292,12 +322,14 @@ def _bwd_reference(dloss: Tensor, grad: Tensor) -> Tensor:
 
 def _fwd_fake(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
               label_smoothing: float, lse_square_scale: float, softcap: float, with_grad: bool,
-              ) -> tuple[Tensor, Tensor, Tensor | None]:
+              token_scale: Tensor | None = None, argmax: bool = False,
+              ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     dtype = acc_dtype(logits.dtype)
     loss = logits.new_empty(target.shape if reduction == "none" else (), dtype=dtype)
     lse = logits.new_empty(target.numel(), dtype=dtype)
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if with_grad else None
-    return loss, lse, grad
+    pred = logits.new_empty(target.numel(), dtype=torch.int64) if argmax else None
+    return loss, lse, grad, pred
 
 
 def _bwd_fake(dloss: Tensor, grad: Tensor) -> Tensor:
@@ -305,11 +337,12 @@ def _bwd_fake(dloss: Tensor, grad: Tensor) -> Tensor:
 
 
 # kernel_pytorch::cross_entropy_fwd (logits, target, weight?, ignore_index, reduction, label_smoothing,
-# lse_square_scale, softcap, with_grad) -> (loss, lse, grad) and cross_entropy_bwd (dloss, grad) -> dlogits;
+# lse_square_scale, softcap, with_grad, token_scale?, argmax) -> (loss, lse, grad, pred) and
+# cross_entropy_bwd (dloss, grad) -> dlogits;
 # cross_entropy_eager(...same arguments) -> loss
 cross_entropy_fwd_op, cross_entropy_bwd_op, cross_entropy_eager = register_op(
     "cross_entropy",
-    Impl(_fwd_launch, _fwd_reference, _fwd_fake, outputs=("loss", "lse", "grad")),
+    Impl(_fwd_launch, _fwd_reference, _fwd_fake, outputs=("loss", "lse", "grad", "pred")),
     Impl(_bwd_launch, _bwd_reference, _bwd_fake, outputs=("dlogits",)),
     differentiable=("loss",),
     save=("grad",),

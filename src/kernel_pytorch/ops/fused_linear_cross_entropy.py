@@ -39,7 +39,11 @@ where torch cannot accumulate into fp32 in place, an fp32 product per chunk: see
 `fp32_accumulate_in_place`). A tied weight (the
 input embedding) is only read here; adding grad_W to its other gradient is autograd's job.
 
-Registration: the forward op returns (loss, lse, grad_x, grad_w, grad_b), the gradients for an
+Token scales (N,) multiply each row's loss and gradient in the cross-entropy kernels (in the one-read
+kernel, its factor s); with `argmax` those kernels also return each row's argmax (`pred`) from the pass
+over the chunk's logits, which are never all held.
+
+Registration: the forward op returns (loss, lse, grad_x, grad_w, grad_b, pred), the gradients for an
 upstream gradient of 1 (empty where not needed, and for "none"). It is an opaque custom op: compile
 keeps it as one node, since with its body traced the AOT partitioner moved the last chunk's grad_W
 update into the backward graph and saved that chunk's (C, V) logits gradient and the partial
@@ -64,6 +68,7 @@ from kernel_pytorch.ops._row_view import contiguous_rows
 from kernel_pytorch.ops._scale import scale_grad_, scaled_grad
 from kernel_pytorch.ops.cross_entropy import CrossEntropyOptions, launch_bwd, launch_fwd
 from kernel_pytorch.reference._math import acc, acc_dtype
+from kernel_pytorch.reference.cross_entropy_extras import predicted_tokens
 from kernel_pytorch.reference.fused_linear_cross_entropy import (
     fused_linear_cross_entropy,
     fused_linear_cross_entropy_backward,
@@ -92,6 +97,7 @@ class FusedLinearCrossEntropyForward(NamedTuple):
     grad_w: Tensor | None  # (V, H), W's dtype
     grad_b: Tensor | None  # (V,), bias's dtype
     stats: Tensor | None  # (3,) fp32 cross_entropy_stats where needed
+    pred: Tensor | None = None  # (N,) int64 argmax of each row, -1 on ignored rows (argmax=True)
 
 
 def free_device_bytes(device: torch.device) -> int | None:
@@ -198,6 +204,8 @@ def fused_linear_cross_entropy_fwd(
     needs: tuple[bool, bool, bool] = (True, True, True),
     chunk: int | None = None,
     grad_w_fp32: bool = False,
+    token_scale: Tensor | None = None,
+    argmax: bool = False,
     eager: bool = False,
 ) -> FusedLinearCrossEntropyForward:
     """Loss and lse, and for "mean"/"sum" the gradients for an upstream gradient of 1, chunk by chunk.
@@ -209,6 +217,8 @@ def fused_linear_cross_entropy_fwd(
         needs: which of (grad_x, grad_w, grad_b) to compute (autograd's needs_input_grad); none are
             computed for reduction "none" (`fused_linear_cross_entropy_bwd` does it).
         chunk: rows per chunk (default `chunk_rows`); grad_w_fp32: accumulate grad_W in fp32.
+        token_scale: (...) of target's shape, each row's factor, or None; argmax: also return each
+            row's argmax (`pred`), taken in the chunk's pass over its logits.
         eager: launch directly rather than through wrap_triton.
     """
     opts = CrossEntropyOptions(ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
@@ -217,6 +227,8 @@ def fused_linear_cross_entropy_fwd(
     stats = cross_entropy_stats(t, ce_weight, v, ignore_index, eager=eager) if opts.needs_stats(ce_weight) else None
     loss_rows = torch.empty(n, dtype=torch.float32, device=x.device)
     lse = torch.empty_like(loss_rows)
+    ts = token_scale.reshape(-1).contiguous() if token_scale is not None else None
+    pred = torch.empty(n, dtype=torch.int64, device=x.device) if argmax else None
     with_grad = reduction != "none" and any(needs)
     grads = _Grads(x2, weight, bias, needs, grad_w_fp32, eager) if with_grad else None
     one_pass = ONE_READ and with_grad and _onepass.applies(label_smoothing, lse_square_scale, reduction,
@@ -228,22 +240,25 @@ def fused_linear_cross_entropy_fwd(
         end = min(start + c, n)
         x_c = x2[start:end]
         logits = contiguous_rows(_logits_into(buf, x_c, weight, bias))
+        ts_c = ts[start:end] if ts is not None else None
+        pred_c = pred[start:end] if pred is not None else None
         if one_pass:
             xs_c = xs[: end - start] if xs is not None else None
             _onepass.launch_onepass(logits, t[start:end], ce_weight, stats, loss_rows[start:end], lse[start:end],
                                     scale[start:end], x_c, xs_c, ignore_index=ignore_index,
-                                    mean=reduction == "mean", softcap=softcap, eager=eager)
+                                    mean=reduction == "mean", softcap=softcap, token_scale=ts_c, pred=pred_c,
+                                    eager=eager)
             grads.add_chunk(logits.tensor, xs_c, start, start == 0)
             continue
         launch_fwd(logits, t[start:end], ce_weight, stats, loss_rows[start:end], lse[start:end],
-                   logits if with_grad else None, opts, eager=eager)
+                   logits if with_grad else None, opts, token_scale=ts_c, pred=pred_c, eager=eager)
         if grads is not None:
             grads.add_chunk(logits.tensor, x_c, start, start == 0)
     if one_pass and grads.x is not None and n:  # grad_x's rows were q @ W: now s times them
         scale_grad_(grads.x, scale, eager=eager)
     loss = loss_rows.view(target.shape) if reduction == "none" else loss_rows.sum()
     gx, gw, gb = grads.result(x.shape) if grads is not None else (None, None, None)
-    return FusedLinearCrossEntropyForward(loss, lse, gx, gw, gb, stats)
+    return FusedLinearCrossEntropyForward(loss, lse, gx, gw, gb, stats, pred)
 
 
 def fused_linear_cross_entropy_bwd(
@@ -264,6 +279,7 @@ def fused_linear_cross_entropy_bwd(
     chunk: int | None = None,
     grad_w_fp32: bool = False,
     stats: Tensor | None = None,
+    token_scale: Tensor | None = None,
     eager: bool = False,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """The gradients for upstream gradient `dloss`, recomputing each chunk's logits (any reduction;
@@ -282,39 +298,44 @@ def fused_linear_cross_entropy_bwd(
         stats = cross_entropy_stats(t, ce_weight, v, ignore_index, eager=eager)
     dl = dloss.reshape(-1).contiguous() if reduction == "none" else dloss.reshape(1)
     grads = _Grads(x2, weight, bias, needs, grad_w_fp32, eager)
+    ts = token_scale.reshape(-1).contiguous() if token_scale is not None else None
     for start in range(0, n, c):
         end = min(start + c, n)
         x_c = x2[start:end]
         logits = contiguous_rows(_logits_into(buf, x_c, weight, bias))
         launch_bwd(dl[start:end] if reduction == "none" else dl, logits, t[start:end], lse[start:end],
-                   ce_weight, stats, logits, opts, eager=eager)
+                   ce_weight, stats, logits, opts, token_scale=ts[start:end] if ts is not None else None,
+                   eager=eager)
         grads.add_chunk(logits.tensor, x_c, start, start == 0)
     return grads.result(x.shape)
 
 
-# Registration. softcap 0.0 stands for no cap; needs_x/w/b: which gradients autograd wants.
+# Registration. softcap 0.0 stands for no cap; needs_x/w/b: which gradients autograd wants; argmax=True
+# fills `pred` (empty otherwise). No gradient reaches token_scale.
 
 
 def _fwd_launch(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
                 ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
-                needs_x: bool, needs_w: bool, needs_b: bool, *, eager: bool = False) -> tuple:
+                needs_x: bool, needs_w: bool, needs_b: bool, token_scale: Tensor | None = None,
+                argmax: bool = False, *, eager: bool = False) -> tuple:
     out = fused_linear_cross_entropy_fwd(
         x, weight, target, bias, ce_weight=ce_weight, ignore_index=ignore_index, reduction=reduction,
         label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap or None,
-        needs=(needs_x, needs_w, needs_b and bias is not None), eager=eager)
-    return out.loss, out.lse, out.grad_x, out.grad_w, out.grad_b
+        needs=(needs_x, needs_w, needs_b and bias is not None), token_scale=token_scale, argmax=argmax, eager=eager)
+    return out.loss, out.lse, out.grad_x, out.grad_w, out.grad_b, out.pred
 
 
 def _bwd_launch(dloss: Tensor, grad_x: Tensor | None, grad_w: Tensor | None, grad_b: Tensor | None, x: Tensor,
                 weight: Tensor, target: Tensor, lse: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
-                ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
-                needs_x: bool, needs_w: bool, needs_b: bool, *, eager: bool = False) -> tuple:
+                token_scale: Tensor | None, ignore_index: int, reduction: str, label_smoothing: float,
+                lse_square_scale: float, softcap: float, needs_x: bool, needs_w: bool, needs_b: bool, *,
+                eager: bool = False) -> tuple:
     needs = (needs_x, needs_w, needs_b and bias is not None)
     if reduction == "none":
         return fused_linear_cross_entropy_bwd(
             dloss, x, weight, target, lse, bias, ce_weight=ce_weight, ignore_index=ignore_index, reduction=reduction,
             label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap or None,
-            needs=needs, eager=eager)
+            needs=needs, token_scale=token_scale, eager=eager)
     out = []
     for g, need in zip((grad_x, grad_w, grad_b), needs):
         if not need:
@@ -329,34 +350,38 @@ def _bwd_launch(dloss: Tensor, grad_x: Tensor | None, grad_w: Tensor | None, gra
 
 def _fwd_reference(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
                    ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
-                   needs_x: bool, needs_w: bool, needs_b: bool,
-                   ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+                   needs_x: bool, needs_w: bool, needs_b: bool, token_scale: Tensor | None = None,
+                   argmax: bool = False,
+                   ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     opts = dict(ce_weight=ce_weight, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                lse_square_scale=lse_square_scale, softcap=softcap or None)
+                lse_square_scale=lse_square_scale, softcap=softcap or None, token_scale=token_scale)
     loss = fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction, **opts)
-    logits = acc(torch.nn.functional.linear(x, weight, bias)).reshape(-1, weight.shape[0])
+    low = torch.nn.functional.linear(x, weight, bias)
+    pred = predicted_tokens(low, target, ignore_index).reshape(-1) if argmax else None
+    logits = acc(low).reshape(-1, weight.shape[0])
     if softcap:
         logits = softcap * torch.tanh(logits / softcap)
     valid = target.reshape(-1) != ignore_index
     lse = torch.where(valid, torch.logsumexp(logits, -1), torch.zeros((), dtype=logits.dtype))
     if reduction == "none" or not (needs_x or needs_w or needs_b):
-        return loss, lse, None, None, None
+        return loss, lse, None, None, None, pred
     dx, dw, db = fused_linear_cross_entropy_backward(torch.ones_like(loss), x, weight, target, bias,
                                                      reduction=reduction, **opts)
     return (loss, lse, dx.contiguous() if needs_x else None, dw.contiguous() if needs_w else None,
-            db if needs_b and bias is not None else None)
+            db if needs_b and bias is not None else None, pred)
 
 
 def _bwd_reference(dloss: Tensor, grad_x: Tensor | None, grad_w: Tensor | None, grad_b: Tensor | None, x: Tensor,
                    weight: Tensor, target: Tensor, lse: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
-                   ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
-                   needs_x: bool, needs_w: bool, needs_b: bool,
+                   token_scale: Tensor | None, ignore_index: int, reduction: str, label_smoothing: float,
+                   lse_square_scale: float, softcap: float, needs_x: bool, needs_w: bool, needs_b: bool,
                    ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     needs = (needs_x, needs_w, needs_b and bias is not None)
     if reduction == "none":
         grads = fused_linear_cross_entropy_backward(
             dloss, x, weight, target, bias, ce_weight=ce_weight, ignore_index=ignore_index, reduction=reduction,
-            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap or None)
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap or None,
+            token_scale=token_scale)
     else:
         grads = tuple(None if g is None else (acc(g) * acc(dloss)).to(g.dtype) for g in (grad_x, grad_w, grad_b))
     return tuple(g.contiguous() if need and g is not None else None for g, need in zip(grads, needs))
@@ -364,22 +389,24 @@ def _bwd_reference(dloss: Tensor, grad_x: Tensor | None, grad_w: Tensor | None, 
 
 def _fwd_fake(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
               ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
-              needs_x: bool, needs_w: bool, needs_b: bool,
-              ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+              needs_x: bool, needs_w: bool, needs_b: bool, token_scale: Tensor | None = None, argmax: bool = False,
+              ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     dtype = acc_dtype(x.dtype)
     loss = x.new_empty(target.shape if reduction == "none" else (), dtype=dtype)
     lse = x.new_empty(target.numel(), dtype=dtype)
+    pred = x.new_empty(target.numel(), dtype=torch.int64) if argmax else None
     if reduction == "none" or not (needs_x or needs_w or needs_b):
-        return loss, lse, None, None, None
+        return loss, lse, None, None, None, pred
     return (loss, lse, torch.empty(x.shape, dtype=x.dtype, device=x.device) if needs_x else None,
             torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if needs_w else None,
-            torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if needs_b and bias is not None else None)
+            torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if needs_b and bias is not None else None,
+            pred)
 
 
 def _bwd_fake(dloss: Tensor, grad_x: Tensor | None, grad_w: Tensor | None, grad_b: Tensor | None, x: Tensor,
               weight: Tensor, target: Tensor, lse: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
-              ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float,
-              needs_x: bool, needs_w: bool, needs_b: bool,
+              token_scale: Tensor | None, ignore_index: int, reduction: str, label_smoothing: float,
+              lse_square_scale: float, softcap: float, needs_x: bool, needs_w: bool, needs_b: bool,
               ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device) if needs_x else None,
             torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if needs_w else None,
@@ -388,15 +415,16 @@ def _bwd_fake(dloss: Tensor, grad_x: Tensor | None, grad_w: Tensor | None, grad_
 
 _OPTIONS = ("ignore_index", "reduction", "label_smoothing", "lse_square_scale", "softcap", "needs_x", "needs_w",
             "needs_b")
-# kernel_pytorch::fused_linear_cross_entropy_fwd (x, weight, target, bias?, ce_weight?, options...) ->
-# (loss, lse, grad_x, grad_w, grad_b) and _bwd (dloss, the three gradients, x, weight, target, lse, bias?,
-# ce_weight?, options...) -> (dx, dweight, dbias); fused_linear_cross_entropy_eager(...) -> loss
+# kernel_pytorch::fused_linear_cross_entropy_fwd (x, weight, target, bias?, ce_weight?, options...,
+# token_scale?, argmax) -> (loss, lse, grad_x, grad_w, grad_b, pred) and _bwd (dloss, the three gradients, x,
+# weight, target, lse, bias?, ce_weight?, token_scale?, options...) -> (dx, dweight, dbias);
+# fused_linear_cross_entropy_eager(...) -> loss
 fused_linear_cross_entropy_fwd_op, fused_linear_cross_entropy_bwd_op, fused_linear_cross_entropy_eager = register_op(
     "fused_linear_cross_entropy",
-    Impl(_fwd_launch, _fwd_reference, _fwd_fake, outputs=("loss", "lse", "grad_x", "grad_w", "grad_b")),
+    Impl(_fwd_launch, _fwd_reference, _fwd_fake, outputs=("loss", "lse", "grad_x", "grad_w", "grad_b", "pred")),
     Impl(_bwd_launch, _bwd_reference, _bwd_fake, outputs=("dx", "dweight", "dbias")),
     differentiable=("loss",),
-    save=("grad_x", "grad_w", "grad_b", "x", "weight", "target", "lse", "bias", "ce_weight"),
+    save=("grad_x", "grad_w", "grad_b", "x", "weight", "target", "lse", "bias", "ce_weight", "token_scale"),
     keep=_OPTIONS,
     grads={"x": "dx", "weight": "dweight", "bias": "dbias"},
     opaque_forward=True,  # traced, the partitioner moved the last chunk's grad_W update into the backward

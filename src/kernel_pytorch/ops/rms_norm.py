@@ -5,7 +5,8 @@ Math (see reference/rms_norm.py, the specification), for x (rows, D) and weight 
     dx = rstd * (g - x_hat * mean(g * x_hat)),  g = dy * (offset + weight)
     dweight = sum_rows dy * x_hat
 casting="llama" rounds x_hat to x's dtype before the weight (and dweight sees it so rounded);
-"gemma" and "torch" round y once at the end. The kernels take it as the constexpr ROUND_NORMED, which
+"gemma" and "torch" round y once at the end; "none" rounds rstd, x_hat, offset + w and y to x's dtype
+(the constexpr IN_DTYPE). The kernels take it as the constexpr ROUND_NORMED, which
 changes nothing else: the llama kernels are the ones measured in benchmarks/NOTES.md.
 
 Forward: one program per row; rstd (fp32, one per row) is saved for the backward.
@@ -59,13 +60,39 @@ def bwd_tiling(block: int) -> RowTiling:
 
 
 @triton.jit
+def _normed(x, w, rstd, DTYPE: tl.constexpr, ROUND_NORMED: tl.constexpr, IN_DTYPE: tl.constexpr):
+    """(x_hat, offset + w) as the casting multiplies them (fp32 values, rounded to DTYPE where it rounds)."""
+    if IN_DTYPE:
+        x_hat = (x * rstd.to(DTYPE).to(tl.float32)).to(DTYPE).to(tl.float32)
+        w = w.to(DTYPE).to(tl.float32)
+    elif ROUND_NORMED:
+        x_hat = (x * rstd).to(DTYPE).to(tl.float32)
+    else:
+        x_hat = x * rstd
+    return x_hat, w
+
+
+@triton.jit
+def _dw_normed(x, x_hat, rstd, DTYPE: tl.constexpr, ROUND_NORMED: tl.constexpr, IN_DTYPE: tl.constexpr):
+    """The x_hat the forward multiplied by the weight, which dweight sums (fp32 values)."""
+    if IN_DTYPE:
+        return (x * rstd.to(DTYPE).to(tl.float32)).to(DTYPE).to(tl.float32)
+    elif ROUND_NORMED:
+        return x_hat.to(DTYPE).to(tl.float32)
+    else:
+        return x_hat
+
+
+@triton.jit
 def _rms_norm_fwd_kernel(
     X, R, H, W, Y, RSTD,
     stride_x, stride_r, stride_y, n_cols, eps, offset,
     BLOCK: tl.constexpr, SINGLE_PASS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_NORMED: tl.constexpr = True,
+    IN_DTYPE: tl.constexpr = False,
 ):
     # HAS_RESIDUAL: normalise h = (x + r) rounded to x's dtype, and write h (contiguous, like Y)
     # ROUND_NORMED (casting="llama"): round x_hat to Y's dtype before the weight, as HF Llama does;
+    # IN_DTYPE (casting="none"): rstd, x * rstd, offset + w and y each rounded to Y's dtype;
     # otherwise (torch, Gemma) y is rounded once, at the store
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
@@ -82,9 +109,7 @@ def _rms_norm_fwd_kernel(
             tl.store(H + row * stride_y + cols, x, mask=mask)
             x = x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-        x_hat = x * rstd
-        if ROUND_NORMED:
-            x_hat = x_hat.to(Y.dtype.element_ty).to(tl.float32)
+        x_hat, w = _normed(x, w, rstd, Y.dtype.element_ty, ROUND_NORMED, IN_DTYPE)
         tl.store(y_row + cols, (x_hat * w).to(Y.dtype.element_ty), mask=mask)
     else:
         # the row does not fit in registers: one pass for the sum of squares, one to normalise
@@ -110,9 +135,7 @@ def _rms_norm_fwd_kernel(
             mask = cols < n_cols
             x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
-            x_hat = x * rstd
-            if ROUND_NORMED:
-                x_hat = x_hat.to(Y.dtype.element_ty).to(tl.float32)
+            x_hat, w = _normed(x, w, rstd, Y.dtype.element_ty, ROUND_NORMED, IN_DTYPE)
             tl.store(y_row + cols, (x_hat * w).to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + row, rstd)
 
@@ -122,7 +145,7 @@ def _rms_norm_bwd_kernel(
     DY, X, W, RSTD, DRES, DX, DW_PART,
     stride_dy, stride_x, stride_dres, stride_dx, n_rows, n_cols, offset,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_DRES: tl.constexpr, PREFETCH: tl.constexpr,
-    ROUND_NORMED: tl.constexpr = True,
+    ROUND_NORMED: tl.constexpr = True, IN_DTYPE: tl.constexpr = False,
 ):
     # Row mode: the whole row fits in BLOCK. Program pid walks tiles pid, pid + G, ... of ROWS rows.
     # HAS_DRES: dx += dres, the gradient reaching the residual stream directly (fused add+norm)
@@ -151,10 +174,8 @@ def _rms_norm_bwd_kernel(
         if HAS_DRES:  # issued before the reduction so its latency overlaps the math
             dres = load_rows(DRES, rows, stride_dres, cols, col_ok).to(tl.float32)
         x_hat = x * rstd
-        if ROUND_NORMED:
-            dw_acc += tl.where(row_ok[:, None], dy * x_hat.to(X.dtype.element_ty).to(tl.float32), 0.0)
-        else:
-            dw_acc += tl.where(row_ok[:, None], dy * x_hat, 0.0)
+        x_w = _dw_normed(x, x_hat, rstd, X.dtype.element_ty, ROUND_NORMED, IN_DTYPE)
+        dw_acc += tl.where(row_ok[:, None], dy * x_w, 0.0)
         g = dy * w[None, :]
         c = tl.sum(g * x_hat, axis=1)[:, None] / n_cols
         dx = (g - x_hat * c) * rstd
@@ -185,7 +206,7 @@ def _rms_norm_bwd_cols_kernel(
     DY, X, W, RSTD, STATS, DRES, DX, DW_PART,
     stride_dy, stride_x, stride_dres, stride_dx, n_rows, n_cols, n_chunks, rows_per_group, offset,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, CHUNKS: tl.constexpr, HAS_DRES: tl.constexpr,
-    ROUND_NORMED: tl.constexpr = True,
+    ROUND_NORMED: tl.constexpr = True, IN_DTYPE: tl.constexpr = False,
 ):
     # Split mode, second pass: program (i, k) owns columns i*BLOCK.. of rows k*rows_per_group..,
     # walks them in tiles of ROWS rows (prefetching the next tile) and writes its weight-gradient
@@ -210,10 +231,8 @@ def _rms_norm_bwd_cols_kernel(
         # the row's sum from its chunks, added in a fixed order
         c = tl.sum(load_rows(STATS, rows, n_chunks, chunk, chunk_ok), axis=1)[:, None] / n_cols
         x_hat = x * rstd
-        if ROUND_NORMED:
-            dw_acc += tl.where(row_ok[:, None], dy * x_hat.to(X.dtype.element_ty).to(tl.float32), 0.0)
-        else:
-            dw_acc += tl.where(row_ok[:, None], dy * x_hat, 0.0)
+        x_w = _dw_normed(x, x_hat, rstd, X.dtype.element_ty, ROUND_NORMED, IN_DTYPE)
+        dw_acc += tl.where(row_ok[:, None], dy * x_w, 0.0)
         dx = (dy * w[None, :] - x_hat * c) * rstd
         if HAS_DRES:
             dx += load_rows(DRES, rows, stride_dres, cols, col_ok).to(tl.float32)
@@ -237,7 +256,7 @@ def rms_norm_fwd(
     Args:
         x: (..., D) CUDA tensor (or CPU under TRITON_INTERPRET=1), fp32/bf16/fp16, any strides.
         weight: (D,) tensor on x's device.
-        casting: where y rounds to x's dtype: "llama", "gemma" or "torch" (reference/rms_norm.py).
+        casting: where y rounds to x's dtype: "llama", "gemma", "torch" or "none" (reference/rms_norm.py).
         residual: optional (..., D) tensor added to x first (fused add + norm).
         eager: launch directly (the eager autograd.Function) rather than through wrap_triton.
     Returns:
@@ -259,7 +278,7 @@ def rms_norm_fwd(
         (n_rows,), x2, r2, h if h is not None else y, weight, y, rstd,
         row_stride(x2), row_stride(r2), n_cols, n_cols, eps, offset,
         BLOCK=launch.block, SINGLE_PASS=launch.single_pass, HAS_RESIDUAL=residual is not None,
-        ROUND_NORMED=round_normed, num_warps=launch.num_warps, eager=eager,
+        ROUND_NORMED=round_normed, IN_DTYPE=casting == "none", num_warps=launch.num_warps, eager=eager,
     )
     return y, rstd, h
 
@@ -295,7 +314,7 @@ def rms_norm_bwd(
         _bwd_kernel(
             (plan.programs,), dy2, x2, weight, rstd, dres2, dx, dw_part, *strides, n_rows, n_cols, offset,
             BLOCK=launch.block, ROWS=plan.tile, HAS_DRES=dres is not None, PREFETCH=plan.prefetch,
-            ROUND_NORMED=round_normed, num_warps=launch.num_warps, eager=eager,
+            ROUND_NORMED=round_normed, IN_DTYPE=casting == "none", num_warps=launch.num_warps, eager=eager,
         )
     else:
         split = split_schedule(n_rows, n_cols, x.device, launch)
@@ -309,7 +328,8 @@ def rms_norm_bwd(
             (split.col_blocks, split.groups), dy2, x2, weight, rstd, stats, dres2, dx, dw_part, *strides,
             n_rows, n_cols, split.chunks, split.rows_per_group, offset,
             BLOCK=split.col_block, ROWS=split.tile, CHUNKS=next_power_of_2(split.chunks),
-            HAS_DRES=dres is not None, ROUND_NORMED=round_normed, num_warps=split.num_warps, eager=eager,
+            HAS_DRES=dres is not None, ROUND_NORMED=round_normed, IN_DTYPE=casting == "none",
+            num_warps=split.num_warps, eager=eager,
         )
     # second reduction over a fixed number of partials in a fixed order: deterministic
     return dx, sum_partials(dw_part, (weight.dtype,), eager=eager)[0]

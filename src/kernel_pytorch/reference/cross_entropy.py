@@ -2,8 +2,9 @@
 logit soft-capping.
 
 For logits x of shape (..., V) (the class dim last; leading dims are rows), targets t of shape (...),
-optional class weights w of shape (V,) (1 where absent), label smoothing eps, z-loss scale s and
-soft-cap c, per row i, all in fp32 (fp64 for fp64 logits):
+optional class weights w of shape (V,) (1 where absent), optional token scales u of t's shape (1
+where absent), label smoothing eps, z-loss scale s and soft-cap c, per row i, all in fp32 (fp64 for
+fp64 logits):
 
     z_ij  = c * tanh(x_ij / c)            (soft-capping, Gemma-2; z = x without a cap)
     lse_i = log sum_j exp(z_ij)
@@ -12,11 +13,12 @@ soft-cap c, per row i, all in fp32 (fp64 for fp64 logits):
     zl_i = s * lse_i^2
     (ce_i = zl_i = 0 where not valid_i)
 
-reduction "none": ce_i + zl_i, of t's shape; "sum": sum_i (ce_i + zl_i); "mean":
-sum_i ce_i / sum_i valid_i * w[t_i]  +  sum_i zl_i / sum_i valid_i. The first term is torch's weighted
-mean, label smoothing included (torch divides its smoothing term by the same weight sum); the z-loss
-is not class-weighted, so it is averaged over the valid rows. A mean over no valid row is 0/0 = NaN,
-as in torch (whose gradient is then 0, as is ours).
+reduction "none": u_i (ce_i + zl_i), of t's shape; "sum": sum_i u_i (ce_i + zl_i); "mean":
+sum_i u_i ce_i / sum_i valid_i * w[t_i]  +  sum_i u_i zl_i / sum_i valid_i. The first term is torch's
+weighted mean, label smoothing included (torch divides its smoothing term by the same weight sum); the
+z-loss is not class-weighted, so it is averaged over the valid rows. The token scales multiply each
+row's terms and leave the denominators alone (a constant: no gradient reaches u). A mean over no
+valid row is 0/0 = NaN, as in torch (whose gradient is then 0, as is ours).
 
 Gradient with respect to the logits, with p_ij = exp(z_ij - lse_i), W = sum_j w_j:
 
@@ -25,8 +27,8 @@ Gradient with respect to the logits, with p_ij = exp(z_ij - lse_i), W = sum_j w_
     dz/dx       = 1 - (z / c)^2
     dx_ij = (r_i dce_i/dz_ij + q_i dzl_i/dz_ij) dz_ij/dx_ij     (0 on rows that are not valid)
 
-with (r_i, q_i) = (g_i, g_i) for "none" (g the upstream gradient of the row), (g, g) for "sum" and
-(g / sum valid w[t], g / sum valid) for "mean".
+with (r_i, q_i) = u_i (g_i, g_i) for "none" (g the upstream gradient of the row), u_i (g, g) for "sum"
+and u_i (g / sum valid w[t], g / sum valid) for "mean".
 
 Rounding: the loss stays in fp32 (fp64 for fp64): exactly Hugging Face's causal-LM loss, which upcasts
 the logits with `.float()` before `F.cross_entropy` (torch's own bf16 op rounds its log-probabilities
@@ -55,6 +57,14 @@ def class_weights(weight: Tensor | None, n_classes: int, like: Tensor) -> Tensor
     if weight is None:
         return torch.ones(n_classes, dtype=like.dtype, device=like.device)
     return weight.to(like.dtype)
+
+
+def token_scales(token_scale: Tensor | None, n: int, like: Tensor) -> Tensor:
+    """The (N,) token scales in `like`'s dtype and device, detached (a constant of the loss); ones where
+    none are given."""
+    if token_scale is None:
+        return torch.ones(n, dtype=like.dtype, device=like.device)
+    return token_scale.detach().reshape(-1).to(like.dtype)
 
 
 def cross_entropy_rows(
@@ -115,6 +125,7 @@ def cross_entropy(
     label_smoothing: float = 0.0,
     lse_square_scale: float = 0.0,
     softcap: float | None = None,
+    token_scale: Tensor | None = None,
 ) -> Tensor:
     """The loss (module docstring), in fp32 (fp64 for fp64 logits).
 
@@ -122,11 +133,15 @@ def cross_entropy(
         logits: (..., V) float tensor; target: (...) integer class indices; weight: (V,) or None.
         reduction: "mean", "sum" or "none".
         label_smoothing: eps in [0, 1]; lse_square_scale: the z-loss scale s; softcap: c or None.
+        token_scale: (...) of target's shape, u: each row's factor, or None.
     Returns:
         0-d tensor for "mean" / "sum", target's shape for "none".
     """
     ce, zl, _ = cross_entropy_rows(logits, target, weight, ignore_index, label_smoothing, lse_square_scale,
                                    softcap)
+    if token_scale is not None:
+        u = token_scales(token_scale, ce.numel(), ce)
+        ce, zl = ce * u, zl * u
     if reduction == "none":
         return (ce + zl).reshape(target.shape)
     if reduction == "sum":
@@ -138,20 +153,20 @@ def cross_entropy(
 
 
 def row_scales(
-    dloss: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str, dtype: torch.dtype
+    dloss: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str, dtype: torch.dtype,
+    token_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(r, q) of the module docstring for every row, each (N,) of `dtype`: how the upstream gradient
     reaches the cross-entropy and the z-loss terms of each row."""
     n = target.numel()
     g = acc(dloss).to(dtype)
-    if reduction == "none":
-        r = g.reshape(-1).expand(n)
-        return r, r
-    r = g.reshape(()).expand(n)
-    if reduction == "sum":
-        return r, r
+    g = g.reshape(-1).expand(n) if reduction == "none" else g.reshape(()).expand(n)
+    if token_scale is not None:
+        g = g * token_scales(token_scale, n, g)
+    if reduction != "mean":
+        return g, g
     wden, count = cross_entropy_denominators(target, weight, ignore_index, dtype)
-    return r / wden, r / count
+    return g / wden, g / count
 
 
 def cross_entropy_backward(
@@ -164,6 +179,7 @@ def cross_entropy_backward(
     label_smoothing: float = 0.0,
     lse_square_scale: float = 0.0,
     softcap: float | None = None,
+    token_scale: Tensor | None = None,
 ) -> Tensor:
     """The gradient of `cross_entropy` with respect to the logits (the formula the kernels implement).
 
@@ -182,7 +198,7 @@ def cross_entropy_backward(
     w = class_weights(weight, v, z)
     lse = torch.logsumexp(z, dim=-1, keepdim=True)
     p = torch.exp(z - lse)
-    r, q = row_scales(dloss, target, weight, ignore_index, reduction, z.dtype)
+    r, q = row_scales(dloss, target, weight, ignore_index, reduction, z.dtype, token_scale)
     eps = label_smoothing
     w_t = w[t_safe].unsqueeze(1)
     dce = ((1.0 - eps) * w_t + eps * w.sum() / v) * p - eps / v * w

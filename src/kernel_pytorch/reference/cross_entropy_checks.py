@@ -88,6 +88,27 @@ def check_cross_entropy_args(
     check_options(reduction, label_smoothing, lse_square_scale, softcap, ignore_index)
 
 
+def check_token_scale(token_scale: Tensor | None, target: Tensor, name: str = "token_scale") -> None:
+    """None, or a floating-point tensor of target's shape on target's device: one factor per row."""
+    if token_scale is None:
+        return
+    if not isinstance(token_scale, Tensor) or not token_scale.is_floating_point():
+        got = token_scale.dtype if isinstance(token_scale, Tensor) else type(token_scale).__name__
+        raise TypeError(f"{name} must be a floating-point tensor of per-token factors or None (got {got})")
+    if token_scale.shape != target.shape:
+        raise ValueError(f"{name} must have the target's shape {tuple(target.shape)}, one factor per token "
+                         f"(got {tuple(token_scale.shape)})")
+    if token_scale.device != target.device:
+        raise ValueError(f"{name} is on {token_scale.device} but the target is on {target.device}; move them together")
+
+
+def check_flags(**flags: object) -> None:
+    """Each return_* flag is a bool (a tensor or a string here is a misplaced argument)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False (got {type(value).__name__})")
+
+
 def check_linear_args(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     """The fused linear cross-entropy's x (..., H), weight (V, H) and bias (V,): one float dtype and
     device (the chunk GEMMs take no mixed dtypes)."""

@@ -35,19 +35,21 @@ def fused_linear_cross_entropy(
     label_smoothing: float = 0.0,
     lse_square_scale: float = 0.0,
     softcap: float | None = None,
+    token_scale: Tensor | None = None,
 ) -> Tensor:
     """cross_entropy(x @ weight.T + bias, target) with the logits in x's dtype.
 
     Args:
         x: (..., H); weight: (V, H), x's dtype; target: (...) class indices; bias: (V,) or None.
         ce_weight: (V,) class weights of the cross-entropy (torch's `weight`).
+        token_scale: (...) of target's shape, each row's factor, or None.
         (the rest as in reference.cross_entropy)
     Returns:
         fp32 (fp64 for fp64) loss: 0-d, or target's shape for "none".
     """
     logits = torch.nn.functional.linear(x, weight, bias)
     return cross_entropy(logits, target, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale,
-                         softcap)
+                         softcap, token_scale)
 
 
 def fused_linear_cross_entropy_backward(
@@ -63,6 +65,7 @@ def fused_linear_cross_entropy_backward(
     label_smoothing: float = 0.0,
     lse_square_scale: float = 0.0,
     softcap: float | None = None,
+    token_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Gradients of `fused_linear_cross_entropy` for the upstream gradient `dloss`.
 
@@ -72,7 +75,7 @@ def fused_linear_cross_entropy_backward(
     h = x.shape[-1]
     logits = torch.nn.functional.linear(x, weight, bias)
     g = cross_entropy_backward(dloss, logits, target, ce_weight, ignore_index, reduction, label_smoothing,
-                               lse_square_scale, softcap).reshape(-1, weight.shape[0])
+                               lse_square_scale, softcap, token_scale).reshape(-1, weight.shape[0])
     x2 = x.reshape(-1, h)
     dx = (g @ weight).reshape(x.shape)
     dw = g.t() @ x2

@@ -19,6 +19,10 @@ x, reference/_math.py; an fp64 weight promotes the product to fp64), y of x's sh
     "torch"  torch.nn.RMSNorm / F.rms_norm (torch 2.6-2.13: the CPU composite and its decomposition
              upcast x, multiply x * rstd * weight in fp32 and round once with type_as(x); the CUDA
              kernel does the same in its fp32 accumulation type). The same rounding as "gemma".
+    "none"   Liger-Kernel's casting_mode="none": the statistic in fp32, the products in x's dtype, as
+             torch computes `x * rstd.to(dtype) * (offset + weight).to(dtype)` on bf16/fp16 tensors:
+             rstd and offset + weight are rounded to x's dtype, x * rstd is rounded, y is rounded. Four
+             roundings: the least accurate mode, for a model trained with it.
 
 "gemma" and "torch" are one computation under two names, so a call site says which model it matches.
 (Corners where the models themselves part: torch multiplies an fp64 weight in fp64, Gemma rounds it to
@@ -30,7 +34,8 @@ The backward, the same in every mode, treats the rounding of x_hat as the identi
     g = dy * (offset + weight)
     dx = rstd * (g - x_hat * mean(g * x_hat, -1))     # x_hat unrounded here
     dweight = sum over rows of dy * x_hat               # x_hat rounded to x's dtype under "llama",
-                                                        # as in that forward; unrounded otherwise
+                                                        # x * rstd.to(dtype) rounded under "none",
+                                                        # as in those forwards; unrounded otherwise
 """
 
 from __future__ import annotations
@@ -42,27 +47,27 @@ from torch import Tensor
 
 from kernel_pytorch.reference._math import acc
 
-Casting = Literal["llama", "gemma", "torch"]
-CASTINGS: tuple[Casting, ...] = ("llama", "gemma", "torch")
+Casting = Literal["llama", "gemma", "torch", "none"]
+CASTINGS: tuple[Casting, ...] = ("llama", "gemma", "torch", "none")
 
 
 def rounds_normed(casting: str) -> bool:
-    """Whether `casting` rounds x_hat to x's dtype before the weight ("llama"; not "gemma", "torch").
+    """Whether `casting` rounds x_hat to x's dtype before an fp32 product with the weight ("llama"; not
+    "gemma", "torch", nor "none", whose product is in x's dtype: `_normed_in_dtype`).
 
     Raises:
         ValueError: for a name not in CASTINGS.
     """
     if casting == "llama":
         return True
-    if casting == "gemma" or casting == "torch":
+    if casting in ("gemma", "torch", "none"):
         return False
-    hint = ""
-    if casting == "none":
-        hint = (
-            "; Liger-Kernel's 'none' (math in the input dtype) has no counterpart here: 'torch' computes "
-            "in fp32 and rounds once at the end"
-        )
-    raise ValueError(f"casting must be one of {CASTINGS} (got {casting!r}){hint}")
+    raise ValueError(f"casting must be one of {CASTINGS} (got {casting!r})")
+
+
+def _normed_in_dtype(x: Tensor, rstd: Tensor) -> Tensor:
+    """casting="none"'s x_hat: x * rstd in x's dtype (rstd rounded to it first), rstd x.shape[:-1]."""
+    return x * rstd.unsqueeze(-1).to(x.dtype)
 
 
 def rms_norm_rstd(x: Tensor, eps: float) -> Tensor:
@@ -81,7 +86,8 @@ def rms_norm(
         weight: (D,) scale.
         eps: added to the mean square.
         offset: added to the weight (1.0 for Gemma-style norms).
-        casting: "llama" (HF Llama, the default), "gemma" (HF Gemma) or "torch" (torch.nn.RMSNorm).
+        casting: "llama" (HF Llama, the default), "gemma" (HF Gemma), "torch" (torch.nn.RMSNorm) or
+            "none" (Liger's math in x's dtype).
     Returns:
         (..., D) tensor of x.dtype.
     """
@@ -93,6 +99,8 @@ def rms_norm_from_rstd(
 ) -> Tensor:
     """`rms_norm` given its statistic `rstd` (x.shape[:-1], from `rms_norm_rstd`): callers that also
     keep rstd compute it once."""
+    if casting == "none":
+        return _normed_in_dtype(x, rstd) * (acc(weight) + offset).to(x.dtype)
     x_hat = acc(x) * rstd.unsqueeze(-1)
     if rounds_normed(casting):
         x_hat = acc(x_hat.to(x.dtype))
@@ -114,5 +122,7 @@ def rms_norm_backward(
     g = dy32 * (acc(weight) + offset)
     dx = r * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
     x_hat_w = acc(x_hat.to(x.dtype)) if rounds_normed(casting) else x_hat
+    if casting == "none":
+        x_hat_w = acc(_normed_in_dtype(x, rstd))
     dw = (dy32 * x_hat_w).reshape(-1, x.shape[-1]).sum(0)
     return dx.to(x.dtype), dw.to(weight.dtype)
