@@ -86,24 +86,25 @@ def correctness(
     given: list[int] = []
     for seed in seeds:
         args = first_inputs if seed == seeds[0] else inputs_for(inputs, seed, seeds[0], original)
-        try:
-            base = run_model(original, named(original, shared), args, with_grads=check_gradients, seed=seed,
-                             grad_outputs=None)
-        except Exception as exc:
-            if seed == seeds[0] or not is_drawn(inputs):  # the caller's own inputs: the model's failure
-                errors.append(f"seed {seed}: the original failed: {short_error(exc, 2000, lines=6)}")
-                break
-            # inputs validation drew are validation's to get right, never the user's model's fault
-            notes.append(f"seed {seed}: the original model does not run on the inputs drawn for it "
-                         f"({short_error(exc, 300)}): this seed uses the inputs as given")
-            given.append(seed)
-            args = first_inputs
+        # inputs validation drew are validation's to get right, never the user's model's fault: where the
+        # original cannot run them, the seed falls back to the inputs as given
+        drawn = seed != seeds[0] and is_drawn(inputs)
+        base = None
+        for attempt in (args, first_inputs) if drawn else (args,):
             try:
-                base = run_model(original, named(original, shared), args, with_grads=check_gradients, seed=seed,
+                base = run_model(original, named(original, shared), attempt, with_grads=check_gradients, seed=seed,
                                  grad_outputs=None)
-            except Exception as again:
-                errors.append(f"seed {seed}: the original failed: {short_error(again, 2000, lines=6)}")
+                args = attempt
                 break
+            except Exception as exc:
+                if drawn and attempt is args:
+                    notes.append(f"seed {seed}: the original model does not run on the inputs drawn for it "
+                                 f"({short_error(exc, 300)}): this seed uses the inputs as given")
+                    given.append(seed)
+                else:
+                    errors.append(f"seed {seed}: the original failed: {short_error(exc, 2000, lines=6)}")
+        if base is None:
+            break
         # each seed differentiates what the original's outputs on it allow (their structure may
         # depend on the inputs); the optimized module and the fp64 copy follow that list
         grad_outs = base.differentiated
