@@ -96,7 +96,8 @@ def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
                     id="readiness.graphs",
                     severity=Severity.WARNING,
                     title=title,
-                    evidence=f"{len(trace.failed_frames)} frame(s) fell back (above); ops per graph: {ops}; "
+                    evidence=f"{len(trace.failed_frames)} frame(s) fell back (each a finding of this section); "
+                    f"ops per graph: {ops}; "
                     f"traced in {trace.seconds:.1f} s",
                     data=data,
                 )
