@@ -57,11 +57,15 @@ def test_json_round_trip(report: Report) -> None:
 def test_markdown_and_terminal_show_every_finding(report: Report) -> None:
     md = to_markdown(report)
     console = Console(record=True, width=200)
-    render_terminal(report, console)
+    render_terminal(report, console, verbose=True)
     text = console.export_text()
     for f in report.findings():
         assert f.title in md
         assert f.title in text
+    short = Console(record=True, width=400)
+    render_terminal(report, short)  # one line per finding: every title but the suggestions' past the top ones
+    lines = short.export_text()
+    assert all(f.title in lines for f in report.findings() if not f.id.startswith("suggestion."))
     assert "## Compilation readiness" in md
     assert f"zoo.py:{zoo.line_of('item')}" in text
 

@@ -24,9 +24,9 @@ _REPORT = Report(
 )
 
 
-def _terminal(report: Report) -> str:
+def _terminal(report: Report, verbose: bool = True) -> str:
     console = Console(record=True, width=200)
-    render_terminal(report, console)
+    render_terminal(report, console, verbose=verbose)
     return console.export_text()
 
 
@@ -40,7 +40,7 @@ def test_a_library_location_shows_the_line_that_led_there() -> None:
 
 
 def test_sections_that_did_not_run_read_not_analysed() -> None:
-    text = _terminal(_REPORT)
+    text = _terminal(_REPORT, verbose=False)
     assert "No findings" not in text
     assert "Recompilations, Compile time, Fusion opportunities" in text and "not analysed" in text
     md = to_markdown(_REPORT)

@@ -97,13 +97,48 @@ def test_default_run_profiles_kernels_gives_a_verdict_and_ranks_suggestions(defa
     assert data["headline"]["compile_verdict"] == verdict["data"]["verdict"]
     # the tiny Llama repeats K/V to the query heads (a finding of its own, at its SDPA line)
     (gqa,) = [f for f in kernels if f["id"] == "kernel.sdpa-repeat-kv"]
-    assert gqa["location"]["file"].endswith("llama.py") and "enable_gqa=True" in gqa["suggestion"]
-    ranks = [f["data"]["rank"] for f in data["sections"]["optimization_suggestions"]]
+    assert gqa["location"]["file"].endswith("llama.py") and "enable_gqa=True" in gqa["suggestion"] + gqa["evidence"]
+    suggestions = data["sections"]["optimization_suggestions"]
+    ranks = [f["data"]["rank"] for f in suggestions if f["id"].startswith("suggestion.")]
     assert ranks == list(range(1, len(ranks) + 1)) and ranks
     page = data["_html"]
     assert page.startswith("<!DOCTYPE html>") and "Kernel time per step" in page and "Roofline" in page
     assert "## Optimization suggestions" in markdown and "#1: " in markdown
     assert set(data["_trace"]["otherData"]["runs"]) == {"eager fwd", "compiled fwd"}
+
+
+def test_default_report_is_short_and_agrees_with_its_measurements(default_run: tuple) -> None:
+    code, data, markdown, printed = default_run
+    # the terminal: the headline, the top fixes, one line per finding (details: --verbose, JSON, HTML)
+    assert len(printed.splitlines()) < 120 and "Top fixes" in printed
+    assert "no difference (" not in printed  # the verdict's words agree with its ratio
+    suggestions = data["sections"]["optimization_suggestions"]
+    ranked = [f for f in suggestions if f["id"].startswith("suggestion.")]
+    # recompilations outrank speed, speed outranks memory; no gain is a cost read as a share of the step
+    kinds = [f["data"]["kind"] for f in ranked]
+    assert kinds == sorted(kinds, key=["correctness", "graph break", "recompilation", "speed", "compile time",
+                                       "memory", "other"].index)
+    assert all(f["data"]["score"] is None or f["data"]["score"] < 1 for f in ranked if f["data"]["kind"] == "speed")
+    # the GQA fix measured slower on the CPU is tried, never suggested
+    sdpa = next(f for f in data["sections"]["kernel_efficiency"] if f["id"] == "kernel.sdpa-repeat-kv")
+    tried = {f["data"]["source_id"] for f in suggestions if f["id"].startswith("tried.")}
+    assert ("kernel.sdpa-repeat-kv" in tried) == sdpa["data"]["fix_slower"]
+    if sdpa["data"]["fix_slower"]:
+        assert not {"kernel.sdpa-repeat-kv", "fusion.gqa-repeat"} & {f["data"]["source_id"] for f in ranked}
+    # the recompute of activation checkpointing is priced in the step the report measured
+    ckpt = next(f for f in data["sections"]["memory_bottlenecks"] if f["id"] == "memory.checkpointing")
+    (verdict,) = [f for f in data["sections"]["kernel_efficiency"] if f["id"] == "verdict.compile"]
+    assert ckpt["data"]["step_ms"] == verdict["data"]["passes"][0]["eager_ms"]
+    # the kernel summary compares the ops' time with the step as profiled
+    for s in (f for f in data["sections"]["kernel_efficiency"] if f["id"] == "kernel.summary"):
+        assert s["data"]["kernel_ms"] <= s["data"]["profiled_step_ms"] * 1.05
+    assert "(below)" not in json.dumps(data) and "G['" not in json.dumps(data)
+
+
+def test_verbose_prints_every_finding_in_full(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", "--sections", "compilation_readiness", "--no-compile-time", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "traced" in out and "Every finding in full" not in out
 
 
 def test_unknown_sections_exit_2_naming_the_valid_ones(capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,15 +43,16 @@ class _Step:
 
 # Report order is fixed by the Report; this is the run order. Compile time runs before the sweep so
 # recompilation findings can quote what one full compile costs, and before the kernel profile, which
-# measures the compiled forward inside that compile. The suggestions rank every other section's
+# measures the compiled forward inside that compile. The kernel profile runs before the memory analysis,
+# which prices recompute in the step time it measured. The suggestions rank every other section's
 # findings, so they run last.
 STEPS: tuple[_Step, ...] = (
     _Step("compilation_readiness", "compilation readiness", analyze_readiness),
     _Step("compile_time", "compile time", analyze_compile_time),
     _Step("recompilations", "recompilations", analyze_recompilations, needs_graphs=True),
     _Step("fusion_opportunities", "fusion opportunities", analyze_fusion),
-    _Step("memory_bottlenecks", "memory bottlenecks", analyze_memory),
     _Step("kernel_efficiency", "kernel efficiency", analyze_kernels),
+    _Step("memory_bottlenecks", "memory bottlenecks", analyze_memory),
     _Step("optimization_suggestions", "optimization suggestions", analyze_suggestions),
 )
 

@@ -122,12 +122,13 @@ _ADVICE: dict[str, str] = {
     "torch._inductor.config.compile_threads sets the parallelism.",
 }
 
-# what regional compilation (advised below the phases when the model has repeated blocks) saves per phase
+# what regional compilation (its own finding, `compile-time.regional`, when the model has repeated
+# blocks) saves per phase; "{blocks}" names the blocks as that finding's title does
 _REGIONAL: dict[str, str] = {
-    "dynamo": "Regional compilation (below) traces one repeated block instead of every copy.",
-    "aot_autograd": "Regional compilation (below) traces one block instead of every copy.",
-    "inductor_lowering": "Regional compilation (below) lowers one block instead of N identical ones.",
-    "inductor_codegen": "Regional compilation (below) emits each block's kernels once.",
+    "dynamo": "Regional compilation of the {blocks} traces one block instead of every copy.",
+    "aot_autograd": "Regional compilation of the {blocks} traces one block instead of every copy.",
+    "inductor_lowering": "Regional compilation of the {blocks} lowers one block instead of each copy.",
+    "inductor_codegen": "Regional compilation of the {blocks} emits one block's kernels once.",
 }
 
 
@@ -193,7 +194,11 @@ def analyze_compile_time(ctx: AnalysisContext) -> list[Finding]:
     if total > 0:
         slowest = max(ps, key=lambda p: p.seconds)
         share = slowest.seconds / total
-        regional = f" {_REGIONAL[slowest.key]}" if blocks and slowest.key in _REGIONAL else ""
+        regional = (
+            " " + _REGIONAL[slowest.key].format(blocks=f"{blocks.count} identical `{blocks.block_type}` blocks")
+            if blocks and slowest.key in _REGIONAL
+            else ""
+        )
         findings.append(
             Finding(
                 id="compile-time.slowest-phase",

@@ -155,7 +155,7 @@ def node_info(node: torch.fx.Node) -> NodeInfo:
     # `kernels` package, "G['__import_...'].apply_rotary_pos_emb") is none of the model's: the node
     # belongs to the innermost module of the model around that call
     entries = list((node.meta.get("nn_module_stack") or {}).values())
-    own = [e for e in entries if not e[0].startswith("G[")] or entries
+    own = [e for e in entries if not e[0].startswith("G[")]
     path, cls = own[-1] if own else (None, None)
     return NodeInfo(
         name=node.name,
@@ -207,6 +207,23 @@ def module_path(dynamo_path: str) -> str:
     path = re.sub(r"\._modules\['([^']+)'\]", r".\1", path)
     path = re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", path)
     return path.strip(".")
+
+
+# Dynamo's names for a module imported by a traced function: G['__import_transformers_dot_models_dot_x']
+_IMPORTED = re.compile(r"""G\[['"]__import_(\w+?)['"]\]""")
+_GLOBAL = re.compile(r"""G\[['"]([A-Za-z_]\w*)['"]\]""")
+_LOCAL = re.compile(r"""L\[['"]([A-Za-z_]\w*)['"]\]""")
+_MODULES = re.compile(r"""\._modules\[['"]([^'"\]]+)['"]\]""")
+
+
+def readable(text: str) -> str:
+    """Dynamo's source names in `text` (a guard, a break reason) as the user's code names them:
+    `G['__import_transformers_dot_models_dot_qwen2']` -> `transformers.models.qwen2`, `G['fn']` -> `fn`,
+    `L['self'].model._modules['layers']` -> `self.model.layers`, `L['x']` -> `x`."""
+    text = _IMPORTED.sub(lambda m: m.group(1).replace("_dot_", "."), text)
+    text = _GLOBAL.sub(r"\1", text)
+    text = _LOCAL.sub(r"\1", text)
+    return _MODULES.sub(r".\1", text)
 
 
 def _target_name(target: Any) -> str:

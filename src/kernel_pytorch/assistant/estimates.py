@@ -1,5 +1,9 @@
 """The figures the fusion and memory estimates stand on, each labelled with where it came from.
 
+Time per step is the report's own: the eager step the kernel profile timed for the compile verdict
+(`step_time`), so an estimate priced in step time never contradicts the step the report shows; only
+when the profile is off is it a warm eager forward the analyser timed itself, and says so.
+
 Time saved by moving fewer bytes is bytes / copy bandwidth. The bandwidth is the one measured on this
 device when `kernel_pytorch.benchmark.ceilings` has it cached (`kernel-pytorch doctor --measure` or a
 benchmark run measures and caches it); the analysis never measures it itself (that takes seconds).
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -77,6 +82,42 @@ def _copy_bandwidth(device: str) -> Bandwidth:
     )
 
 
+@dataclass(frozen=True)
+class StepTime:
+    """One step of the model, the scale estimates of time per step are put on.
+
+    Attributes:
+        ms: the step's median time.
+        measured: True when it is the report's timed step (the kernel profile's eager timing).
+        label: a phrase naming the figure and its source, for evidence text.
+    """
+
+    ms: float
+    measured: bool
+    label: str
+
+
+def step_time(ctx: Any, pass_name: str = "fwd") -> StepTime | None:
+    """The eager `pass_name` step ("fwd" or "fwd+bwd") of the report: the kernel profile's timing (run
+    here if the profile is on and has not run yet; it is measured once per context), else, for "fwd",
+    the context's warm eager forward; None when neither exists."""
+    rt = ctx.__dict__.get("runtime")
+    if rt is None and ctx.options.kernel_profile:
+        try:
+            rt = ctx.runtime
+        except Exception:  # a profile that cannot run leaves the fallback
+            rt = None
+    timing = rt.timings.get(f"eager {pass_name}") if rt is not None else None
+    if timing is not None:
+        return StepTime(timing.median_ms, True, f"the {timing.median_ms:.3g} ms eager {pass_name} step the "
+                        "kernel profile measured")
+    warm = ctx.warm_forward_s if pass_name == "fwd" else None
+    if warm is None:
+        return None
+    return StepTime(1e3 * warm, False, f"a {1e3 * warm:.3g} ms warm eager forward (the median of a few calls; "
+                    "the kernel profile was off)")
+
+
 def fmt_bytes(n: float) -> str:
     """1536 -> "1.5 KiB"; binary units, three significant figures."""
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -93,4 +134,4 @@ def fmt_seconds(s: float) -> str:
     return f"{s * 1e9:.3g} ns"
 
 
-__all__ = ["Bandwidth", "copy_bandwidth", "fmt_bytes", "fmt_seconds"]
+__all__ = ["Bandwidth", "StepTime", "copy_bandwidth", "fmt_bytes", "fmt_seconds", "step_time"]

@@ -185,8 +185,14 @@ def _finding(group: list[Instance], bandwidth: Bandwidth) -> Finding:
             "component": comp,
             "component_available": component(comp).available if comp else None,
             "details": dict(first.match.details),
+            **({"fix": _SHARED_FIX[kind]} if kind in _SHARED_FIX else {}),
         },
     )
+
+
+# fixes another analysis measures on this device (`sdpa_paths`: the attention call with and without it),
+# by the key both findings carry in `data["fix"]`
+_SHARED_FIX = {"gqa-repeat": "sdpa.enable_gqa"}
 
 
 def _shape(shape: Any) -> str:
@@ -230,6 +236,14 @@ def _pending(key: str, today: str) -> str:
     if comp.available:
         return f"{comp.named()}: `{comp.short}`."
     return f"{today}; {comp.named()} will do it in one kernel."
+
+
+def _rope_fix() -> str:
+    comp = component("rope")
+    if not comp.available:
+        return _pending("rope", "`model = torch.compile(model)` fuses the chain today")
+    return (f"`q, k = kp.functional.apply_rotary(q, k, cos, sin)` rotates q and k in one kernel, forward and "
+            f"backward, from the same cos/sin ({comp.named()} makes them).")
 
 
 def _act_fix(inst: Instance) -> str:
@@ -322,7 +336,7 @@ KINDS: dict[str, _Kind] = {
             f"`x * cos + rotate_half(x) * sin` on x {_shape(i.match.details.get('shape'))}: a negated "
             "copy, a concatenation, two multiplies and an add"
         ),
-        lambda i: _pending("rope", "`model = torch.compile(model)` fuses the chain today"),
+        lambda i: _rope_fix(),
         compiles_away=True,
     ),
     "attention": _Kind(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from kernel_pytorch.assistant.dynamo import readable
 from kernel_pytorch.assistant.findings import Location
 from kernel_pytorch.assistant.locate import describe, is_library_file, user_location
 from kernel_pytorch.assistant.records import BreakRecord
@@ -125,8 +126,9 @@ _OBJECT_REPR = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
 
 
 def plain(text: str) -> str:
-    """`text` with Python's raw reprs named plainly: `<class 'x.Y'>` and `<x.Y object at 0x...>` -> `x.Y`."""
-    return _OBJECT_REPR.sub(r"\1", _CLASS_REPR.sub(r"\1", text))
+    """`text` with Python's raw reprs named plainly: `<class 'x.Y'>` and `<x.Y object at 0x...>` -> `x.Y`,
+    and Dynamo's source names as the user's code spells them (`dynamo.readable`)."""
+    return readable(_OBJECT_REPR.sub(r"\1", _CLASS_REPR.sub(r"\1", text)))
 
 
 def torch_explanation(reason: str) -> tuple[str, list[str]]:

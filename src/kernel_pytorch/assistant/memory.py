@@ -19,7 +19,7 @@ from torch import nn
 
 from kernel_pytorch.assistant.components import component
 from kernel_pytorch.assistant.context import AnalysisContext
-from kernel_pytorch.assistant.estimates import fmt_bytes, fmt_seconds
+from kernel_pytorch.assistant.estimates import StepTime, fmt_bytes, fmt_seconds, step_time
 from kernel_pytorch.assistant.findings import Finding, Severity
 from kernel_pytorch.assistant.fusion_graph import LARGE_VOCAB, GraphView
 from kernel_pytorch.assistant.fusion_patterns import find_gated_activations
@@ -64,7 +64,7 @@ def analyze_memory(ctx: AnalysisContext, optimizer: OptimizerFactory | None = No
     findings += [
         f
         for f in (
-            _checkpointing(ctx.module, run, peak, _forward_s(ctx, run)),
+            _checkpointing(ctx.module, run, peak, step_time(ctx)),
             _logits(ctx.module, run, peak),
             _autocast(ctx.module, run, peak),
             _gated_recompute(ctx, run, peak),
@@ -176,16 +176,7 @@ def _within(run: MemoryRun, prefix: str) -> int:
     return sum(b for m, b in run.by_module.items() if m == prefix or m.startswith(prefix + "."))
 
 
-def _forward_s(ctx: AnalysisContext, run: MemoryRun) -> tuple[float, bool]:
-    """(seconds of one forward, whether it is a warm median): the warm eager forward when it ran, else
-    the faster of the two first calls timed (an upper bound)."""
-    warm = ctx.warm_forward_s
-    if warm is not None:
-        return warm, True
-    return min(run.forward_s, ctx.eager.seconds if ctx.eager.ok else run.forward_s), False
-
-
-def _checkpointing(model: nn.Module, run: MemoryRun, peak: int, forward: tuple[float, bool]) -> Finding | None:
+def _checkpointing(model: nn.Module, run: MemoryRun, peak: int, forward: StepTime | None) -> Finding | None:
     found = repeated_blocks(model)
     if found is None or not found[0]:
         return None
@@ -199,8 +190,7 @@ def _checkpointing(model: nn.Module, run: MemoryRun, peak: int, forward: tuple[f
         return None
     in_blocks = sum(p.numel() for p in model.get_submodule(path).parameters())
     share = in_blocks / max(1, sum(p.numel() for p in model.parameters()))
-    forward_s, warm = forward
-    recompute = forward_s * share
+    recompute_ms = forward.ms * share if forward is not None else None
     code = (
         "model.gradient_checkpointing_enable()"
         if hasattr(model, "gradient_checkpointing_enable")
@@ -221,11 +211,14 @@ def _checkpointing(model: nn.Module, run: MemoryRun, peak: int, forward: tuple[f
             else " (with `import functools, torch.utils.checkpoint`)"
         ),
         estimated_gain=f"about {fmt_bytes(freed)} less peak memory (estimated: saved bytes minus one input per "
-        f"block), for about {fmt_seconds(recompute)} more per step (one more forward of the blocks, "
-        f"{share:.0%} of the parameters, of a {fmt_seconds(forward_s)} forward: "
-        + ("the median of warm eager calls)" if warm else
-           "the faster of the analyser's two timed calls, an upper bound since both are first calls)"),
-        data={"blocks": blocks, "saved_in_blocks": sum(held), "freed_bytes": freed, "recompute_s": recompute},
+        "block), for "
+        + (f"about {fmt_seconds(recompute_ms / 1e3)} more per step (one more forward of the blocks, {share:.0%} of "
+           f"the parameters, of {forward.label})" if forward is not None and recompute_ms is not None else
+           f"one more forward of the blocks per step ({share:.0%} of the parameters; no step time was measured)"),
+        data={"blocks": blocks, "saved_in_blocks": sum(held), "freed_bytes": freed, "gain_bytes": freed,
+              "cost_ms": recompute_ms, "recompute_share": share,
+              "step_ms": forward.ms if forward is not None else None,
+              "step_measured": forward.measured if forward is not None else None},
     )
 
 

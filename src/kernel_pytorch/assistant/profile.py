@@ -145,29 +145,44 @@ def _quiet_kineto() -> Iterator[None]:
     yield
 
 
+_STEP = "kernel_pytorch.profiled_step"  # the marker around each profiled step
+
+
 def profile_steps(fn: Callable[[], Any], steps: int, device_type: str, label: str, pass_name: str,
                   trace_dir: str | None = None, dtype: torch.dtype | None = None) -> ProfiledRun:
     """`steps` calls of `fn` under torch.profiler (record_shapes=True), reduced to kernel statistics.
 
     Args:
         fn: one step, already warm (compiled, first calls done).
-        steps: how many steps to profile; every number of the result is per step.
+        steps: how many steps to count (one more runs first, not counted); every number of the
+            result is per counted step.
         device_type: "cuda" adds CUDA activity (kernels on the GPU).
         label, pass_name: what the run is ("eager"/"compiled", "fwd"/"fwd+bwd").
         trace_dir: write the Chrome trace there as "<label> <pass>.json".
         dtype: the model's, for the byte counts where this torch's profiler records no input dtypes.
     """
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
     with _quiet_kineto(), profile(activities=activities, record_shapes=True) as prof:
-        start = time.perf_counter()
-        for _ in range(steps):
+        # one step more, not counted: the profiler's start-up lands in the first op it records (on a
+        # CPU, tens of ms in a matmul that takes microseconds), which would make the ops' time per
+        # step exceed the step
+        with record_function(_STEP):
             fn()
         if device_type == "cuda":
             torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            with record_function(_STEP):
+                fn()
+        if device_type == "cuda":
+            torch.cuda.synchronize()
         wall = (time.perf_counter() - start) * 1e3 / steps
-    events = prof.events()
+    events = list(prof.events())
+    marks = sorted(float(e.time_range.start) for e in events if e.name == _STEP)
+    if len(marks) > 1:  # the counted steps: everything from the second step's start on
+        events = [e for e in events if float(e.time_range.start) >= marks[1]]
     gpu = None
     if device_type == "cuda":
         kernels, gpu = cuda_kernels(events, steps, dtype)

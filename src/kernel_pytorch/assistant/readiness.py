@@ -79,7 +79,8 @@ def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
                     title=f"{len(breaks)} distinct graph break(s) split the model into {n_graphs} graph(s)",
                     evidence=f"ops per graph: {ops}; Dynamo traced {trace.frames_total} frame(s) in "
                     f"{trace.seconds:.1f} s",
-                    suggestion="Fix the breaks above; then `torch.compile(model, fullgraph=True)` keeps "
+                    suggestion="Fix the graph breaks (each a finding of Compilation readiness); "
+                    "then `torch.compile(model, fullgraph=True)` keeps "
                     "them from coming back.",
                     data=data,
                 )
@@ -96,7 +97,8 @@ def analyze_readiness(ctx: AnalysisContext) -> list[Finding]:
                     id="readiness.graphs",
                     severity=Severity.WARNING,
                     title=title,
-                    evidence=f"{len(trace.failed_frames)} frame(s) fell back (above); ops per graph: {ops}; "
+                    evidence=f"{len(trace.failed_frames)} frame(s) fell back (each a finding of this section); "
+                    f"ops per graph: {ops}; "
                     f"traced in {trace.seconds:.1f} s",
                     data=data,
                 )
@@ -252,13 +254,14 @@ def _fullgraph_finding(ctx: AnalysisContext, has_breaks: bool) -> Finding:
             data={"fullgraph": False},
         )
     if ctx.trace.failed_frames:
-        # the frame Dynamo gave up on is what fullgraph=True raises on: said above, not traced again
+        # the frame Dynamo gave up on is what fullgraph=True raises on: its own finding, not traced again
         return Finding(
             id="readiness.fullgraph",
             severity=Severity.WARNING,
-            title="torch.compile(fullgraph=True) fails at the frame Dynamo gives up on (see above)",
+            title="torch.compile(fullgraph=True) fails at the frame Dynamo gives up on",
             evidence="fullgraph=True turns a frame that falls back to eager into an error",
-            suggestion="Fix the frame fallback above, then compile with fullgraph=True.",
+            suggestion="Fix the frame that falls back (its finding in Compilation readiness), then compile with "
+            "fullgraph=True.",
             data={"fullgraph": False},
         )
     result = ctx.fullgraph

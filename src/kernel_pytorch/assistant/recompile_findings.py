@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kernel_pytorch.assistant.context import AnalysisContext
-from kernel_pytorch.assistant.dynamo import backend_name
+from kernel_pytorch.assistant.dynamo import backend_name, readable
 from kernel_pytorch.assistant.findings import Finding, Severity
 from kernel_pytorch.assistant.inputs import InputKey
 from kernel_pytorch.assistant.locate import definition_location, is_library_file
@@ -157,7 +157,7 @@ def cause_finding(ctx: AnalysisContext, key: GroupKey, members: Sequence[Cause],
         id=f"recompile.{kind}",
         severity=Severity.WARNING,
         title=title,
-        evidence=f"{n} recompile(s); failed guard: {first.guard}; {after_text}",
+        evidence=f"{n} recompile(s); failed guard: {readable(first.guard)}; {after_text}",
         location=location,
         suggestion=suggestion,
         estimated_gain=gain,

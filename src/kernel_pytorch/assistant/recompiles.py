@@ -75,7 +75,7 @@ def analyze_recompilations(ctx: AnalysisContext) -> list[Finding]:
                 id="recompile.no-sweep",
                 severity=Severity.INFO,
                 title="No recompilation sweep: no call besides the example",
-                evidence="every other call was rejected (above)"
+                evidence="every other call was rejected (the finding on the sweep calls left out says why)"
                 if rejected
                 else f"dims found: {ctx.input_dims or 'none'}; sizes: {sweep.sizes or 'none'}; "
                 "no Python scalar arguments to vary",

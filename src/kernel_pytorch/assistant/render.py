@@ -1,4 +1,9 @@
-"""Rendering of a `Report`: a rich terminal view, JSON and Markdown. Nothing here analyses anything."""
+"""Rendering of a `Report`: a rich terminal view, JSON and Markdown. Nothing here analyses anything.
+
+The terminal view is short by default: the facts and the headline, the top fixes, the fixes tried and
+found slower, then one line per finding; `verbose=True` (CLI `--verbose`) prints every finding in full,
+as the JSON, Markdown and HTML renderings always do.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from rich.text import Text
 
 from kernel_pytorch.assistant.findings import SECTION_TITLES, Finding, Location, Report, Severity
 
+TOP_FIXES = 5  # suggestions the short terminal view prints
 _MARK = {Severity.ERROR: "✖", Severity.WARNING: "▲", Severity.INFO: "●"}
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -68,11 +74,22 @@ def _headline_text(report: Report) -> str:
     if h.get("compile_s") is not None:
         parts.append(f"compile {h['compile_s']:.1f} s" + (" (cached)" if h.get("compile_cache_hit") else " (cold)"))
     if h.get("compile_verdict") is not None:
-        speed = f" ({h['compile_speedup']:.2f}x)" if h.get("compile_speedup") else ""
-        parts.append(f"verdict: {h['compile_verdict']}{speed}")
+        parts.append("verdict: " + verdict_text(h["compile_verdict"], h.get("compile_speedup")))
     counts = report.counts()
     parts.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info")
     return " · ".join(parts)
+
+
+def verdict_text(verdict: str, speedup: float | None) -> str:
+    """The compile verdict in words that agree with its ratio: "compile, 1.80x faster", "eager, compiled
+    1.25x slower", "no measurable difference (median 1.43x, within the timing noise)"."""
+    if not speedup:
+        return {"no difference": "no measurable difference"}.get(verdict, verdict)
+    if verdict == "compile":
+        return f"compile, {speedup:.2f}x faster"
+    if verdict == "eager":
+        return f"eager, compiled {1 / speedup:.2f}x slower"
+    return f"no measurable difference (median {speedup:.2f}x, within the timing noise)"
 
 
 def _meta_text(report: Report) -> str:
@@ -125,28 +142,66 @@ def _finding_renderable(f: Finding) -> Group:
     return Group(*lines)
 
 
-def render_terminal(report: Report, console: Console | None = None) -> None:
-    """Print the report to `console` (default: a new rich Console on stdout)."""
-    console = console or Console()
-    console.print(
-        Panel(
-            Text(_meta_text(report)) + Text("\n") + Text(_headline_text(report), style="bold"),
-            title=f"[bold]Compile report: {report.model}[/bold]",
-            expand=True,
-        )
+def _header(report: Report) -> Panel:
+    return Panel(
+        Text(_meta_text(report)) + Text("\n") + Text(_headline_text(report), style="bold"),
+        title=f"[bold]Compile report: {report.model}[/bold]",
+        expand=True,
     )
+
+
+def _line(f: Finding) -> Text:
+    """One finding on one line: its mark, its first place and its title."""
+    line = Text(f"{_MARK[f.severity]} ", style=_STYLE[f.severity])
+    if f.location is not None:
+        line.append(f"{_where(f.location)}  ", style="magenta")
+    line.append(f.title)
+    return line
+
+
+def _fix(f: Finding) -> Group:
+    """A suggestion: its rank and title, the fix, the gain."""
+    title = Text(f.title, style="bold")
+    if f.location is not None:
+        title.append(f"  {_where(f.location)}", style="magenta")
+    lines = [title, Text("    fix: ", style="green") + Text(f.suggestion)]
+    if f.estimated_gain:
+        lines.append(Text("    gain: ", style="green") + Text(f.estimated_gain))
+    return Group(*lines)
+
+
+def render_terminal(report: Report, console: Console | None = None, *, verbose: bool = False) -> None:
+    """Print the report to `console` (default: a new rich Console on stdout): short (the headline, the
+    top fixes, one line per finding), or every finding in full with `verbose`."""
+    console = console or Console()
+    console.print(_header(report))
     empty, not_run = [], []
+    fixes = [f for f in report.optimization_suggestions if f.id.startswith("suggestion.")]
+    tried = [f for f in report.optimization_suggestions if f.id.startswith("tried.")]
+    if not verbose and (fixes or tried):
+        console.print(Rule(f"[bold]Top fixes[/bold] ({min(len(fixes), TOP_FIXES)} of {len(fixes)})", align="left"))
+        for f in fixes[:TOP_FIXES]:
+            console.print(_fix(f))
+        for f in tried:
+            console.print(_line(f), no_wrap=True, overflow="ellipsis")
     for name, findings in report.sections():
         if not findings:
             (empty if _ran(report, name) else not_run).append(SECTION_TITLES[name])
             continue
+        if not verbose and name == "optimization_suggestions":
+            continue
         console.print(Rule(f"[bold]{SECTION_TITLES[name]}[/bold]", align="left"))
         for f in findings:
-            console.print(_finding_renderable(f))
+            if verbose:
+                console.print(_finding_renderable(f))
+            else:
+                console.print(_line(f), no_wrap=True, overflow="ellipsis")
     if empty:
         console.print(Text(f"No findings: {', '.join(empty)}", style="dim"))
     if not_run:
         console.print(Text(f"{', '.join(not_run)}: not analysed (not among the sections run)", style="dim"))
+    if not verbose:
+        console.print(Text("Every finding in full: --verbose, --json, --markdown or --html.", style="dim"))
 
 
 def _ran(report: Report, section: str) -> bool:

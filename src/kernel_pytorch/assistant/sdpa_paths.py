@@ -174,6 +174,10 @@ def sdpa_findings(ctx: Any) -> list[Finding]:
         else:
             evidence = f"{n} call(s) per forward at q {shape}; the fixed call could not be timed ({error})"
             gain_ms, gain = None, None
+        example = ("is_causal=True" if causal else "attn_mask=mask") + (", enable_gqa=True" if r > 1 else "")
+        fix_text = "; ".join(fix) + f", e.g. `F.scaled_dot_product_attention(q, k, v, {example})`"
+        if slower:  # tried and slower here: reported, not suggested
+            evidence += f". Tried: {fix_text}"
         out.append(Finding(
             id="kernel.sdpa-" + ("causal-mask" if causal else "repeat-kv") + ("-repeat-kv" if causal and r > 1 else ""),
             severity=Severity.INFO if slower else Severity.WARNING,
@@ -181,12 +185,12 @@ def sdpa_findings(ctx: Any) -> list[Finding]:
                    "Attention loses its fast path: ") + "; ".join(lost),
             evidence=evidence,
             location=call.location,
-            suggestion="; ".join(fix) + ", e.g. `F.scaled_dot_product_attention(q, k, v, "
-            + ("is_causal=True" if causal else "attn_mask=mask") + (", enable_gqa=True" if r > 1 else "") + ")`",
+            suggestion="" if slower else fix_text,
             estimated_gain=gain,
             data={"calls": n, "causal_mask": causal, "repeat": r, "ms_as_made": before, "ms_fixed": after,
                   "gain_ms": gain_ms, "measured": before is not None, "same_output": same,
-                  "query_shape": list(call.q.shape)},
+                  "query_shape": list(call.q.shape), "fix_slower": slower,
+                  "fix": "sdpa." + "+".join((["is_causal"] if causal else []) + (["enable_gqa"] if r > 1 else []))},
         ))
     return out
 

@@ -18,6 +18,8 @@ severity or worse.
 kernel_efficiency, optimization_suggestions, ...; hyphens work too); --html PATH writes one
 self-contained HTML report with a roofline and a kernel-time chart; --trace PATH writes the profiled
 eager and compiled runs as one Chrome trace; --train also measures forward+backward.
+The terminal report is short: the headline, the top fixes, one line per finding; --verbose prints
+every finding in full (evidence, every place, fix and gain), as --json, --markdown and --html do.
 --generate N analyses a Hugging Face model's generate() instead of its forward: N new tokens with
 the forward compiled, recompilations per decode step, the fix verified (exit 2 for a model
 without generate()).
@@ -244,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     if lines:
         err.print(f"[dim]the model printed {lines} line(s) while being analysed; not shown[/dim]")
     if not args.quiet:
-        render_terminal(report, Console())
+        render_terminal(report, Console(), verbose=args.verbose)
     if args.json:
         Path(args.json).write_text(to_json(report))
         err.print(f"wrote {args.json}")
@@ -315,6 +317,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train", action="store_true", help="also measure forward+backward (default: if training)")
     p.add_argument("--no-profile", action="store_true", help="skip the kernel profile and the compile verdict")
     p.add_argument("-q", "--quiet", action="store_true", help="print neither the report nor the progress")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="print every finding in full (default: one line per finding)"
+    )
     p.add_argument(
         "--fail-on",
         choices=_SEVERITIES[:2],
