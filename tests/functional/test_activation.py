@@ -1,7 +1,7 @@
 """kernel_pytorch.functional's activation family: argument errors name the argument, every backend computes
-the reference (forward and gradients), the eager launcher path (forced onto the interpreter here), the
-opt-in in-place backward (same gradients, written over the inputs, guarded against a second backward,
-refused where the memory cannot take it), and compile without graph breaks."""
+the reference (forward and gradients, a gate multiplier included), the eager launcher path (forced onto
+the interpreter here), the opt-in in-place backward (same gradients, written over the inputs, guarded
+against a second backward, refused where the memory cannot take it), and compile without graph breaks."""
 
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ def _gated(lead=(3, 5), cols=24, dtype=BF16, grad=True):
         (lambda: F.bias_act(torch.ones(2, 4, dtype=torch.int32), None, "gelu"), TypeError, "x must be a floating"),
         (lambda: F.swiglu(randn(2, 4), randn(2, 4), backend="cuda"), ValueError, "backend must be one of"),
         (lambda: F.swiglu(randn(2, 4), randn(2, 4, device="meta")), ValueError, "up is on meta"),
+        (lambda: F.gated_act(randn(2, 4), randn(2, 4), gate_multiplier=float("inf")), ValueError,
+         "gate_multiplier must be finite"),
+        (lambda: F.gated_act_packed(randn(2, 8), gate_multiplier=True), TypeError, "gate_multiplier must be a real"),
     ],
 )
 def test_errors_name_the_argument(call, error, match) -> None:
@@ -110,6 +113,31 @@ def test_eager_path_computes_the_reference(eager_path) -> None:
 
 def test_in_place_backward_computes_the_reference(eager_path) -> None:
     _check_cases("auto", inplace=True)
+
+
+@pytest.mark.parametrize(("path", "inplace"),
+                         [("eager", False), ("eager", True), ("auto", False), ("reference", False)])
+def test_gate_multiplier_on_every_path(monkeypatch: pytest.MonkeyPatch, path: str, inplace: bool) -> None:
+    """Falcon-H1's gate multiplier through the eager launchers (in-place backward too), the registered op
+    and the reference backend, fp32 (the kernel tests hold bf16 to the fp64 budget), forward and gradients."""
+    if path == "eager":
+        monkeypatch.setattr(activation, "_resolve", lambda backend, op, x, compiling: "eager")
+    backend = "reference" if path == "reference" else "auto"
+    gate, up = _gated(dtype=torch.float32, grad=False)
+    dh = randn(3, 5, 24, device=DEV)
+    kw = dict(inplace_backward=inplace, backend=backend)
+    for name, m in (("split", 0.7), ("packed", 1.9)):
+        g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
+        gu = torch.cat([gate, up], -1).requires_grad_()
+        ours, wrt = ((F.gated_act(g, u, "silu", gate_multiplier=m, **kw), (g, u)) if name == "split"
+                     else (F.gated_act_packed(gu, "gelu_tanh", gate_multiplier=m, **kw), (gu,)))
+        g0, u0 = gate.clone().requires_grad_(), up.clone().requires_grad_()
+        gu0 = torch.cat([gate, up], -1).requires_grad_()
+        want, wrt0 = ((R.gated_act(g0, u0, "silu", m), (g0, u0)) if name == "split"
+                      else (R.gated_act_packed(gu0, "gelu_tanh", m), (gu0,)))
+        assert_close(ours, want, name)
+        for i, (a, e) in enumerate(zip(torch.autograd.grad(ours, wrt, dh), torch.autograd.grad(want, wrt0, dh))):
+            assert_close(a, e, f"{name} grad {i}")
 
 
 def test_in_place_gradients_are_the_out_of_place_ones_written_over_the_inputs(eager_path) -> None:

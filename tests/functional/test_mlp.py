@@ -1,7 +1,8 @@
 """kernel_pytorch.functional's MLP blocks: argument errors, every backend against the reference (output and
 every gradient), the whole-block function (forced onto the interpreter here) against the reference and
-HF's eager composition, what it saves for the backward, frozen parameters, a second backward, and the
-paths that compose the block instead (inference, autocast, mixed dtypes)."""
+HF's eager composition, what it saves for the backward, frozen parameters, a second backward, the paths
+that compose the block instead (inference, autocast, mixed dtypes), and Falcon-H1's gate and down
+multipliers on every path."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from kernel_pytorch.functional import _dispatch as dispatch_mod
 from kernel_pytorch.functional import activation
 from kernel_pytorch.functional import mlp as mlp_mod
 from tests.grid import device_under_test, randn
-from tests.ops.norm_helpers import assert_close
+from tests.ops.norm_helpers import assert_budget, assert_close
 
 DEV = device_under_test()
 N, H, I = 6, 16, 24  # tokens, hidden, intermediate  # noqa: E741
@@ -43,29 +44,31 @@ def _params(dtype=torch.float32, bias=False, packed=False):
     return {k: v.requires_grad_() for k, v in p.items()}
 
 
-def _ours(p, act="silu", backend="auto"):
-    kw = {k: v for k, v in p.items() if k.endswith("_bias")}
+def _ours(p, act="silu", backend="auto", **multipliers):
+    kw = {k: v for k, v in p.items() if k.endswith("_bias")} | multipliers
     if "gate_up_weight" in p:
         return F.gated_mlp_packed(p["x"], p["gate_up_weight"], p["down_weight"], act, backend=backend, **kw)
     return F.gated_mlp(p["x"], p["gate_weight"], p["up_weight"], p["down_weight"], act, backend=backend, **kw)
 
 
-def _reference(p, act="silu"):
-    kw = {k: v for k, v in p.items() if k.endswith("_bias")}
+def _reference(p, act="silu", **multipliers):
+    kw = {k: v for k, v in p.items() if k.endswith("_bias")} | multipliers
     if "gate_up_weight" in p:
         return R.gated_mlp_packed(p["x"], p["gate_up_weight"], p["down_weight"], act, **kw)
     return R.gated_mlp(p["x"], p["gate_weight"], p["up_weight"], p["down_weight"], act, **kw)
 
 
-def _hf_eager(p, act="silu"):
-    """transformers' LlamaMLP / Phi3MLP forward, written out."""
+def _hf_eager(p, act="silu", gate_multiplier=1.0, down_multiplier=1.0):
+    """transformers' LlamaMLP / Phi3MLP forward, written out; with multipliers FalconH1MLP's."""
     fn = {"silu": TF.silu, "gelu": TF.gelu, "gelu_tanh": lambda t: TF.gelu(t, approximate="tanh")}[act]
     if "gate_up_weight" in p:
         gate, up = TF.linear(p["x"], p["gate_up_weight"], p.get("gate_up_bias")).chunk(2, dim=-1)
-        return TF.linear(up * fn(gate), p["down_weight"], p.get("down_bias"))
-    gate = TF.linear(p["x"], p["gate_weight"], p.get("gate_bias"))
-    up = TF.linear(p["x"], p["up_weight"], p.get("up_bias"))
-    return TF.linear(fn(gate) * up, p["down_weight"], p.get("down_bias"))
+    else:
+        gate = TF.linear(p["x"], p["gate_weight"], p.get("gate_bias"))
+        up = TF.linear(p["x"], p["up_weight"], p.get("up_bias"))
+    if gate_multiplier == down_multiplier == 1.0:
+        return TF.linear(fn(gate) * up, p["down_weight"], p.get("down_bias"))
+    return TF.linear(up * fn(gate * gate_multiplier), p["down_weight"], p.get("down_bias")) * down_multiplier
 
 
 def _assert_same_function(p, ours_fn, want_fn, what: str) -> None:
@@ -99,6 +102,62 @@ def test_block_function_matches_reference_and_hf_eager(eager_path, bias: bool, p
         _assert_same_function(p, lambda: _ours(p), lambda: _hf_eager(p), "vs HF eager")
 
 
+FALCON_H1 = {"gate_multiplier": 0.7, "down_multiplier": 1.9}
+
+
+@pytest.mark.parametrize("path", ["block", "op", "reference", "composed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("packed", [False, True], ids=["split", "packed"])
+def test_multipliers_on_every_path(monkeypatch: pytest.MonkeyPatch, path: str, dtype, packed: bool) -> None:
+    """Falcon-H1's multipliers through the whole-block function (interpreter), the gated_down op, the
+    reference backend and the composed block (autocast's path): output and every gradient against the
+    reference; fp32 also against FalconH1MLP's eager forward written out."""
+    if path == "block":
+        for module in (mlp_mod, activation):
+            monkeypatch.setattr(module, "_resolve", lambda backend, op, x, compiling: "eager")
+    if path == "composed":
+        monkeypatch.setattr(dispatch_mod, "_autocast_on", lambda device_type: True)
+    calls = []
+    monkeypatch.setattr(mlp_mod._GatedMLPBlock, "apply", lambda *a, f=mlp_mod._GatedMLPBlock.apply: calls.append(a)
+                        or f(*a))
+    backend = "reference" if path == "reference" else "auto"
+    p = _params(dtype, bias=True, packed=packed)
+    ours = lambda: _ours(p, "silu", backend, **FALCON_H1)  # noqa: E731
+    if dtype == torch.float32:
+        _assert_same_function(p, ours, lambda: _reference(p, "silu", **FALCON_H1), f"{path} vs reference")
+        _assert_same_function(p, ours, lambda: _hf_eager(p, "silu", **FALCON_H1), f"{path} vs FalconH1MLP")
+    else:
+        _assert_within_fp64_budget(p, ours, FALCON_H1, path)
+    assert bool(calls) == (path == "block")
+
+
+def _assert_within_fp64_budget(p, ours_fn, multipliers: dict, what: str) -> None:
+    """Output and every gradient within the fp64 budget of the reference in p's dtype: the weight
+    gradients sum rows with cancellation, and under the interpreter every extra rounding the multipliers
+    bring (gate * m, y * m, dy * m) is a truncation where the GPU rounds to nearest as the reference does."""
+    names = list(p)
+    wide = {n: t.detach().double().requires_grad_() for n, t in p.items()}
+    out, want, want64 = ours_fn(), _reference(p, "silu", **multipliers), _reference(wide, "silu", **multipliers)
+    assert_budget(out, want, want64, f"{what} y")
+    dy = randn(*out.shape, dtype=out.dtype, device=DEV)
+    grads = zip(names, torch.autograd.grad(out, [p[n] for n in names], dy),
+                torch.autograd.grad(want, [p[n] for n in names], dy),
+                torch.autograd.grad(want64, [wide[n] for n in names], dy.double()))
+    for n, g, e, e64 in grads:
+        assert_budget(g, e, e64, f"{what} d{n}")
+
+
+def test_multipliers_keep_what_the_fused_paths_save(eager_path) -> None:
+    """The whole-block function and the gated_down op keep x and gate/up alone with multipliers too."""
+    for p, widths in ((_params(packed=True), [(N, H), (N, 2 * I)]), (_params(), [(N, H), (N, I), (N, I)])):
+        assert _saved_activations(lambda p=p: _ours(p, **FALCON_H1)) == widths
+
+
+def test_op_path_with_multipliers_saves_x_gate_up_not_h() -> None:
+    split = _params(bias=True)
+    assert _saved_activations(lambda: _ours(split, **FALCON_H1)) == [(N, H), (N, I), (N, I)]
+
+
 @pytest.mark.parametrize("align", [8, 16], ids=["even", "uneven"])
 @pytest.mark.parametrize("packed", [False, True], ids=["split", "packed"])
 def test_block_backward_in_dh_column_chunks(eager_path, monkeypatch: pytest.MonkeyPatch, packed: bool,
@@ -112,6 +171,9 @@ def test_block_backward_in_dh_column_chunks(eager_path, monkeypatch: pytest.Monk
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])) and all((b - a) % align == 0 for a, b in spans[:-1])
     p = _params(torch.bfloat16, bias=True, packed=packed)
     _assert_same_function(p, lambda: _ours(p), lambda: _reference(p), "chunked")
+    p32 = _params(bias=True, packed=packed)  # the multipliers in every chunk: fp32, by the table
+    _assert_same_function(p32, lambda: _ours(p32, **FALCON_H1), lambda: _reference(p32, **FALCON_H1),
+                          "chunked, multipliers")
     p["down_weight"].requires_grad_(False)
     frozen = {k: v for k, v in p.items() if k != "down_weight"}
     out, want = _ours(p), _reference(p)
@@ -248,6 +310,12 @@ def test_mlp_matches_the_reference(eager_path) -> None:
          "activation must be one of"),
         (lambda p: F.bias_act_mlp(p["x"], p["gate_weight"], None, p["down_weight"].to("meta"), None, "gelu"),
          ValueError, "fc2_weight is on meta"),
+        (lambda p: F.gated_mlp(p["x"], p["gate_weight"], p["up_weight"], p["down_weight"],
+                               gate_multiplier=float("nan")), ValueError, "gate_multiplier must be finite"),
+        (lambda p: F.gated_mlp_packed(p["x"], torch.cat([p["gate_weight"], p["up_weight"]]), p["down_weight"],
+                                      down_multiplier=float("-inf")), ValueError, "down_multiplier must be finite"),
+        (lambda p: F.gated_mlp(p["x"], p["gate_weight"], p["up_weight"], p["down_weight"],
+                               down_multiplier=torch.tensor(2.0)), TypeError, "down_multiplier must be a real number"),
     ],
 )
 def test_errors_name_the_argument(call, error, match) -> None:

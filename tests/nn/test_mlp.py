@@ -1,7 +1,7 @@
-"""MLP modules against transformers' own: LlamaMLP, GemmaMLP (GEGLU, tanh) and Phi3MLP (packed gate_up_proj)
-from tiny random configs, and CLIPMLP for the bias + activation MLP: outputs and every gradient within the
-tolerance table, state dicts loading both ways in both layouts, parameters shared by from_module,
-torch.compile(fullgraph=True) without graph breaks, and the errors."""
+"""MLP modules against transformers' own: LlamaMLP, GemmaMLP (GEGLU, tanh), Phi3MLP (packed gate_up_proj)
+and FalconH1MLP (gate and down multipliers) from tiny random configs, and CLIPMLP for the bias + activation
+MLP: outputs and every gradient within the tolerance table, state dicts loading both ways in both layouts,
+parameters shared by from_module, torch.compile(fullgraph=True) without graph breaks, and the errors."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 H, I = 16, 24  # noqa: E741
 DIMS = {"hidden_size": H, "intermediate_size": I, "num_attention_heads": 2, "num_key_value_heads": 2}
+FALCON_H1 = {"gate_multiplier": 0.7, "down_multiplier": 1.9}  # its config's mlp_multipliers
 
 
 def _hf(kind: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -31,6 +32,9 @@ def _hf(kind: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     if kind == "gemma":
         from transformers.models.gemma.modeling_gemma import GemmaConfig, GemmaMLP
         return GemmaMLP(GemmaConfig(**DIMS, hidden_act="gelu_pytorch_tanh", head_dim=8)).to(dtype)
+    if kind == "falcon_h1":
+        from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1Config, FalconH1MLP
+        return FalconH1MLP(FalconH1Config(**DIMS, mlp_multipliers=list(FALCON_H1.values()))).to(dtype)
     from transformers.models.phi3.modeling_phi3 import Phi3Config, Phi3MLP
     return Phi3MLP(Phi3Config(**DIMS)).to(dtype)
 
@@ -58,26 +62,30 @@ def _same_function(ours: torch.nn.Module, theirs: torch.nn.Module, dtype: torch.
 
 
 @pytest.mark.parametrize("kind,dtype", [("llama", torch.float32), ("llama_bias", torch.float32),
-                                        ("gemma", torch.bfloat16), ("phi3", torch.float32)])
+                                        ("gemma", torch.bfloat16), ("phi3", torch.float32),
+                                        ("falcon_h1", torch.float32), ("falcon_h1", torch.bfloat16)])
 def test_from_module_shares_parameters_and_matches(kind: str, dtype: torch.dtype) -> None:
     hf = _hf(kind, dtype)
     ours = kp.nn.GatedMLP.from_module(hf)
     assert ours.activation == ("gelu_tanh" if kind == "gemma" else "silu")
     assert ours.fuse_gate_up == (kind == "phi3")
+    multipliers = FALCON_H1 if kind == "falcon_h1" else {"gate_multiplier": 1.0, "down_multiplier": 1.0}
+    assert (ours.gate_multiplier, ours.down_multiplier) == tuple(multipliers.values())
     for (name, p), (hf_name, q) in zip(ours.named_parameters(), hf.named_parameters()):
         assert name == hf_name and p is q  # the very Parameter objects: shared, not copied
     _same_function(ours, hf, dtype, kind)
     assert list(ours.state_dict()) == list(hf.state_dict())  # Phi-3's source saves packed
 
 
-@pytest.mark.parametrize("kind", ["llama_bias", "gemma", "phi3"])
+@pytest.mark.parametrize("kind", ["llama_bias", "gemma", "phi3", "falcon_h1"])
 @pytest.mark.parametrize("fuse", [False, True])
 def test_state_dicts_load_both_ways(kind: str, fuse: bool) -> None:
     """An HF checkpoint loads into ours (either form), ours matches it, and ours' checkpoint loads into HF."""
     hf = _hf(kind)
     act = "gelu_pytorch_tanh" if kind == "gemma" else "silu"
     layout = "packed" if kind == "phi3" else "split"
-    ours = kp.nn.GatedMLP(H, I, act, bias=kind == "llama_bias", fuse_gate_up=fuse, state_dict_layout=layout)
+    ours = kp.nn.GatedMLP(H, I, act, bias=kind == "llama_bias", fuse_gate_up=fuse, state_dict_layout=layout,
+                          **(FALCON_H1 if kind == "falcon_h1" else {}))
     ours.load_state_dict(hf.state_dict())
     _same_function(ours, hf, torch.float32, f"{kind} fuse={fuse}")
     sd = ours.state_dict()
@@ -108,14 +116,16 @@ def test_block_path_of_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA eager path (whole-block function, launchers on the interpreter here) of a fused module."""
     for module in (mlp_mod, act_mod):
         monkeypatch.setattr(module, "_resolve", lambda backend, op, x, compiling: "eager")
-    hf = _hf("phi3")
-    _same_function(kp.nn.GatedMLP.from_module(hf), hf, torch.float32, "block")
+    for kind in ("phi3", "falcon_h1"):
+        hf = _hf(kind)
+        _same_function(kp.nn.GatedMLP.from_module(hf), hf, torch.float32, f"{kind} block")
 
 
 def test_modules_compile_without_breaks() -> None:
     """One graph for both GatedMLP forms (one compile keeps the test short; the bias + activation MLP's
     op compiles in tests/functional/test_activation.py)."""
-    model = torch.nn.Sequential(kp.nn.GatedMLP(H, I, "gelu_tanh"), kp.nn.GatedMLP(H, I, fuse_gate_up=True, bias=True))
+    model = torch.nn.Sequential(kp.nn.GatedMLP(H, I, "gelu_tanh", **FALCON_H1),
+                                kp.nn.GatedMLP(H, I, fuse_gate_up=True, bias=True))
     x = randn(4, H).requires_grad_()
     out, breaks = compile_and_count_breaks(model, x)
     assert breaks == 0
@@ -129,12 +139,33 @@ def test_modules_compile_without_breaks() -> None:
 def test_module_saves_x_gate_up_not_h() -> None:
     """Training keeps x (once), gate and up (the fused form: gate_up) for the backward, not h = act(gate) * up."""
     for model, widths in ((kp.nn.GatedMLP(H, I, bias=True), [H, I, I]),
-                          (kp.nn.GatedMLP(H, I, "gelu", fuse_gate_up=True), [H, 2 * I])):
+                          (kp.nn.GatedMLP(H, I, "gelu", fuse_gate_up=True), [H, 2 * I]),
+                          (kp.nn.GatedMLP(H, I, bias=True, **FALCON_H1), [H, I, I])):
         saved: list[tuple[int, ...]] = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(tuple(t.shape)) or t,
                                                       lambda t: t):
             model(randn(5, H).requires_grad_())
         assert sorted(s for s in saved if s[0] == 5) == sorted((5, w) for w in widths)
+
+
+def test_export_with_multipliers() -> None:
+    """torch.export keeps the registered gated activation, the gate multiplier its argument, and the down
+    multiplier on the Linear's output."""
+    model, x = kp.nn.GatedMLP(H, I, **FALCON_H1), randn(3, H)
+    ep = torch.export.export(model, (x,))
+    assert "kernel_pytorch.gated_act_fwd" in str(ep.graph) and "0.7" in str(ep.graph)
+    assert_close(ep.module()(x), model(x), "exported")
+
+
+def test_multipliers_in_repr_only_when_not_one_and_never_in_the_state_dict() -> None:
+    plain, scaled = kp.nn.GatedMLP(H, I), kp.nn.GatedMLP(H, I, **FALCON_H1)
+    assert "multiplier" not in repr(plain)
+    assert "gate_multiplier=0.7, down_multiplier=1.9" in repr(scaled)
+    assert "down_multiplier" not in repr(kp.nn.GatedMLP(H, I, gate_multiplier=0.5))
+    assert list(scaled.state_dict()) == list(plain.state_dict())
+    scaled.load_state_dict(plain.state_dict())  # a Llama-style checkpoint loads; the multipliers stay
+    assert (scaled.gate_multiplier, scaled.down_multiplier) == (0.7, 1.9)
+    assert kp.nn.GatedMLP(H, I, down_multiplier=2).down_multiplier == 2.0  # an int is taken as a float
 
 
 def test_bias_act_mlp_matches_clip_mlp() -> None:
@@ -171,6 +202,12 @@ def test_activation_from_a_torch_module_and_errors() -> None:
         kp.nn.GatedMLP(H, I, "quick_gelu")
     with pytest.raises(ValueError, match="state_dict_layout"):
         kp.nn.GatedMLP(H, I, state_dict_layout="fused")
+    with pytest.raises(ValueError, match="gate_multiplier must be finite"):
+        kp.nn.GatedMLP(H, I, gate_multiplier=float("nan"))
+    odd = Plain(torch.nn.SiLU())
+    odd.down_multiplier = "2"
+    with pytest.raises(TypeError, match="down_multiplier must be a real number"):
+        kp.nn.GatedMLP.from_module(odd)
     with pytest.raises(RuntimeError, match="gate_up_proj.weight holds"):
         kp.nn.GatedMLP(H, I).load_state_dict({"gate_up_proj.weight": torch.zeros(2 * I + 1, H),
                                              "down_proj.weight": torch.zeros(H, I)})
@@ -178,7 +215,8 @@ def test_activation_from_a_torch_module_and_errors() -> None:
 
 def test_compiled_backward_receives_x_gate_up_not_h() -> None:
     """What torch.compile's partition (min-cut, as Inductor's) keeps for the backward: x, gate and up;
-    h is recomputed in the backward, not saved (before gated_down the composed Linear saved it)."""
+    h is recomputed in the backward, not saved (before gated_down the composed Linear saved it); the
+    multipliers add nothing to it."""
     from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
@@ -192,6 +230,6 @@ def test_compiled_backward_receives_x_gate_up_not_h() -> None:
     backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=bw_compiler,
                            partition_fn=min_cut_rematerialization_partition)
     torch._dynamo.reset()
-    model, x = kp.nn.GatedMLP(H, I, "gelu"), randn(5, H).requires_grad_()
+    model, x = kp.nn.GatedMLP(H, I, "gelu", **FALCON_H1), randn(5, H).requires_grad_()
     torch.compile(model, backend=backend, fullgraph=True)(x).sum().backward()
     assert sorted(s for s in saved if s and s[0] == 5) == [(5, H), (5, I), (5, I)]

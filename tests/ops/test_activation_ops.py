@@ -1,6 +1,7 @@
 """The activation family's registered ops (gated_act, gated_act_packed, bias_act): schemas, opcheck, the
-registered autograd and the eager entries against the reference, torch.compile(fullgraph=True) without
-breaks, torch.export; the branch-free IEEE division the activations use on the GPU."""
+registered autograd and the eager entries against the reference (a gate multiplier included),
+torch.compile(fullgraph=True) without breaks, torch.export; the branch-free IEEE division the activations
+use on the GPU."""
 
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ def _gated(dtype=torch.float32, grad=False, lead=(3, 5), cols=24):
 
 def test_schemas() -> None:
     assert str(OPS.gated_act_fwd.default._schema) == (
-        "kernel_pytorch::gated_act_fwd(Tensor gate, Tensor up, str act) -> Tensor")
+        "kernel_pytorch::gated_act_fwd(Tensor gate, Tensor up, str act, float gate_multiplier=1.) -> Tensor")
     assert str(OPS.gated_act_bwd.default._schema) == (
-        "kernel_pytorch::gated_act_bwd(Tensor dh, Tensor gate, Tensor up, str act) -> (Tensor, Tensor)")
+        "kernel_pytorch::gated_act_bwd(Tensor dh, Tensor gate, Tensor up, str act, float gate_multiplier=1.)"
+        " -> (Tensor, Tensor)")
     assert str(OPS.gated_act_packed_bwd.default._schema) == (
-        "kernel_pytorch::gated_act_packed_bwd(Tensor dh, Tensor gate_up, str act) -> Tensor")
+        "kernel_pytorch::gated_act_packed_bwd(Tensor dh, Tensor gate_up, str act, float gate_multiplier=1.) -> Tensor")
     assert str(OPS.bias_act_fwd.default._schema) == (
         "kernel_pytorch::bias_act_fwd(Tensor x, Tensor? bias, str act) -> Tensor")
 
@@ -40,15 +42,19 @@ def test_schemas() -> None:
 def test_opcheck(dtype: torch.dtype) -> None:
     gate, up = _gated(dtype, grad=True)
     torch.library.opcheck(OPS.gated_act_fwd.default, (gate, up, "silu"))
+    torch.library.opcheck(OPS.gated_act_fwd.default, (gate, up, "silu", 0.7))
     gate_up = torch.cat([gate, up], -1).detach().requires_grad_()
     torch.library.opcheck(OPS.gated_act_packed_fwd.default, (gate_up, "gelu_tanh"))
+    torch.library.opcheck(OPS.gated_act_packed_fwd.default, (gate_up, "silu", 1.9))
     x, bias = randn(3, 5, 24, dtype=dtype, device=DEV).requires_grad_(), randn(24, dtype=dtype, device=DEV)
     torch.library.opcheck(OPS.bias_act_fwd.default, (x, bias.requires_grad_(), "gelu"))
     torch.library.opcheck(OPS.bias_act_fwd.default, (x, None, "relu"))
     # the backward ops are not themselves differentiable: checked on plain tensors
     dh = randn(3, 5, 24, dtype=dtype, device=DEV)
     torch.library.opcheck(OPS.gated_act_bwd.default, (dh, gate.detach(), up.detach(), "gelu"))
+    torch.library.opcheck(OPS.gated_act_bwd.default, (dh, gate.detach(), up.detach(), "silu", 0.7))
     torch.library.opcheck(OPS.gated_act_packed_bwd.default, (dh, gate_up.detach(), "silu"))
+    torch.library.opcheck(OPS.gated_act_packed_bwd.default, (dh, gate_up.detach(), "gelu_tanh", 1.9))
     torch.library.opcheck(OPS.bias_act_bwd.default, (dh, x.detach(), bias.detach(), "silu"))
     torch.library.opcheck(OPS.bias_act_bwd.default, (dh, x.detach(), None, "gelu_tanh"))
 
@@ -83,6 +89,25 @@ def test_registered_and_eager_autograd_match_the_reference(entry: str) -> None:
             assert_close(got, expected, f"{name} grad {i}")
 
 
+@pytest.mark.parametrize("entry", ["op", "eager"])
+def test_gate_multiplier_through_the_autograd_of_both_entries(entry: str) -> None:
+    """Falcon-H1's gate multiplier through the registered op's autograd and the eager entry, fp32 (the
+    kernel tests hold bf16 to the fp64 budget), split and packed, against the reference's autograd."""
+    gate, up = _gated(grad=True)
+    gate_up = torch.cat([gate, up], -1).detach().requires_grad_()
+    split, packed = (OPS.gated_act_fwd, OPS.gated_act_packed_fwd) if entry == "op" else (
+        gated_act_eager, gated_act_packed_eager)
+    dh = randn(3, 5, 24, device=DEV)
+    cases = {"split": (lambda: split(gate, up, "silu", 0.7), lambda: R.gated_act(gate, up, "silu", 0.7), (gate, up)),
+             "packed": (lambda: packed(gate_up, "gelu_tanh", 1.9),
+                        lambda: R.gated_act_packed(gate_up, "gelu_tanh", 1.9), (gate_up,))}
+    for name, (ours, ref, wrt) in cases.items():
+        out, want = ours(), ref()
+        assert_close(out, want, name)
+        for i, (got, expected) in enumerate(zip(torch.autograd.grad(out, wrt, dh), torch.autograd.grad(want, wrt, dh))):
+            assert_close(got, expected, f"{name} grad {i}")
+
+
 def test_bias_free_gradient_is_none() -> None:
     x = randn(4, 16, device=DEV).requires_grad_()
     for y in (OPS.bias_act_fwd(x, None, "silu"), bias_act_eager(x, None, "silu")):
@@ -95,6 +120,7 @@ def test_gradcheck_fp64_through_the_ops() -> None:
     torch.autograd.gradcheck(lambda g, u: OPS.gated_act_fwd(g, u, "gelu"), (gate, up))
     gate_up = torch.cat([gate, up], -1).detach().requires_grad_()
     torch.autograd.gradcheck(lambda t: OPS.gated_act_packed_fwd(t, "silu"), (gate_up,))
+    torch.autograd.gradcheck(lambda t: OPS.gated_act_packed_fwd(t, "gelu_tanh", 0.7), (gate_up,))
     bias = randn(8, dtype=torch.float64, device=DEV).requires_grad_()
     torch.autograd.gradcheck(lambda x, b: OPS.bias_act_fwd(x, b, "gelu_tanh"), (gate, bias))
 
@@ -104,7 +130,7 @@ def test_compile_fullgraph_no_breaks_same_grads() -> None:
     bias = randn(24, device=DEV).requires_grad_()
 
     def f(gate, up, bias):
-        h = OPS.gated_act_fwd(gate, up, "silu") + OPS.gated_act_packed_fwd(torch.cat([gate, up], -1), "gelu")
+        h = OPS.gated_act_fwd(gate, up, "silu", 0.7) + OPS.gated_act_packed_fwd(torch.cat([gate, up], -1), "gelu")
         return OPS.bias_act_fwd(h, bias, "gelu_tanh")
 
     wrt = (gate, up, bias)

@@ -1,7 +1,7 @@
 """Gated activations (SwiGLU, GEGLU): the launchers against the reference (split and packed layouts,
-strided and flat operands, every activation and dtype, in-place outputs), the reference against
-transformers' eager MLP and against autograd, the argument checks; on the GPU, wide rows, bitwise
-agreement with eager and determinism."""
+strided and flat operands, every activation and dtype, in-place outputs, a gate multiplier), the
+reference against transformers' eager MLP (Falcon-H1's gate multiplier included) and against autograd,
+the argument checks; on the GPU, wide rows, bitwise agreement with eager and determinism."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tests.ops.act_helpers import (
     gate_input,
     hf_act,
 )
-from tests.ops.norm_helpers import assert_close
+from tests.ops.norm_helpers import assert_budget, assert_close
 
 DEV = device_under_test()
 BF16 = torch.bfloat16
@@ -98,6 +98,35 @@ def test_every_activation_matches_reference(dtype, act) -> None:
 @pytest.mark.parametrize("lead,cols", ROW_SHAPES)
 def test_packed_matches_reference(lead, cols, dtype) -> None:
     _packed_case(lead, cols, dtype, "gelu_tanh")
+
+
+@pytest.mark.parametrize("m", [0.7, 1.9])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_gate_multiplier_matches_reference(dtype, act, m) -> None:
+    """Falcon-H1's gate multiplier inside the kernels: act((gate * m).to(dtype)) forward, d_gate scaled
+    by m backward, split (strided) and packed, h recomputed in the backward as the forward's. fp32 by the
+    table; bf16 by the fp64 budget: the rounding of gate * m to bf16 is the specification's (eager's), and
+    an ulp of it moves act(z) by up to |1 + z| ulps in SiLU's tail, so where the interpreter truncates
+    that rounding (the GPU rounds to nearest, as the reference) the error is the reference's own kind."""
+    gate_up = torch.cat([gate_input(5, 3, 40, dtype=dtype, device=DEV), randn(5, 3, 40, dtype=dtype, device=DEV)], -1)
+    gate, up = gate_up.chunk(2, -1)  # strided halves for the split launchers
+    dh = randn(5, 3, 40, dtype=dtype, device=DEV)
+    with Poisoned():
+        h, hp = gated_act_fwd(gate, up, act, m), gated_act_packed_fwd(gate_up, act, m)
+        d_gate, d_up, h2 = gated_act_bwd(dh, gate, up, act, m, with_h=True)
+        dp, hp2 = gated_act_packed_bwd(dh, gate_up, act, m, with_h=True)
+    assert torch.equal(h2, h) and torch.equal(hp2, hp) and torch.equal(hp, h)
+    assert torch.equal(dp, torch.cat([d_gate, d_up], -1))
+    wide = (dh.double(), gate.double(), up.double())
+    refs = {"h": (R.gated_act(gate, up, act, m), R.gated_act(*wide[1:], act, m)),
+            "d_gate": (R.gated_act_backward(dh, gate, up, act, m)[0], R.gated_act_backward(*wide, act, m)[0]),
+            "d_up": (R.gated_act_backward(dh, gate, up, act, m)[1], R.gated_act_backward(*wide, act, m)[1])}
+    for name, got in (("h", h), ("d_gate", d_gate), ("d_up", d_up)):
+        if dtype == torch.float32:
+            assert_close(got, refs[name][0], name)
+        else:
+            assert_budget(got, *refs[name], name)
 
 
 @pytest.mark.parametrize("lead,cols", [((5,), 33), ((2, 3), 128)])
@@ -187,6 +216,22 @@ def test_reference_is_hf_eager_mlp(dtype, act) -> None:
     assert_close(ref_du, du, "d_up")
 
 
+@pytest.mark.parametrize("m", [0.7, 1.9])
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_reference_with_gate_multiplier_is_falcon_h1_eager(dtype, m) -> None:
+    """With a gate multiplier the reference's forward is bitwise FalconH1MLP's
+    up_proj(x) * act_fn(gate_proj(x) * gate_multiplier); its backward within the table of eager autograd."""
+    gate = gate_input(33, 257, dtype=dtype, device="cpu").requires_grad_()
+    up = randn(33, 257, dtype=dtype).requires_grad_()
+    dh = randn(33, 257, dtype=dtype)
+    h = up * hf_act("silu")(gate * m)
+    assert torch.equal(R.gated_act(gate.detach(), up.detach(), "silu", m), h)
+    dg, du = torch.autograd.grad(h, (gate, up), dh)
+    ref_dg, ref_du = R.gated_act_backward(dh, gate.detach(), up.detach(), "silu", m)
+    assert_close(ref_dg, dg, "d_gate")
+    assert torch.equal(ref_du, du)
+
+
 @pytest.mark.parametrize("act", ACTS)
 def test_kernels_agree_with_hf_eager(act) -> None:
     """The kernels against transformers' activation directly: within the table in every dtype (wide
@@ -202,13 +247,14 @@ def test_kernels_agree_with_hf_eager(act) -> None:
     assert equal >= 0.99, f"fp16: {equal:.4f} bitwise equal"
 
 
+@pytest.mark.parametrize("m", [1.0, 0.7])
 @pytest.mark.parametrize("act", ACTS)
-def test_reference_backward_is_the_gradient_of_the_reference(act) -> None:
+def test_reference_backward_is_the_gradient_of_the_reference(act, m) -> None:
     gate = gate_input(6, 40, dtype=torch.float64, device="cpu").requires_grad_()
     up = randn(6, 40, dtype=torch.float64).requires_grad_()
     dh = randn(6, 40, dtype=torch.float64)
-    want = torch.autograd.grad(R.gated_act(gate, up, act), (gate, up), dh)
-    got = R.gated_act_backward(dh, gate.detach(), up.detach(), act)
+    want = torch.autograd.grad(R.gated_act(gate, up, act, m), (gate, up), dh)
+    got = R.gated_act_backward(dh, gate.detach(), up.detach(), act, m)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
 
@@ -267,18 +313,19 @@ def test_cuda_wide_rows(cols: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("m", [1.0, 0.7])
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
-def test_cuda_bitwise_with_hf_eager(act: str, dtype: torch.dtype) -> None:
-    """On the GPU the forward equals transformers' eager act_fn(gate) * up for nearly every element
+def test_cuda_bitwise_with_hf_eager(act: str, dtype: torch.dtype, m: float) -> None:
+    """On the GPU the forward equals transformers' eager act_fn(gate * m) * up for nearly every element
     (the GPU's approximate exp flips a rounding now and then), and is run-to-run deterministic."""
     gate = randn(512, 4096, dtype=dtype, device="cuda")
     up = randn(512, 4096, dtype=dtype, device="cuda")
     dh = randn(512, 4096, dtype=dtype, device="cuda")
-    h = gated_act_fwd(gate, up, act)
-    assert bitwise_fraction(h, hf_act(act)(gate) * up) >= 0.999
-    assert torch.equal(h, gated_act_fwd(gate, up, act))
-    first, second = gated_act_bwd(dh, gate, up, act), gated_act_bwd(dh, gate, up, act)
+    h = gated_act_fwd(gate, up, act, m)
+    assert bitwise_fraction(h, hf_act(act)(gate * m) * up) >= 0.999
+    assert torch.equal(h, gated_act_fwd(gate, up, act, m))
+    first, second = gated_act_bwd(dh, gate, up, act, m), gated_act_bwd(dh, gate, up, act, m)
     assert all(torch.equal(a, b) for a, b in zip(first[:2], second[:2]))
 
 

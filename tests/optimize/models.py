@@ -123,6 +123,17 @@ def falcon_per_head() -> tuple[nn.Module, dict[str, Tensor]]:
     return falcon(new_decoder_architecture=False, multi_query=False, num_kv_heads=4)
 
 
+def falcon_h1() -> tuple[nn.Module, dict[str, Tensor]]:
+    """Falcon-H1: attention and Mamba-2 mixers side by side (transformers' PyTorch Mamba path on CPU), and a
+    gated MLP `feed_forward` with gate and down multipliers (mlp_multipliers, not 1 here)."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    config = FalconH1Config(**{**DECODER, "head_dim": 8, "mamba_d_ssm": 32, "mamba_n_heads": 2, "mamba_d_head": 16,
+                               "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_chunk_size": 8,
+                               "mlp_multipliers": [0.7, 1.9]})
+    return FalconH1ForCausalLM(config).eval(), lm_inputs()
+
+
 def stablelm(**overrides: Any) -> tuple[nn.Module, dict[str, Tensor]]:
     """StableLM (3B/Zephyr): a quarter of each head rotated, LayerNorms."""
     from transformers import StableLmConfig, StableLmForCausalLM

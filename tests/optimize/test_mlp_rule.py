@@ -115,6 +115,33 @@ def test_bf16_keeps_dtype() -> None:
     assert model.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
 
 
+def test_falcon_h1_mlps_swapped_with_their_multipliers() -> None:
+    """FalconH1MLP (gate_proj/up_proj/down_proj and mlp_multipliers) becomes a GatedMLP holding its
+    multipliers, validated on the hybrid attention + Mamba model; keys, parameters and logits kept."""
+    torch.manual_seed(0)
+    model, inputs = models.falcon_h1()
+    old = model.model.layers[0].feed_forward
+    keys, params = list(model.state_dict()), {n: id(p) for n, p in model.named_parameters()}
+    x = torch.randn(2, 3, model.config.hidden_size)
+    expected = old(x)
+    _, report = optimize(model, inputs, components="mlp", seeds=(0,))
+    assert report.passed and report.counts() == {"hf_gated_mlp": N_MLPS}
+    new = model.model.layers[0].feed_forward
+    assert type(new) is kp.nn.GatedMLP and (new.gate_multiplier, new.down_multiplier) == (0.7, 1.9)
+    assert "FalconH1MLP (silu, gate_multiplier=0.7, down_multiplier=1.9) -> kernel_pytorch.nn.GatedMLP" in (
+        report.applied()[0].reason)
+    assert list(model.state_dict()) == keys and {n: id(p) for n, p in model.named_parameters()} == params
+    _close(new(x), expected)
+
+
+def test_multipliers_the_module_does_not_apply_are_caught_by_the_probe() -> None:
+    """A module whose gate_multiplier attribute its forward ignores is left alone: the probe tells."""
+    module = Gated()
+    module.gate_multiplier = 0.5
+    match = HFGatedMLPRule().match(module, "mlp", module)
+    assert match is not None and match.replacement is None and "computes something other" in match.reason
+
+
 def test_unsupported_activation_left_alone_with_reason() -> None:
     model, inputs = models.llama(hidden_act="relu2")
     _, report = optimize(model, inputs, components="mlp", seeds=(0,))

@@ -3,6 +3,8 @@
 Each function validates its arguments once (eager only), resolves the backend (functional/_dispatch.py)
 and runs the eager launchers, the registered op or the reference. Activations are named as ours
 ("silu", "gelu", "gelu_tanh", "relu") or as transformers' ACT2FN names ("swish", "gelu_pytorch_tanh").
+`gated_act` and `gated_act_packed` take a `gate_multiplier` (Falcon-H1's): act((gate * m).to(dtype)) * up,
+applied inside the kernels, forward and backward.
 
 In-place backward (`inplace_backward=True`, eager CUDA only): the backward writes the input gradients
 over the saved inputs (d_gate, d_up over gate, up; [d_gate | d_up] over gate_up; dx over x) instead of
@@ -32,7 +34,13 @@ from torch import Tensor
 
 from kernel_pytorch import reference
 from kernel_pytorch.functional._dispatch import Backend, _records_grad, _resolve, kernels
-from kernel_pytorch.reference._act_checks import check_activation, check_bias_act, check_gated, check_gated_packed
+from kernel_pytorch.reference._act_checks import (
+    check_activation,
+    check_bias_act,
+    check_gated,
+    check_gated_packed,
+    check_multiplier,
+)
 from kernel_pytorch.reference.gated_act import gelu_name
 
 _increment_version = torch.autograd.graph.increment_version
@@ -97,40 +105,41 @@ class _GatedActInPlace(torch.autograd.Function):
     """h = act(gate) * up whose backward writes d_gate, d_up over gate, up (module docstring)."""
 
     @staticmethod
-    def forward(ctx, gate: Tensor, up: Tensor, act: str) -> Tensor:  # type: ignore[override]
+    def forward(ctx, gate: Tensor, up: Tensor, act: str, gate_multiplier: float) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(gate, up)
-        ctx.act = act
-        return kernels().gated_act_fwd(gate, up, act, eager=True)
+        ctx.act, ctx.gate_multiplier = act, gate_multiplier
+        return kernels().gated_act_fwd(gate, up, act, gate_multiplier, eager=True)
 
     @staticmethod
-    def backward(ctx, dh: Tensor) -> tuple[Tensor, Tensor, None]:  # type: ignore[override]
+    def backward(ctx, dh: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:  # type: ignore[override]
         gate, up = ctx.saved_tensors
         # only an input that takes a gradient is overwritten (a frozen one keeps its values)
-        need_gate, need_up, _ = ctx.needs_input_grad
+        need_gate, need_up = ctx.needs_input_grad[:2]
         d_gate, d_up, _ = kernels().gated_act_bwd(
-            dh, gate, up, ctx.act, d_gate=gate if need_gate else None, d_up=up if need_up else None, eager=True
+            dh, gate, up, ctx.act, ctx.gate_multiplier, d_gate=gate if need_gate else None,
+            d_up=up if need_up else None, eager=True,
         )
         for t, written in ((gate, need_gate), (up, need_up)):
             if written:
                 _increment_version(t)
-        return d_gate if need_gate else None, d_up if need_up else None, None
+        return d_gate if need_gate else None, d_up if need_up else None, None, None
 
 
 class _GatedActPackedInPlace(torch.autograd.Function):
     """The packed layout's: [d_gate | d_up] written over gate_up."""
 
     @staticmethod
-    def forward(ctx, gate_up: Tensor, act: str) -> Tensor:  # type: ignore[override]
+    def forward(ctx, gate_up: Tensor, act: str, gate_multiplier: float) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(gate_up)
-        ctx.act = act
-        return kernels().gated_act_packed_fwd(gate_up, act, eager=True)
+        ctx.act, ctx.gate_multiplier = act, gate_multiplier
+        return kernels().gated_act_packed_fwd(gate_up, act, gate_multiplier, eager=True)
 
     @staticmethod
-    def backward(ctx, dh: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, dh: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
         (gate_up,) = ctx.saved_tensors
-        d, _ = kernels().gated_act_packed_bwd(dh, gate_up, ctx.act, out=gate_up, eager=True)
+        d, _ = kernels().gated_act_packed_bwd(dh, gate_up, ctx.act, ctx.gate_multiplier, out=gate_up, eager=True)
         _increment_version(gate_up)
-        return d, None
+        return d, None, None
 
 
 class _BiasActInPlace(torch.autograd.Function):
@@ -153,14 +162,17 @@ class _BiasActInPlace(torch.autograd.Function):
 
 
 def gated_act(
-    gate: Tensor, up: Tensor, activation: str = "silu", *, inplace_backward: bool = False, backend: Backend = "auto"
+    gate: Tensor, up: Tensor, activation: str = "silu", *, gate_multiplier: float = 1.0,
+    inplace_backward: bool = False, backend: Backend = "auto",
 ) -> Tensor:
-    """act(gate) * up with Hugging Face's rounding (the activation rounded to the input dtype first).
+    """act(gate * m) * up with Hugging Face's rounding (gate * m and the activation each rounded to the
+    input dtype, as Falcon-H1's `up_proj(x) * act_fn(gate_proj(x) * gate_multiplier)`; m = 1: Llama's).
 
     Args:
         gate, up: (..., I) tensors of one shape, dtype (fp32/bf16/fp16 for the kernels) and device, any
             strides.
         activation: "silu", "gelu", "gelu_tanh", "relu" (or transformers' names for them).
+        gate_multiplier: m, a finite real number (the kernels take it as fp32, as torch does).
         inplace_backward: write d_gate, d_up over gate, up in the backward (module docstring: only where
             nothing reads gate and up afterwards).
         backend: "auto", "triton" or "reference" (kernel_pytorch.functional's docstring).
@@ -172,14 +184,15 @@ def gated_act(
     if not compiling:
         check_gated(gate, up)
         _check_flag(inplace_backward)
+        gate_multiplier = check_multiplier("gate_multiplier", gate_multiplier)
     path = _resolve(backend, "gated_act", gate, compiling)
     if path == "eager":
         if inplace_backward and _records_grad(gate, up) and _writable_in_place(gate, up):
-            return _GatedActInPlace.apply(gate, up, act)
-        return kernels().gated_act_eager(gate, up, act)
+            return _GatedActInPlace.apply(gate, up, act, gate_multiplier)
+        return kernels().gated_act_eager(gate, up, act, gate_multiplier)
     if path == "op":
-        return torch.ops.kernel_pytorch.gated_act_fwd(gate, up, act)
-    return reference.gated_act(gate, up, act)
+        return torch.ops.kernel_pytorch.gated_act_fwd(gate, up, act, gate_multiplier)
+    return reference.gated_act(gate, up, act, gate_multiplier)
 
 
 def swiglu(gate: Tensor, up: Tensor, *, inplace_backward: bool = False, backend: Backend = "auto") -> Tensor:
@@ -195,13 +208,14 @@ def geglu(
 
 
 def gated_act_packed(
-    gate_up: Tensor, activation: str = "silu", *, inplace_backward: bool = False, backend: Backend = "auto"
+    gate_up: Tensor, activation: str = "silu", *, gate_multiplier: float = 1.0, inplace_backward: bool = False,
+    backend: Backend = "auto",
 ) -> Tensor:
     """`gated_act` of the halves of one packed tensor [gate | up], read in place (no copy).
 
     Args:
         gate_up: (..., 2I) tensor, gate first (as transformers' Phi3MLP chunks its gate_up_proj output).
-        activation, backend: as in `gated_act`.
+        activation, gate_multiplier, backend: as in `gated_act`.
         inplace_backward: write [d_gate | d_up] over gate_up in the backward (module docstring).
     Returns:
         (..., I) tensor of gate_up's dtype; its gradient is one (..., 2I) tensor. Only gate_up is saved.
@@ -211,14 +225,15 @@ def gated_act_packed(
     if not compiling:
         check_gated_packed(gate_up)
         _check_flag(inplace_backward)
+        gate_multiplier = check_multiplier("gate_multiplier", gate_multiplier)
     path = _resolve(backend, "gated_act_packed", gate_up, compiling)
     if path == "eager":
         if inplace_backward and _records_grad(gate_up) and _writable_in_place(gate_up):
-            return _GatedActPackedInPlace.apply(gate_up, act)
-        return kernels().gated_act_packed_eager(gate_up, act)
+            return _GatedActPackedInPlace.apply(gate_up, act, gate_multiplier)
+        return kernels().gated_act_packed_eager(gate_up, act, gate_multiplier)
     if path == "op":
-        return torch.ops.kernel_pytorch.gated_act_packed_fwd(gate_up, act)
-    return reference.gated_act_packed(gate_up, act)
+        return torch.ops.kernel_pytorch.gated_act_packed_fwd(gate_up, act, gate_multiplier)
+    return reference.gated_act_packed(gate_up, act, gate_multiplier)
 
 
 def swiglu_packed(gate_up: Tensor, *, inplace_backward: bool = False, backend: Backend = "auto") -> Tensor:

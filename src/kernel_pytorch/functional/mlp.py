@@ -1,6 +1,9 @@
 """MLP blocks: the gated MLP (split or packed gate/up projections) and Linear -> activation -> Linear.
 
-gated_mlp(x, ...) = down_proj(act(gate_proj(x)) * up_proj(x)), HF's eager MLP (reference/mlp.py).
+gated_mlp(x, ...) = down_proj(act(gate_proj(x)) * up_proj(x)), HF's eager MLP (reference/mlp.py); with
+Falcon-H1's multipliers down_proj(act(gate_proj(x) * m_g) * up_proj(x)) * m_d. Every path below applies
+m_g inside the gated-activation kernels (forward and backward) and m_d to the down projection's output
+(its backward to dy), so the multipliers cost the fused paths none of their savings.
 
 The whole-block path (eager CUDA, recording gradients, x and every parameter of one dtype and device,
 no autocast): one autograd.Function runs the projections (cuBLAS, as torch's Linear does) and the
@@ -38,6 +41,8 @@ of two; its gradient written over fc1's bias-free output, which this call owns).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -53,9 +58,17 @@ from kernel_pytorch.functional._dispatch import (
 )
 from kernel_pytorch.functional.activation import bias_act, gated_act, gated_act_packed
 from kernel_pytorch.functional.linears import shared_input_linears
-from kernel_pytorch.reference._act_checks import check_activation
+from kernel_pytorch.reference._act_checks import check_activation, check_multiplier
 
 _increment_version = torch.autograd.graph.increment_version
+
+
+class _Act(NamedTuple):
+    """The block's non-tensor arguments: the activation and the two multipliers."""
+
+    name: str
+    gate_multiplier: float
+    down_multiplier: float
 
 
 # The backward's dh = dy @ W_down (N, I) is the one buffer it adds to what the forward saved (gate/up,
@@ -79,7 +92,7 @@ def dh_column_spans(n_rows: int, inter: int, element_size: int) -> list[tuple[in
     return [(start, min(start + width, inter)) for start in range(0, inter, width)]
 
 
-def _chunked_act_backward(k, act: str, dy2: Tensor, w_down: Tensor, acts: tuple[Tensor, ...],
+def _chunked_act_backward(k, act: _Act, dy2: Tensor, w_down: Tensor, acts: tuple[Tensor, ...],
                           spans: list[tuple[int, int]], want_h: bool) -> tuple[tuple[Tensor, ...], Tensor | None]:
     """dh span by span (`dh_column_spans`: one span, or column chunks of at most DH_CHUNK_BYTES): d_gate,
     d_up written over gate, up, and dW_down's columns from each span's recomputed h. Returns (the
@@ -90,7 +103,8 @@ def _chunked_act_backward(k, act: str, dy2: Tensor, w_down: Tensor, acts: tuple[
     for start, stop in spans:
         dh = dy2 @ w_down[:, start:stop]
         g, u = gate[:, start:stop], up[:, start:stop]
-        _, _, h = k.gated_act_bwd(dh, g, u, act, d_gate=g, d_up=u, h=dh, with_h=want_h, eager=True)
+        _, _, h = k.gated_act_bwd(dh, g, u, act.name, act.gate_multiplier, d_gate=g, d_up=u, h=dh, with_h=want_h,
+                                  eager=True)
         if dw_down is not None:
             torch.mm(dy2.t(), h, out=dw_down[:, start:stop])
         del dh, h
@@ -98,11 +112,11 @@ def _chunked_act_backward(k, act: str, dy2: Tensor, w_down: Tensor, acts: tuple[
 
 
 class _GatedMLPBlock(torch.autograd.Function):
-    """The whole-block autograd function (module docstring). Inputs: act, x, W_down, b_down, then
-    (W_gate_up, b_gate_up) for the packed layout or (W_gate, b_gate, W_up, b_up) for the split one."""
+    """The whole-block autograd function (module docstring). Inputs: act (an `_Act`), x, W_down, b_down,
+    then (W_gate_up, b_gate_up) for the packed layout or (W_gate, b_gate, W_up, b_up) for the split one."""
 
     @staticmethod
-    def forward(ctx, act: str, x: Tensor, w_down: Tensor, b_down: Tensor | None,  # type: ignore[override]
+    def forward(ctx, act: _Act, x: Tensor, w_down: Tensor, b_down: Tensor | None,  # type: ignore[override]
                 *in_params: Tensor | None) -> Tensor:
         k = kernels()
         x2 = x.reshape(-1, x.shape[-1])
@@ -110,11 +124,13 @@ class _GatedMLPBlock(torch.autograd.Function):
         if len(weights) == 1:
             gate_up = F.linear(x2, in_params[0], in_params[1])
             acts: tuple[Tensor, ...] = (gate_up,)
-            h = k.gated_act_packed_fwd(gate_up, act, eager=True)
+            h = k.gated_act_packed_fwd(gate_up, act.name, act.gate_multiplier, eager=True)
         else:
             acts = (F.linear(x2, in_params[0], in_params[1]), F.linear(x2, in_params[2], in_params[3]))
-            h = k.gated_act_fwd(acts[0], acts[1], act, eager=True)
+            h = k.gated_act_fwd(acts[0], acts[1], act.name, act.gate_multiplier, eager=True)
         y = F.linear(h, w_down, b_down)
+        if act.down_multiplier != 1.0:  # over y, this call's own: rounded as eager's `y * m`
+            y.mul_(act.down_multiplier)
         ctx.save_for_backward(x2, w_down, *acts, *weights)
         ctx.act, ctx.n_acts, ctx.x_shape = act, len(acts), x.shape
         return y.view(*x.shape[:-1], y.shape[-1])
@@ -126,12 +142,15 @@ class _GatedMLPBlock(torch.autograd.Function):
         acts, weights = rest[: ctx.n_acts], rest[ctx.n_acts:]
         needs = ctx.needs_input_grad  # act, x, W_down, b_down, then weight, bias per input projection
         dy2 = dy.reshape(-1, dy.shape[-1])
+        if ctx.act.down_multiplier != 1.0:  # a new buffer: dy is autograd's
+            dy2 = dy2 * ctx.act.down_multiplier
         want_h = needs[2]
         n_rows, inter = dy2.shape[0], w_down.shape[1]
         spans = dh_column_spans(n_rows, inter, dy2.element_size())
         if len(spans) == 1 and len(acts) == 1:  # the whole dh at once: the packed kernel reads gate_up as it is
             dh = dy2 @ w_down
-            d_gate_up, h = k.gated_act_packed_bwd(dh, acts[0], ctx.act, out=acts[0], h=dh, with_h=want_h, eager=True)
+            d_gate_up, h = k.gated_act_packed_bwd(dh, acts[0], ctx.act.name, ctx.act.gate_multiplier, out=acts[0], h=dh,
+                                                  with_h=want_h, eager=True)
             d_acts: tuple[Tensor, ...] = (d_gate_up,)
             dw_down = dy2.t() @ h if want_h else None
             del dh, h  # before dx and the weight gradients: the backward's peak is gate/up + one (N, I)
@@ -173,18 +192,31 @@ def _check_x(x: Tensor) -> None:
         raise ValueError("x must have at least one dimension (got a scalar)")
 
 
+def _multipliers(gate_multiplier: float, down_multiplier: float) -> tuple[float, float]:
+    return check_multiplier("gate_multiplier", gate_multiplier), check_multiplier("down_multiplier", down_multiplier)
+
+
+def _down(h: Tensor, down_weight: Tensor, down_bias: Tensor | None, down_multiplier: float) -> Tensor:
+    """The composed paths' down projection, times the down multiplier (rounded as eager's `y * m`)."""
+    y = F.linear(h, down_weight, down_bias)
+    return y if down_multiplier == 1.0 else y * down_multiplier
+
+
 def gated_mlp(
     x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor, activation: str = "silu", *,
     gate_bias: Tensor | None = None, up_bias: Tensor | None = None, down_bias: Tensor | None = None,
-    backend: Backend = "auto",
+    gate_multiplier: float = 1.0, down_multiplier: float = 1.0, backend: Backend = "auto",
 ) -> Tensor:
-    """The gated MLP block down_proj(act(gate_proj(x)) * up_proj(x)) (module docstring for its paths).
+    """The gated MLP block down_proj(act(gate_proj(x) * m_g) * up_proj(x)) * m_d (module docstring for its
+    paths).
 
     Args:
         x: (..., H) input.
         gate_weight, up_weight: (I, H) projections; down_weight: (H_out, I).
         activation: "silu" (SwiGLU), "gelu", "gelu_tanh" (GEGLU), "relu", or transformers' names.
         gate_bias, up_bias: optional (I,); down_bias: optional (H_out,).
+        gate_multiplier, down_multiplier: m_g and m_d, finite real numbers (Falcon-H1's mlp_multipliers;
+            1.0: Llama's block).
         backend: "auto", "triton" or "reference" (kernel_pytorch.functional's docstring).
     Returns:
         (..., H_out) tensor of x's dtype.
@@ -192,6 +224,7 @@ def gated_mlp(
     act = check_activation(activation)
     compiling = torch.compiler.is_compiling()
     if not compiling:
+        gate_multiplier, down_multiplier = _multipliers(gate_multiplier, down_multiplier)
         _check_x(x)
         inter = _check_linear("gate_weight", gate_weight, gate_bias, x.shape[-1], x)
         if _check_linear("up_weight", up_weight, up_bias, x.shape[-1], x) != inter:
@@ -201,25 +234,27 @@ def gated_mlp(
     path = _resolve(backend, "gated_mlp", x, compiling)
     params = (down_weight, down_bias, gate_weight, gate_bias, up_weight, up_bias)
     if path == "eager" and _block(x, params):
-        return _GatedMLPBlock.apply(act, x, *params)
+        return _GatedMLPBlock.apply(_Act(act, gate_multiplier, down_multiplier), x, *params)
     gate, up = shared_input_linears(x, (gate_weight, up_weight), (gate_bias, up_bias))  # dx: one GEMM sum
     if path == "op" and _recompute_h(x, params):
-        return torch.ops.kernel_pytorch.gated_down_fwd(gate, up, down_weight, down_bias, act)
+        return torch.ops.kernel_pytorch.gated_down_fwd(gate, up, down_weight, down_bias, act, gate_multiplier,
+                                                       down_multiplier)
     # gate and up are this call's own: their gradient may be written over them
-    h = gated_act(gate, up, act, inplace_backward=True, backend=backend)
-    return F.linear(h, down_weight, down_bias)
+    h = gated_act(gate, up, act, gate_multiplier=gate_multiplier, inplace_backward=True, backend=backend)
+    return _down(h, down_weight, down_bias, down_multiplier)
 
 
 def gated_mlp_packed(
     x: Tensor, gate_up_weight: Tensor, down_weight: Tensor, activation: str = "silu", *,
-    gate_up_bias: Tensor | None = None, down_bias: Tensor | None = None, backend: Backend = "auto",
+    gate_up_bias: Tensor | None = None, down_bias: Tensor | None = None, gate_multiplier: float = 1.0,
+    down_multiplier: float = 1.0, backend: Backend = "auto",
 ) -> Tensor:
     """The gated MLP with one gate_up projection (2I, H) = [W_gate; W_up], as Phi-3 stores it.
 
     Args:
         x: (..., H) input.
         gate_up_weight: (2I, H), gate rows first; down_weight: (H_out, I).
-        activation, backend: as in `gated_mlp`.
+        activation, gate_multiplier, down_multiplier, backend: as in `gated_mlp`.
         gate_up_bias: optional (2I,); down_bias: optional (H_out,).
     Returns:
         (..., H_out) tensor of x's dtype.
@@ -227,6 +262,7 @@ def gated_mlp_packed(
     act = check_activation(activation)
     compiling = torch.compiler.is_compiling()
     if not compiling:
+        gate_multiplier, down_multiplier = _multipliers(gate_multiplier, down_multiplier)
         _check_x(x)
         inter2 = _check_linear("gate_up_weight", gate_up_weight, gate_up_bias, x.shape[-1], x)
         if inter2 % 2:
@@ -235,12 +271,13 @@ def gated_mlp_packed(
     path = _resolve(backend, "gated_mlp", x, compiling)
     params = (down_weight, down_bias, gate_up_weight, gate_up_bias)
     if path == "eager" and _block(x, params):
-        return _GatedMLPBlock.apply(act, x, *params)
+        return _GatedMLPBlock.apply(_Act(act, gate_multiplier, down_multiplier), x, *params)
     gate_up = F.linear(x, gate_up_weight, gate_up_bias)
     if path == "op" and _recompute_h(x, params):
-        return torch.ops.kernel_pytorch.gated_down_packed_fwd(gate_up, down_weight, down_bias, act)
-    h = gated_act_packed(gate_up, act, inplace_backward=True, backend=backend)
-    return F.linear(h, down_weight, down_bias)
+        return torch.ops.kernel_pytorch.gated_down_packed_fwd(gate_up, down_weight, down_bias, act, gate_multiplier,
+                                                              down_multiplier)
+    h = gated_act_packed(gate_up, act, gate_multiplier=gate_multiplier, inplace_backward=True, backend=backend)
+    return _down(h, down_weight, down_bias, down_multiplier)
 
 
 def _block(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:

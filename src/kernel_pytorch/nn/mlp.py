@@ -1,11 +1,13 @@
-"""MLP modules: the gated MLP of Llama/Mistral/Qwen2/Gemma/Phi-3 and Linear -> activation -> Linear.
+"""MLP modules: the gated MLP of Llama/Mistral/Qwen2/Gemma/Phi-3/Falcon-H1 and Linear -> activation -> Linear.
 
 `GatedMLP` keeps transformers' parameter names (`gate_proj`, `up_proj`, `down_proj`), so the MLP part
-of a Llama, Mistral, Qwen2 or Gemma checkpoint loads into it unchanged. With `fuse_gate_up=True` it
-holds one `gate_up_proj` Linear of (2I, H) = [W_gate; W_up] and runs gate and up as one GEMM, while
-its state_dict still carries the split names (state-dict hooks translate both ways), so checkpoints
-stay interchangeable with the unfused module and with transformers'. Phi-3's packed `gate_up_proj`
-checkpoints load into either form too; `state_dict_layout="packed"` saves in that layout.
+of a Llama, Mistral, Qwen2, Gemma or Falcon-H1 checkpoint loads into it unchanged. With
+`fuse_gate_up=True` it holds one `gate_up_proj` Linear of (2I, H) = [W_gate; W_up] and runs gate and up
+as one GEMM, while its state_dict still carries the split names (state-dict hooks translate both ways),
+so checkpoints stay interchangeable with the unfused module and with transformers'. Phi-3's packed
+`gate_up_proj` checkpoints load into either form too; `state_dict_layout="packed"` saves in that layout.
+Falcon-H1's `mlp_multipliers` are `gate_multiplier` and `down_multiplier`: plain floats of the module, as
+in transformers' FalconH1MLP, so they add nothing to the state_dict.
 
 `MLP` is the plain `fc1 -> activation -> fc2` block (CLIP, SigLIP, Phi-2 names) whose fc1 bias is
 added by the fused bias + activation kernel. `names=` holds the two Linears under other names
@@ -26,7 +28,7 @@ from torch import Tensor
 from kernel_pytorch import functional as F
 from kernel_pytorch.functional import Backend
 from kernel_pytorch.nn._recompute import recompute_norm_outputs
-from kernel_pytorch.reference._act_checks import check_activation
+from kernel_pytorch.reference._act_checks import check_activation, check_multiplier
 
 _GATE, _UP, _PACKED = "gate_proj.", "up_proj.", "gate_up_proj."
 # (first, second) Linear names of the fc -> act -> fc MLPs `MLP.from_module` recognises
@@ -90,7 +92,8 @@ def _load_hook(module: GatedMLP, state_dict: dict, prefix: str, local_metadata: 
 
 
 class GatedMLP(torch.nn.Module):
-    """down_proj(act(gate_proj(x)) * up_proj(x)), transformers' LlamaMLP, on kernel_pytorch's kernels.
+    """down_proj(act(gate_proj(x) * m_g) * up_proj(x)) * m_d, transformers' LlamaMLP (m_g = m_d = 1) and
+    FalconH1MLP, on kernel_pytorch's kernels.
 
     Args:
         hidden_size: H.
@@ -102,8 +105,11 @@ class GatedMLP(torch.nn.Module):
         state_dict_layout: "split" (gate_proj/up_proj, Llama) or "packed" (gate_up_proj, Phi-3): the
             names state_dict() writes. load_state_dict() accepts either.
         device, dtype: of the parameters.
+        gate_multiplier: m_g, applied to gate_proj's output before the activation (Falcon-H1's
+            mlp_multipliers[0]); a finite real number.
+        down_multiplier: m_d, applied to down_proj's output (mlp_multipliers[1]).
     forward: x (..., H) -> (..., H) of x's dtype. While recording gradients on CUDA only x and the
-    gate/up outputs stay alive for the backward (functional/mlp.py).
+    gate/up outputs stay alive for the backward (functional/mlp.py), multipliers or not.
     """
 
     backend: Backend = "auto"
@@ -118,9 +124,14 @@ class GatedMLP(torch.nn.Module):
         state_dict_layout: Literal["split", "packed"] = "split",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        gate_multiplier: float = 1.0,
+        down_multiplier: float = 1.0,
     ) -> None:
         super().__init__()
         self.activation = check_activation(activation)
+        self.gate_multiplier = check_multiplier("gate_multiplier", gate_multiplier)
+        self.down_multiplier = check_multiplier("down_multiplier", down_multiplier)
         self.state_dict_layout = _layout_check(state_dict_layout)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.fuse_gate_up = bool(fuse_gate_up)
@@ -136,32 +147,39 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         down = self.down_proj
+        multipliers = {"gate_multiplier": self.gate_multiplier, "down_multiplier": self.down_multiplier}
         with recompute_norm_outputs():  # where x is a norm's output, its input is kept instead
             if self.fuse_gate_up:
                 gu = self.gate_up_proj
                 return F.gated_mlp_packed(x, gu.weight, down.weight, self.activation, gate_up_bias=gu.bias,
-                                          down_bias=down.bias, backend=self.backend)
+                                          down_bias=down.bias, backend=self.backend, **multipliers)
             gate, up = self.gate_proj, self.up_proj
             return F.gated_mlp(x, gate.weight, up.weight, down.weight, self.activation, gate_bias=gate.bias,
-                               up_bias=up.bias, down_bias=down.bias, backend=self.backend)
+                               up_bias=up.bias, down_bias=down.bias, backend=self.backend, **multipliers)
 
     def extra_repr(self) -> str:
+        multipliers = "".join(f", {name}={value!r}" for name, value in
+                              (("gate_multiplier", self.gate_multiplier), ("down_multiplier", self.down_multiplier))
+                              if value != 1.0)
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
-                f"activation={self.activation!r}, fuse_gate_up={self.fuse_gate_up}")
+                f"activation={self.activation!r}, fuse_gate_up={self.fuse_gate_up}{multipliers}")
 
     @classmethod
     def from_module(cls, mlp: torch.nn.Module, activation: str | None = None) -> GatedMLP:
         """A GatedMLP computing what an HF-style gated MLP computes, SHARING its parameters.
 
         Recognised by structure, not class: `gate_proj` + `up_proj` + `down_proj` Linears (LlamaMLP,
-        MistralMLP, Qwen2MLP, GemmaMLP) or `gate_up_proj` + `down_proj` (Phi3MLP: ours is then
-        fused and saves in the packed layout). The activation is `activation` if given, else the
+        MistralMLP, Qwen2MLP, GemmaMLP, FalconH1MLP) or `gate_up_proj` + `down_proj` (Phi3MLP: ours is
+        then fused and saves in the packed layout). The activation is `activation` if given, else the
         source's activation module when it is torch's (nn.SiLU, nn.GELU, nn.ReLU), else its
-        `config.hidden_act`. The returned module holds the very Parameter objects of `mlp` (same
-        device, dtype and storage: training either trains both); copy them for an independent one.
+        `config.hidden_act`. The multipliers are the source's `gate_multiplier` and `down_multiplier`
+        attributes where it has them (FalconH1MLP's), else 1. The returned module holds the very
+        Parameter objects of `mlp` (same device, dtype and storage: training either trains both); copy
+        them for an independent one.
 
         Raises:
             TypeError: `mlp` lacks those projections, or one is not a torch.nn.Linear.
+            TypeError, ValueError: a `gate_multiplier` or `down_multiplier` that is not a finite number.
             ValueError: shapes that do not form a gated MLP, or an activation we do not run.
         """
         packed = hasattr(mlp, "gate_up_proj")
@@ -182,7 +200,9 @@ class GatedMLP(torch.nn.Module):
             raise ValueError("the projections must all have a bias or all have none")
         act = activation if activation is not None else _activation_of(mlp, ("act_fn", "activation_fn", "act"))
         ours = cls(hidden, inter, act, bias=biased.pop(), fuse_gate_up=packed,
-                   state_dict_layout="packed" if packed else "split", device="meta")
+                   state_dict_layout="packed" if packed else "split", device="meta",
+                   gate_multiplier=getattr(mlp, "gate_multiplier", 1.0),
+                   down_multiplier=getattr(mlp, "down_multiplier", 1.0))
         for name, src in zip(names, projs):
             dst = getattr(ours, name)
             dst.weight = src.weight

@@ -1,8 +1,12 @@
-"""Gated activation kernels (SwiGLU, GEGLU): h = act(gate).to(dtype) * up, split or packed layout.
+"""Gated activation kernels (SwiGLU, GEGLU): h = act(gate * m).to(dtype) * up, split or packed layout.
 
-Math (see reference/gated_act.py, the specification), for gate and up (rows, I):
-    a = act(gate).to(dtype);  h = (a * up).to(dtype)
-    d_up = (dh * a).to(dtype);  d_gate = (dh * up * act'(gate)).to(dtype)
+Math (see reference/gated_act.py, the specification), for gate and up (rows, I) and the gate
+multiplier m (a float, 1.0 by default; Falcon-H1's):
+    z = (gate * m).to(dtype);  a = act(z).to(dtype);  h = (a * up).to(dtype)
+    d_up = (dh * a).to(dtype);  d_gate = (dh * up * act'(z) * m).to(dtype)
+The multiplier is a runtime fp32 argument (torch rounds a Python float to fp32 for a bf16 or fp32
+tensor too), applied to the loaded gate and rounded to the input dtype as `gate_proj(x) * m` is in
+eager; with m = 1 both products are exact, so the results are those without a multiplier.
 The activation is rounded to the input dtype before the multiply, as Hugging Face's eager MLP does
 (act_fn(gate_proj(x)) is a bf16 tensor), and d_up uses that rounded activation, as eager autograd
 does: the forward then matches eager bit-for-bit wherever our fp32 activation rounds like torch's
@@ -72,8 +76,14 @@ def _tile_offsets(n_rows, n_cols, col_tiles, BLOCK_R: tl.constexpr, BLOCK_C: tl.
 
 
 @triton.jit
+def _gated_input(g, gate_mul, G):
+    """The activation's input: gate * m rounded to the input dtype, as eager's `gate * m` is."""
+    return (g * gate_mul).to(G.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
 def _gated_act_fwd_kernel(
-    G, U, H, n_rows, n_cols, col_tiles,
+    G, U, H, n_rows, n_cols, col_tiles, gate_mul,
     sg_r, sg_c, su_r, su_c, sh_r, sh_c,
     ACT: tl.constexpr, PRECISE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
@@ -81,13 +91,13 @@ def _gated_act_fwd_kernel(
     g = tl.load(G + r * sg_r + c * sg_c, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U + r * su_r + c * su_c, mask=mask, other=0.0).to(tl.float32)
     # round the activation to the input dtype before the multiply, as the eager MLP does
-    a = act_fwd(g, ACT, PRECISE).to(G.dtype.element_ty).to(tl.float32)
+    a = act_fwd(_gated_input(g, gate_mul, G), ACT, PRECISE).to(G.dtype.element_ty).to(tl.float32)
     tl.store(H + r * sh_r + c * sh_c, (a * u).to(H.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _gated_act_bwd_kernel(
-    DH, G, U, DG, DU, H, n_rows, n_cols, col_tiles,
+    DH, G, U, DG, DU, H, n_rows, n_cols, col_tiles, gate_mul,
     sdh_r, sdh_c, sg_r, sg_c, su_r, su_c, sdg_r, sdg_c, sdu_r, sdu_c, sh_r, sh_c,
     ACT: tl.constexpr, PRECISE: tl.constexpr, HAS_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
@@ -96,9 +106,10 @@ def _gated_act_bwd_kernel(
     dh = tl.load(DH + r * sdh_r + c * sdh_c, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + r * sg_r + c * sg_c, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U + r * su_r + c * su_c, mask=mask, other=0.0).to(tl.float32)
-    a, da = act_fwd_grad(g, ACT, PRECISE)
+    a, da = act_fwd_grad(_gated_input(g, gate_mul, G), ACT, PRECISE)
     a = a.to(G.dtype.element_ty).to(tl.float32)
-    tl.store(DG + r * sdg_r + c * sdg_c, (dh * u * da).to(DG.dtype.element_ty), mask=mask)
+    # the reference's order of the products (the multiplier's chain-rule factor last)
+    tl.store(DG + r * sdg_r + c * sdg_c, (dh * u * da * gate_mul).to(DG.dtype.element_ty), mask=mask)
     tl.store(DU + r * sdu_r + c * sdu_c, (dh * a).to(DU.dtype.element_ty), mask=mask)
     if HAS_H:
         tl.store(H + r * sh_r + c * sh_c, (a * u).to(H.dtype.element_ty), mask=mask)
@@ -117,20 +128,20 @@ BWD_TILE_ELEMENTS = 2048
 
 
 def _launch_fwd(g: Tensor, u: Tensor, h: Tensor, n_rows: int, n_cols: int, st: tuple[int, ...], act: str,
-                eager: bool) -> None:
+                gate_mul: float, eager: bool) -> None:
     """One launch over (n_rows, n_cols) elements; `st` holds each operand's (row, column) strides."""
     if n_rows == 0 or n_cols == 0:
         return
     t = tiles(n_rows, n_cols)
     _fwd_kernel(
-        (t.row_tiles * t.col_tiles,), g, u, h, n_rows, n_cols, t.col_tiles, *st,
+        (t.row_tiles * t.col_tiles,), g, u, h, n_rows, n_cols, t.col_tiles, gate_mul, *st,
         ACT=act, PRECISE=precise_math(g), BLOCK_R=t.block_r, BLOCK_C=t.block_c, num_warps=t.num_warps, eager=eager,
     )
 
 
 def _launch_bwd(
     dh: Tensor, g: Tensor, u: Tensor, dg: Tensor, du: Tensor, h: Tensor | None, n_rows: int, n_cols: int,
-    st: tuple[int, ...], act: str, eager: bool,
+    st: tuple[int, ...], act: str, gate_mul: float, eager: bool,
 ) -> None:
     """One launch; `st` holds (row, column) strides of dh, g, u, dg, du and h (dg's where h is None)."""
     if n_rows == 0 or n_cols == 0:
@@ -138,7 +149,7 @@ def _launch_bwd(
     t = tiles(n_rows, n_cols, BWD_TILE_ELEMENTS)
     _bwd_kernel(
         (t.row_tiles * t.col_tiles,), dh, g, u, dg, du, h if h is not None else dg, n_rows, n_cols, t.col_tiles,
-        *st, ACT=act, PRECISE=precise_math(g), HAS_H=h is not None, BLOCK_R=t.block_r, BLOCK_C=t.block_c,
+        gate_mul, *st, ACT=act, PRECISE=precise_math(g), HAS_H=h is not None, BLOCK_R=t.block_r, BLOCK_C=t.block_c,
         num_warps=t.num_warps, eager=eager,
     )
 
@@ -148,13 +159,15 @@ def _flat(n: int, operands: int) -> tuple[int, ...]:
     return (n, 1) * operands
 
 
-def gated_act_fwd(gate: Tensor, up: Tensor, act: str, *, out: Tensor | None = None, eager: bool = False) -> Tensor:
+def gated_act_fwd(gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1.0, *, out: Tensor | None = None,
+                  eager: bool = False) -> Tensor:
     """Launch the forward on the split layout: one allocation (h, unless `out` is given), one launch.
 
     Args:
         gate, up: (..., I) CUDA tensors (or CPU under TRITON_INTERPRET=1) of one fp32/bf16/fp16 dtype,
             any strides (unchecked: the functional layer validates).
         act: "silu", "gelu", "gelu_tanh" or "relu".
+        gate_multiplier: m in act((gate * m).to(dtype)), a finite float.
         out: optional (..., I) buffer for h, any strides.
         eager: launch directly (the eager autograd.Function) rather than through wrap_triton.
     Returns:
@@ -163,22 +176,22 @@ def gated_act_fwd(gate: Tensor, up: Tensor, act: str, *, out: Tensor | None = No
     h = torch.empty_like(gate, memory_format=torch.contiguous_format) if out is None else out
     if dense(gate, up, h):
         n = gate.numel()
-        _launch_fwd(gate, up, h, 1, n, _flat(n, 3), act, eager)
+        _launch_fwd(gate, up, h, 1, n, _flat(n, 3), act, gate_multiplier, eager)
     else:
         g2, u2, h2 = as_2d(gate), as_2d(up), as_2d_out(h, "out")
-        _launch_fwd(g2, u2, h2, *g2.shape, (*strides(g2), *strides(u2), *strides(h2)), act, eager)
+        _launch_fwd(g2, u2, h2, *g2.shape, (*strides(g2), *strides(u2), *strides(h2)), act, gate_multiplier, eager)
     return h
 
 
 def gated_act_bwd(
-    dh: Tensor, gate: Tensor, up: Tensor, act: str, *,
+    dh: Tensor, gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1.0, *,
     d_gate: Tensor | None = None, d_up: Tensor | None = None, h: Tensor | None = None,
     with_h: bool = False, eager: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the backward on the split layout: one launch; allocations only for outputs not given.
 
     Args:
-        dh, gate, up: (..., I), one dtype, any strides.
+        dh, gate, up: (..., I), one dtype, any strides; act, gate_multiplier: the forward's.
         d_gate, d_up, h: optional output buffers (..., I); each may alias an input element for element
             (e.g. d_gate=gate, d_up=up, h=dh: see the module docstring for when that is safe).
         with_h: also recompute h = act(gate).to(dtype) * up (into `h` if given).
@@ -196,12 +209,12 @@ def gated_act_bwd(
         h = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if dense(dh, gate, up, d_gate, d_up) and (h is None or h.is_contiguous()):
         n = gate.numel()
-        _launch_bwd(dh, gate, up, d_gate, d_up, h, 1, n, _flat(n, 6), act, eager)
+        _launch_bwd(dh, gate, up, d_gate, d_up, h, 1, n, _flat(n, 6), act, gate_multiplier, eager)
     else:
         views = (as_2d(dh), as_2d(gate), as_2d(up), as_2d_out(d_gate, "d_gate"), as_2d_out(d_up, "d_up"))
         h2 = as_2d_out(h, "h") if h is not None else None
         st = tuple(s for v in (*views, h2 if h2 is not None else views[3]) for s in strides(v))
-        _launch_bwd(*views, h2, *views[1].shape, st, act, eager)
+        _launch_bwd(*views, h2, *views[1].shape, st, act, gate_multiplier, eager)
     return d_gate, d_up, h
 
 
@@ -216,12 +229,13 @@ def _packed_views(gate_up: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
     return g2, u2, (*strides(g2), *strides(u2))
 
 
-def gated_act_packed_fwd(gate_up: Tensor, act: str, *, out: Tensor | None = None, eager: bool = False) -> Tensor:
+def gated_act_packed_fwd(gate_up: Tensor, act: str, gate_multiplier: float = 1.0, *, out: Tensor | None = None,
+                         eager: bool = False) -> Tensor:
     """Launch the forward on the packed layout: one allocation (h, unless `out` is given), one launch.
 
     Args:
         gate_up: (..., 2I) tensor [gate | up], any strides.
-        act, out, eager: as in `gated_act_fwd` (out is (..., I)).
+        act, gate_multiplier, out, eager: as in `gated_act_fwd` (out is (..., I)).
     Returns:
         h of shape (..., I) and gate_up's dtype.
     """
@@ -229,18 +243,18 @@ def gated_act_packed_fwd(gate_up: Tensor, act: str, *, out: Tensor | None = None
     h = torch.empty(shape, dtype=gate_up.dtype, device=gate_up.device) if out is None else out
     g2, u2, st = _packed_views(gate_up)
     h2 = as_2d_out(h, "out")
-    _launch_fwd(g2, u2, h2, *g2.shape, (*st, *strides(h2)), act, eager)
+    _launch_fwd(g2, u2, h2, *g2.shape, (*st, *strides(h2)), act, gate_multiplier, eager)
     return h
 
 
 def gated_act_packed_bwd(
-    dh: Tensor, gate_up: Tensor, act: str, *, out: Tensor | None = None, h: Tensor | None = None,
-    with_h: bool = False, eager: bool = False,
+    dh: Tensor, gate_up: Tensor, act: str, gate_multiplier: float = 1.0, *, out: Tensor | None = None,
+    h: Tensor | None = None, with_h: bool = False, eager: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Launch the backward on the packed layout: one launch; allocations only for outputs not given.
 
     Args:
-        dh: (..., I); gate_up: (..., 2I) [gate | up].
+        dh: (..., I); gate_up: (..., 2I) [gate | up]; act, gate_multiplier: the forward's.
         out: optional (..., 2I) buffer for [d_gate | d_up]; may be gate_up itself (in place).
         h, with_h: as in `gated_act_bwd`.
     Returns:
@@ -256,37 +270,39 @@ def gated_act_packed_bwd(
     dg2, du2 = _halves(as_2d_out(d, "out"))
     h2 = as_2d_out(h, "h") if h is not None else None
     st = (*strides(dh2), *st, *strides(dg2), *strides(du2), *strides(h2 if h2 is not None else dg2))
-    _launch_bwd(dh2, g2, u2, dg2, du2, h2, *g2.shape, st, act, eager)
+    _launch_bwd(dh2, g2, u2, dg2, du2, h2, *g2.shape, st, act, gate_multiplier, eager)
     return d, h
 
 
-def _fwd_reference(gate: Tensor, up: Tensor, act: str) -> Tensor:
-    return gated_act(gate, up, act).contiguous()
+def _fwd_reference(gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
+    return gated_act(gate, up, act, gate_multiplier).contiguous()
 
 
-def _bwd_reference(dh: Tensor, gate: Tensor, up: Tensor, act: str) -> tuple[Tensor, Tensor]:
-    d_gate, d_up = gated_act_backward(dh, gate, up, act)
+def _bwd_reference(dh: Tensor, gate: Tensor, up: Tensor, act: str,
+                   gate_multiplier: float = 1.0) -> tuple[Tensor, Tensor]:
+    d_gate, d_up = gated_act_backward(dh, gate, up, act, gate_multiplier)
     return d_gate.contiguous(), d_up.contiguous()
 
 
-def _fwd_fake(gate: Tensor, up: Tensor, act: str) -> Tensor:
+def _fwd_fake(gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
     return torch.empty_like(gate, memory_format=torch.contiguous_format)
 
 
-def _bwd_fake(dh: Tensor, gate: Tensor, up: Tensor, act: str) -> tuple[Tensor, Tensor]:
+def _bwd_fake(dh: Tensor, gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1.0) -> tuple[Tensor, Tensor]:
     return (torch.empty_like(gate, memory_format=torch.contiguous_format),
             torch.empty_like(gate, memory_format=torch.contiguous_format))
 
 
-# kernel_pytorch::gated_act_fwd (gate, up, act) -> h and gated_act_bwd (dh, gate, up, act) -> (d_gate,
-# d_up), both out of place (the in-place gradient is an eager-only variant in functional/activation.py);
-# gated_act_eager(gate, up, act) -> h, differentiable, saving gate and up only
+# kernel_pytorch::gated_act_fwd (gate, up, act, gate_multiplier=1.0) -> h and gated_act_bwd (dh, gate, up,
+# act, gate_multiplier=1.0) -> (d_gate, d_up), both out of place (the in-place gradient is an eager-only
+# variant in functional/activation.py); gated_act_eager(gate, up, act[, gate_multiplier]) -> h,
+# differentiable, saving gate and up only
 gated_act_fwd_op, gated_act_bwd_op, gated_act_eager = register_op(
     "gated_act",
     Impl(gated_act_fwd, _fwd_reference, _fwd_fake, outputs=("h",)),
     Impl(gated_act_bwd, _bwd_reference, _bwd_fake, outputs=("d_gate", "d_up")),
     differentiable=("h",),
     save=("gate", "up"),
-    keep=("act",),
+    keep=("act", "gate_multiplier"),
     grads={"gate": "d_gate", "up": "d_up"},
 )

@@ -2,8 +2,9 @@
 
 Math (see reference/gated_act.py), for gate_up (rows, 2I) = [gate | up] (the output of a fused
 gate_up_proj, chunked gate-first as transformers' Phi3MLP does):
-    h = act(gate).to(dtype) * up                      -> (rows, I)
-    d_gate_up = [dh * up * act'(gate) | dh * a]       -> (rows, 2I), one tensor
+    z = (gate * m).to(dtype);  h = act(z).to(dtype) * up          -> (rows, I)
+    d_gate_up = [dh * up * act'(z) * m | dh * a]                  -> (rows, 2I), one tensor
+with m the gate multiplier (1.0 by default).
 
 The kernels are the split layout's (ops/gated_act.py) reading the two halves of gate_up through
 strided views of it: no copy in, and the gradient written as one packed tensor (no concatenation).
@@ -20,36 +21,38 @@ from kernel_pytorch.ops.gated_act import gated_act_packed_bwd, gated_act_packed_
 from kernel_pytorch.reference.gated_act import gated_act_packed, gated_act_packed_backward
 
 
-def gated_act_packed_grad(dh: Tensor, gate_up: Tensor, act: str, *, eager: bool = False) -> Tensor:
+def gated_act_packed_grad(dh: Tensor, gate_up: Tensor, act: str, gate_multiplier: float = 1.0, *,
+                          eager: bool = False) -> Tensor:
     """Launch the packed backward (out of place) and return [d_gate | d_up] alone: (..., 2I)."""
-    return gated_act_packed_bwd(dh, gate_up, act, eager=eager)[0]
+    return gated_act_packed_bwd(dh, gate_up, act, gate_multiplier, eager=eager)[0]
 
 
-def _fwd_reference(gate_up: Tensor, act: str) -> Tensor:
-    return gated_act_packed(gate_up, act).contiguous()
+def _fwd_reference(gate_up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
+    return gated_act_packed(gate_up, act, gate_multiplier).contiguous()
 
 
-def _bwd_reference(dh: Tensor, gate_up: Tensor, act: str) -> Tensor:
-    return gated_act_packed_backward(dh, gate_up, act).contiguous()
+def _bwd_reference(dh: Tensor, gate_up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
+    return gated_act_packed_backward(dh, gate_up, act, gate_multiplier).contiguous()
 
 
-def _fwd_fake(gate_up: Tensor, act: str) -> Tensor:
+def _fwd_fake(gate_up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
     shape = gate_up.shape[:-1] + (gate_up.shape[-1] // 2,)
     return torch.empty(shape, dtype=gate_up.dtype, device=gate_up.device)
 
 
-def _bwd_fake(dh: Tensor, gate_up: Tensor, act: str) -> Tensor:
+def _bwd_fake(dh: Tensor, gate_up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
     return torch.empty_like(gate_up, memory_format=torch.contiguous_format)
 
 
-# kernel_pytorch::gated_act_packed_fwd (gate_up, act) -> h and gated_act_packed_bwd (dh, gate_up, act) ->
-# d_gate_up; gated_act_packed_eager(gate_up, act) -> h, differentiable, saving gate_up only
+# kernel_pytorch::gated_act_packed_fwd (gate_up, act, gate_multiplier=1.0) -> h and gated_act_packed_bwd
+# (dh, gate_up, act, gate_multiplier=1.0) -> d_gate_up; gated_act_packed_eager(gate_up, act[,
+# gate_multiplier]) -> h, differentiable, saving gate_up only
 gated_act_packed_fwd_op, gated_act_packed_bwd_op, gated_act_packed_eager = register_op(
     "gated_act_packed",
     Impl(gated_act_packed_fwd, _fwd_reference, _fwd_fake, outputs=("h",)),
     Impl(gated_act_packed_grad, _bwd_reference, _bwd_fake, outputs=("d_gate_up",)),
     differentiable=("h",),
     save=("gate_up",),
-    keep=("act",),
+    keep=("act", "gate_multiplier"),
     grads={"gate_up": "d_gate_up"},
 )

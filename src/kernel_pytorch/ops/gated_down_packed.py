@@ -1,5 +1,5 @@
 """The gated down projection on the packed layout, registered as `kernel_pytorch::gated_down_packed_fwd`
-/ `_bwd`: y = (act(gate) * up) @ W.T + b for gate_up (..., 2I) = [gate | up] (a fused gate_up_proj's
+/ `_bwd`: y = ((act(gate * m_g) * up) @ W.T + b) * m_d for gate_up (..., 2I) = [gate | up] (a fused gate_up_proj's
 output, Phi-3), its gradient written as one (..., 2I) tensor. The launchers and the reasoning are
 ops/gated_down.py's; the math reference/gated_down.py's. Only gate_up and W are saved, not h.
 """
@@ -14,27 +14,29 @@ from kernel_pytorch.ops.gated_down import gated_down_packed_bwd, gated_down_pack
 from kernel_pytorch.reference.gated_down import gated_down_packed, gated_down_packed_backward
 
 
-def _fwd_fake(gate_up: Tensor, weight: Tensor, bias: Tensor | None, act: str) -> Tensor:
+def _fwd_fake(gate_up: Tensor, weight: Tensor, bias: Tensor | None, act: str, gate_multiplier: float = 1.0,
+              down_multiplier: float = 1.0) -> Tensor:
     return gate_up.new_empty((*gate_up.shape[:-1], weight.shape[0]))
 
 
-def _bwd_fake(dy: Tensor, gate_up: Tensor, weight: Tensor, act: str,
+def _bwd_fake(dy: Tensor, gate_up: Tensor, weight: Tensor, act: str, gate_multiplier: float, down_multiplier: float,
               has_bias: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     return (torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device),
             torch.empty_like(weight, memory_format=torch.contiguous_format),
             weight.new_empty(weight.shape[0]) if has_bias else None)
 
 
-# kernel_pytorch::gated_down_packed_fwd (gate_up, weight, bias, act) -> y and gated_down_packed_bwd (dy,
-# gate_up, weight, act, has_bias) -> (d_gate_up, d_weight, d_bias); gated_down_packed_eager saves
-# gate_up and weight only
+# kernel_pytorch::gated_down_packed_fwd (gate_up, weight, bias, act, gate_multiplier=1.0,
+# down_multiplier=1.0) -> y and gated_down_packed_bwd (dy, gate_up, weight, act, gate_multiplier,
+# down_multiplier, has_bias) -> (d_gate_up, d_weight, d_bias); gated_down_packed_eager saves gate_up and
+# weight only
 gated_down_packed_fwd_op, gated_down_packed_bwd_op, gated_down_packed_eager = register_op(
     "gated_down_packed",
     Impl(gated_down_packed_fwd, gated_down_packed, _fwd_fake, outputs=("y",)),
     Impl(gated_down_packed_bwd, gated_down_packed_backward, _bwd_fake, outputs=("d_gate_up", "d_weight", "d_bias")),
     differentiable=("y",),
     save=("gate_up", "weight"),
-    keep=("act",),
+    keep=("act", "gate_multiplier", "down_multiplier"),
     present=("bias",),
     grads={"gate_up": "d_gate_up", "weight": "d_weight", "bias": "d_bias"},
 )

@@ -4,6 +4,9 @@ argument at fault; none copies or touches tensor data."""
 
 from __future__ import annotations
 
+import math
+import numbers
+
 from torch import Tensor
 
 from kernel_pytorch.reference._activations import ACTIVATIONS, HF_NAMES
@@ -17,6 +20,17 @@ def check_activation(act: str) -> str:
         return HF_NAMES[act]
     known = ", ".join(repr(a) for a in (*ACTIVATIONS, *sorted(set(HF_NAMES) - set(ACTIVATIONS))))
     raise ValueError(f"activation must be one of {known} (got {act!r})")
+
+
+def check_multiplier(name: str, value: object) -> float:
+    """`value` as a float: a real number (not a bool, not a tensor: the ops take it as a Python float),
+    finite (a NaN or infinite multiplier turns every output into NaN or inf)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number (got {type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite (got {value})")
+    return value
 
 
 def check_float(name: str, t: Tensor) -> None:

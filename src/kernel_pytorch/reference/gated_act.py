@@ -1,10 +1,16 @@
 """Gated activations (SwiGLU, GEGLU), Hugging Face eager-MLP semantics.
 
-For gate and up of the same shape (..., I) and dtype, act one of reference/_activations.ACTIVATIONS:
+For gate and up of the same shape (..., I) and dtype, act one of reference/_activations.ACTIVATIONS and
+a gate multiplier m (a Python float, 1.0 by default):
 
-    a = act(gate).to(dtype)              # act in fp32, rounded to the input dtype, as HF's
+    z = (gate * m).to(dtype)             # m rounded to fp32 (fp64 for fp64 inputs), the product rounded
+                                         # to the input dtype: torch's `tensor * float`, as Falcon-H1's
+                                         # act_fn(gate_proj(x) * gate_multiplier) computes it
+    a = act(z).to(dtype)                 # act in fp32, rounded to the input dtype, as HF's
                                          # act_fn(gate_proj(x)) hands a bf16 tensor to the multiply
     h = (a * up).to(dtype)               # product in fp32, rounded once (torch's bf16 * bf16)
+
+With m = 1 z is gate itself.
 
 swiglu is act = "silu" (Llama, Mistral, Qwen), geglu act = "gelu" or "gelu_tanh" (Gemma). h has
 gate's shape and dtype. fp64 inputs stay fp64 throughout (the yardstick), where rounding is a no-op.
@@ -13,14 +19,15 @@ Packed layout: one tensor gate_up of shape (..., 2I) holding [gate | up] along t
 fused gate_up_proj produces it; transformers' Phi3MLP splits it with `gate, up = t.chunk(2, -1)`: the
 first half is the gate. Its gradient is one (..., 2I) tensor [d_gate | d_up].
 
-Backward (recomputes a from gate; treats the final rounding of h as the identity, and uses the
+Backward (recomputes z and a from gate; treats the final rounding of h as the identity, and uses the
 rounded a for d_up exactly as eager autograd does, since a is what the multiply saw):
 
     d_up   = (dh * a).to(dtype)                           # fp32 product, one rounding
-    d_gate = (dh * up * act'(gate)).to(dtype)              # fp32 throughout, one rounding
+    d_gate = (dh * up * act'(z) * m).to(dtype)             # fp32 throughout, one rounding
 
-Eager autograd rounds dh * up to the input dtype before multiplying by act'(gate); the single rounding
-here is at least as accurate (within the tolerance table of eager's double rounding).
+Eager autograd rounds dh * up to the input dtype before multiplying by act'(z), and that product again
+before the multiplier; the single rounding here is at least as accurate (within the tolerance table of
+eager's repeated rounding).
 """
 
 from __future__ import annotations
@@ -32,29 +39,42 @@ from kernel_pytorch.reference._activations import activation, activation_grad
 from kernel_pytorch.reference._math import acc
 
 
-def gated_act(gate: Tensor, up: Tensor, act: str) -> Tensor:
-    """h = act(gate).to(dtype) * up, product in fp32, result in gate's dtype.
+def scaled(t: Tensor, multiplier: float) -> Tensor:
+    """t * multiplier rounded to t's dtype, as torch's `tensor * float` computes it (the float rounded to
+    fp32, fp64 for fp64 tensors; the product in that precision): t itself for a multiplier of 1."""
+    if multiplier == 1.0:
+        return t
+    return (acc(t) * multiplier).to(t.dtype)
+
+
+def gated_act(gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
+    """h = act((gate * m).to(dtype)).to(dtype) * up, product in fp32, result in gate's dtype.
 
     Args:
         gate, up: (..., I) tensors of one dtype.
         act: "silu", "gelu", "gelu_tanh" or "relu".
+        gate_multiplier: m, applied to gate before the activation (Falcon-H1's mlp_multipliers[0]).
     Returns:
         (..., I) tensor of gate's dtype.
     """
-    a = activation(acc(gate), act).to(gate.dtype)
+    a = activation(acc(scaled(gate, gate_multiplier)), act).to(gate.dtype)
     return (acc(a) * acc(up)).to(gate.dtype)
 
 
-def gated_act_backward(dh: Tensor, gate: Tensor, up: Tensor, act: str) -> tuple[Tensor, Tensor]:
+def gated_act_backward(
+    dh: Tensor, gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """Gradients of `gated_act` given the upstream gradient dh (..., I).
 
     Returns:
         (d_gate, d_up), each of gate's shape and dtype.
     """
-    g32, dh32 = acc(gate), acc(dh)
-    a = acc(activation(g32, act).to(gate.dtype))
+    z32, dh32 = acc(scaled(gate, gate_multiplier)), acc(dh)
+    a = acc(activation(z32, act).to(gate.dtype))
     d_up = dh32 * a
-    d_gate = dh32 * acc(up) * activation_grad(g32, act)
+    d_gate = dh32 * acc(up) * activation_grad(z32, act)
+    if gate_multiplier != 1.0:
+        d_gate = d_gate * gate_multiplier
     return d_gate.to(gate.dtype), d_up.to(gate.dtype)
 
 
@@ -75,14 +95,14 @@ def split_packed(gate_up: Tensor) -> tuple[Tensor, Tensor]:
     return gate_up.chunk(2, dim=-1)
 
 
-def gated_act_packed(gate_up: Tensor, act: str) -> Tensor:
+def gated_act_packed(gate_up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
     """`gated_act` of the halves of gate_up (..., 2I) -> (..., I)."""
-    return gated_act(*split_packed(gate_up), act)
+    return gated_act(*split_packed(gate_up), act, gate_multiplier)
 
 
-def gated_act_packed_backward(dh: Tensor, gate_up: Tensor, act: str) -> Tensor:
+def gated_act_packed_backward(dh: Tensor, gate_up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
     """Gradient of `gated_act_packed`: one (..., 2I) tensor [d_gate | d_up] of gate_up's dtype."""
-    return torch.cat(gated_act_backward(dh, *split_packed(gate_up), act), dim=-1)
+    return torch.cat(gated_act_backward(dh, *split_packed(gate_up), act, gate_multiplier), dim=-1)
 
 
 def gelu_name(approximate: str) -> str:

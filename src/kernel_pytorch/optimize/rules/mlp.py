@@ -4,6 +4,7 @@ MLPs to `kernel_pytorch.nn.MLP`; mixture-of-experts blocks recognised and left a
 Recognised by structure, not by class name:
 
     hf_gated_mlp:  child Linears gate_proj, up_proj, down_proj   LlamaMLP, MistralMLP, Qwen2MLP, GemmaMLP ...
+                   and FalconH1MLP, whose gate_multiplier / down_multiplier attributes GatedMLP takes over
     packed_gated_mlp: child Linears gate_up_proj ([gate; up] rows), down_proj   Phi3MLP
                    (-> GatedMLP(fuse_gate_up=True): one GEMM, gated_act_packed, saved in the packed layout)
     fc_mlp:        child Linears fc1, fc2                          CLIPMLP, SiglipMLP, PhiMLP, ViT MLPs ...
@@ -87,7 +88,13 @@ def _swap(module: nn.Module, projs: dict[str, nn.Linear], build: Callable[[nn.Mo
     act = getattr(new, "activation", "?")
     if not same_output(expected, run_probe(new, x)):
         return Match(None, f"{kind} computes something other than {target}(activation={act!r}) on a probe input")
-    return Match(new, f"{kind} ({act}) -> kernel_pytorch.nn.{target}")
+    return Match(new, f"{kind} ({act}{_multipliers(new)}) -> kernel_pytorch.nn.{target}")
+
+
+def _multipliers(new: nn.Module) -> str:
+    """A GatedMLP's multipliers that are not 1, as the reason names them (", gate_multiplier=0.7"), or ""."""
+    values = ((n, getattr(new, n, 1.0)) for n in ("gate_multiplier", "down_multiplier"))
+    return "".join(f", {n}={v!r}" for n, v in values if v != 1.0)
 
 
 def _gated(module: nn.Module) -> nn.Module:
