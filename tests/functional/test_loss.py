@@ -11,7 +11,7 @@ import torch.nn.functional as TF
 from kernel_pytorch import functional as F
 from kernel_pytorch import reference as R
 from kernel_pytorch.functional import loss as loss_mod
-from tests.grid import randn
+from tests.grid import device_under_test, randn
 from tests.ops.norm_helpers import assert_close
 
 IGNORE = -100
@@ -114,14 +114,15 @@ def test_fused_linear_cross_entropy_tied_weight(backend: str, reduction: str) ->
 def test_inplace_backward_function() -> None:
     """The eager in-place path (launched directly: CUDA's path, run by the interpreter here): the
     gradient lands in the logits' memory, reaches the layers below, and a second backward refuses."""
-    h, w = randn(5, 8).requires_grad_(), randn(13, 8).requires_grad_()
-    target = torch.randint(0, 13, (5,))
+    dev = device_under_test()  # the launchers' device: CUDA, or the interpreter's CPU
+    h, w = randn(5, 8, device=dev).requires_grad_(), randn(13, 8, device=dev).requires_grad_()
+    target = torch.randint(0, 13, (5,), device=dev)
     logits = h @ w.t()
     loss = loss_mod._CrossEntropyInplace.apply(logits, target, None, IGNORE, "mean", 0.1, 0.0, None)[0]
     ref_logits = h @ w.t()
     want = R.cross_entropy(ref_logits, target, None, IGNORE, "mean", 0.1)
     assert_close(loss, want, "loss")
-    dloss = torch.tensor(1.5)
+    dloss = torch.tensor(1.5, device=dev)
     got = torch.autograd.grad(loss, (h, w), dloss, retain_graph=True)
     for a, b in zip(got, torch.autograd.grad(want, (h, w), dloss)):
         assert_close(a, b, "grad")

@@ -9,7 +9,7 @@ import torch
 from kernel_pytorch import functional as F
 from kernel_pytorch import reference as R
 from kernel_pytorch.functional import rope as rope_mod
-from tests.grid import compile_and_count_breaks, randn
+from tests.grid import compile_and_count_breaks, device_under_test, randn
 from tests.ops.norm_helpers import assert_close
 from tests.ops.rope_helpers import RopeCase, make_heads, make_rows, rotation_rows, rotation_table
 
@@ -75,15 +75,16 @@ def test_inplace_function_of_the_eager_path() -> None:
     """_RopeInplace (the eager CUDA path; here its launchers run under the interpreter): in place on
     non-leaf q and k, gradients as the reference's."""
     case = RopeCase(1, 4, 2, 1, 8, 8, "bhtd")
-    q0 = make_heads(case, 2, torch.float32, "cpu").requires_grad_()
-    k0 = make_heads(case, 1, torch.float32, "cpu").requires_grad_()
-    cos, sin = make_rows(case, torch.float32, "cpu")
+    dev = device_under_test()  # the launchers' device: CUDA, or the interpreter's CPU
+    q0 = make_heads(case, 2, torch.float32, dev).requires_grad_()
+    k0 = make_heads(case, 1, torch.float32, dev).requires_grad_()
+    cos, sin = make_rows(case, torch.float32, dev)
     q, k = q0 * 1.0, k0 * 1.0
     qo, ko = rope_mod._RopeInplace.apply(q, k, cos, sin, None, False, 1, False)
     assert qo.data_ptr() == q.data_ptr()
     want = R.rope(q0, k0, cos, sin)
     assert_close(qo, want[0], "q"), assert_close(ko, want[1], "k")
-    ups = (randn(*qo.shape), randn(*ko.shape))
+    ups = (randn(*qo.shape, device=dev), randn(*ko.shape, device=dev))
     for a, b in zip(torch.autograd.grad((qo, ko), (q0, k0), ups), torch.autograd.grad(want, (q0, k0), ups)):
         assert_close(a, b, "grad")
 
@@ -94,10 +95,11 @@ def test_inplace_eager_path_on_fused_qkv_views(monkeypatch: pytest.MonkeyPatch) 
     (autograd lets no Function dirty two views); both right, gradients included."""
     monkeypatch.setattr(rope_mod, "_resolve", lambda *args: "eager")
     b, t, hq, hk, d = 1, 3, 2, 1, 8
-    cos, sin = rotation_rows(torch.arange(t)[None], d, torch.float32)
+    dev = device_under_test()  # the launchers' device: CUDA, or the interpreter's CPU
+    cos, sin = (r.to(dev) for r in rotation_rows(torch.arange(t)[None], d, torch.float32))
     for grad in (False, True):
-        w = randn(d * (hq + 2 * hk), 16).requires_grad_(grad)
-        x = randn(b, t, 16)
+        w = randn(d * (hq + 2 * hk), 16, device=dev).requires_grad_(grad)
+        x = randn(b, t, 16, device=dev)
         qkv = (x @ w.T).view(b, t, hq + 2 * hk, d)
         q, k = qkv[:, :, :hq], qkv[:, :, hq:hq + hk]
         want = R.rope(q.detach(), k.detach(), cos, sin, unsqueeze_dim=2)

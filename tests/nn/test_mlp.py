@@ -11,7 +11,7 @@ import torch
 import kernel_pytorch as kp
 from kernel_pytorch.functional import activation as act_mod
 from kernel_pytorch.functional import mlp as mlp_mod
-from tests.grid import compile_and_count_breaks, randn
+from tests.grid import compile_and_count_breaks, device_under_test, randn
 from tests.ops.norm_helpers import assert_close
 
 transformers = pytest.importorskip("transformers")
@@ -39,12 +39,13 @@ def _hf(kind: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     return Phi3MLP(Phi3Config(**DIMS)).to(dtype)
 
 
-def _same_function(ours: torch.nn.Module, theirs: torch.nn.Module, dtype: torch.dtype, what: str) -> None:
+def _same_function(ours: torch.nn.Module, theirs: torch.nn.Module, dtype: torch.dtype, what: str,
+                   device: str = "cpu") -> None:
     """Output, dx and every parameter gradient of `ours` against `theirs` for one input and upstream grad."""
-    x = randn(2, 3, H, dtype=dtype).requires_grad_()
+    x = randn(2, 3, H, dtype=dtype, device=device).requires_grad_()
     y, want = ours(x), theirs(x)
     assert_close(y, want, f"{what} y")
-    dy = randn(*y.shape, dtype=dtype)
+    dy = randn(*y.shape, dtype=dtype, device=device)
     got = torch.autograd.grad(y, [x, *ours.parameters()], dy)
     exp = torch.autograd.grad(want, [x, *theirs.parameters()], dy)
     assert_close(got[0], exp[0], f"{what} dx")
@@ -116,9 +117,9 @@ def test_block_path_of_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA eager path (whole-block function, launchers on the interpreter here) of a fused module."""
     for module in (mlp_mod, act_mod):
         monkeypatch.setattr(module, "_resolve", lambda backend, op, x, compiling: "eager")
-    for kind in ("phi3", "falcon_h1"):
-        hf = _hf(kind)
-        _same_function(kp.nn.GatedMLP.from_module(hf), hf, torch.float32, f"{kind} block")
+    for kind in ("phi3", "falcon_h1"):  # on the launchers' device: CUDA, or the interpreter's CPU
+        hf = _hf(kind).to(device_under_test())
+        _same_function(kp.nn.GatedMLP.from_module(hf), hf, torch.float32, f"{kind} block", device_under_test())
 
 
 def test_modules_compile_without_breaks() -> None:

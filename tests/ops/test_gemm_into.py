@@ -11,7 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 from kernel_pytorch.ops._gemm_into import gemm_into
 from kernel_pytorch.ops._scale import scaled_grad
 from kernel_pytorch.reference._math import acc
-from tests.grid import randn
+from tests.grid import device_under_test, randn
 from tests.ops.norm_helpers import assert_close
 
 COPIES = ("aten::copy_", "aten::clone")
@@ -66,8 +66,9 @@ def test_compiled_accumulation_copies_nothing() -> None:
 
 @pytest.mark.parametrize("per_row", [False, True], ids=["0-d", "per-row"])
 def test_traced_scaled_grad_is_torch_math(per_row: bool) -> None:
-    grad = randn(2, 3, 16, dtype=torch.bfloat16)
-    dloss = torch.rand(2, 3) + 0.5 if per_row else torch.tensor(0.37)
+    dev = device_under_test()  # the kernel's device: CUDA, or the interpreter's CPU
+    grad = randn(2, 3, 16, dtype=torch.bfloat16, device=dev)
+    dloss = torch.rand(2, 3, device=dev) + 0.5 if per_row else torch.tensor(0.37, device=dev)
     graph = make_fx(lambda g, d: scaled_grad(g, d), tracing_mode="fake")(grad, dloss)
     targets = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
     assert not any("triton" in t for t in targets), targets  # no kernel: Inductor can fuse and reuse

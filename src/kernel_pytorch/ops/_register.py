@@ -46,6 +46,8 @@ import torch
 from torch import Tensor
 from torch.library import triton_op
 
+from kernel_pytorch._env import KERNEL_DTYPES
+
 try:  # where autograd.Function.apply decides whether it binds default arguments (torch >= 2.1)
     from torch.autograd.function import _is_setup_context_defined
 except ImportError:  # pragma: no cover - the plain `.apply` is used
@@ -185,6 +187,11 @@ def _checked_schema(qualname: str, impl: Impl) -> _Schema:
     return schema
 
 
+def _kernel_dtypes(args: Sequence[Any]) -> bool:
+    """Whether every floating-point tensor argument has a dtype the kernels compute in (KERNEL_DTYPES)."""
+    return all(a.dtype in KERNEL_DTYPES for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
+
+
 def _define(qualname: str, impl: Impl, schema: _Schema, module: str, opaque: bool = False) -> Any:
     """The triton_op `qualname` (a plain custom_op where `opaque`) with its CPU kernel and fake. An opaque
     op's body only ever runs on real tensors (compile and export trace its fake), so its CUDA launches go
@@ -194,8 +201,9 @@ def _define(qualname: str, impl: Impl, schema: _Schema, module: str, opaque: boo
     cuda = _filled(_op_outputs(_eager_launcher(impl.launch) if opaque else impl.launch, schema), schema)
 
     def body(*args: Any) -> Any:
-        # compile/export/opcheck trace this body for every device, so the non-CUDA branch lives here
-        if args[0].device.type != "cuda":
+        # compile/export/opcheck trace this body for every device, so the non-CUDA branch lives here; so
+        # does fp64's: the kernels compute in fp32, which would hand an fp64 caller fp32 results silently
+        if args[0].device.type != "cuda" or not _kernel_dtypes(args):
             return cpu(*args)
         return cuda(*args)
 
