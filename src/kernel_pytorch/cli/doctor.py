@@ -8,12 +8,14 @@ import platform
 
 import torch
 
+from kernel_pytorch import __version__
 from kernel_pytorch._env import triton_status, triton_version
 
 
 def collect(measure: bool = False) -> dict[str, object]:
     """Environment facts as a JSON-able dict; with `measure`, the measured copy and matmul ceilings."""
     info: dict[str, object] = {
+        "kernel_pytorch": __version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,

@@ -13,6 +13,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from kernel_pytorch import __version__
+
 # Each name is a module in this package defining `register(subparsers)`; the subparser sets `func`,
 # called with the parsed args and returning the process exit code.
 SUBCOMMANDS: tuple[str, ...] = ("doctor", "analyze", "validate", "optimize", "bench", "export", "convert")
@@ -47,6 +49,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="Analyse, optimise, validate and benchmark PyTorch models on the GPU.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what kernel_pytorch decides")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print kernel_pytorch's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = _chosen(argv) if argv is not None else None
     for name in SUBCOMMANDS:
