@@ -82,6 +82,17 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def sha256_files(paths: list[Path]) -> dict[str, str]:
+    """{file name: hex sha256} of `paths`, hashed in parallel threads (hashlib releases the GIL while it
+    hashes), so the shards of a large checkpoint take about the time of the largest one."""
+    if len(paths) <= 1:
+        return {p.name: sha256(p) for p in paths}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(len(paths), os.cpu_count() or 1)) as pool:
+        return dict(zip((p.name for p in paths), pool.map(sha256, paths)))
+
+
 def umask_mode(directory: Path) -> int:
     """The permission bits `open()` gives a new file in `directory` (0o644 under a umask of 022), found by
     creating and removing an empty file there: the process umask is read without changing it."""
@@ -165,4 +176,5 @@ def read_header(path: Path, expected_size: int | None) -> dict[str, tuple[torch.
 
 
 __all__ = ["INDEX_NAME", "WEIGHTS_NAME", "LoadError", "PickleRefusedError", "is_weight_file", "parse_size",
-           "read_header", "refuse_pickle", "sha256", "shard_names", "torch_dtype", "umask_mode", "write_index"]
+           "read_header", "refuse_pickle", "sha256", "sha256_files", "shard_names", "torch_dtype", "umask_mode",
+           "write_index"]

@@ -23,7 +23,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from kernel_pytorch.deploy import _quantized
-from kernel_pytorch.deploy._files import INDEX_NAME, LoadError, read_header, refuse_pickle, sha256
+from kernel_pytorch.deploy._files import INDEX_NAME, LoadError, read_header, refuse_pickle, sha256_files
 from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, ManifestError, describe_differences, dtype_name
 from kernel_pytorch.optimize import swap as swapping
 from kernel_pytorch.optimize.report import Change
@@ -100,8 +100,8 @@ def _verify(directory: Path, manifest: Manifest) -> None:
     unrecorded = sorted(set(manifest.files) - set(manifest.sha256))
     if unrecorded:
         raise LoadError(f"the manifest records no sha256 for {_names(unrecorded)}")
-    for name in manifest.files:
-        found = sha256(directory / name)
+    digests = sha256_files([directory / name for name in manifest.files])
+    for name, found in digests.items():
         if found != manifest.sha256[name]:
             raise LoadError(f"weight file {directory / name} has sha256 {found[:16]}..., the manifest records "
                             f"{manifest.sha256[name][:16]}...: the file changed after it was saved (a damaged "

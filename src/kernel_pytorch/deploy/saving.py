@@ -26,7 +26,7 @@ from kernel_pytorch.deploy._files import (
     INDEX_NAME,
     is_weight_file,
     parse_size,
-    sha256,
+    sha256_files,
     shard_names,
     umask_mode,
     write_index,
@@ -164,10 +164,10 @@ def save_state_dict(
         file.chmod(mode)  # safetensors writes 0600 whatever the umask; the other files follow the umask
         written.append(file)
         manifest.files[name] = file.stat().st_size
-        manifest.sha256[name] = sha256(file)
         for k in keys:
             manifest.tensors[k] = {"dtype": dtype_name(shard[k].dtype), "shape": list(shard[k].shape), "file": name}
         del shard
+    manifest.sha256 = sha256_files(written)
     if len(names) > 1:
         weight_map = {k: v["file"] for k, v in manifest.tensors.items()}
         total = sum(_nbytes(t) for t in tensors.values())
