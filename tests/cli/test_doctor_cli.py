@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +24,13 @@ def test_doctor_shows_kernel_pytorch_version(capsys: pytest.CaptureFixture[str])
     assert first == ["kernel_pytorch", kernel_pytorch.__version__]
     assert main(["doctor", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["kernel_pytorch"] == kernel_pytorch.__version__
+
+
+def test_doctor_measure_measures_now_and_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KERNEL_PYTORCH_CACHE_DIR", str(tmp_path))
+    for _ in range(2):  # the second run measures again rather than printing the first one's figures
+        assert main(["doctor", "--measure", "--json"]) == 0
+        ceilings = json.loads(capsys.readouterr().out)["ceilings"]
+        assert ceilings["source"] == "measured" and ceilings["origin"] == ""
+    assert (tmp_path / "ceilings.json").is_file()
