@@ -1,10 +1,22 @@
-"""Test-wide setup: Triton's interpreter on CPU-only machines, the cuda marker, fixed seeds."""
+"""Test-wide setup: caches in a directory of the session, Triton's interpreter on CPU-only machines, the
+cuda marker, fixed seeds."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
+
+# Nothing the tests run writes under the user's home, and nothing there changes what they measure:
+# kernel_pytorch's cache (measured ceilings) and matplotlib's go to a directory of this session, removed
+# at its end. Set at import, before anything reads them, so the processes the tests start inherit it.
+_SCRATCH = tempfile.mkdtemp(prefix="kernel_pytorch-tests-")
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+os.environ["KERNEL_PYTORCH_CACHE_DIR"] = os.path.join(_SCRATCH, "cache")
+os.environ["MPLCONFIGDIR"] = os.path.join(_SCRATCH, "matplotlib")
 
 # Must happen before anything imports triton: without a GPU, kernels run in Triton's CPU interpreter.
 try:

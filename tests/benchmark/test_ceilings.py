@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 from pathlib import Path
 
 import pytest
@@ -72,8 +75,33 @@ def test_measure_on_cpu_caches_per_device(tmp_path: Path, monkeypatch: pytest.Mo
     assert cached.source == "cache" and cached.copy_gbps == first.copy_gbps
     stored = (tmp_path / "ceilings.json").read_text()
     assert f"torch {torch.__version__}" in stored and first.device in stored
+    assert first.provenance == "measured now"
+    # a cached result says when, on which host and from which file
+    assert cached.provenance == (f"measured {first.measured_at} on {platform.node()}, cached in "
+                                 f"{tmp_path / 'ceilings.json'}")
+    assert C.cached_ceilings("cpu") == cached
     again = C.measure_ceilings("cpu", force=True)
     assert again.source == "measured" and again.measured_at >= first.measured_at
+
+
+def test_the_tests_cache_outside_the_home() -> None:
+    # tests/conftest.py: a run of the tests leaves nothing in the user's cache for a later analysis to read
+    assert C.cache_dir() == Path(os.environ["KERNEL_PYTORCH_CACHE_DIR"])
+    home = Path.home().resolve()
+    for where in (C.cache_dir(), Path(os.environ["MPLCONFIGDIR"])):
+        assert home not in where.resolve().parents, where
+
+
+def test_only_an_entry_of_this_device_host_and_torch_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNEL_PYTORCH_CACHE_DIR", str(tmp_path))
+    name = C.device_name("cpu")
+    entry = {**_ceilings().to_dict(), "device": name}
+    (tmp_path / "ceilings.json").write_text(json.dumps({
+        f"{name} | torch {torch.__version__}": entry,  # keyed without a host, as earlier versions wrote
+        f"{name} | another-host | torch {torch.__version__}": {**entry, "host": "another-host"},
+        f"{name} | {platform.node()} | torch 0.0.1": entry,
+    }))
+    assert C.cached_ceilings("cpu") is None
 
 
 def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

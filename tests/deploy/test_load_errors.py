@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -134,3 +135,68 @@ def test_version_mismatch_is_named(saved: Path) -> None:
     with pytest.raises(LoadError, match="saved with 0.0.1"):
         kernel_pytorch.load(saved, model, strict_versions=True)
     assert unchanged(model, before)
+
+
+def _flip_data_byte(weights: Path) -> None:
+    """One bit of the tensor data (past the 8-byte length and the JSON header), the size unchanged."""
+    data = bytearray(weights.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    data[start + (len(data) - start) // 2] ^= 0x10
+    weights.write_bytes(bytes(data))
+
+
+def test_a_flipped_data_byte_fails_the_checksum(saved: Path) -> None:
+    clean = snapshot(kernel_pytorch.load(saved, Small()))
+    _flip_data_byte(saved / "model.safetensors")
+    _fails(saved, Small(), r"weight file .*model\.safetensors has sha256 [0-9a-f]{16}\.\.\., the manifest records")
+    # verify=False skips the checksum (size and header are still checked): the flipped byte loads silently
+    assert not unchanged(kernel_pytorch.load(saved, Small(), verify=False), clean)
+
+
+def test_a_flipped_byte_in_one_shard_names_that_shard(tmp_path: Path) -> None:
+    model, report = optimized_small()
+    files = kernel_pytorch.save(model, tmp_path, report=report, max_shard_size=600)
+    shards = sorted(p for p in files if p.name.startswith("model-"))
+    assert len(shards) >= 2
+    _flip_data_byte(shards[-1])
+    _fails(tmp_path, Small(), rf"weight file .*{shards[-1].name} has sha256")
+
+
+def test_checksums_are_recorded_and_a_manifest_without_them_still_loads(saved: Path) -> None:
+    data = json.loads((saved / "kernel_pytorch.json").read_text())
+    weights = (saved / "model.safetensors").read_bytes()
+    assert data["sha256"] == {"model.safetensors": hashlib.sha256(weights).hexdigest()}
+    del data["sha256"]  # as written before checksums were recorded: checked by size and header only
+    (saved / "kernel_pytorch.json").write_text(json.dumps(data))
+    kernel_pytorch.load(saved, Small())
+
+
+def test_a_checksum_of_the_wrong_form_or_missing_for_a_file(saved: Path) -> None:
+    _edit_manifest(saved, sha256={"model.safetensors": "abc"})
+    _fails(saved, Small(), r"sha256 of 'model\.safetensors' as 'abc', not 64 hex digits")
+    _edit_manifest(saved, sha256={"other.safetensors": "0" * 64})
+    _fails(saved, Small(), r"records no sha256 for model\.safetensors")
+
+
+@pytest.mark.parametrize("entry, match", [
+    ({"path": "norm"}, r"malformed swap \(entry 0 of \"swaps\""),
+    ("norm", r"malformed swap \(entry 0"),
+    ({"path": "norm", "rule": None, "before": "RMSNorm", "after": "RMSNorm"}, r"needs path, rule, before, after"),
+    ({"path": ["norm"], "rule": "torch_rms_norm", "before": "RMSNorm", "after": "RMSNorm"}, r"malformed swap"),
+])
+def test_a_malformed_swap_entry(saved: Path, entry: object, match: str) -> None:
+    _edit_manifest(saved, swaps=[entry])
+    _fails(saved, Small(), match)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("tensors", {"proj.weight": {"dtype": "float32", "file": "model.safetensors"}}, r"malformed entry for tensor"),
+    ("tensors", {"proj.weight": [16, 16]}, r"malformed entry for tensor 'proj\.weight'"),
+    ("files", {"model.safetensors": "big"}, r"size of 'model\.safetensors' as 'big'"),
+    ("aliases", {"a": 3}, r"malformed \"aliases\""),
+    ("compile", {"compiled": "layers.0"}, r"malformed \"compile\""),
+    ("swaps", {"path": "norm"}, r"malformed \"swaps\" \(want a JSON array, got dict\)"),
+])
+def test_other_malformed_entries(saved: Path, field: str, value: object, match: str) -> None:
+    _edit_manifest(saved, **{field: value})
+    _fails(saved, Small(), match)

@@ -1,9 +1,11 @@
 """kernel_pytorch.save / load round trips: optimized built-in and Hugging Face models, ties written once,
-shards with HF's index, dtypes, compile re-applied, tensor subclasses refused."""
+shards with HF's index, dtypes, compile re-applied, tensor subclasses refused, files under the umask."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -175,3 +177,17 @@ def test_custom_rules_and_an_in_place_reload(tmp_path: Path) -> None:
     assert unchanged(fresh, before)  # the swap was put back before any weight was copied
 
     assert kernel_pytorch.load(tmp_path, model, rules=[_WrapRule()]) is model  # optimized: nothing to swap
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+@pytest.mark.parametrize("shard", ["5GB", 600])
+def test_every_file_follows_the_umask(tmp_path: Path, umask: int, mode: int, shard: int | str) -> None:
+    model, report = optimized_small()
+    old = os.umask(umask)
+    try:
+        written = kernel_pytorch.save(model, tmp_path, report=report, max_shard_size=shard)
+    finally:
+        os.umask(old)
+    assert len(written) == (2 if shard == "5GB" else len(list(tmp_path.glob("model-*"))) + 2)
+    assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in written} == {p.name: oct(mode) for p in written}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in written)  # the probe file is gone

@@ -5,6 +5,7 @@ load quantizes the rebuilt model the same way: bitwise the same outputs."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -125,6 +126,7 @@ def _rewrite(path: Path, edit) -> None:
     edit(tensors, manifest)
     save_file(tensors, str(file), metadata=meta)
     manifest["files"]["model.safetensors"] = file.stat().st_size
+    manifest["sha256"]["model.safetensors"] = hashlib.sha256(file.read_bytes()).hexdigest()
     manifest["tensors"] = {k: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                                "file": "model.safetensors"} for k, t in tensors.items()}
     (path / "kernel_pytorch.json").write_text(json.dumps(manifest))

@@ -5,14 +5,15 @@ Time per step is the report's own: the eager step the kernel profile timed for t
 when the profile is off is it a warm eager forward the analyser timed itself, and says so.
 
 Time saved by moving fewer bytes is bytes / copy bandwidth. The bandwidth is the one measured on this
-device when `kernel_pytorch.benchmark.ceilings` has it cached (`kernel-pytorch doctor --measure` or a
-benchmark run measures and caches it); the analysis never measures it itself (that takes seconds).
-Without a cached measurement it is the GPU's datasheet peak, else an assumed figure, and says so.
+device when `kernel_pytorch.benchmark.ceilings` has it cached for this device, host and torch version
+(`kernel-pytorch doctor --measure` or a benchmark run measures and caches it); the analysis never
+measures it itself (that takes seconds), and its label says when, where and from which file the cached
+figure came. Without a cached measurement it is the GPU's datasheet peak, else an assumed figure, and
+says so.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,8 @@ class Bandwidth:
 
     Attributes:
         gbps: the figure.
-        source: "measured" (this device, cached ceilings), "datasheet" or "assumed".
+        source: "measured" (this device, host and torch version, cached ceilings), "datasheet" or
+            "assumed".
         label: a sentence naming the figure and its source, for evidence text.
     """
 
@@ -44,27 +46,21 @@ class Bandwidth:
 
 def copy_bandwidth(device: torch.device | str) -> Bandwidth:
     """The copy bandwidth estimates use on `device`: measured (cached), datasheet, else assumed."""
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return _copy_bandwidth(str(dev))
-
-
-@functools.lru_cache(maxsize=8)
-def _copy_bandwidth(device: str) -> Bandwidth:
     from kernel_pytorch.benchmark import ceilings
 
     dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     try:
         name = ceilings.device_name(dev)
+        # the cache measure_ceilings() writes; read only, so an analysis never spends seconds measuring
+        cached = ceilings.cached_ceilings(dev)
     except Exception:  # an exotic device: nothing to look up
-        name = str(dev)
-    # the cache measure_ceilings() writes; read only, so an analysis never spends seconds measuring
-    cached = ceilings._read_cache().get(ceilings._cache_key(name))
-    if isinstance(cached, dict) and cached.get("copy_gbps"):
-        when = str(cached.get("measured_at", ""))[:10]
-        gbps = float(cached["copy_gbps"])
-        return Bandwidth(gbps, "measured", f"{gbps:.0f} GB/s copy bandwidth measured on {name} ({when})")
+        name, cached = str(dev), None
+    if cached is not None and cached.copy_gbps > 0:
+        gbps = cached.copy_gbps
+        return Bandwidth(gbps, "measured", f"{gbps:.0f} GB/s copy bandwidth of {name}, {cached.provenance} "
+                         "(`kernel-pytorch doctor --measure` measures it again)")
     sheet = ceilings.datasheet_for(name) if dev.type == "cuda" else None
     if sheet is not None:
         return Bandwidth(

@@ -87,7 +87,8 @@ def _summary(key: str, run: ProfiledRun, rt: RuntimeProfile) -> Finding:
               "kernels": rows[: 3 * TOP], "measured": True,
               "ceilings": None if rt.ceilings is None else {
                   "copy_gbps": rt.ceilings.copy_gbps, "matmul_tflops": rt.ceilings.matmul_tflops,
-                  "matmul_dtype": rt.ceilings.matmul_dtype, "device": rt.ceilings.device}},
+                  "matmul_dtype": rt.ceilings.matmul_dtype, "device": rt.ceilings.device,
+                  "provenance": rt.ceilings.provenance}},
     )
 
 
@@ -110,7 +111,7 @@ def _low_roof(key: str, run: ProfiledRun, rt: RuntimeProfile) -> Finding | None:
         severity=Severity.WARNING,
         title=f"{key}: {len(low)} of the top kernels run below {LOW_ROOF_PCT:.0f}% of their measured roof",
         evidence=f"{text}. Roofs measured on this device: copy {rt.ceilings.copy_gbps:.0f} GB/s, "
-        f"{rt.ceilings.matmul_dtype} matmul {rt.ceilings.matmul_tflops:.0f} TFLOP/s",
+        f"{rt.ceilings.matmul_dtype} matmul {rt.ceilings.matmul_tflops:.0f} TFLOP/s ({rt.ceilings.provenance})",
         suggestion="small or odd shapes leave the GPU idle: batch more work per call, pad matmul dims to "
         "multiples of 64, or fuse the memory-bound ops (torch.compile; see the fusion section)",
         estimated_gain=f"up to {gain:.3f} ms per step if they reached {LOW_ROOF_PCT:.0f}% of the roof (estimated)",

@@ -5,10 +5,12 @@ Results are reported against what the device demonstrably does, not what its dat
 * copy: `dst.copy_(src)` of 1 GiB on CUDA (64 MiB on CPU), counting bytes read + bytes written.
 * matmul: an 8192^3 bf16 matmul on CUDA (1024^3 fp32 on CPU), 2*M*N*K FLOPs.
 
-Measurements are cached per device (name + torch version) in a JSON file under the user cache dir
-(`$KERNEL_PYTORCH_CACHE_DIR`, else `$XDG_CACHE_HOME/kernel_pytorch`, else `~/.cache/kernel_pytorch`);
-`measure_ceilings(force=True)` measures again. The datasheet table is for context only and is
-labelled as such wherever it is printed.
+Measurements are cached per device name, host and torch version in `ceilings.json` under the user
+cache dir (`$KERNEL_PYTORCH_CACHE_DIR`, else `$XDG_CACHE_HOME/kernel_pytorch`, else
+`~/.cache/kernel_pytorch`); `measure_ceilings(force=True)` measures again. A result read back says so
+(`source="cache"`, `origin`: the file, the host and when it was measured), so a figure an earlier process
+left is never mistaken for one measured now. The datasheet table is for context only and is labelled as
+such wherever it is printed.
 """
 
 from __future__ import annotations
@@ -95,6 +97,14 @@ class Ceilings:
     measured_at: str  # ISO 8601, UTC
     source: str = "measured"  # "measured" in this process, or "cache" when read back
     datasheet: DatasheetPeak | None = None
+    origin: str = ""  # for source "cache": the cache file and the host that measured it; "" when measured now
+
+    @property
+    def provenance(self) -> str:
+        """"measured now", or "measured <when> on <host>, cached in <file>" for a cached result."""
+        if self.source != "cache":
+            return "measured now"
+        return f"measured {self.measured_at} {self.origin}" if self.origin else f"measured {self.measured_at}, cached"
 
     @property
     def ridge(self) -> float:
@@ -123,12 +133,13 @@ class Ceilings:
             measured_at=d["measured_at"],
             source=d.get("source", "measured"),
             datasheet=sheet,
+            origin=str(d.get("origin", "")),
         )
 
     def summary(self) -> str:
         text = (
             f"{self.device}: copy {self.copy_gbps:.0f} GB/s, {self.matmul_dtype} matmul "
-            f"{self.matmul_tflops:.1f} TFLOP/s ({self.source}, {self.measured_at})"
+            f"{self.matmul_tflops:.1f} TFLOP/s ({self.provenance})"
         )
         if self.datasheet is not None:
             text += (
@@ -160,26 +171,46 @@ def cache_dir() -> Path:
     return Path(base) / "kernel_pytorch"
 
 
-def _cache_file() -> Path:
+def cache_file() -> Path:
+    """The JSON file of measured ceilings, one entry per device name, host and torch version."""
     return cache_dir() / "ceilings.json"
 
 
+def _host() -> str:
+    return platform.node() or "an unnamed host"
+
+
 def _cache_key(name: str) -> str:
-    return f"{name} | torch {torch.__version__}"
+    return f"{name} | {_host()} | torch {torch.__version__}"
 
 
 def _read_cache() -> dict[str, Any]:
     try:
-        data = json.loads(_cache_file().read_text())
+        data = json.loads(cache_file().read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
+def cached_ceilings(device: torch.device | str | None = None) -> Ceilings | None:
+    """The ceilings an earlier `measure_ceilings` cached for this device, host and torch version, or None;
+    measures nothing. The result has `source="cache"` and its `origin` (file, host)."""
+    dev = resolve_device(device)
+    name = device_name(dev)
+    cached = _read_cache().get(_cache_key(name))
+    if not isinstance(cached, dict):
+        return None
+    origin = f"on {cached.get('host') or _host()}, cached in {cache_file()}"
+    try:
+        return Ceilings.from_dict({**cached, "source": "cache", "origin": origin})
+    except (KeyError, TypeError, ValueError):
+        return None  # an old or damaged entry: as if none were cached
+
+
 def _write_cache(key: str, ceilings: Ceilings) -> None:
     data = _read_cache()
-    data[key] = ceilings.to_dict()
-    path = _cache_file()
+    data[key] = {**ceilings.to_dict(), "host": _host()}
+    path = cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -231,20 +262,15 @@ def measure_ceilings(device: torch.device | str | None = None, *, force: bool = 
 
     Args:
         device: CUDA device or "cpu" (default: current CUDA device, else CPU).
-        force: measure even if a cached result exists for this device and torch version.
+        force: measure even if a cached result exists for this device, host and torch version.
     Returns:
-        `Ceilings`; `.source` says whether it was measured now or read from the cache.
+        `Ceilings`; `.source` says whether it was measured now or read from the cache, `.provenance`
+        says it in words (for a cached one: when, on which host, from which file).
     """
     dev = resolve_device(device)
     name = device_name(dev)
-    key = _cache_key(name)
-    if not force:
-        cached = _read_cache().get(key)
-        if cached:
-            try:
-                return Ceilings.from_dict({**cached, "source": "cache"})
-            except (KeyError, TypeError, ValueError):
-                pass  # an old or damaged entry: measure again
+    if not force and (cached := cached_ceilings(dev)) is not None:
+        return cached
     copy = measure_copy_gbps(dev)
     tflops, n, dtype = measure_matmul_tflops(dev)
     result = Ceilings(
@@ -259,7 +285,7 @@ def measure_ceilings(device: torch.device | str | None = None, *, force: bool = 
         source="measured",
         datasheet=datasheet_for(name) if dev.type == "cuda" else None,
     )
-    _write_cache(key, result)
+    _write_cache(_cache_key(name), result)
     return result
 
 
@@ -326,6 +352,8 @@ __all__ = [
     "DatasheetPeak",
     "RooflinePoint",
     "cache_dir",
+    "cache_file",
+    "cached_ceilings",
     "datasheet_for",
     "device_name",
     "gbps",

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import Inputs, as_inputs
 
 Factory = Callable[[], tuple[nn.Module, Inputs]]
@@ -43,7 +44,23 @@ _DEFAULT_FACTORY_NAMES = ("make", "factory", "get_model")
 
 
 class FactoryError(ValueError):
-    """A factory spec that cannot be loaded, or a factory that returned the wrong thing."""
+    """A factory spec that cannot be loaded, a factory that raised, or one that returned the wrong thing."""
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: message` on one line (its first line, "..." where more was cut), for the CLI's error line."""
+    return short_error(exc, 300, lines=1).replace("\n", " ")
+
+
+def call(fn: Callable[[], Any], spec: str) -> Any:
+    """`fn()`, the user's factory; an exception it raises becomes a FactoryError of one line naming
+    `spec` (the CLI prints it and exits 2, as for a spec that cannot be loaded)."""
+    try:
+        return fn()
+    except FactoryError:
+        raise
+    except Exception as exc:
+        raise FactoryError(f"{spec} raised {one_line(exc)}") from exc
 
 
 def _split(spec: str) -> tuple[str, str | None]:
@@ -117,10 +134,12 @@ def load_callable(spec: str) -> Callable[[], Any]:
 
 def _trio_factory(module: ModuleType, model_attr: str) -> Factory:
     def build() -> tuple[nn.Module, Inputs]:
-        init = module.get_init_inputs() if hasattr(module, "get_init_inputs") else ()
+        where = module.__file__ or module.__name__
+        init = call(module.get_init_inputs, f"{where}: get_init_inputs()") if hasattr(module, "get_init_inputs") else ()
         model_cls = getattr(module, model_attr)
-        model = model_cls(**init) if isinstance(init, dict) else model_cls(*init)
-        return model, normalize_inputs(module.get_inputs())
+        model = call(lambda: model_cls(**init) if isinstance(init, dict) else model_cls(*init),
+                     f"{where}: {model_attr}(...)")
+        return model, normalize_inputs(call(module.get_inputs, f"{where}: get_inputs()"))
 
     build.__name__ = f"{module.__name__}.{model_attr}"
     return build
@@ -176,7 +195,7 @@ def load_extra_inputs(spec: str) -> list[Inputs]:
         return []
     if not callable(fn):
         raise FactoryError(f"{target}: get_extra_inputs is a {type(fn).__name__}, not a function")
-    calls = fn()
+    calls = call(fn, f"{target}: get_extra_inputs()")
     if not isinstance(calls, (list, tuple)):
         raise FactoryError(f"{target}: get_extra_inputs() must return a list of example inputs "
                            f"(got {type(calls).__name__})")
@@ -193,12 +212,13 @@ def load_factory(spec: str) -> Callable[[], tuple[nn.Module, tuple | dict]]:
         A callable; each call builds a fresh model and inputs, checked and normalised (inputs a tuple
         of positional args or a dict of keyword args).
     Raises:
-        FactoryError: the spec cannot be imported or names nothing callable.
+        FactoryError: the spec cannot be imported or names nothing callable; from the callable, when
+            the factory raises (one line naming the spec and the error) or returns the wrong thing.
     """
     fn = load_callable(spec)
 
     def factory() -> tuple[nn.Module, tuple | dict]:
-        return check_pair(fn(), spec)
+        return check_pair(call(fn, spec), spec)
 
     factory.__name__ = getattr(fn, "__name__", "factory")
     return factory
@@ -208,11 +228,13 @@ __all__ = [
     "Factory",
     "FactoryError",
     "Inputs",
+    "call",
     "check_pair",
     "load_callable",
     "load_extra_inputs",
     "load_factory",
     "load_module",
     "normalize_inputs",
+    "one_line",
     "trio_pair",
 ]

@@ -8,12 +8,15 @@ import platform
 
 import torch
 
+from kernel_pytorch import __version__
 from kernel_pytorch._env import triton_status, triton_version
 
 
 def collect(measure: bool = False) -> dict[str, object]:
-    """Environment facts as a JSON-able dict; with `measure`, the measured copy and matmul ceilings."""
+    """Environment facts as a JSON-able dict; with `measure`, the copy and matmul ceilings measured now
+    (and cached, for the analyses to use)."""
     info: dict[str, object] = {
+        "kernel_pytorch": __version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
@@ -36,7 +39,7 @@ def collect(measure: bool = False) -> dict[str, object]:
     if measure:
         from kernel_pytorch.benchmark.ceilings import measure_ceilings
 
-        info["ceilings"] = measure_ceilings().to_dict()
+        info["ceilings"] = measure_ceilings(force=True).to_dict()  # measured now, and cached for the analyses
     return info
 
 

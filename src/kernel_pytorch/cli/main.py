@@ -13,6 +13,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from kernel_pytorch import __version__
+
 # Each name is a module in this package defining `register(subparsers)`; the subparser sets `func`,
 # called with the parsed args and returning the process exit code.
 SUBCOMMANDS: tuple[str, ...] = ("doctor", "analyze", "validate", "optimize", "bench", "export", "convert")
@@ -27,6 +29,36 @@ _HELP: dict[str, str] = {
     "export": "optimize, then torch.export (and AOTInductor-compile) a model; write the files",
     "convert": "convert a trusted torch.save checkpoint to safetensors (unpickles it once)",
 }
+
+
+# Lines other packages log while being imported that say nothing about the user's run: torchao's
+# optional C++ extensions that do not fit this Python or torch ("Failed to load .../_C_mxfp8...so"), and
+# torch's deprecation notice for torchao's Enum pytree registrations. transformers imports torchao
+# whenever it is installed, so any Hugging Face model brings them; `--verbose` shows them.
+_IMPORT_NOISE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torchao", ("Failed to load ",)),
+    ("torch.utils._pytree", ("is an Enum subclass and is now natively supported",)),
+)
+
+
+class _DropImportNoise(logging.Filter):
+    """Drops a logger's records whose message contains one of `parts`."""
+
+    def __init__(self, parts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.parts = parts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(part in message for part in self.parts)
+
+
+def _quiet_import_noise() -> None:
+    """Filter `_IMPORT_NOISE` out of its loggers (once per logger), before the run imports anything."""
+    for name, parts in _IMPORT_NOISE:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropImportNoise) for f in logger.filters):
+            logger.addFilter(_DropImportNoise(parts))
 
 
 def _chosen(argv: Sequence[str]) -> str | None:
@@ -47,6 +79,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="Analyse, optimise, validate and benchmark PyTorch models on the GPU.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what kernel_pytorch decides")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print kernel_pytorch's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = _chosen(argv) if argv is not None else None
     for name in SUBCOMMANDS:
@@ -60,6 +94,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (also used as the console script's status)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not {"-v", "--verbose"} & set(argv):
+        _quiet_import_noise()
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")

@@ -17,7 +17,8 @@ compile steps and options, versions, tensors, the report, and the factory under 
 loads the weights, without pickle (after `--dtype`, cast the built model the same way first).
 
 Exit status: 0 the returned model passed validation, 1 it did not (only when the unchanged model
-already fails against a copy of itself), 2 the factory could not be loaded or --save failed.
+already fails against a copy of itself), 2 the factory could not be loaded, raised (one line on stderr
+naming it) or could not be moved to --device / --dtype, or --save failed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from kernel_pytorch._tree import move
-from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_extra_inputs, load_factory
+from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_extra_inputs, load_factory, one_line
 from kernel_pytorch.optimize import OptimizeReport, optimize
 
 
@@ -76,9 +77,13 @@ def load_placed(args: argparse.Namespace) -> tuple[nn.Module, Any, str] | None:
     except FactoryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
-    if args.device or args.dtype:
-        model.to(device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None)
-    return model, _placed(args, inputs), target
+    try:
+        if args.device or args.dtype:
+            model.to(device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None)
+        return model, _placed(args, inputs), target
+    except Exception as exc:  # no such device, out of memory, ...
+        print(f"error: cannot move the model to --device/--dtype: {one_line(exc)}", file=sys.stderr)
+        return None
 
 
 def _placed(args: argparse.Namespace, inputs: Any) -> Any:
@@ -95,10 +100,13 @@ def _extra_inputs(args: argparse.Namespace) -> list[Any] | None:
         return []
     try:
         calls = load_extra_inputs(args.factory)
+        return [_placed(args, c) for c in calls]
     except FactoryError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return None
-    return [_placed(args, c) for c in calls]
+    except Exception as exc:  # no such device, out of memory, ...
+        print(f"error: cannot move the extra inputs to --device/--dtype: {one_line(exc)}",
+              file=sys.stderr)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:

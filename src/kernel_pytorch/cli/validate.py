@@ -5,7 +5,8 @@ ORIGINAL and OPTIMIZED are factory specs (`FILE.py:NAME`, `module:NAME`, or a `F
 inputs of ORIGINAL are used for both. One spec alone must name a factory returning
 `(original, optimized, example_inputs)`, or a file defining both `Model` and `ModelNew`.
 
-Exit status: 0 correct, 1 correctness failed, 2 the specs could not be loaded.
+Exit status: 0 correct, 1 correctness failed, 2 the specs could not be loaded, a factory raised
+(one line on stderr naming it), or the models could not be moved to --device / --dtype.
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ import torch
 from torch import nn
 
 from kernel_pytorch._tree import map_tensors
-from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_callable, load_factory, normalize_inputs, trio_pair
+from kernel_pytorch.cli._factory import (
+    DTYPES,
+    FactoryError,
+    call,
+    load_callable,
+    load_factory,
+    normalize_inputs,
+    one_line,
+    trio_pair,
+)
 from kernel_pytorch.validation import validate_optimization
 
 
@@ -42,7 +52,7 @@ def load_pair(specs: list[str], seed: int = 0) -> tuple[nn.Module, nn.Module, tu
             notes.append(f"{spec}: Model vs ModelNew")
         else:
             torch.manual_seed(seed)
-            result = load_callable(spec)()
+            result = call(load_callable(spec), spec)
             if not (isinstance(result, (tuple, list)) and len(result) == 3):
                 raise FactoryError(
                     f"{spec} must return (original, optimized, example_inputs) when given alone; "
@@ -92,7 +102,12 @@ def run(args: argparse.Namespace) -> int:
     except FactoryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    inputs = _place(original, optimized, inputs, args.device, args.dtype)
+    try:
+        inputs = _place(original, optimized, inputs, args.device, args.dtype)
+    except Exception as exc:  # no such device, out of memory, ...
+        print(f"error: cannot move the models to --device/--dtype: {one_line(exc)}",
+              file=sys.stderr)
+        return 2
     result = validate_optimization(
         original,
         optimized,

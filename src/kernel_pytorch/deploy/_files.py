@@ -1,12 +1,15 @@
 """The files of a saved model: their names (one `model.safetensors`, or shards and the index HF
-writes), shard sizes, reading and checking safetensors headers without reading the data, and the
-refusal of pickle checkpoints. Errors here name the file and the tensor."""
+writes), shard sizes, their sha256 and permission bits, reading and checking safetensors headers without
+reading the data, and the refusal of pickle checkpoints. Errors here name the file and the tensor."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import secrets
+import stat
 from pathlib import Path
 
 import torch
@@ -68,6 +71,38 @@ def write_index(directory: Path, weight_map: dict[str, str], total_size: int) ->
     index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
     path.write_text(json.dumps(index, indent=2) + "\n")
     return path
+
+
+def sha256(path: Path) -> str:
+    """The hex sha256 of the file at `path`, read in 8 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 * 2**20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_files(paths: list[Path]) -> dict[str, str]:
+    """{file name: hex sha256} of `paths`, hashed in parallel threads (hashlib releases the GIL while it
+    hashes), so the shards of a large checkpoint take about the time of the largest one."""
+    if len(paths) <= 1:
+        return {p.name: sha256(p) for p in paths}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(len(paths), os.cpu_count() or 1)) as pool:
+        return dict(zip((p.name for p in paths), pool.map(sha256, paths)))
+
+
+def umask_mode(directory: Path) -> int:
+    """The permission bits `open()` gives a new file in `directory` (0o644 under a umask of 022), found by
+    creating and removing an empty file there: the process umask is read without changing it."""
+    probe = directory / f".kernel_pytorch-mode-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    try:
+        return stat.S_IMODE(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+        probe.unlink()
 
 
 def _looks_pickled(path: Path) -> bool:
@@ -141,4 +176,5 @@ def read_header(path: Path, expected_size: int | None) -> dict[str, tuple[torch.
 
 
 __all__ = ["INDEX_NAME", "WEIGHTS_NAME", "LoadError", "PickleRefusedError", "is_weight_file", "parse_size",
-           "read_header", "refuse_pickle", "shard_names", "torch_dtype", "write_index"]
+           "read_header", "refuse_pickle", "sha256", "sha256_files", "shard_names", "torch_dtype", "umask_mode",
+           "write_index"]

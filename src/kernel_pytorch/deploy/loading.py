@@ -1,7 +1,7 @@
 """`load(path, model_or_factory)`: rebuild an optimized model saved by `save()`, never unpickling.
 
 Everything is checked before the model is changed: the manifest (format, rules), every weight file
-(present, of the recorded size, a header safetensors accepts, the tensors the manifest lists), the keys,
+(present, of the recorded size and sha256, a header safetensors accepts, the tensors the manifest lists), the keys,
 shapes and dtypes against the model's state_dict, and that each recorded swap still applies. Any
 failure raises `LoadError` naming the file or tensor, and the model is as it was.
 
@@ -23,7 +23,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from kernel_pytorch.deploy import _quantized
-from kernel_pytorch.deploy._files import INDEX_NAME, LoadError, read_header, refuse_pickle
+from kernel_pytorch.deploy._files import INDEX_NAME, LoadError, read_header, refuse_pickle, sha256_files
 from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, ManifestError, describe_differences, dtype_name
 from kernel_pytorch.optimize import swap as swapping
 from kernel_pytorch.optimize.report import Change
@@ -88,6 +88,24 @@ def _headers(directory: Path, manifest: Manifest) -> None:
             if found[key] != want:
                 raise LoadError(f"tensor {key!r} in {path} is {found[key][0]} {list(found[key][1])}, "
                                 f"the manifest says {want[0]} {list(want[1])}")
+
+
+def _verify(directory: Path, manifest: Manifest) -> None:
+    """Each weight file's sha256 against the one the manifest records (a manifest written before they
+    were recorded has none, and is checked by size and header only)."""
+    if not manifest.sha256:
+        log.info("%s records no checksums (saved before they were recorded): files checked by size and header",
+                 directory / MANIFEST_NAME)
+        return
+    unrecorded = sorted(set(manifest.files) - set(manifest.sha256))
+    if unrecorded:
+        raise LoadError(f"the manifest records no sha256 for {_names(unrecorded)}")
+    digests = sha256_files([directory / name for name in manifest.files])
+    for name, found in digests.items():
+        if found != manifest.sha256[name]:
+            raise LoadError(f"weight file {directory / name} has sha256 {found[:16]}..., the manifest records "
+                            f"{manifest.sha256[name][:16]}...: the file changed after it was saved (a damaged "
+                            "copy or disk, or an edit)")
 
 
 def _build(model_or_factory: nn.Module | Callable[[], Any]) -> nn.Module:
@@ -241,6 +259,7 @@ def load(
     rules: Sequence[Rule] = (),
     compile: bool = True,
     strict_versions: bool = False,
+    verify: bool = True,
 ) -> nn.Module:
     """Rebuild the model `save()` wrote to `path`: build it, re-apply the recorded swaps, load the
     weights (strictly), and re-compile the blocks that were compiled in place.
@@ -262,14 +281,18 @@ def load(
             saved model had it.
         strict_versions: raise instead of warning when kernel_pytorch, torch, triton or transformers
             differ from the versions the model was saved with.
+        verify: check each weight file's sha256 against the manifest, which reads every file once more
+            before loading; False skips it (very large checkpoints on trusted storage: the size and header
+            checks still run, a flipped data byte then goes unnoticed).
     Returns:
         the model, optimized as saved, with the saved weights.
     Raises:
         PickleRefusedError: `path` is a torch.save / .bin / .pt checkpoint (convert it with
             `kernel-pytorch convert`).
-        LoadError: anything that does not fit (missing, truncated or corrupted files, missing or
-            unexpected keys, shapes, dtypes, unknown rules, quantized parts that differ from what the
-            recorded scheme gives); raised before the model is changed.
+        LoadError: anything that does not fit (missing, truncated or corrupted files, a file whose sha256
+            differs from the recorded one, a malformed manifest entry, missing or unexpected keys, shapes,
+            dtypes, unknown rules, quantized parts that differ from what the recorded scheme gives); raised
+            before the model is changed.
         ImportError: the saved model is quantized and torchao is not installed.
 
     Quantized saves: the model is swapped, quantized with the recorded scheme (`deploy.quantize`, on
@@ -295,6 +318,8 @@ def load(
         _quantized.torchao_support()  # ImportError saying how to install torchao
     by_name = _rules_by_name(manifest, rules)
     _headers(directory, manifest)
+    if verify:
+        _verify(directory, manifest)
     built = _build(model_or_factory)
     model = built._orig_mod if isinstance(getattr(built, "_orig_mod", None), nn.Module) else built  # torch.compile
     meta = [k for k, t in model.state_dict().items() if isinstance(t, Tensor) and t.is_meta]

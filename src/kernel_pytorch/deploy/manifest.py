@@ -14,12 +14,15 @@ Layout (format version 1; a save with quantized weights is version 2, adding `qu
      "tensors": {"lm_head.weight": {"dtype": "float32", "shape": [512, 64], "file": "model.safetensors"}},
      "aliases": {"tok_embeddings.weight": "lm_head.weight"},
      "files": {"model.safetensors": 123456},
+     "sha256": {"model.safetensors": "9f86d0..."},
      "report": {...} or null, "metadata": {...},
      "quantization": {"scheme": "int8", "torchao": "0.18.0", "tensors": {...}}}
 
 `aliases` maps a state_dict key that was not written to the key holding the same tensor (tied
 embeddings, shared modules): it is loaded from that tensor. `files` maps each weight file to its size
-in bytes. `quantization` (absent or null for an unquantized model) records the scheme given to
+in bytes, and `sha256` each to its sha256 (hex), which `load()` checks unless given `verify=False` (a
+manifest written before checksums were recorded has none: its files are checked by size and header
+only). `quantization` (absent or null for an unquantized model) records the scheme given to
 `deploy.quantize`, the torchao version, and per quantized key its subclass, outer dtype and shape, the
 written keys of its parts and torchao's description of it (deploy/_quantized.py).
 """
@@ -98,6 +101,7 @@ class Manifest:
     tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
     files: dict[str, int] = field(default_factory=dict)
+    sha256: dict[str, str] = field(default_factory=dict)
     report: dict[str, Any] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] | None = None
@@ -109,7 +113,7 @@ class Manifest:
         return {"format": FORMAT, "format_version": version, "versions": self.versions,
                 "swaps": self.swaps, "compile": self.compile, "dynamic_dims": self.dynamic_dims,
                 "tensors": self.tensors, "aliases": self.aliases, "files": self.files,
-                "report": self.report, "metadata": self.metadata,
+                "sha256": self.sha256, "report": self.report, "metadata": self.metadata,
                 **({"quantization": self.quantization} if self.quantization else {})}
 
     def to_json(self) -> str:
@@ -130,14 +134,22 @@ class Manifest:
             raise ManifestError(f"{where} has format version {version!r}; this kernel_pytorch "
                                 f"({installed_versions()['kernel_pytorch']}) reads versions 1 to {FORMAT_VERSION}: "
                                 "upgrade kernel_pytorch to load it")
+        for key, kind in (("swaps", list), ("compile", dict), ("dynamic_dims", dict), ("tensors", dict),
+                          ("aliases", dict), ("files", dict)):
+            if key in data and not isinstance(data[key], kind):
+                raise ManifestError(f"{where} has a malformed \"{key}\" (want a JSON "
+                                    f"{'array' if kind is list else 'object'}, got {type(data[key]).__name__})")
         try:
-            return cls(versions=dict(data["versions"]), swaps=list(data["swaps"]), compile=dict(data["compile"]),
-                       dynamic_dims={k: list(v) for k, v in data["dynamic_dims"].items()},
-                       tensors=dict(data["tensors"]), aliases=dict(data["aliases"]), files=dict(data["files"]),
-                       report=data.get("report"), metadata=dict(data.get("metadata") or {}),
-                       quantization=_quantization(data.get("quantization"), where), format_version=version)
+            manifest = cls(versions=dict(data["versions"]), swaps=list(data["swaps"]), compile=dict(data["compile"]),
+                           dynamic_dims={k: list(v) for k, v in data["dynamic_dims"].items()},
+                           tensors=dict(data["tensors"]), aliases=dict(data["aliases"]), files=dict(data["files"]),
+                           sha256=dict(data.get("sha256") or {}),
+                           report=data.get("report"), metadata=dict(data.get("metadata") or {}),
+                           quantization=_quantization(data.get("quantization"), where), format_version=version)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ManifestError(f"{where} is malformed: {type(exc).__name__}: {exc}") from exc
+        _check_entries(manifest, where)
+        return manifest
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:
@@ -151,6 +163,42 @@ class Manifest:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ManifestError(f"{path} cannot be read as JSON: {exc}") from exc
         return cls.from_dict(data, str(path))
+
+
+_SWAP_FIELDS = ("path", "rule", "before", "after")
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _check_entries(manifest: Manifest, where: str) -> None:
+    """ManifestError naming the first entry of the wrong form: a swap without its path, rule, before and
+    after (strings), a tensor without its dtype, shape and file, a file size or checksum of the wrong type,
+    an alias or compiled path that is not a string."""
+    for i, swap in enumerate(manifest.swaps):
+        if not isinstance(swap, dict) or not all(isinstance(swap.get(f), str) for f in _SWAP_FIELDS):
+            raise ManifestError(f"{where} has a malformed swap (entry {i} of \"swaps\": {swap!r}); each swap "
+                                f"needs {', '.join(_SWAP_FIELDS)} as strings")
+    for key, info in manifest.tensors.items():
+        if not (isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("file"), str)
+                and isinstance(info.get("shape"), list) and all(isinstance(d, int) for d in info["shape"])):
+            raise ManifestError(f"{where} has a malformed entry for tensor {key!r}: {info!r} "
+                                "(want dtype and file as strings, shape as a list of ints)")
+    for name, size in manifest.files.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ManifestError(f"{where} records the size of {name!r} as {size!r}, not a number of bytes")
+    for name, digest in manifest.sha256.items():
+        if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= _HEX):
+            raise ManifestError(f"{where} records the sha256 of {name!r} as {digest!r}, not 64 hex digits")
+    if not _is_str_map(manifest.aliases):
+        raise ManifestError(f"{where} has malformed \"aliases\" (want key -> key, both strings)")
+    compiled = manifest.compile.get("compiled", [])
+    if not isinstance(compiled, list) or not all(isinstance(c, str) for c in compiled):
+        raise ManifestError(f"{where} has a malformed \"compile\" (want \"compiled\" as a list of module paths)")
+    if not isinstance(manifest.compile.get("options") or {}, dict):
+        raise ManifestError(f"{where} has malformed compile options (want an object)")
 
 
 def _quantization(value: Any, where: str) -> dict[str, Any] | None:

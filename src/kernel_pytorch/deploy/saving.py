@@ -22,7 +22,15 @@ import torch
 from torch import Tensor, nn
 
 from kernel_pytorch.deploy import _quantized
-from kernel_pytorch.deploy._files import INDEX_NAME, is_weight_file, parse_size, shard_names, write_index
+from kernel_pytorch.deploy._files import (
+    INDEX_NAME,
+    is_weight_file,
+    parse_size,
+    sha256_files,
+    shard_names,
+    umask_mode,
+    write_index,
+)
 from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, dtype_name
 
 if TYPE_CHECKING:
@@ -144,19 +152,22 @@ def save_state_dict(
     if quantized:
         manifest.quantization = {"scheme": _quantized.scheme_of(scheme, {v["type"] for v in quantized.values()}),
                                  "torchao": _quantized.torchao_version(), "tensors": quantized}
-    manifest.tensors, manifest.files = {}, {}
+    manifest.tensors, manifest.files, manifest.sha256 = {}, {}, {}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest names half-written files
+    mode = umask_mode(directory)
     written: list[Path] = []
     for name, keys in zip(names, groups, strict=True):
         shard = {k: tensors[k].to("cpu").contiguous() for k in keys}
         file = directory / name
         save_file(shard, str(file), metadata={"format": "pt", **_quantized.file_metadata(quantized, keys)})
+        file.chmod(mode)  # safetensors writes 0600 whatever the umask; the other files follow the umask
         written.append(file)
         manifest.files[name] = file.stat().st_size
         for k in keys:
             manifest.tensors[k] = {"dtype": dtype_name(shard[k].dtype), "shape": list(shard[k].shape), "file": name}
         del shard
+    manifest.sha256 = sha256_files(written)
     if len(names) > 1:
         weight_map = {k: v["file"] for k, v in manifest.tensors.items()}
         total = sum(_nbytes(t) for t in tensors.values())
@@ -197,7 +208,8 @@ def save(
     Writes `model.safetensors` (or `model-0000i-of-0000n.safetensors` shards and
     `model.safetensors.index.json` when the weights pass `max_shard_size`) and `kernel_pytorch.json`,
     the manifest: the swaps `report` lists as kept, the blocks compiled in place and `compile_options`,
-    `dynamic_dims`, the versions, each tensor's dtype, shape and file, and the tied keys (written once).
+    `dynamic_dims`, the versions, each tensor's dtype, shape and file, each file's size and sha256, and the
+    tied keys (written once). Every file gets the permission bits of the process umask (0644 under 022).
     The weights are under the model's state_dict keys, which `optimize()` keeps, so they also load
     into the original architecture (`kernel_pytorch.load`, or `safetensors.torch.load_model` per file).
 
