@@ -82,8 +82,9 @@ def test_screenshot_shows_every_section_and_chart(page: Path) -> None:
     for h in laid["headings"]:
         left, top, width, height = (round(v) for v in h["box"])
         bottom = top + height
-        rule = np.abs(pixels[bottom - 2, left:left + width] - RULE).max(-1) <= 2
-        assert rule.mean() > 0.9, f"no rule under {h['text']!r} at y={bottom - 2}"
+        # the 2 px border ends the box; a row either side for sub-pixel layout
+        rule = np.abs(pixels[bottom - 3:bottom + 1, left:left + width] - RULE).max(-1) <= 2
+        assert rule.mean(-1).max() > 0.9, f"no rule under {h['text']!r} at y={bottom - 2}"
         text = pixels[top:bottom - 2, left:left + width]
         assert (text.max(-1) < 128).sum() > 50, f"no heading text drawn for {h['text']!r}"
     for left, top, width, height in [i["box"] for i in laid["images"]] + laid["svgs"]:
