@@ -2,6 +2,8 @@
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
+#   suite (a call of its own, 540 s): the whole test suite, unmarked and cuda tests, on the GPU with
+#   KP_SUITE_WORKERS (default 6) pytest-xdist workers; its full log is pytest_suite.log
 #   opt-in: loss_curve; probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
 #   aoti_toolchain quant_decode e2e_norms e2e_memory adamw e2e_host
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
@@ -60,6 +62,9 @@ bench() { step "$1" "bench_$2" python3 "benchmarks/bench_$2.py" --out "$work/res
 for s in $steps; do
   case $s in
     tests) step 300 pytest_cuda python3 -m pytest -m cuda -q -p no:cacheprovider -rf tests ;;
+    # every test, unmarked and cuda: the unmarked ones run the kernels here, not the CPU reference
+    suite) step 540 pytest_suite python3 -m pytest -q -p no:cacheprovider -rfE -n "${KP_SUITE_WORKERS:-6}" \
+             --durations=25 tests ;;
     # the CUDA tests of the files in KP_CUDA_TESTS only (space-separated paths)
     tests_subset) step 240 pytest_cuda_subset python3 -m pytest -m cuda -q -p no:cacheprovider -rf --durations=10 \
                     ${KP_CUDA_TESTS:?set KP_CUDA_TESTS to the test files} ;;

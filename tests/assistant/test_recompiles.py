@@ -14,6 +14,9 @@ from kernel_pytorch.assistant.recompile_causes import classify_recompile, failed
 from kernel_pytorch.assistant.recompiles import analyze_recompilations
 from kernel_pytorch.assistant.records import CompileRecord
 from tests.assistant import zoo
+from tests.grid import device_under_test, randn
+
+DEV = device_under_test()
 
 
 def _analyze(model: torch.nn.Module, args: tuple, extra: tuple = (), **options: object) -> list[Finding]:
@@ -110,6 +113,68 @@ def test_dtype_and_parameter_changes_are_classified() -> None:
     dtype = _one(findings, "recompile.dtype")
     assert "dtype mismatch" in dtype.evidence and "recompiles_after" not in dtype.data
     assert "type-change" in {f.data.get("kind") for f in findings}
+
+
+class _Twice(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+class _Add(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor | int) -> torch.Tensor:
+        return x + y
+
+
+def _change(kind: str) -> tuple[torch.nn.Module, tuple, tuple, str]:
+    """(model, the example call on the test's device, one call that changes `kind`, the input changed)."""
+    x = randn(4, 16, device=DEV)
+    return {
+        "device": (_Twice(), (x,), (x.to("cpu" if DEV == "cuda" else "meta"),), "x"),
+        "rank": (_Twice(), (x,), (x.reshape(4, 2, 8),), "x"),
+        "dtype": (_Twice(), (x,), (x.double(),), "x"),
+        "type-change": (_Add(), (x, torch.tensor(1.0, device=DEV)), (x, 1), "y"),
+    }[kind]
+
+
+@pytest.mark.parametrize("kind", ["device", "rank", "dtype", "type-change"])
+def test_a_call_that_changes_one_thing_is_classified_by_it(kind: str) -> None:
+    """A device (CUDA and CPU, or CPU and meta), a rank, a dtype, a tensor passed as an int: each is
+    named as what changed, for the input that changed."""
+    model, args, extra, name = _change(kind)
+    findings = _analyze(model, args, extra=(extra,), shapes={"batch": (4,)})
+    cause = _one(findings, f"recompile.{kind}")
+    assert cause.data["input"] == name and cause.data["recompiles_before"] == 1
+    assert [f.id for f in findings if f.id != "recompile.summary"] == [f"recompile.{kind}"]
+
+
+def test_a_python_number_of_another_type_is_a_type_change() -> None:
+    """scale=2 after scale=0.5: the int fails the float's type check, not a value check."""
+    x = randn(4, 16, device=DEV)
+    findings = _analyze(zoo.ScalarArg().to(DEV), (x, 0.5), extra=((x, 2),), shapes={"batch": (4,)})
+    change = _one(findings, "recompile.type-change")
+    assert change.data["input"] == "scale" and "type=<class 'float'>" in change.evidence
+    assert "object-identity" not in {f.data.get("kind") for f in findings}
+
+
+class _BreaksThenUsesTheBatch(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.sum(-1) * y.shape[0]
+
+
+def test_a_frame_resumed_after_a_graph_break_is_classified_in_its_own_frame() -> None:
+    """Static shapes and three batch sizes: the entry frame recompiles on x, the frame resumed after the
+    break on its local y; y is said to be a value live across the break, not the input, and
+    dynamic=True (which reaches it, mark_dynamic on x does not) verified."""
+    findings = _analyze(_BreaksThenUsesTheBatch(), (randn(2, 8, device=DEV),), dynamic=False,
+                        shapes={"batch": (2, 4, 8)})
+    entry = _one(findings, "recompile.dynamic-dim", input="x")
+    assert "frame" not in entry.data and entry.data["recompiles_before"] == 2
+    resumed = _one(findings, "recompile.dynamic-dim", input="y")
+    assert resumed.data["frame"].startswith("torch_dynamo_resume_in_forward")
+    assert resumed.data["recompiles_before"] == 2 and resumed.data["recompiles_after"] == 0
+    assert "graph break" in resumed.title and "dynamic=True" in resumed.suggestion
 
 
 def test_sweep_summary_names_extra_inputs_sizes_and_scalars() -> None:
@@ -210,6 +275,8 @@ def test_guard_classification(reason: str, kind: str) -> None:
         ("tensor 'L['batch']['x']' stride mismatch at index 0. expected 16, actual 1", "stride", "L['batch']['x']", 0),
         ("kwargs['scale'] == 0.5", "python-scalar", "kwargs['scale']", None),
         ("L['kwargs']['scale'] == 0.5", "python-scalar", "L['kwargs']['scale']", None),
+        ("___check_type_id(L['scale'], 94000), type=<class 'float'>", "type-change", "L['scale']", None),
+        ("___check_type_id(L['self'].cfg, 94000)", "object-identity", None, None),
     ],
 )
 def test_keyword_and_nested_guards_are_classified(guard: str, kind: str, name: str, dim: int | None) -> None:

@@ -49,6 +49,22 @@ def test_drop_in_matches_torch(ours, theirs, kwargs) -> None:
         assert_close(p1.grad, p2.grad, f"d{name}")
 
 
+@pytest.mark.parametrize("ours,theirs", [(kp.nn.RMSNorm, torch.nn.RMSNorm), (kp.nn.LayerNorm, torch.nn.LayerNorm)])
+@pytest.mark.parametrize("scale,eps", [(1e-4, 1e-6), (1.0, 0.1)], ids=["rows_near_zero", "large_eps"])
+def test_eps_inside_the_square_root_as_torch(ours, theirs, scale: float, eps: float) -> None:
+    """Rows near zero and a large eps, where eps added outside the square root shows: against torch's
+    own module (on the GPU this is the kernel; on the CPU the reference)."""
+    a, b = ours(64, eps=eps).to(DEV), theirs(64, eps=eps).to(DEV)
+    x1 = randn(3, 64, device=DEV, scale=scale).requires_grad_()
+    x2 = x1.detach().clone().requires_grad_()
+    y1, y2 = a(x1), b(x2)
+    assert_close(y1, y2, "y")
+    dy = randn(3, 64, device=DEV)
+    y1.backward(dy)
+    y2.backward(dy)
+    assert_close(x1.grad, x2.grad, "dx")
+
+
 def test_modules_compile_without_breaks() -> None:
     model = torch.nn.Sequential(kp.nn.LayerNorm(32), torch.nn.Linear(32, 32), kp.nn.RMSNorm(32)).to(DEV)
     x = randn(4, 32, device=DEV)

@@ -68,6 +68,23 @@ def test_kernels_match_reference(lead, cols, dtype, has_w, has_b, row_path) -> N
     _assert_backward((dx, dw, db), dy, x, w, ref_mean, ref_rstd, has_b)
 
 
+@pytest.mark.parametrize("scale,eps", [(1e-4, EPS), (1.0, 0.1)], ids=["rows_near_zero", "large_eps"])
+def test_eps_inside_the_square_root(scale: float, eps: float, row_path) -> None:
+    """Rows near zero (eps is most of var + eps) and a large eps: what tells rsqrt(var + eps) from
+    rsqrt(var) + eps or 1 / (sqrt(var) + eps); unit rows with eps 1e-5 cannot."""
+    x = randn(5, 33, device=DEV, scale=scale)
+    w, b = _params(33, torch.float32, True, True)
+    dy = randn(5, 33, device=DEV)
+    y, mean, rstd = layer_norm_fwd(x, w, b, eps)
+    x64 = x.double()
+    assert_close(rstd, (1 / torch.sqrt(x64.var(-1, unbiased=False) + eps)).float(), "rstd")
+    assert_close(y, R.layer_norm(x, w, b, eps), "y")
+    grads = layer_norm_bwd(dy, x, w, mean, rstd, True)
+    refs = R.layer_norm_backward(dy, x, w, *layer_norm_stats(x, eps), True)
+    for name, got, ref in zip(("dx", "dweight", "dbias"), grads, refs):
+        assert_close(got, ref, name)
+
+
 def test_reference_backward_is_the_gradient_of_the_reference() -> None:
     x = randn(6, 40, dtype=torch.float64, offset=2.0).requires_grad_()
     w = randn(40, dtype=torch.float64, offset=1.0).requires_grad_()

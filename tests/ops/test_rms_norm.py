@@ -64,6 +64,26 @@ def test_kernels_match_reference(lead, cols, dtype, casting, offset, row_path) -
     _assert_backward(dx, dw, dy, x, w, rms_norm_rstd(x, EPS), offset, casting=casting)
 
 
+# rows near zero (eps is most of mean(x^2) + eps) and a large eps: what tells rsqrt(mean(x^2) + eps) from
+# rsqrt(mean(x^2)) + eps or 1 / (sqrt(mean(x^2)) + eps); unit rows with eps 1e-6 cannot
+EPS_CASES = pytest.mark.parametrize("scale,eps", [(1e-4, EPS), (1.0, 0.1)], ids=["rows_near_zero", "large_eps"])
+
+
+@EPS_CASES
+def test_eps_inside_the_square_root(scale: float, eps: float, row_path) -> None:
+    x = randn(5, 33, device=DEV, scale=scale)
+    w = randn(33, device=DEV, scale=0.5, offset=1.0)
+    dy = randn(5, 33, device=DEV)
+    y, rstd, _ = rms_norm_fwd(x, w, eps, 0.0)
+    x64 = x.double()
+    assert_close(rstd, (1 / torch.sqrt(x64.pow(2).mean(-1) + eps)).float(), "rstd")
+    assert_close(y, R.rms_norm(x, w, eps, 0.0), "y")
+    dx, dw = rms_norm_bwd(dy, x, w, rstd, 0.0)
+    dx_ref, dw_ref = R.rms_norm_backward(dy, x, w, rms_norm_rstd(x, eps), 0.0)
+    assert_close(dx, dx_ref, "dx")
+    assert_close(dw, dw_ref, "dweight")
+
+
 def _assert_forward_bitwise(dtype: torch.dtype, cols: int, casting: str, device: str) -> None:
     """Given the kernel's own rstd, y is the reference's bit for bit: the modes round where the
     reference does, with the same fp32 products (the rstd itself sums in another order)."""

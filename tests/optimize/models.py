@@ -4,6 +4,8 @@ inside, so this module imports with torch alone."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -12,6 +14,17 @@ from torch import Tensor, nn
 VOCAB = 96
 DECODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+
+
+@contextmanager
+def weights_kept(model: nn.Module) -> Iterator[nn.Module]:
+    """Loads the model's own weights back on exit: a test that loads others into a module-scoped model
+    leaves it as it found it, whatever order the tests run in."""
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    try:
+        yield model
+    finally:
+        model.load_state_dict(saved)
 
 
 def lm_inputs(batch: int = 2, seq: int = 8) -> dict[str, Tensor]:

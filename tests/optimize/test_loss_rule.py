@@ -102,6 +102,17 @@ def test_instance_forward_signs_as_the_class_and_detaches(tied: tuple) -> None:
     assert "forward" not in vars(twin)
 
 
+def test_optimizing_another_class_leaves_the_attached_forward_signed_as_its_own(tied: tuple) -> None:
+    model = tied[0]
+    other, inputs = models.qwen2_moe()  # its forward returns another output class
+    _, report = optimize(other, inputs, components="loss", seeds=(0,))
+    assert report.counts() == {"fused_linear_cross_entropy": 1}
+    for m in (model, other):
+        assert inspect.signature(m.forward) == inspect.signature(type(m).forward.__get__(m))
+        assert m.forward.__qualname__ == type(m).forward.__qualname__
+    assert model.forward.__func__ is not other.forward.__func__
+
+
 def test_fused_causal_lm_loss_function() -> None:
     torch.manual_seed(0)
     hidden, weight, labels = torch.randn(2, 5, 8), torch.randn(11, 8), torch.randint(0, 11, (2, 5))

@@ -79,6 +79,9 @@ def failed_guard(reason: str) -> str:
     return "\n".join(re.sub(r"\s{2,}#.*$", "", line).rstrip() for line in block.splitlines()).strip()
 
 
+# `___check_type_id(s, 94...)`: a value that is no tensor (or was none at the first call) changed its type
+_TYPE_ID = re.compile(r"___check_type_id\((.+?), \d+\)")
+_SELF = re.compile(r"L\[.self.\]|self\b")
 _NUMBER = re.compile(r"-?(?:\d+\.?\d*(?:e-?\d+)?|inf|nan)", re.I)
 # `scale == 0.5`, `L['scale'] == 0.5`, `kwargs['scale'] == 0.5`: a Python value specialised as a constant
 _EQUALS = re.compile(r"""^\s*([A-Za-z_][\w.\[\]'"]*)\s*==\s*([^\s#]+)""")
@@ -106,13 +109,18 @@ def classify_recompile(record: CompileRecord, ctx: AnalysisContext, root_frame: 
             return Cause(kind, m.group(1), dim, guard, loc, record.after_graph_break, **where)
     if re.search(r"grad_mode|GradMode|grad mode", guard):
         return Cause("grad-mode", None, None, guard, loc, record.after_graph_break, **where)
+    m = _TYPE_ID.search(guard)
+    # an input (a local, in another frame) whose type changed, say 0.5 then 2 or a tensor; a module
+    # attribute's type check stays object identity
+    if m and (ctx.resolve_input(m.group(1)) is not None if root else not _SELF.match(m.group(1))):
+        return Cause("type-change", m.group(1), None, guard, loc, record.after_graph_break, **where)
     m = _EQUALS.match(guard)
     if m:
         if root:
             key = ctx.resolve_input(m.group(1))
             scalar = key is not None and isinstance(ctx.input_value(key), (int, float))
         else:  # a local of another frame: a number compared with a name that is not an attribute
-            scalar = _NUMBER.fullmatch(m.group(2)) is not None and not re.match(r"L\[.self.\]|self\b", m.group(1))
+            scalar = _NUMBER.fullmatch(m.group(2)) is not None and not _SELF.match(m.group(1))
         if scalar:
             return Cause("python-scalar", m.group(1), None, guard, loc, record.after_graph_break, **where)
         return Cause("object-identity", m.group(1), None, guard, loc, record.after_graph_break, **where)

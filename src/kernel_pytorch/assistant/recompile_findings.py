@@ -54,7 +54,8 @@ _TITLES: dict[str, str] = {
     "device": "Recompiles when {x} moves to another device",
     "requires-grad": "Recompiles when requires_grad of {x} changes",
     "grad-mode": "Recompiles when the grad mode changes between calls",
-    "type-change": "Recompiles when {x} changes type (nn.Parameter or tensor subclass vs plain tensor)",
+    "type-change": "Recompiles when {x} changes type (a Parameter or tensor subclass vs a plain tensor, a "
+    "float vs an int or a tensor)",
     "rank": "Recompiles when the number of dims of {x} changes",
     "container-length": "Recompiles when the length of {x} changes",
     "shape-guard": "Recompiles on a size the code specialises on",
@@ -69,7 +70,8 @@ _ADVICE: dict[str, str] = {
     "device": "Keep the inputs on one device (`x = x.to(device)` before the call).",
     "requires-grad": "Call consistently: `x.detach()` for inference, or the same requires_grad every time.",
     "grad-mode": "Run inference under `torch.inference_mode()` (or `torch.no_grad()`) every time.",
-    "type-change": "Pass `p.detach()` (a plain tensor) or always the same type.",
+    "type-change": "Pass one type every call: `p.detach()` (a plain tensor) for a Parameter, `float(v)` for a "
+    "number that is sometimes an int.",
     "rank": "Reshape to a fixed rank at the boundary (`x = x.reshape(-1, x.shape[-1])`).",
     "container-length": "Stack the items into one tensor (`torch.stack(xs)`) and mark the stacked dim "
     "dynamic, or `torch.compile(model, dynamic=True)`.",

@@ -208,13 +208,22 @@ class FusedLossLMHead(nn.Linear):
     def attach(self, model: nn.Module) -> None:
         """Put the fused forward on the model instance, signing as the class's forward."""
         self.cache_off_in_training = _takes_use_cache(model, self.seq2seq)
-        wrapper = functools.wraps(type(model).forward)(self.wrapper())
+        wrapper = functools.wraps(type(model).forward)(_own_function(self.wrapper()))
         model.forward = types.MethodType(wrapper, model)
 
     def detach(self, model: nn.Module) -> None:
         """Remove the instance's forward: the class's forward is the model's forward again."""
         if isinstance(model.__dict__.get("forward"), types.MethodType):
             del model.__dict__["forward"]
+
+
+def _own_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A new function object running `fn`'s code. functools.wraps sets the signature, name and module on
+    the function it is given: each model's forward gets its own, so optimizing a model of another class
+    does not re-sign the forwards attached before it."""
+    own = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    own.__kwdefaults__ = fn.__kwdefaults__
+    return own
 
 
 def _takes_use_cache(model: nn.Module, seq2seq: bool) -> bool:
