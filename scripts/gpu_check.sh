@@ -2,6 +2,7 @@
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
+#   verdict (opt-in, one call of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
 #   opt-in: loss_curve; probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
 #   aoti_toolchain quant_decode e2e_norms e2e_memory adamw e2e_host
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
@@ -137,6 +138,10 @@ for s in $steps; do
                 --providers "${KP_E2E_HOST_PROVIDERS:-torch.compile,ours+compile+adamw}" ;;
     corpus) step 300 corpus env KP_CORPUS_DEVICE=cuda python3 -m pytest tests/assistant/test_real_models.py \
               -q -p no:cacheprovider -rfxXs --durations=0 -s ;;
+    # the compile verdict against a careful timing (CUDA events, L2 flushed) over the verdict corpus: the
+    # agreement table (markdown + JSON); KP_VERDICT_BUDGET_S bounds the run, models past it are skipped
+    verdict) step $((${KP_VERDICT_BUDGET_S:-480} + 40)) verdict python3 scripts/verdict_agreement.py \
+               --out "$work/results/verdict" --budget-s "${KP_VERDICT_BUDGET_S:-480}" ${KP_VERDICT_ARGS:-} ;;
     analyze) step 150 analyze python3 -m kernel_pytorch.cli.main analyze --model llama-8l-2048 \
                --html "$work/results/analyze_llama8l_h100.html" --markdown "$work/results/analyze_llama8l_h100.md" \
                --json "$work/results/analyze_llama8l_h100.json" ;;
