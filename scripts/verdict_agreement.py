@@ -176,9 +176,9 @@ def corpus() -> list[Entry]:
     out = [Entry(p.stem, "problem", _problem(p)) for p in files]
     out += [Entry(n, "builtin", _builtin(n)) for n in ("llama-tiny", "gpt2-tiny", "vit-tiny", "resnet-tiny",
                                                        "gpt2-small", "resnet18", "vit-b16")]
-    for size in HF_SIZES:
-        out += [Entry(f"hf-{f[0]}-{size[0]}", "hf", _hf(*f, size)) for f in HF_FAMILIES]
     out += [Entry(f"tv-{n}", "torchvision", _torchvision(n)) for n in TORCHVISION]
+    for f in HF_FAMILIES:
+        out += [Entry(f"hf-{f[0]}-{size[0]}", "hf", _hf(*f, size)) for size in HF_SIZES]
     return out
 
 
@@ -189,8 +189,8 @@ def _call(fn: Callable[..., Any], inputs: Inputs) -> Any:
     return fn(**inputs) if isinstance(inputs, dict) else fn(*inputs)
 
 
-def careful_timing(eager: Callable[[], Any], compiled: Callable[[], Any], device: Any, budget_s: float = 3.0,
-                   rounds: tuple[int, int] = (20, 400)) -> dict[str, float]:
+def careful_timing(eager: Callable[[], Any], compiled: Callable[[], Any], device: Any, budget_s: float = 1.0,
+                   rounds: tuple[int, int] = (20, 300)) -> dict[str, float]:
     """Medians (ms) of `eager` and `compiled` timed in turns (the order alternating), after three warm
     calls each: at least rounds[0] rounds, then until budget_s or rounds[1]. See the module docstring."""
     import torch
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the whole run; models not finished by then are skipped")
     p.add_argument("--compile-s", type=float, default=150.0, help="per model: building and the warm compile")
     p.add_argument("--measure-s", type=float, default=60.0, help="per model: the careful timing and the analyser")
-    p.add_argument("--workers", type=int, default=None, help="compiling processes (default: 3 on CUDA, 0 on the CPU: "
+    p.add_argument("--workers", type=int, default=None, help="compiling processes (default: 4 on CUDA, 0 on the CPU: "
                    "everything in this process)")
     p.add_argument("--direct", default=None, help="print one model's careful timing as JSON and exit")
     args = p.parse_args(argv)
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = _meta(device, method)
     end = time.perf_counter() + args.budget_s
     rows: dict[str, dict[str, Any]] = {}
-    workers = args.workers if args.workers is not None else (3 if device.type == "cuda" else 0)
+    workers = args.workers if args.workers is not None else (4 if device.type == "cuda" else 0)
 
     def done(row: dict[str, Any]) -> None:
         rows[row["name"]] = row
