@@ -234,7 +234,8 @@ class Snapshot:
             if not same_bits(t.tensor, t.saved) or t.tensor.device != t.device:
                 out.append(f"a {tuple(t.tensor.shape)} parameter or buffer's values")
             grad = t.tensor.grad if isinstance(t.tensor, nn.Parameter) else None
-            if grad is not t.grad or (grad is not None and t.grad_saved is not None and not same_bits(grad, t.grad_saved)):
+            moved = grad is not None and t.grad_saved is not None and not same_bits(grad, t.grad_saved)
+            if grad is not t.grad or moved:
                 out.append(f"a {tuple(t.tensor.shape)} parameter's .grad")
         return out
 
