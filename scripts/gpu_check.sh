@@ -2,8 +2,12 @@
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
-#   suite (a call of its own, 540 s): the whole test suite, unmarked and cuda tests, on the GPU with
-#   KP_SUITE_WORKERS (default 6) pytest-xdist workers; its full log is pytest_suite.log
+#   suite (a call of its own, 540 s): the test suite, unmarked and cuda tests, on the GPU with
+#   KP_SUITE_WORKERS (default 6) pytest-xdist workers, over KP_SUITE_PATHS (default: tests); its full log is
+#   pytest_suite.log. Measured on the H100 (2026-12-07): 8 workers finished 41% of the whole suite in 560 s
+#   and tests/{ops,functional,nn,reference,optim} in 536 s, so the whole suite takes three calls, e.g.
+#   KP_SUITE_PATHS="tests/ops tests/functional tests/nn tests/reference tests/optim", then the rest.
+#   verdict (opt-in, one call of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
 #   opt-in: loss_curve; probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
 #   aoti_toolchain quant_decode e2e_norms e2e_memory adamw e2e_host
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
@@ -64,7 +68,7 @@ for s in $steps; do
     tests) step 300 pytest_cuda python3 -m pytest -m cuda -q -p no:cacheprovider -rf tests ;;
     # every test, unmarked and cuda: the unmarked ones run the kernels here, not the CPU reference
     suite) step 540 pytest_suite python3 -m pytest -q -p no:cacheprovider -rfE -n "${KP_SUITE_WORKERS:-6}" \
-             --durations=25 tests ;;
+             --dist loadfile --durations=25 ${KP_SUITE_PATHS:-tests} ;;
     # the CUDA tests of the files in KP_CUDA_TESTS only (space-separated paths)
     tests_subset) step 240 pytest_cuda_subset python3 -m pytest -m cuda -q -p no:cacheprovider -rf --durations=10 \
                     ${KP_CUDA_TESTS:?set KP_CUDA_TESTS to the test files} ;;
@@ -142,6 +146,10 @@ for s in $steps; do
                 --providers "${KP_E2E_HOST_PROVIDERS:-torch.compile,ours+compile+adamw}" ;;
     corpus) step 300 corpus env KP_CORPUS_DEVICE=cuda python3 -m pytest tests/assistant/test_real_models.py \
               -q -p no:cacheprovider -rfxXs --durations=0 -s ;;
+    # the compile verdict against a careful timing (CUDA events, L2 flushed) over the verdict corpus: the
+    # agreement table (markdown + JSON); KP_VERDICT_BUDGET_S bounds the run, models past it are skipped
+    verdict) step $((${KP_VERDICT_BUDGET_S:-480} + 40)) verdict python3 scripts/verdict_agreement.py \
+               --out "$work/results/verdict" --budget-s "${KP_VERDICT_BUDGET_S:-480}" ${KP_VERDICT_ARGS:-} ;;
     analyze) step 150 analyze python3 -m kernel_pytorch.cli.main analyze --model llama-8l-2048 \
                --html "$work/results/analyze_llama8l_h100.html" --markdown "$work/results/analyze_llama8l_h100.md" \
                --json "$work/results/analyze_llama8l_h100.json" ;;

@@ -79,7 +79,7 @@ def test_verdict_is_measured_for_both_passes() -> None:
     assert [p["pass"] for p in verdict.data["passes"]] == ["fwd", "fwd+bwd"] and verdict.data["pass"] == "fwd+bwd"
     for p in verdict.data["passes"]:
         assert p["measured"] and p["eager_ms"] > 0 and p["compiled_ms"] > 0 and p["compile_s"] is not None
-        assert p["verdict"] in ("compile", "eager", "no difference")
+        assert p["verdict"] in ("compile", "eager", "no difference", "unreliable")
     assert verdict.data["verdict"] in verdict.title.lower() or "compil" in verdict.title.lower()
 
 

@@ -23,6 +23,7 @@ from kernel_pytorch.assistant.dynamo import backend_name
 from kernel_pytorch.assistant.findings import SECTIONS, Finding, Report, Severity, sort_findings
 from kernel_pytorch.assistant.fusion import analyze_fusion
 from kernel_pytorch.assistant.inputs import InputDims, prepare
+from kernel_pytorch.assistant.isolation import Snapshot
 from kernel_pytorch.assistant.kernel_efficiency import analyze_kernels
 from kernel_pytorch.assistant.memory import analyze_memory
 from kernel_pytorch.assistant.readiness import analyze_readiness, nothing_compiled
@@ -186,23 +187,22 @@ class CompilerOptimizationAssistant:
         sections: dict[str, list[Finding]] = {}
         ctx.findings = sections  # the suggestions rank what the analyses before them found
         seconds: dict[str, float] = {}
-        training = module.training
+        # the process and the model as the caller left them, put back after every analysis: each one
+        # starts from the caller's state (BatchNorm statistics, config, threads, RNG) and leaves no trace
+        saved = Snapshot.take(ctx.module)
         start = time.perf_counter()
-        try:
-            for step in STEPS:
-                if self.sections is not None and step.section not in self.sections:
-                    continue
-                t0 = time.perf_counter()
-                try:
-                    found = [_nothing_compiled(step)] if step.needs_graphs and nothing_compiled(ctx) else step.run(ctx)
-                except Exception as exc:  # an analyser bug must not hide the other sections
-                    found = [_analysis_failed(step, exc)]
-                finally:
-                    torch._dynamo.reset()
-                sections.setdefault(step.section, []).extend(found)
-                seconds[step.section] = round(time.perf_counter() - t0, 3)
-        finally:
-            module.train(training)
+        for step in STEPS:
+            if self.sections is not None and step.section not in self.sections:
+                continue
+            t0 = time.perf_counter()
+            try:
+                found = [_nothing_compiled(step)] if step.needs_graphs and nothing_compiled(ctx) else step.run(ctx)
+            except Exception as exc:  # an analyser bug must not hide the other sections
+                found = [_analysis_failed(step, exc)]
+            finally:
+                saved.restore()
+            sections.setdefault(step.section, []).extend(found)
+            seconds[step.section] = round(time.perf_counter() - t0, 3)
         meta = {
             "device": str(ctx.device),
             "dtype": _dtype_text(ctx),
@@ -240,7 +240,12 @@ class CompilerOptimizationAssistant:
 
         if not has_generate(module):
             raise TypeError(no_generate_message(module))
-        return generate_report(self.context(module, example_inputs, name=name), max_new_tokens)
+        ctx = self.context(module, example_inputs, name=name)
+        saved = Snapshot.take(ctx.module)
+        try:
+            return generate_report(ctx, max_new_tokens)
+        finally:
+            saved.restore()
 
 
 def _analysis_failed(step: _Step, exc: Exception) -> Finding:

@@ -7,8 +7,9 @@ The compiled forward is measured while the compile-time analysis's compiled mode
 forward+backward pass needs a compile of its own (a joint graph); its compile time is the first call's
 cost beyond a steady call.
 
-On the CPU the eager and the compiled step of a pass are timed interleaved (`paired_cpu`: one call of
-each per round), so load from other processes falls on both alike; on CUDA each is timed with events.
+On the CPU the eager and the compiled step of a pass are timed interleaved (`paired_cpu`: one
+call of each per round, rounds that waited for a CPU left out), so load from other processes falls on
+both alike; on CUDA each is timed with events.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from kernel_pytorch._tree import map_tensors, tensors
 from kernel_pytorch.assistant.dynamo import fresh_dynamo, inductor_caches
 from kernel_pytorch.assistant.inputs import clone_inputs
 from kernel_pytorch.assistant.kernel_stats import GpuActivity, KernelStat, cpu_kernels, cuda_kernels
+from kernel_pytorch.assistant.paired_cpu import PairedStats, paired_cpu
 from kernel_pytorch.benchmark.ceilings import Ceilings, device_name, measure_ceilings
 from kernel_pytorch.benchmark.module import pass_closure
-from kernel_pytorch.benchmark.timer import Timing, summarize, time_fn
+from kernel_pytorch.benchmark.timer import Timing, time_fn
 
 if TYPE_CHECKING:
     from kernel_pytorch.assistant.context import AnalysisContext
@@ -42,8 +44,6 @@ PASSES = ("fwd", "fwd+bwd")
 # CPU timing: seconds `blocked_autorange` measures each run for (a 2-core machine is noisy; the verdict
 # compares the q20-q80 bands, not only the medians)
 CPU_MIN_RUN_S = 0.3
-PAIRED_ROUNDS = (7, 50)  # CPU interleaved timing: at least / at most this many rounds ...
-PAIRED_MIN_S = 1.0  # ... and at least this long in all, when the rounds allow
 CUDA_REP_MS = 200.0
 PROFILE_TARGET_MS = 60.0  # profile about this much of the model per run, at least 2 and at most 10 steps
 
@@ -98,6 +98,7 @@ class RuntimeProfile:
         errors: per key, a run that raised.
         skipped: per key, why it was not measured.
         trace_path: the Chrome trace written (all runs in one file), when asked for.
+        paired: per pass timed interleaved on the CPU, how many rounds were kept (`paired_cpu.PairedStats`).
     """
 
     device_type: str
@@ -110,6 +111,7 @@ class RuntimeProfile:
     errors: Mapping[str, str] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
     trace_path: str | None = None
+    paired: Mapping[str, PairedStats] = field(default_factory=dict)
 
     def passes(self) -> list[str]:
         """The passes with an eager timing, forward first."""
@@ -126,6 +128,7 @@ class _Runs:
     compile_source: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    paired: dict[str, PairedStats] = field(default_factory=dict)
 
 
 def _trace_dir(ctx: AnalysisContext) -> str | None:
@@ -200,25 +203,6 @@ def _time(fn: Callable[[], Any], device: torch.device) -> Timing:
                    cpu_min_run_time=CPU_MIN_RUN_S)
 
 
-def paired_cpu(a: Callable[[], Any], b: Callable[[], Any]) -> tuple[Timing, Timing]:
-    """Timings of `a` and `b` called alternately (which goes first alternates too), after two warm
-    calls each: PAIRED_ROUNDS rounds, continuing past the minimum until PAIRED_MIN_S have passed."""
-    for _ in range(2):
-        a(), b()
-    times: tuple[list[float], list[float]] = ([], [])
-    start = time.perf_counter()
-    rounds = 0
-    while rounds < PAIRED_ROUNDS[0] or (rounds < PAIRED_ROUNDS[1] and time.perf_counter() - start < PAIRED_MIN_S):
-        order = ((0, a), (1, b)) if rounds % 2 == 0 else ((1, b), (0, a))
-        for i, fn in order:
-            t0 = time.perf_counter()
-            fn()
-            times[i].append((time.perf_counter() - t0) * 1e3)
-        rounds += 1
-    method = "perf_counter, eager and compiled interleaved (cpu)"
-    return summarize(times[0], method), summarize(times[1], method)
-
-
 def _steps_for(timing: Timing) -> int:
     return max(2, min(10, round(PROFILE_TARGET_MS / max(timing.median_ms, 1e-3))))
 
@@ -261,7 +245,8 @@ def _pair(ctx: AnalysisContext, out: _Runs, pass_name: str, eager: Callable[[], 
         return
     ctx.progress(f"timing the eager and the compiled model ({pass_name}, interleaved)")
     try:
-        out.timings[f"eager {pass_name}"], out.timings[f"compiled {pass_name}"] = paired_cpu(eager, compiled)
+        eager_t, compiled_t, out.paired[pass_name] = paired_cpu(eager, compiled)
+        out.timings[f"eager {pass_name}"], out.timings[f"compiled {pass_name}"] = eager_t, compiled_t
     except Exception as exc:
         out.errors[f"compiled {pass_name}"] = short_error(exc)
 
@@ -323,7 +308,7 @@ def measure_runtime(ctx: AnalysisContext) -> RuntimeProfile:
         if profile.error is not None:
             out.errors["compiled fwd"] = short_error(profile.error)
         elif measured is not None:
-            for name in ("timings", "runs", "errors"):
+            for name in ("timings", "runs", "errors", "paired"):
                 getattr(out, name).update(getattr(measured, name))
             if profile.steady_call_s is not None:
                 out.compile_s["fwd"] = max(profile.first_call_s - profile.steady_call_s, 0.0)
@@ -367,6 +352,7 @@ def measure_runtime(ctx: AnalysisContext) -> RuntimeProfile:
         errors=dict(out.errors),
         skipped=dict(out.skipped),
         trace_path=trace_path,
+        paired=dict(out.paired),
     )
 
 
