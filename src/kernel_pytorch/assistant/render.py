@@ -151,11 +151,12 @@ def _header(report: Report) -> Panel:
 
 
 def _line(f: Finding) -> Text:
-    """One finding on one line: its mark, its first place and its title."""
+    """One finding on one line: its mark, its title and its first place (the file's name and line: a long
+    path first would leave no room for the title in a terminal's width)."""
     line = Text(f"{_MARK[f.severity]} ", style=_STYLE[f.severity])
-    if f.location is not None:
-        line.append(f"{_where(f.location)}  ", style="magenta")
     line.append(f.title)
+    if f.location is not None:
+        line.append(f"  {os.path.basename(f.location.file)}:{f.location.line}", style="magenta")
     return line
 
 
