@@ -61,6 +61,7 @@ from torch import Tensor, nn
 from kernel_pytorch.functional.loss import fused_linear_cross_entropy
 from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.optimize.rules._common import blocked, build_on_meta, same_output
+from kernel_pytorch.reference.cross_entropy import apply_softcap
 
 _LOGIT_CHANGES = ("logit_scale", "logits_scaling")  # config attributes the fused forward does not apply
 _ROUTER_ATTRS = ("router_aux_loss_coef", "num_experts", "num_experts_per_tok")
@@ -72,14 +73,6 @@ def _causal_lm_loss_function() -> Any:
     except ImportError:
         return None
     return ForCausalLMLoss
-
-
-def soft_cap(logits: Tensor, cap: float | None) -> Tensor:
-    """transformers' final-logit soft-capping, cap * tanh(logits / cap), with its three roundings in the
-    logits' dtype (divide, tanh, multiply), so the logits returned are the original's bit for bit."""
-    if cap is None:
-        return logits
-    return torch.tanh(logits / cap) * cap
 
 
 def fused_causal_lm_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, *,
@@ -157,7 +150,7 @@ def _fused_forward(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
     fields["loss"] = loss
     if not model.training or head.logits_in_training:
         rows = slice(-keep, None) if isinstance(keep, int) else keep
-        fields["logits"] = soft_cap(nn.functional.linear(hidden[:, rows, :], head.weight, head.bias), softcap)
+        fields["logits"] = apply_softcap(nn.functional.linear(hidden[:, rows, :], head.weight, head.bias), softcap)
     return _output(head, outputs, fields)
 
 
@@ -376,4 +369,4 @@ def _reason(model: nn.Module, module: nn.Linear, kind: str, seq2seq: bool, route
 
 LOSS_RULES = (FusedLinearCrossEntropyRule(),)
 
-__all__ = ["LOSS_RULES", "FusedLinearCrossEntropyRule", "FusedLossLMHead", "fused_causal_lm_loss", "soft_cap"]
+__all__ = ["LOSS_RULES", "FusedLinearCrossEntropyRule", "FusedLossLMHead", "fused_causal_lm_loss"]
