@@ -173,7 +173,7 @@ def launch_bwd(
     )
 
 
-def _flat(token_scale: Tensor | None) -> Tensor | None:
+def flat_token_scale(token_scale: Tensor | None) -> Tensor | None:
     """Token scales as the kernels read them: (N,) contiguous."""
     return token_scale.reshape(-1).contiguous() if token_scale is not None else None
 
@@ -227,7 +227,7 @@ def cross_entropy_fwd(
     grad, g_rows = _grad_rows(logits, rows, grad_inplace) if with_grad else (None, None)
     stats = cross_entropy_stats(t, weight, logits.shape[-1], ignore_index, eager=eager) \
         if opts.needs_stats(weight) else None
-    ts = _flat(token_scale)
+    ts = flat_token_scale(token_scale)
     pred = torch.empty(rows.n_rows, dtype=torch.int64, device=logits.device) if argmax else None
     launch_fwd(rows, t, weight, stats, loss_rows, lse, g_rows, opts, token_scale=ts, pred=pred, eager=eager)
     loss = loss_rows.view(target.shape) if reduction == "none" else loss_rows.sum()
@@ -269,7 +269,7 @@ def cross_entropy_bwd(
     if stats is None and opts.needs_stats(weight):
         stats = cross_entropy_stats(t, weight, logits.shape[-1], ignore_index, eager=eager)
     dl = dloss.reshape(-1).contiguous() if reduction == "none" else dloss.reshape(1)
-    launch_bwd(dl, rows, t, lse.contiguous(), weight, stats, g_rows, opts, token_scale=_flat(token_scale),
+    launch_bwd(dl, rows, t, lse.contiguous(), weight, stats, g_rows, opts, token_scale=flat_token_scale(token_scale),
                eager=eager)
     return grad
 

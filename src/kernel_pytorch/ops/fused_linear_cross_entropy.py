@@ -66,7 +66,7 @@ from kernel_pytorch.ops._gemm_into import gemm_into
 from kernel_pytorch.ops._register import Impl, register_op
 from kernel_pytorch.ops._row_view import contiguous_rows
 from kernel_pytorch.ops._scale import scale_grad_, scaled_grad
-from kernel_pytorch.ops.cross_entropy import CrossEntropyOptions, launch_bwd, launch_fwd
+from kernel_pytorch.ops.cross_entropy import CrossEntropyOptions, flat_token_scale, launch_bwd, launch_fwd
 from kernel_pytorch.reference._math import acc, acc_dtype
 from kernel_pytorch.reference.cross_entropy_extras import predicted_tokens
 from kernel_pytorch.reference.fused_linear_cross_entropy import (
@@ -227,7 +227,7 @@ def fused_linear_cross_entropy_fwd(
     stats = cross_entropy_stats(t, ce_weight, v, ignore_index, eager=eager) if opts.needs_stats(ce_weight) else None
     loss_rows = torch.empty(n, dtype=torch.float32, device=x.device)
     lse = torch.empty_like(loss_rows)
-    ts = token_scale.reshape(-1).contiguous() if token_scale is not None else None
+    ts = flat_token_scale(token_scale)
     pred = torch.empty(n, dtype=torch.int64, device=x.device) if argmax else None
     with_grad = reduction != "none" and any(needs)
     grads = _Grads(x2, weight, bias, needs, grad_w_fp32, eager) if with_grad else None
@@ -298,7 +298,7 @@ def fused_linear_cross_entropy_bwd(
         stats = cross_entropy_stats(t, ce_weight, v, ignore_index, eager=eager)
     dl = dloss.reshape(-1).contiguous() if reduction == "none" else dloss.reshape(1)
     grads = _Grads(x2, weight, bias, needs, grad_w_fp32, eager)
-    ts = token_scale.reshape(-1).contiguous() if token_scale is not None else None
+    ts = flat_token_scale(token_scale)
     for start in range(0, n, c):
         end = min(start + c, n)
         x_c = x2[start:end]
