@@ -158,11 +158,8 @@ class GatedMLP(torch.nn.Module):
                                up_bias=up.bias, down_bias=down.bias, backend=self.backend, **multipliers)
 
     def extra_repr(self) -> str:
-        multipliers = "".join(f", {name}={value!r}" for name, value in
-                              (("gate_multiplier", self.gate_multiplier), ("down_multiplier", self.down_multiplier))
-                              if value != 1.0)
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
-                f"activation={self.activation!r}, fuse_gate_up={self.fuse_gate_up}{multipliers}")
+                f"activation={self.activation!r}, fuse_gate_up={self.fuse_gate_up}{multipliers_repr(self)}")
 
     @classmethod
     def from_module(cls, mlp: torch.nn.Module, activation: str | None = None) -> GatedMLP:
@@ -286,6 +283,13 @@ def _linear(mlp: torch.nn.Module, name: str) -> torch.nn.Linear:
         raise TypeError(f"{type(mlp).__name__}.{name}.weight must be a floating ({proj.out_features}, "
                         f"{proj.in_features}) tensor (got {w.dtype}, {tuple(w.shape)}): a quantized Linear?")
     return proj
+
+
+def multipliers_repr(mlp: torch.nn.Module) -> str:
+    """A GatedMLP's multipliers that are not 1, as its repr names them (", gate_multiplier=0.7"); "" for
+    a module without them."""
+    values = ((n, getattr(mlp, n, 1.0)) for n in ("gate_multiplier", "down_multiplier"))
+    return "".join(f", {n}={v!r}" for n, v in values if v != 1.0)
 
 
 def _activation_of(mlp: torch.nn.Module, attrs: tuple[str, ...]) -> str:

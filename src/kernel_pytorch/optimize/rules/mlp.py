@@ -36,7 +36,7 @@ from functools import partial
 from torch import nn
 
 from kernel_pytorch import nn as kp_nn
-from kernel_pytorch.nn.mlp import LINEAR_NAMES
+from kernel_pytorch.nn.mlp import LINEAR_NAMES, multipliers_repr
 from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.optimize.rules._common import probe_input, projections_left_alone, run_probe, same_output
 
@@ -88,13 +88,7 @@ def _swap(module: nn.Module, projs: dict[str, nn.Linear], build: Callable[[nn.Mo
     act = getattr(new, "activation", "?")
     if not same_output(expected, run_probe(new, x)):
         return Match(None, f"{kind} computes something other than {target}(activation={act!r}) on a probe input")
-    return Match(new, f"{kind} ({act}{_multipliers(new)}) -> kernel_pytorch.nn.{target}")
-
-
-def _multipliers(new: nn.Module) -> str:
-    """A GatedMLP's multipliers that are not 1, as the reason names them (", gate_multiplier=0.7"), or ""."""
-    values = ((n, getattr(new, n, 1.0)) for n in ("gate_multiplier", "down_multiplier"))
-    return "".join(f", {n}={v!r}" for n, v in values if v != 1.0)
+    return Match(new, f"{kind} ({act}{multipliers_repr(new)}) -> kernel_pytorch.nn.{target}")
 
 
 def _gated(module: nn.Module) -> nn.Module:
