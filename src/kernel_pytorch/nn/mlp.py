@@ -147,15 +147,16 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         down = self.down_proj
-        multipliers = {"gate_multiplier": self.gate_multiplier, "down_multiplier": self.down_multiplier}
         with recompute_norm_outputs():  # where x is a norm's output, its input is kept instead
             if self.fuse_gate_up:
                 gu = self.gate_up_proj
                 return F.gated_mlp_packed(x, gu.weight, down.weight, self.activation, gate_up_bias=gu.bias,
-                                          down_bias=down.bias, backend=self.backend, **multipliers)
+                                          down_bias=down.bias, gate_multiplier=self.gate_multiplier,
+                                          down_multiplier=self.down_multiplier, backend=self.backend)
             gate, up = self.gate_proj, self.up_proj
             return F.gated_mlp(x, gate.weight, up.weight, down.weight, self.activation, gate_bias=gate.bias,
-                               up_bias=up.bias, down_bias=down.bias, backend=self.backend, **multipliers)
+                               up_bias=up.bias, down_bias=down.bias, gate_multiplier=self.gate_multiplier,
+                               down_multiplier=self.down_multiplier, backend=self.backend)
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
