@@ -162,7 +162,10 @@ class HFAttention(nn.Module):
         takes the KV cache as `past_key_values` in older transformers, as `cache` in newer ones and as
         `layer_past` in GPT-NeoX and Falcon). cos, sin: (B or 1, T, r), r <= head_dim: the first r
         features of each head rotate, the rest pass through."""
-        past_key_values = next((c for c in (cache, layer_past) if c is not None), past_key_values)
+        if cache is not None:
+            past_key_values = cache
+        elif layer_past is not None:
+            past_key_values = layer_past
         b, t = hidden_states.shape[:2]
         with recompute_norm_outputs():  # the projections keep not a norm's output but its input
             if self.layout.packed is not None:
