@@ -30,6 +30,8 @@ import torch.fx.experimental._config
 from torch import nn
 from torch.nn.modules import module as module_globals
 
+from kernel_pytorch._tree import bitwise_equal
+
 # the config modules an analysis patches (`config.patch` restores them; a value set any other way would stay)
 _CONFIGS = (
     ("torch._dynamo.config", torch._dynamo.config),
@@ -116,18 +118,6 @@ def _same_rng(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def _torch_loggers() -> dict[str, int]:
     names = [n for n in logging.root.manager.loggerDict if n == "torch" or n.startswith("torch.")]
     return {n: logging.getLogger(n).level for n in names}
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """`t`'s bytes as a flat uint8 tensor: two tensors are bitwise equal when these are (NaNs included)."""
-    return t.detach().reshape(-1).contiguous().view(torch.uint8)
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same dtype, shape and bytes (a NaN equals itself, -0.0 differs from 0.0)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return torch.equal(bits(a).cpu(), bits(b).cpu())
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -231,10 +221,10 @@ class Snapshot:
         for t in self.tensors:
             if t.tensor.requires_grad != t.requires_grad:
                 out.append(f"a {tuple(t.tensor.shape)} tensor's requires_grad")
-            if not same_bits(t.tensor, t.saved) or t.tensor.device != t.device:
+            if not bitwise_equal(t.tensor, t.saved) or t.tensor.device != t.device:
                 out.append(f"a {tuple(t.tensor.shape)} parameter or buffer's values")
             grad = t.tensor.grad if isinstance(t.tensor, nn.Parameter) else None
-            moved = grad is not None and t.grad_saved is not None and not same_bits(grad, t.grad_saved)
+            moved = grad is not None and t.grad_saved is not None and not bitwise_equal(grad, t.grad_saved)
             if grad is not t.grad or moved:
                 out.append(f"a {tuple(t.tensor.shape)} parameter's .grad")
         return out
@@ -314,4 +304,4 @@ def _names(copies: list[_ModuleCopy]) -> list[str]:
     return [named.get(id(c.module), type(c.module).__name__) for c in copies]
 
 
-__all__ = ["Snapshot", "bits", "same_bits"]
+__all__ = ["Snapshot"]
