@@ -123,12 +123,23 @@ def clone_detached(obj: Any) -> Any:
     return map_tensors(lambda t: t.detach().clone(), obj)
 
 
+def bitwise_equal(a: Tensor, b: Tensor) -> bool:
+    """Same shape, dtype and bytes (NaNs with the same bits compare equal, -0.0 differs from 0.0);
+    tensors on different devices are compared on the CPU."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    x, y = (t.detach().reshape(-1).contiguous().view(torch.uint8) for t in (a, b))
+    if x.device != y.device:
+        x, y = x.cpu(), y.cpu()
+    return torch.equal(x, y)
+
+
 def devices(obj: Any) -> set[torch.device]:
     """Devices of the tensor leaves of `obj`."""
     return {t.device for t in tensors(obj)}
 
 
 __all__ = [
-    "Inputs", "as_inputs", "call", "children", "clone_detached", "devices", "flatten", "map_tensors", "move",
-    "nbytes", "split_inputs", "tensors",
+    "Inputs", "as_inputs", "bitwise_equal", "call", "children", "clone_detached", "devices", "flatten", "map_tensors",
+    "move", "nbytes", "split_inputs", "tensors",
 ]

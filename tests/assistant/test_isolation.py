@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 import kernel_pytorch as kp
+from kernel_pytorch._tree import bitwise_equal
 from kernel_pytorch.assistant import SECTIONS
 from kernel_pytorch.assistant import assistant as assistant_module
-from kernel_pytorch.assistant.isolation import Snapshot, same_bits
+from kernel_pytorch.assistant.isolation import Snapshot
 
 
 def _cnn() -> nn.Module:
@@ -106,7 +107,7 @@ def test_a_train_mode_cnn_state_dict_is_bitwise_unchanged(full_analysis: dict) -
     model, before = full_analysis["model"], full_analysis["state_dict"]
     after = model.state_dict()
     assert after.keys() == before.keys()
-    assert [k for k in before if not same_bits(after[k], before[k])] == []
+    assert [k for k in before if not bitwise_equal(after[k], before[k])] == []
     assert int(after["1.num_batches_tracked"]) == 0 and model.training
     # the analysis ran the training step it reports on (and would have moved the statistics)
     assert any(f.id == "verdict.compile" for f in full_analysis["report"].kernel_efficiency)

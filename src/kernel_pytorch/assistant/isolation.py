@@ -30,6 +30,8 @@ import torch.fx.experimental._config
 from torch import nn
 from torch.nn.modules import module as module_globals
 
+from kernel_pytorch._tree import bitwise_equal
+
 # the config modules an analysis patches (`config.patch` restores them; a value set any other way would stay)
 _CONFIGS = (
     ("torch._dynamo.config", torch._dynamo.config),
@@ -37,10 +39,6 @@ _CONFIGS = (
     ("torch._functorch.config", torch._functorch.config),
     ("torch.fx.experimental._config", torch.fx.experimental._config),
 )
-
-
-def _flag(get: Callable[[], Any], put: Callable[[Any], Any]) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
-    return get, put
 
 
 def _deterministic() -> tuple[bool, bool]:
@@ -57,30 +55,30 @@ def _set_autocast(device: str, value: tuple[bool, torch.dtype]) -> None:
 
 
 # process-wide switches read and written through torch's own functions: (name, (get, set))
-_FLAGS: tuple[tuple[str, tuple[Callable[[], Any], Callable[[Any], Any]]], ...] = tuple({
-    "num_threads": _flag(torch.get_num_threads, torch.set_num_threads),
-    "grad_enabled": _flag(torch.is_grad_enabled, torch.set_grad_enabled),
-    "default_dtype": _flag(torch.get_default_dtype, torch.set_default_dtype),
-    "deterministic": _flag(_deterministic, lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
-    "float32_matmul_precision": _flag(torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
-    "cuda.matmul.allow_tf32": _flag(lambda: torch.backends.cuda.matmul.allow_tf32,
-                                    lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v)),
-    "cudnn.allow_tf32": _flag(lambda: torch.backends.cudnn.allow_tf32,
-                              lambda v: setattr(torch.backends.cudnn, "allow_tf32", v)),
-    "cudnn.benchmark": _flag(lambda: torch.backends.cudnn.benchmark,
-                             lambda v: setattr(torch.backends.cudnn, "benchmark", v)),
-    "cudnn.deterministic": _flag(lambda: torch.backends.cudnn.deterministic,
-                                 lambda v: setattr(torch.backends.cudnn, "deterministic", v)),
-    "autocast.cpu": _flag(lambda: _autocast("cpu"), lambda v: _set_autocast("cpu", v)),
-    "autocast.cuda": _flag(lambda: _autocast("cuda"), lambda v: _set_autocast("cuda", v)),
-    "dynamo_eval_frame": _flag(torch._C._dynamo.eval_frame.get_eval_frame_callback,
-                               torch._C._dynamo.eval_frame.set_eval_frame),
-    "profiler_enabled": _flag(torch.autograd._profiler_enabled,
-                              lambda v: None if v else torch.autograd._disable_profiler()),
-    "sys.trace": _flag(sys.gettrace, sys.settrace),
-    "sys.profile": _flag(sys.getprofile, sys.setprofile),
-    "recursion_limit": _flag(sys.getrecursionlimit, sys.setrecursionlimit),
-}.items())
+_FLAGS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
+    "num_threads": (torch.get_num_threads, torch.set_num_threads),
+    "grad_enabled": (torch.is_grad_enabled, torch.set_grad_enabled),
+    "default_dtype": (torch.get_default_dtype, torch.set_default_dtype),
+    "deterministic": (_deterministic, lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+    "float32_matmul_precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+    "cuda.matmul.allow_tf32": (lambda: torch.backends.cuda.matmul.allow_tf32,
+                               lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v)),
+    "cudnn.allow_tf32": (lambda: torch.backends.cudnn.allow_tf32,
+                         lambda v: setattr(torch.backends.cudnn, "allow_tf32", v)),
+    "cudnn.benchmark": (lambda: torch.backends.cudnn.benchmark,
+                        lambda v: setattr(torch.backends.cudnn, "benchmark", v)),
+    "cudnn.deterministic": (lambda: torch.backends.cudnn.deterministic,
+                            lambda v: setattr(torch.backends.cudnn, "deterministic", v)),
+    "autocast.cpu": (lambda: _autocast("cpu"), lambda v: _set_autocast("cpu", v)),
+    "autocast.cuda": (lambda: _autocast("cuda"), lambda v: _set_autocast("cuda", v)),
+    "dynamo_eval_frame": (torch._C._dynamo.eval_frame.get_eval_frame_callback,
+                          torch._C._dynamo.eval_frame.set_eval_frame),
+    "profiler_enabled": (torch.autograd._profiler_enabled,
+                         lambda v: None if v else torch.autograd._disable_profiler()),
+    "sys.trace": (sys.gettrace, sys.settrace),
+    "sys.profile": (sys.getprofile, sys.setprofile),
+    "recursion_limit": (sys.getrecursionlimit, sys.setrecursionlimit),
+}
 # nn.Module's process-wide hook tables (every module's forward runs them)
 _GLOBAL_HOOKS = tuple(name for name in dir(module_globals) if name.startswith("_global_") and
                       isinstance(getattr(module_globals, name), dict))
@@ -118,18 +116,6 @@ def _torch_loggers() -> dict[str, int]:
     return {n: logging.getLogger(n).level for n in names}
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """`t`'s bytes as a flat uint8 tensor: two tensors are bitwise equal when these are (NaNs included)."""
-    return t.detach().reshape(-1).contiguous().view(torch.uint8)
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same dtype, shape and bytes (a NaN equals itself, -0.0 differs from 0.0)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return torch.equal(bits(a).cpu(), bits(b).cpu())
-
-
 def _same_value(a: Any, b: Any) -> bool:
     try:
         return a is b or bool(a == b)
@@ -159,7 +145,7 @@ class Snapshot:
 
     def __init__(self, module: nn.Module | None) -> None:
         self.configs = {name: cfg.get_config_copy() for name, cfg in _CONFIGS}
-        self.flags = {name: get() for name, (get, _) in _FLAGS}
+        self.flags = {name: get() for name, (get, _) in _FLAGS.items()}
         self.environ = dict(os.environ)
         self.affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         self.rng = _rng()
@@ -197,7 +183,7 @@ class Snapshot:
         for name, cfg in _CONFIGS:
             now = cfg.get_config_copy()
             out += [f"{name}.{k}" for k, v in self.configs[name].items() if not _same_value(now.get(k), v)]
-        for name, (get, _) in _FLAGS:
+        for name, (get, _) in _FLAGS.items():
             if not _same_value(get(), self.flags[name]):
                 out.append(f"{name}: {self.flags[name]!r} -> {get()!r}")
         env = dict(os.environ)
@@ -231,10 +217,10 @@ class Snapshot:
         for t in self.tensors:
             if t.tensor.requires_grad != t.requires_grad:
                 out.append(f"a {tuple(t.tensor.shape)} tensor's requires_grad")
-            if not same_bits(t.tensor, t.saved) or t.tensor.device != t.device:
+            if not bitwise_equal(t.tensor, t.saved) or t.tensor.device != t.device:
                 out.append(f"a {tuple(t.tensor.shape)} parameter or buffer's values")
             grad = t.tensor.grad if isinstance(t.tensor, nn.Parameter) else None
-            moved = grad is not None and t.grad_saved is not None and not same_bits(grad, t.grad_saved)
+            moved = grad is not None and t.grad_saved is not None and not bitwise_equal(grad, t.grad_saved)
             if grad is not t.grad or moved:
                 out.append(f"a {tuple(t.tensor.shape)} parameter's .grad")
         return out
@@ -249,7 +235,7 @@ class Snapshot:
             for k, v in self.configs[name].items():
                 if not _same_value(now.get(k), v):
                     setattr(cfg, k, v)
-        for name, (get, put) in _FLAGS:
+        for name, (get, put) in _FLAGS.items():
             if not _same_value(get(), self.flags[name]):
                 put(self.flags[name])
         for k in set(os.environ) - set(self.environ):
@@ -314,4 +300,4 @@ def _names(copies: list[_ModuleCopy]) -> list[str]:
     return [named.get(id(c.module), type(c.module).__name__) for c in copies]
 
 
-__all__ = ["Snapshot", "bits", "same_bits"]
+__all__ = ["Snapshot"]

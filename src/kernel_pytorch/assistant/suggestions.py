@@ -113,25 +113,23 @@ def _place(f: Finding) -> str:
     return str(f.location) if f.location is not None else ""
 
 
-def _tried_fixes(findings: list[Finding]) -> dict[str, Finding]:
-    """{fix key: the finding that measured it slower} over the findings measured slower."""
-    out = {}
-    for f in findings:
-        if (f.data or {}).get("fix_slower") is True:
-            out.setdefault(str(f.data.get("fix") or f.id), f)
-    return out
+def _measured_slower(f: Finding) -> bool:
+    return (f.data or {}).get("fix_slower") is True
+
+
+def _fix_key(f: Finding) -> Any:
+    """The fix `f` proposes (`data["fix"]`; a fix measured slower without one is keyed by its id)."""
+    fix = (f.data or {}).get("fix")
+    return str(fix or f.id) if _measured_slower(f) else fix
 
 
 def tried(findings: list[Finding]) -> list[tuple[Finding, Finding]]:
     """(finding, the finding whose measurement found its fix slower) for every fix not to suggest."""
-    slower = _tried_fixes(findings)
-    out = []
+    slower: dict[Any, Finding] = {}
     for f in findings:
-        d = f.data or {}
-        key = str(d.get("fix") or f.id) if d.get("fix_slower") is True else d.get("fix")
-        if key is not None and key in slower:
-            out.append((f, slower[key]))
-    return out
+        if _measured_slower(f):
+            slower.setdefault(_fix_key(f), f)
+    return [(f, slower[key]) for f in findings if (key := _fix_key(f)) is not None and key in slower]
 
 
 def rank(ctx: Any, findings: list[Finding]) -> list[tuple[float | None, Finding, dict[str, Any]]]:

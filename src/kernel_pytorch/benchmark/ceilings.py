@@ -200,7 +200,7 @@ def cached_ceilings(device: torch.device | str | None = None) -> Ceilings | None
     cached = _read_cache().get(_cache_key(name))
     if not isinstance(cached, dict):
         return None
-    origin = f"on {cached.get('host') or _host()}, cached in {cache_file()}"
+    origin = f"on {_host()}, cached in {cache_file()}"  # the key holds the host
     try:
         return Ceilings.from_dict({**cached, "source": "cache", "origin": origin})
     except (KeyError, TypeError, ValueError):
@@ -209,7 +209,7 @@ def cached_ceilings(device: torch.device | str | None = None) -> Ceilings | None
 
 def _write_cache(key: str, ceilings: Ceilings) -> None:
     data = _read_cache()
-    data[key] = {**ceilings.to_dict(), "host": _host()}
+    data[key] = ceilings.to_dict()
     path = cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

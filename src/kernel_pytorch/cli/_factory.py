@@ -52,6 +52,11 @@ def one_line(exc: BaseException) -> str:
     return short_error(exc, 300, lines=1).replace("\n", " ")
 
 
+def placement_error(what: str, exc: BaseException) -> str:
+    """The CLI's error line for `what` (the model, the inputs) that could not be moved to --device / --dtype."""
+    return f"error: cannot move {what} to --device/--dtype: {one_line(exc)}"
+
+
 def call(fn: Callable[[], Any], spec: str) -> Any:
     """`fn()`, the user's factory; an exception it raises becomes a FactoryError of one line naming
     `spec` (the CLI prints it and exits 2, as for a spec that cannot be loaded)."""
@@ -236,5 +241,6 @@ __all__ = [
     "load_module",
     "normalize_inputs",
     "one_line",
+    "placement_error",
     "trio_pair",
 ]

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from kernel_pytorch._tree import move
-from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_extra_inputs, load_factory, one_line
+from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_extra_inputs, load_factory, placement_error
 from kernel_pytorch.optimize import OptimizeReport, optimize
 
 
@@ -82,7 +82,7 @@ def load_placed(args: argparse.Namespace) -> tuple[nn.Module, Any, str] | None:
             model.to(device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None)
         return model, _placed(args, inputs), target
     except Exception as exc:  # no such device, out of memory, ...
-        print(f"error: cannot move the model to --device/--dtype: {one_line(exc)}", file=sys.stderr)
+        print(placement_error("the model", exc), file=sys.stderr)
         return None
 
 
@@ -104,8 +104,7 @@ def _extra_inputs(args: argparse.Namespace) -> list[Any] | None:
     except FactoryError as exc:
         print(f"error: {exc}", file=sys.stderr)
     except Exception as exc:  # no such device, out of memory, ...
-        print(f"error: cannot move the extra inputs to --device/--dtype: {one_line(exc)}",
-              file=sys.stderr)
+        print(placement_error("the extra inputs", exc), file=sys.stderr)
     return None
 
 

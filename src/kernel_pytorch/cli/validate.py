@@ -27,7 +27,7 @@ from kernel_pytorch.cli._factory import (
     load_callable,
     load_factory,
     normalize_inputs,
-    one_line,
+    placement_error,
     trio_pair,
 )
 from kernel_pytorch.validation import validate_optimization
@@ -105,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         inputs = _place(original, optimized, inputs, args.device, args.dtype)
     except Exception as exc:  # no such device, out of memory, ...
-        print(f"error: cannot move the models to --device/--dtype: {one_line(exc)}",
-              file=sys.stderr)
+        print(placement_error("the models", exc), file=sys.stderr)
         return 2
     result = validate_optimization(
         original,

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from kernel_pytorch._tree import call, flatten, map_tensors
+from kernel_pytorch._tree import bitwise_equal, call, flatten, map_tensors
 from kernel_pytorch.benchmark.module import upstream_gradients, with_input_grads
 
 Reference = Literal["auto", "fp64", "none"]
@@ -110,14 +110,6 @@ def named(module: nn.Module, names: Sequence[str]) -> list[tuple[str, nn.Paramet
     """(name, parameter) of `module` for each of `names`."""
     params = dict(module.named_parameters())
     return [(n, params[n]) for n in names]
-
-
-def bitwise_equal(a: Tensor, b: Tensor) -> bool:
-    """Same shape, dtype and bytes (NaNs with the same bits compare equal)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return torch.equal(a.detach().reshape(-1).contiguous().view(torch.uint8),
-                       b.detach().reshape(-1).contiguous().view(torch.uint8))
 
 
 __all__ = [
