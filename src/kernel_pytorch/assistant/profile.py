@@ -23,22 +23,22 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import map_tensors, tensors
 from kernel_pytorch.assistant.dynamo import fresh_dynamo, inductor_caches
 from kernel_pytorch.assistant.inputs import clone_inputs
 from kernel_pytorch.assistant.kernel_stats import GpuActivity, KernelStat, cpu_kernels, cuda_kernels
+from kernel_pytorch.assistant.options import AnalysisOptions
 from kernel_pytorch.assistant.paired_cpu import PairedStats, paired_cpu
+from kernel_pytorch.assistant.records import CompileProfile, RunResult
 from kernel_pytorch.benchmark.ceilings import Ceilings, device_name, measure_ceilings
 from kernel_pytorch.benchmark.module import pass_closure
 from kernel_pytorch.benchmark.timer import Timing, time_fn
-
-if TYPE_CHECKING:
-    from kernel_pytorch.assistant.context import AnalysisContext
 
 PASSES = ("fwd", "fwd+bwd")
 # CPU timing: seconds `blocked_autorange` measures each run for (a 2-core machine is noisy; the verdict
@@ -46,6 +46,29 @@ PASSES = ("fwd", "fwd+bwd")
 CPU_MIN_RUN_S = 0.3
 CUDA_REP_MS = 200.0
 PROFILE_TARGET_MS = 60.0  # profile about this much of the model per run, at least 2 and at most 10 steps
+
+
+class Analysed(Protocol):
+    """What these runs read from (and leave on) the analysis context: `AnalysisContext` is one. Typed
+    by what is used, so this module, which the context calls, does not import the context."""
+
+    module: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    options: AnalysisOptions
+    compiled_runs: Any  # the compiled forward's runs, left by `profile` (`measure_compiled`)
+    trace_scratch: str | None  # per-run Chrome traces before they are merged
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def eager(self) -> RunResult: ...
+
+    @property
+    def profile(self) -> CompileProfile: ...
+
+    def progress(self, message: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -131,7 +154,7 @@ class _Runs:
     paired: dict[str, PairedStats] = field(default_factory=dict)
 
 
-def _trace_dir(ctx: AnalysisContext) -> str | None:
+def _trace_dir(ctx: Analysed) -> str | None:
     """A scratch folder for the per-run traces when a Chrome trace was asked for (merged at the end)."""
     if not ctx.options.chrome_trace:
         return None
@@ -207,7 +230,7 @@ def _steps_for(timing: Timing) -> int:
     return max(2, min(10, round(PROFILE_TARGET_MS / max(timing.median_ms, 1e-3))))
 
 
-def _step_fn(ctx: AnalysisContext, model: Callable[..., Any], pass_name: str) -> Callable[[], Any]:
+def _step_fn(ctx: Analysed, model: Callable[..., Any], pass_name: str) -> Callable[[], Any]:
     """One step of `model` on a private copy of the example inputs (never the example itself: a model
     that writes into its inputs must not change what the other analyses see)."""
     args, kwargs = clone_inputs(ctx.args), clone_inputs(ctx.kwargs)
@@ -220,7 +243,7 @@ def _step_fn(ctx: AnalysisContext, model: Callable[..., Any], pass_name: str) ->
     return pass_closure(lambda: model(*args, **kwargs), wrt, "fwd+bwd")
 
 
-def _measure(ctx: AnalysisContext, out: _Runs, label: str, pass_name: str, fn: Callable[[], Any]) -> None:
+def _measure(ctx: Analysed, out: _Runs, label: str, pass_name: str, fn: Callable[[], Any]) -> None:
     """Time `fn` (unless a paired timing is in `out` already), then profile it, into `out` under
     "<label> <pass>"; an error is recorded, not raised."""
     key = f"{label} {pass_name}"
@@ -238,7 +261,7 @@ def _measure(ctx: AnalysisContext, out: _Runs, label: str, pass_name: str, fn: C
         out.errors[key] = short_error(exc)
 
 
-def _pair(ctx: AnalysisContext, out: _Runs, pass_name: str, eager: Callable[[], Any] | None,
+def _pair(ctx: Analysed, out: _Runs, pass_name: str, eager: Callable[[], Any] | None,
           compiled: Callable[[], Any]) -> None:
     """On the CPU, the eager and compiled steps of `pass_name` timed interleaved into `out`."""
     if ctx.device.type == "cuda" or eager is None:
@@ -251,7 +274,7 @@ def _pair(ctx: AnalysisContext, out: _Runs, pass_name: str, eager: Callable[[], 
         out.errors[f"compiled {pass_name}"] = short_error(exc)
 
 
-def measure_compiled(ctx: AnalysisContext, compiled: Callable[..., Any]) -> _Runs:
+def measure_compiled(ctx: Analysed, compiled: Callable[..., Any]) -> _Runs:
     """The compiled forward, timed and profiled while the compile-time analysis's compiled model lives
     (called from `AnalysisContext.profile`, inside its Dynamo scope); on the CPU timed interleaved with
     the eager forward."""
@@ -263,7 +286,7 @@ def measure_compiled(ctx: AnalysisContext, compiled: Callable[..., Any]) -> _Run
     return out
 
 
-def _compile_and_measure(ctx: AnalysisContext, out: _Runs, pass_name: str,
+def _compile_and_measure(ctx: Analysed, out: _Runs, pass_name: str,
                          eager: Callable[[], Any] | None = None) -> None:
     """Compile the model for `pass_name` (a compile of its own) and measure it (on the CPU interleaved
     with `eager`, the eager step); the compile cost is the first step's time beyond the steady step's."""
@@ -295,7 +318,7 @@ def _compile_and_measure(ctx: AnalysisContext, out: _Runs, pass_name: str,
             out.compile_source[pass_name] = "first compiled step beyond a steady step, measured here"
 
 
-def measure_runtime(ctx: AnalysisContext) -> RuntimeProfile:
+def measure_runtime(ctx: Analysed) -> RuntimeProfile:
     """Time and profile the eager and the compiled model (see the module docstring)."""
     opts = ctx.options
     out = _Runs()
@@ -356,7 +379,7 @@ def measure_runtime(ctx: AnalysisContext) -> RuntimeProfile:
     )
 
 
-def _write_trace(ctx: AnalysisContext, out: _Runs) -> str | None:
+def _write_trace(ctx: Analysed, out: _Runs) -> str | None:
     """Every profiled run's Chrome trace in one file (`options.chrome_trace`), one process per run."""
     path = ctx.options.chrome_trace
     parts = [(key, run.trace) for key, run in out.runs.items() if run.trace]
@@ -416,5 +439,5 @@ def merge_traces(traces: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
             "otherData": {"runs": [name for name, _ in traces], "producer": "kernel-pytorch analyze"}}
 
 
-__all__ = ["PASSES", "ProfiledRun", "RuntimeProfile", "measure_compiled", "measure_runtime", "merge_traces",
-           "profile_steps"]
+__all__ = ["PASSES", "Analysed", "ProfiledRun", "RuntimeProfile", "measure_compiled", "measure_runtime",
+           "merge_traces", "profile_steps"]

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from kernel_pytorch.deploy._files import LoadError
 from kernel_pytorch.deploy.manifest import _version, dtype_name
 
+INSTALL_HINT = "pip install 'kernel-pytorch[quant]'"
 SCHEME_ATTR = "_kernel_pytorch_quant_scheme"  # set on the model by deploy.quantize()
 # the subclass torchao's weight-only configs give, per scheme (for models quantized with quantize_ directly)
 _SCHEME_OF_TYPE = {"Int8Tensor": "int8", "Float8Tensor": "fp8", "Int4Tensor": "int4"}
@@ -37,10 +38,17 @@ def is_subclass(value: Any) -> bool:
     return isinstance(value, Tensor) and type(value.detach()) is not Tensor
 
 
+def _torchao() -> Any:
+    """The torchao.quantization module, or ImportError with the install command."""
+    try:
+        import torchao.quantization as q
+    except ImportError as exc:
+        raise ImportError(f"quantization needs torchao: {INSTALL_HINT}") from exc
+    return q
+
+
 def torchao_support() -> Any:
     """torchao's safetensors support module; ImportError with the install command without torchao."""
-    from kernel_pytorch.deploy.quantize import _torchao
-
     _torchao()  # ImportError with the install command when torchao is missing
     from torchao.prototype.safetensors import safetensors_support
 
@@ -213,5 +221,5 @@ def check_against(model: nn.Module, state: Mapping[str, Tensor], quantized: Mapp
                         + (f"; ... ({len(wrong)} in all)" if len(wrong) > 8 else ""))
 
 
-__all__ = ["SCHEME_ATTR", "check_against", "check_parts", "file_metadata", "flatten", "is_subclass", "logical",
-           "check_can_save", "scheme_of", "torchao_support", "torchao_version", "unflatten"]
+__all__ = ["INSTALL_HINT", "SCHEME_ATTR", "check_against", "check_parts", "file_metadata", "flatten", "is_subclass",
+           "logical", "check_can_save", "scheme_of", "torchao_support", "torchao_version", "unflatten"]

@@ -30,14 +30,13 @@ from torch import Tensor, nn
 
 from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import call, flatten
-from kernel_pytorch.deploy._quantized import SCHEME_ATTR, is_subclass
+from kernel_pytorch.deploy._quantized import INSTALL_HINT, SCHEME_ATTR, _torchao, is_subclass
 from kernel_pytorch.deploy.export import export, our_ops
 from kernel_pytorch.tolerances import BUDGET_FACTOR, tolerance_for
 from kernel_pytorch.validation import ValidationResult, validate_optimization
 from kernel_pytorch.validation.inputs import inputs_for
 from kernel_pytorch.validation.runs import bitwise_equal
 
-INSTALL_HINT = "pip install 'kernel-pytorch[quant]'"
 SCHEMES = ("int8", "fp8", "int4")
 
 # Quantized output vs the unquantized model: max|q - ref| <= atol(dtype) + 2 rtol x max|ref|, per
@@ -115,15 +114,6 @@ def quant_rtol(original: nn.Module, quantized: nn.Module, scheme: str) -> tuple[
     """`expected_rtol` of the layers `quantized` has quantized, from `original`'s own weights (so a
     faulty quantization cannot widen its own tolerance)."""
     return expected_rtol(original, scheme, quantized_linears(quantized))
-
-
-def _torchao() -> Any:
-    """The torchao.quantization module, or ImportError with the install command."""
-    try:
-        import torchao.quantization as q
-    except ImportError as exc:
-        raise ImportError(f"quantization needs torchao: {INSTALL_HINT}") from exc
-    return q
 
 
 def quant_config(scheme: str) -> Any:

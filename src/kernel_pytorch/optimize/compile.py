@@ -35,6 +35,7 @@ from kernel_pytorch.optimize.compile_steps import (
     faster,
     fwd_bwd_ms,
     timing,
+    uncompile,
 )
 from kernel_pytorch.optimize.dynamic import count_recompiles, varying_dims
 from kernel_pytorch.optimize.report import CompileStep
@@ -62,12 +63,6 @@ def _blocks(model: nn.Module) -> tuple[list[nn.Module], str] | None:
     entries = list(container)
     where = f"{found.count} x {found.block_type} in {found.path or 'the model'}"
     return [entries[i] for i in found.indices], where
-
-
-def uncompile(blocks: list[nn.Module]) -> None:
-    """Undo `nn.Module.compile` on `blocks` (the instance's compiled call is dropped)."""
-    for b in blocks:
-        b._compiled_call_impl = None
 
 
 @dataclass

@@ -221,12 +221,16 @@ def compile_blocks(blocks: list[nn.Module], options: dict[str, Any]) -> None:
         b._compiled_call_impl = GradModeGraphs(b, rest, mode)
 
 
+def uncompile(blocks: list[nn.Module]) -> None:
+    """Undo `nn.Module.compile` on `blocks` (the instance's compiled call is dropped)."""
+    for b in blocks:
+        b._compiled_call_impl = None
+
+
 def cuda_graph_step(model: nn.Module, inputs: Any, blocks: list[nn.Module], options: dict[str, Any],
                     device: torch.device, mode: Any) -> tuple[CompileStep, bool]:
     """Recompile the compiled blocks with `mode="reduce-overhead"` when the step is launch-bound and
     that is faster. Returns (the step, whether the blocks now use it)."""
-    from kernel_pytorch.optimize.compile import uncompile
-
     if device.type != "cuda" or inputs is None:
         return CompileStep("cuda_graphs", "skipped", "CUDA graphs need a CUDA device: not applicable on the CPU"), False
     if not blocks:
@@ -328,4 +332,5 @@ def _tf32(model: nn.Module, inputs: Any, old_precision: str, mode: Any) -> Compi
                        f"torch.set_float32_matmul_precision({old_precision!r})", measured)
 
 
-__all__ = ["channels_last_inputs", "channels_last_step", "cuda_graph_step", "has_conv2d", "tf32_step"]
+__all__ = ["channels_last_inputs", "channels_last_step", "cuda_graph_step", "has_conv2d", "tf32_step",
+           "uncompile"]

@@ -4,7 +4,8 @@ tolerance table (`kernel_pytorch.tolerances`, in the shared layer: the analyser 
     compare.py     leaf-by-leaf comparison of nested results under that rule
     runs.py        running the models: seeds' inputs, gradients, the fp64 copy
     checks.py      correctness, performance and memory, compilation, determinism
-    report.py      the result types (JSON via to_dict); render.py their text summary
+    parts.py       the parts' result types (JSON via to_dict); render.py their text summary
+    report.py      ValidationResult, holding them (re-exports them)
     validate.py    validate_optimization, the entry point
 """
 

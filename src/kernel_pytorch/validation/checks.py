@@ -26,8 +26,7 @@ from kernel_pytorch.benchmark.module import ModuleBenchmark, benchmark_module
 from kernel_pytorch.benchmark.timer import speedup
 from kernel_pytorch.validation.compare import TensorCheck, compare_named, failures
 from kernel_pytorch.validation.inputs import inputs_for, is_drawn
-from kernel_pytorch.validation.reference64 import fp64_copy
-from kernel_pytorch.validation.report import (
+from kernel_pytorch.validation.parts import (
     CompilationReport,
     CorrectnessReport,
     DeterminismReport,
@@ -36,6 +35,7 @@ from kernel_pytorch.validation.report import (
     PassMemory,
     PerformanceReport,
 )
+from kernel_pytorch.validation.reference64 import fp64_copy
 from kernel_pytorch.validation.runs import (
     GradOutputs,
     InputsArg,

@@ -1,21 +1,16 @@
 """`ValidationResult.summary()`: the result as terminal text, one block per part, failures named with
-their error, index and values. Reads the result types; computes nothing."""
+their error, index and values. Reads the parts' records (`parts.py`); computes nothing."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kernel_pytorch.benchmark.timer import Timing
-
-if TYPE_CHECKING:  # the result types call render(); importing them here would be circular
-    from kernel_pytorch.validation.report import (
-        CompilationReport,
-        CorrectnessReport,
-        DeterminismReport,
-        MemoryReport,
-        PerformanceReport,
-        ValidationResult,
-    )
+from kernel_pytorch.validation.parts import (
+    CompilationReport,
+    CorrectnessReport,
+    DeterminismReport,
+    MemoryReport,
+    PerformanceReport,
+)
 
 # How many failing tensors a text summary lists before saying "and N more".
 _MAX_LISTED_FAILURES = 12
@@ -119,10 +114,11 @@ def _determinism(d: DeterminismReport | None) -> list[str]:
     return lines + [f"  {x}" for x in d.differing[:5]]
 
 
-def render(r: ValidationResult) -> list[str]:
-    """The lines of `r.summary()`: correctness, performance, memory, compilation, determinism."""
-    return (_correctness(r.correctness_check) + _performance(r.performance_improvement)
-            + _memory(r.memory_efficiency) + _compilation(r.compilation_success) + _determinism(r.determinism))
+def render(correctness: CorrectnessReport, performance: PerformanceReport | None, memory: MemoryReport | None,
+           compilation: CompilationReport | None, determinism: DeterminismReport | None) -> list[str]:
+    """The lines of `ValidationResult.summary()`: correctness, performance, memory, compilation, determinism."""
+    return (_correctness(correctness) + _performance(performance) + _memory(memory) + _compilation(compilation)
+            + _determinism(determinism))
 
 
 __all__ = ["render"]

@@ -1,5 +1,6 @@
-"""What `validate_optimization` returns: one frozen record per part (correctness, timing, memory,
-compilation, determinism) and the `ValidationResult` holding them, each with `to_dict()` for JSON.
+"""What `validate_optimization` returns: the `ValidationResult` holding one record per part
+(correctness, timing, memory, compilation, determinism; the records are in `parts.py`, re-exported
+here), with `to_dict()` for JSON.
 
 Text rendering lives in `render.py`; these types only hold the numbers and say what passed.
 """
@@ -7,152 +8,19 @@ Text rendering lives in `render.py`; these types only hold the numbers and say w
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from kernel_pytorch.benchmark.timer import Timing
-from kernel_pytorch.tolerances import BUDGET_FACTOR, TOLERANCES
-from kernel_pytorch.validation.compare import TensorCheck
+from kernel_pytorch.validation.parts import (
+    CompilationReport,
+    CorrectnessReport,
+    DeterminismReport,
+    MemoryReport,
+    PassComparison,
+    PassMemory,
+    PerformanceReport,
+)
 from kernel_pytorch.validation.render import render
-
-
-@dataclass(frozen=True)
-class CorrectnessReport:
-    """Per-tensor checks of the optimized module against the original, for every seed."""
-
-    passed: bool
-    seeds: list[int]
-    checks: dict[int, list[TensorCheck]]  # seed -> checks
-    reference: str  # what the budget compares against, or why there is none
-    gradients: str  # what was differentiated
-    errors: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    # seeds whose drawn inputs the original model could not run: they used the inputs as given
-    given_inputs_seeds: list[int] = field(default_factory=list)
-
-    def failures(self) -> list[tuple[int, TensorCheck]]:
-        """(seed, check) of every failing tensor, seed by seed."""
-        return [(s, c) for s, cs in self.checks.items() for c in cs if not c.passed]
-
-    def worst_by_name(self) -> list[tuple[str, TensorCheck, bool]]:
-        """Per leaf name: the check with the largest abs error over the seeds, and whether all passed."""
-        out: dict[str, tuple[TensorCheck, bool]] = {}
-        for cs in self.checks.values():
-            for c in cs:
-                prev = out.get(c.name)
-                if prev is None:
-                    out[c.name] = (c, c.passed)
-                    continue
-                worst = c if (not c.passed and prev[0].passed) or c.max_abs_err > prev[0].max_abs_err else prev[0]
-                out[c.name] = (worst, prev[1] and c.passed)
-        return [(n, c, ok) for n, (c, ok) in out.items()]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "passed": self.passed,
-            "seeds": self.seeds,
-            "reference": self.reference,
-            "gradients": self.gradients,
-            "tolerances": {str(d).removeprefix("torch."): [t.atol, t.rtol] for d, t in TOLERANCES.items()},
-            "budget_factor": BUDGET_FACTOR,
-            "checks": [{"seed": s, "checks": [c.to_dict() for c in cs]} for s, cs in self.checks.items()],
-            "failures": [f"seed {s}: {c.message()}" for s, c in self.failures()],
-            "errors": self.errors,
-            "notes": self.notes,
-            "given_inputs_seeds": self.given_inputs_seeds,
-        }
-
-
-@dataclass(frozen=True)
-class PassComparison:
-    """Original vs optimized timing for one pass; speedup = original / optimized (>1 is faster)."""
-
-    pass_name: str
-    original: Timing | None
-    optimized: Timing | None
-    speedup: float | None = None
-    speedup_low: float | None = None
-    speedup_high: float | None = None
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "pass": self.pass_name,
-            "original": self.original.to_dict() if self.original else None,
-            "optimized": self.optimized.to_dict() if self.optimized else None,
-            "speedup": self.speedup,
-            "speedup_low": self.speedup_low,
-            "speedup_high": self.speedup_high,
-            "error": self.error,
-        }
-
-
-@dataclass(frozen=True)
-class PerformanceReport:
-    """Timings of both models per pass ("fwd", "fwd+bwd") on one device."""
-
-    device: str
-    passes: dict[str, PassComparison]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "passes": {k: v.to_dict() for k, v in self.passes.items()}}
-
-
-@dataclass(frozen=True)
-class PassMemory:
-    """Peak memory of one pass of each model; ratio = optimized / original (<1 uses less)."""
-
-    pass_name: str
-    original_bytes: int | None
-    optimized_bytes: int | None
-    ratio: float | None
-    saved_bytes: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"pass": self.pass_name, "original_bytes": self.original_bytes,
-                "optimized_bytes": self.optimized_bytes, "ratio": self.ratio, "saved_bytes": self.saved_bytes}
-
-
-@dataclass(frozen=True)
-class MemoryReport:
-    """Peak memory of both models per pass, and how it was measured."""
-
-    method: str  # how the peak was measured on this device
-    passes: dict[str, PassMemory]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "passes": {k: v.to_dict() for k, v in self.passes.items()}}
-
-
-@dataclass(frozen=True)
-class CompilationReport:
-    """torch.compile(optimized, fullgraph=True) on the example inputs."""
-
-    success: bool
-    backend: str
-    graph_count: int | None
-    graph_break_count: int | None
-    break_reasons: list[str]
-    compile_time_s: float | None  # wall time of the first compiled call: compile + one run
-    error: str | None
-    matches_eager: bool | None  # compiled results vs the optimized module run eagerly
-    mismatch: str | None = None
-    break_locations: list[str | None] = field(default_factory=list)  # file:line of each break_reasons entry
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class DeterminismReport:
-    """Two runs of the optimized module on the same inputs, compared bit for bit."""
-
-    deterministic: bool
-    tensors_checked: int
-    differing: list[str]  # "name: max abs diff X"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -187,7 +55,8 @@ class ValidationResult:
 
     def summary(self) -> str:
         """The result as text: one block per part, failures named (see `render.py`)."""
-        return "\n".join(render(self))
+        return "\n".join(render(self.correctness_check, self.performance_improvement, self.memory_efficiency,
+                                 self.compilation_success, self.determinism))
 
     def __str__(self) -> str:
         return self.summary()
