@@ -1,5 +1,6 @@
-"""The first rotary-embedding kernel, one program per token: the one the first GPU round measured;
-interleaved pairs run it where the flat kernel does not apply (ops/rope.py's FALLBACK);
+"""The per-token rotary-embedding kernel, one program per token (measured on an H100 on 2026-11-23:
+benchmarks/results/probes/probe_rope.log); interleaved pairs run it where the flat kernel does not apply
+(ops/rope.py's FALLBACK);
 `rope.SCHEDULE = "token"` forces it for both conventions (same arguments, same results as the tile kernel).
 
 One program per (batch, token) reads that token's cos/sin row once and rotates all Hq + Hk heads
