@@ -84,8 +84,8 @@ def _div(a, b, PRECISE: tl.constexpr):
     Triton's `/` is the approximate div.full.f32 (2 ulp); torch's kernels divide IEEE-rounded. PTX's
     IEEE division (div.rn.f32, which tl.div_rn emits) checks its operands and calls a software slow
     path for those whose quotient may be denormal and for infinite or NaN ones: a cost that depends on
-    the data. The first GPU round timed the in-place backward on inputs that earlier iterations had
-    overwritten with gradients (by then mostly zeros, denormals and NaN) at half the bandwidth of the
+    the data. On an H100 (2026-11-23) the in-place backward, timed on inputs that earlier iterations had
+    overwritten with gradients (by then mostly zeros, denormals and NaN), ran at half the bandwidth of the
     same kernel on fresh inputs, while Liger's approximate sigmoid kept full speed; that slow path is
     the one data-dependent cost in these kernels (benchmarks/NOTES.md). So the IEEE quotient is formed
     here without branches, as the fast path of CUDA's own division does: the approximate reciprocal,
