@@ -2,7 +2,7 @@
 transformers' static-cache decode (eager, and compiled with CUDA graphs) against ours (`optimize()` then
 the same compiled decode), a decoder built from kernel_pytorch.nn pieces, and torchao weight-only int8/fp8.
 
-    python benchmarks/bench_decode.py --out benchmarks/results       # H100: the issue's config, ~200 s
+    python benchmarks/bench_decode.py --out benchmarks/results       # H100: the benchmark's config, ~200 s
     python benchmarks/bench_decode.py --quick --device cpu           # tiny config: checks the pipeline
 
 Model: a random HF Llama of the e2e benchmark's size (hidden 2048, intermediate 5632, 8 layers, 16/8
@@ -63,7 +63,7 @@ BASELINE = "hf-compile"
 
 @dataclass(frozen=True)
 class Size:
-    """The decoder's sizes, the batch, the cache and the timing (the issue's config, or --quick's)."""
+    """The decoder's sizes, the batch, the cache and the timing (the benchmark's config, or --quick's)."""
 
     hidden: int = 2048
     intermediate: int = 5632
@@ -552,7 +552,7 @@ def torchao_missing() -> str | None:
 
 
 def jobs(size: Size, dev: torch.device, dtype: torch.dtype, backend: str, providers: tuple[str, ...]) -> list[Job]:
-    """Every row, in the order the issue compares them first; names not known become error rows."""
+    """Every row, in the order the targets compare them first; names not known become error rows."""
     b, out = size.batch, []
     for p in providers:
         if p == "ours-nn":

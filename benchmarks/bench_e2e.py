@@ -2,7 +2,7 @@
 (`kernel_pytorch.optimize`), ours + compile and the built-in Llama; plus a 16k-context row and
 generate rows (prefill + 256 greedy decode tokens).
 
-    python benchmarks/bench_e2e.py                                  # H100: the issue's config, ~4 min
+    python benchmarks/bench_e2e.py                                  # H100: the benchmark's config, ~4 min
     python benchmarks/bench_e2e.py --out benchmarks/results         # replace the committed results
     python benchmarks/bench_e2e.py --quick --device cpu             # tiny config: checks the pipeline
     python benchmarks/bench_e2e.py --profile eager,ours+compile     # + where the step's time goes
@@ -85,7 +85,7 @@ def optimizer_of(provider: str) -> tuple[str, bool]:
 
 @dataclass(frozen=True)
 class Size:
-    """The decoder's sizes and the batch (the issue's config, or the --quick one)."""
+    """The decoder's sizes and the batch (the benchmark's config, or the --quick one)."""
 
     hidden: int = 2048
     intermediate: int = 5632
@@ -624,7 +624,7 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[str,
     return results
 
 
-# The issue's combined target, one provider: tokens/s >= SPEEDUP x torch.compile's AND peak <= MEMORY x Liger's
+# The combined target, one provider: tokens/s >= SPEEDUP x torch.compile's AND peak <= MEMORY x Liger's
 TARGET_SPEEDUP, TARGET_MEMORY = 1.2, 0.9
 
 

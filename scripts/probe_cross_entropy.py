@@ -19,7 +19,7 @@ Usage, from the repo root with PYTHONPATH=src (torch >= 2.6, triton >= 3.2; H100
 Every step fails soft: an error prints one FAILED line and the rest runs. Times: "graph" is the median
 of CUDA-graph replays (GPU time, no host overhead), "bench" triton.testing.do_bench's median (eager
 launches, L2 flushed between calls). "% copy" is the minimum bytes over the time, against a 1 GiB
-device copy measured in the same run. The summary at the end repeats the issue's targets.
+device copy measured in the same run. The summary at the end repeats the cross-entropy targets.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The attention suite: core causal attention, the whole attention block, and document masks.
 
-Ops (shapes from Llama-3-8B: 32 query heads, 8 KV heads, head_dim 128; the issue's B=4, S=4096):
+Ops (shapes from Llama-3-8B: 32 query heads, 8 KV heads, head_dim 128; the benchmark's B=4, S=4096):
     attention            q (B, Hq, S, D), k/v (B, Hk, S, D), causal.
         ours       functional.attention(backend="sdpa"): GQA by enable_gqa, K/V never repeated.
         ours-flex  the same with backend="flex" (CUDA only: no Flex backward on CPU).

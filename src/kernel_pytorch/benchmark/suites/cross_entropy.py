@@ -13,7 +13,7 @@ Providers (see suites/providers.py; the runner is suites/runner.py):
              on copies of the inputs, so the reference is not affected).
     gemms    the fused loss's floor: its three GEMMs alone, by cuBLAS (`x @ W.T`, then `g @ W` and
              `g.T @ x` in its backward on a fixed random (N, V) gradient g, `_ThreeGemms`), timed in the
-             same run and not gated (it is not the loss): the issue's "<= 1.1x the same three GEMMs"
+             same run and not gated (it is not the loss): the target "<= 1.1x the same three GEMMs"
              compares ours to it.
 
 Bytes are the minimum each pass must move (N tokens, V vocabulary, H hidden, s element size):
@@ -23,7 +23,7 @@ Bytes are the minimum each pass must move (N tokens, V vocabulary, H hidden, s e
                     bwd: write grad_x and grad_W                 (N H + V H) s
 FLOPs: cross-entropy ~6 per logit forward, 4 backward (nominal); the fused loss 2 N H V forward (the
 logits GEMM) and 4 N H V backward (grad_x and grad_W GEMMs), so its "% of matmul" column is how close it
-comes to the three GEMMs done by cuBLAS (the issue's <= 1.1x target reads as >= ~91% there, against the
+comes to the three GEMMs done by cuBLAS (the <= 1.1x target reads as >= ~91% there, against the
 ceiling's own GEMM shape). Peak memory per row is the point of the fused loss.
 
 The timed fwd+bwd passes an upstream gradient of 1, as `loss.backward()` does in training (a loss that
