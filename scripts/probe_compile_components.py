@@ -31,7 +31,7 @@ def _flce_variant(variant: str) -> None:
     import torch
 
     from kernel_pytorch.ops import fused_linear_cross_entropy as flce
-    from kernel_pytorch.ops._gemm_into import gemm_into
+    from kernel_pytorch.ops._common.gemm_into import gemm_into
 
     if variant == "current":
         return

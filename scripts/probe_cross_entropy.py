@@ -36,8 +36,8 @@ from kernel_pytorch import reference as R
 from kernel_pytorch.benchmark.memory import peak_memory
 from kernel_pytorch.ops import _cross_entropy_onepass as onepass
 from kernel_pytorch.ops import cross_entropy as ce
-from kernel_pytorch.ops._row_view import contiguous_rows
-from kernel_pytorch.ops._scale import scale_grad_
+from kernel_pytorch.ops._common.row_view import contiguous_rows
+from kernel_pytorch.ops._common.scale import scale_grad_
 from kernel_pytorch.ops.fused_linear_cross_entropy import (
     chunk_rows,
     fp32_accumulate_in_place,
@@ -494,7 +494,8 @@ def compile_report(variants: list[str]) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernel_pytorch.ops import _cross_entropy_stats, _scale
+    from kernel_pytorch.ops import _cross_entropy_stats
+    from kernel_pytorch.ops._common import scale as _scale
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     ptr, i32, f32 = "*bf16", "i32", "fp32"

@@ -75,7 +75,7 @@ def cuda_path(on: bool) -> None:
         op.register_kernel("cpu")(impl)
     fl.launch_fwd = stand_in if on else launch
     fl.cross_entropy_stats = stats_stand_in if on else stats
-    import kernel_pytorch.ops._scale as sc
+    import kernel_pytorch.ops._common.scale as sc
 
     if not hasattr(sc, "_traced"):  # a tree whose traced scale would launch the Triton kernel
         fl.scaled_grad = scaled_stand_in if on else scaled

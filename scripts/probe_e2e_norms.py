@@ -23,8 +23,8 @@ import torch
 
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
 from kernel_pytorch.benchmark.suites.norms import hf_rms_norm
-from kernel_pytorch.ops import _rows
 from kernel_pytorch.ops import rms_norm as rms_mod
+from kernel_pytorch.ops._common import rows as _rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from probe_norms import graph_ms  # noqa: E402  (CUDA-graph replay of one call, as the norm sweep times it)

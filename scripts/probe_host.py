@@ -79,7 +79,7 @@ def eager_path_without_launch() -> Iterator[None]:
     """Route CPU tensors down the eager CUDA path (functional sees an active Triton path) and make every
     kernel launch, direct or through wrap_triton, a no-op."""
     from kernel_pytorch.functional import _dispatch
-    from kernel_pytorch.ops import _launch
+    from kernel_pytorch.ops._common import launch as _launch
 
     saved = _dispatch.triton_status, _launch.Launcher.__call__
     _dispatch.triton_status = lambda device=None: (True, "probe: launch replaced by a no-op")
@@ -262,8 +262,8 @@ def _no_grad(fn: Call) -> Call:
 
 
 def launch_keys(name: str, step: Call) -> None:
-    """Time the two launch keys of ops/_launch.py on the arguments of the launches of one call."""
-    from kernel_pytorch.ops import _launch
+    """Time the two launch keys of ops/_common/launch.py on the arguments of the launches of one call."""
+    from kernel_pytorch.ops._common import launch as _launch
 
     global RECORDED
     RECORDED = []

@@ -97,7 +97,7 @@ def graph_ms(fn) -> float:
 
 def sweep() -> None:
     """Launch-parameter sweep of the norm kernels, timed as CUDA-graph replays (no host overhead)."""
-    from kernel_pytorch.ops import _rows
+    from kernel_pytorch.ops._common import rows as _rows
     from kernel_pytorch.ops.rms_norm import _rms_norm_fwd_kernel
 
     fwd_op = torch.ops.kernel_pytorch.rms_norm_fwd
@@ -237,7 +237,7 @@ def host() -> None:
     from kernel_pytorch import functional as kpf
     from kernel_pytorch.functional import _dispatch, norm
     from kernel_pytorch.ops import layer_norm as ln_mod
-    from kernel_pytorch.ops._partials import sum_partials
+    from kernel_pytorch.ops._common.partials import sum_partials
 
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(256, device="cuda", dtype=torch.bfloat16)

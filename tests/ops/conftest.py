@@ -8,7 +8,8 @@ import pytest
 import torch
 import triton
 
-from kernel_pytorch.ops import _rows, layer_norm, rms_norm
+from kernel_pytorch.ops import layer_norm, rms_norm
+from kernel_pytorch.ops._common import rows as _rows
 from tests.grid import device_under_test
 
 

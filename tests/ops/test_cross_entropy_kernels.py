@@ -9,9 +9,9 @@ import torch
 
 from kernel_pytorch import reference as R
 from kernel_pytorch.ops import cross_entropy as ce_ops
+from kernel_pytorch.ops._common.row_view import row_view
+from kernel_pytorch.ops._common.scale import scale_grad_
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
-from kernel_pytorch.ops._row_view import row_view
-from kernel_pytorch.ops._scale import scale_grad_
 from kernel_pytorch.ops.cross_entropy import FwdLaunch, cross_entropy_bwd, cross_entropy_fwd
 from kernel_pytorch.reference.cross_entropy import cross_entropy_denominators, cross_entropy_rows
 from tests.grid import DTYPES, Poisoned, device_under_test, randn

@@ -11,8 +11,8 @@ import torch
 from kernel_pytorch import reference as R
 from kernel_pytorch.ops import _cross_entropy_onepass as onepass
 from kernel_pytorch.ops import fused_linear_cross_entropy as fl
-from kernel_pytorch.ops._row_view import contiguous_rows
-from kernel_pytorch.ops._scale import scale_grad_
+from kernel_pytorch.ops._common.row_view import contiguous_rows
+from kernel_pytorch.ops._common.scale import scale_grad_
 from kernel_pytorch.ops.fused_linear_cross_entropy import (
     chunk_rows,
     fused_linear_cross_entropy_bwd,

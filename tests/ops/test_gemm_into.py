@@ -8,8 +8,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.profiler import ProfilerActivity, profile
 
-from kernel_pytorch.ops._gemm_into import gemm_into
-from kernel_pytorch.ops._scale import scaled_grad
+from kernel_pytorch.ops._common.gemm_into import gemm_into
+from kernel_pytorch.ops._common.scale import scaled_grad
 from kernel_pytorch.reference._math import acc
 from tests.grid import device_under_test, randn
 from tests.ops.norm_helpers import assert_close

@@ -10,8 +10,9 @@ import torch
 from kernel_pytorch import functional as F
 from kernel_pytorch import reference as R
 from kernel_pytorch.functional import rope as rope_functional
-from kernel_pytorch.ops import _launch, gated_act_eager, rms_norm_eager
+from kernel_pytorch.ops import gated_act_eager, rms_norm_eager
 from kernel_pytorch.ops import rope as rope_ops
+from kernel_pytorch.ops._common import launch as _launch
 from tests.grid import device_under_test, randn
 from tests.ops.norm_helpers import assert_close
 

@@ -8,8 +8,8 @@ import torch
 
 from kernel_pytorch import reference as R
 from kernel_pytorch.ops import layer_norm as ln_ops
-from kernel_pytorch.ops._launch import device_programs
-from kernel_pytorch.ops._partials import partial_slots
+from kernel_pytorch.ops._common.launch import device_programs
+from kernel_pytorch.ops._common.partials import partial_slots
 from kernel_pytorch.ops.layer_norm import layer_norm_bwd, layer_norm_fwd
 from kernel_pytorch.reference.layer_norm import layer_norm_stats
 from tests.grid import (

@@ -1,4 +1,4 @@
-"""The fixed-order partial reduction (ops/_partials.py) against an fp64 column sum, on the interpreter
+"""The fixed-order partial reduction (ops/_common/partials.py) against an fp64 column sum, on the interpreter
 on CPU and on the GPU; bitwise-equal across runs."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_pytorch.ops._partials import sum_partials
+from kernel_pytorch.ops._common.partials import sum_partials
 from tests.grid import device_under_test, randn
 from tests.ops.norm_helpers import assert_close
 
@@ -38,7 +38,7 @@ def test_sum_partials_never_passes_one_output_twice(monkeypatch: pytest.MonkeyPa
     """Traced, each written argument of a user Triton kernel is functionalized on its own: one tensor passed
     as both outputs made Inductor return the unwritten copy as the sum (a garbage RMSNorm weight gradient
     under torch.compile on the H100)."""
-    from kernel_pytorch.ops import _partials
+    from kernel_pytorch.ops._common import partials as _partials
 
     seen = []
     monkeypatch.setattr(_partials, "_sum_partials", lambda grid, part, a, b, *args, **kw: seen.append((a, b)))

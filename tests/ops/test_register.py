@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._launch import Launcher
-from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._common.launch import Launcher
+from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.reference._math import acc, acc_dtype
 from tests.grid import compile_and_count_breaks, device_under_test, randn
 from tests.ops.norm_helpers import assert_close

@@ -211,8 +211,8 @@ def test_backward_tilings_by_width(block: int, monkeypatch: pytest.MonkeyPatch) 
     """Each width's tiling in BWD_TILINGS is the one the backward launches for rows of that block, and
     it covers every row: applied to a small row (so the interpreter runs it) on more rows than its
     programs take in one pass, against the reference."""
-    from kernel_pytorch.ops import _rows
     from kernel_pytorch.ops import rms_norm as rms_mod
+    from kernel_pytorch.ops._common import rows as _rows
 
     tiling = rms_mod.bwd_tiling(block)
     assert tiling is rms_mod.BWD_TILINGS[block]

@@ -6,7 +6,7 @@ the input's gradient inside the GEMMs.
 Composed of n Linears, autograd (and Inductor, under torch.compile) computes dx as n GEMMs into n
 buffers and then adds them: an elementwise pass that reads n (N, H) tensors and writes one, after each
 GEMM wrote its own. Here the backward writes the first product into dx and adds each further product
-to it inside the GEMM (cuBLAS's beta = 1 epilogue reads dx as it writes it: ops/_gemm_into.py, an op
+to it inside the GEMM (cuBLAS's beta = 1 epilogue reads dx as it writes it: ops/_common/gemm_into.py, an op
 declaring its mutation, so compile keeps it in place): no add kernel, no n - 1 product buffers, and
 each product rounds once, into the running sum, where the composed graph rounds each product and each
 add. At an 8-layer Llama's 4 x 2048 tokens and H = 2048 that removes, per layer, a 3-input add over
@@ -47,7 +47,7 @@ def _accumulate(dx: Tensor, d: Tensor, w: Tensor) -> Tensor:
     if not torch.compiler.is_compiling():
         return dx.addmm_(d, w)
     try:
-        from kernel_pytorch.ops._gemm_into import gemm_into
+        from kernel_pytorch.ops._common.gemm_into import gemm_into
     except ImportError:
         return torch.addmm(dx, d, w)
     return gemm_into(dx, d, w, True)

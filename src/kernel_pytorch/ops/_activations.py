@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - older layouts: the CUDA one, or none (
     except ImportError:
         libdevice = None
 
-from kernel_pytorch.ops._launch import next_power_of_2
+from kernel_pytorch.ops._common.launch import next_power_of_2
 
 # constexpr: Triton compiles a kernel that reads a plain Python global as an error (the interpreter
 # does not check)

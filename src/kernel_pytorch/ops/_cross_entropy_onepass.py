@@ -34,9 +34,9 @@ import triton.language as tl
 from torch import Tensor
 
 from kernel_pytorch.ops._activations import _exp, _log, _recip, precise_math
+from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
+from kernel_pytorch.ops._common.row_view import Rows
 from kernel_pytorch.ops._cross_entropy_kernels import _softcap
-from kernel_pytorch.ops._launch import Launcher, next_power_of_2
-from kernel_pytorch.ops._row_view import Rows
 
 # A later block may exceed the row's reference by this much before the reference moves (module docstring).
 SWITCH = 20.0

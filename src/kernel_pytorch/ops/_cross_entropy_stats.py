@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._launch import Launcher
+from kernel_pytorch.ops._common.launch import Launcher
 
 STATS_BLOCK = 1024
 

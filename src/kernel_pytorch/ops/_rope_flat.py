@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._launch import Launcher, next_power_of_2
+from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._rope_math import _cos_sin_rows, _cs, _pair_outputs, _partner_outputs
 
 # Elements per program: 2 KiB of bf16, 4 warps x 32 threads x one 16-byte vector. The same-run sweep

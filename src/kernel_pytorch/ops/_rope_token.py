@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernel_pytorch.ops._launch import Launcher, next_power_of_2
+from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 
 # Elements of q/k a program holds per head block (both halves): 32 heads of 128 in one tile.
 TILE_ELEMENTS = 4096

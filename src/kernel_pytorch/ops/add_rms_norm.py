@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops.rms_norm import rms_norm_bwd, rms_norm_fwd
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.add_rms_norm import add_residual, add_rms_norm_backward

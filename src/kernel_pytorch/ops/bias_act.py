@@ -37,9 +37,9 @@ from kernel_pytorch.ops._activations import (
     strides,
     tiles,
 )
-from kernel_pytorch.ops._launch import Launcher, device_programs
-from kernel_pytorch.ops._partials import sum_partials
-from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._common.launch import Launcher, device_programs
+from kernel_pytorch.ops._common.partials import sum_partials
+from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.reference.bias_act import bias_act, bias_act_backward
 
 # Backward programs per SM (column blocks x row groups): enough loads in flight per SM with the

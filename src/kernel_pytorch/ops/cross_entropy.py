@@ -45,12 +45,12 @@ import triton
 from torch import Tensor
 
 from kernel_pytorch.ops._activations import precise_math
+from kernel_pytorch.ops._common.launch import Launcher, device_programs, next_power_of_2
+from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.row_view import Rows, contiguous_rows, row_view
+from kernel_pytorch.ops._common.scale import scale_grad_, scaled_grad
 from kernel_pytorch.ops._cross_entropy_kernels import _cross_entropy_bwd_kernel, _cross_entropy_fwd_kernel
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
-from kernel_pytorch.ops._launch import Launcher, device_programs, next_power_of_2
-from kernel_pytorch.ops._register import Impl, register_op
-from kernel_pytorch.ops._row_view import Rows, contiguous_rows, row_view
-from kernel_pytorch.ops._scale import scale_grad_, scaled_grad
 from kernel_pytorch.reference._math import acc, acc_dtype
 from kernel_pytorch.reference.cross_entropy import cross_entropy, cross_entropy_backward, cross_entropy_rows
 from kernel_pytorch.reference.cross_entropy_extras import predicted_tokens

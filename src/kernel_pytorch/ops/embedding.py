@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._launch import Launcher, next_power_of_2
-from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
+from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.reference.embedding import embedding, embedding_backward
 
 MODE = "segments"

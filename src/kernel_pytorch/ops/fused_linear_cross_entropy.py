@@ -60,12 +60,12 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch.ops import _cross_entropy_onepass as _onepass
+from kernel_pytorch.ops._common.gemm_into import fp32_accumulate_in_place as fp32_accumulate_in_place  # its old home
+from kernel_pytorch.ops._common.gemm_into import gemm_into
+from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.row_view import contiguous_rows
+from kernel_pytorch.ops._common.scale import scale_grad_, scaled_grad
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
-from kernel_pytorch.ops._gemm_into import fp32_accumulate_in_place as fp32_accumulate_in_place  # its old home
-from kernel_pytorch.ops._gemm_into import gemm_into
-from kernel_pytorch.ops._register import Impl, register_op
-from kernel_pytorch.ops._row_view import contiguous_rows
-from kernel_pytorch.ops._scale import scale_grad_, scaled_grad
 from kernel_pytorch.ops.cross_entropy import CrossEntropyOptions, flat_token_scale, launch_bwd, launch_fwd
 from kernel_pytorch.reference._math import acc, acc_dtype
 from kernel_pytorch.reference.cross_entropy_extras import predicted_tokens

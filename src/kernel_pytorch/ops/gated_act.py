@@ -60,8 +60,8 @@ from kernel_pytorch.ops._activations import (
     strides,
     tiles,
 )
-from kernel_pytorch.ops._launch import Launcher
-from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._common.launch import Launcher
+from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.reference.gated_act import gated_act, gated_act_backward
 
 

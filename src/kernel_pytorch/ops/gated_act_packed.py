@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops.gated_act import gated_act_packed_bwd, gated_act_packed_fwd
 from kernel_pytorch.reference.gated_act import gated_act_packed, gated_act_packed_backward
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops.gated_act import gated_act_bwd, gated_act_fwd, gated_act_packed_bwd, gated_act_packed_fwd
 from kernel_pytorch.reference.gated_down import gated_down, gated_down_backward
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops.gated_down import gated_down_packed_bwd, gated_down_packed_fwd
 from kernel_pytorch.reference.gated_down import gated_down_packed, gated_down_packed_backward
 

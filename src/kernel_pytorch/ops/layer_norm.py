@@ -9,7 +9,7 @@ Math (see reference/layer_norm.py), for x (rows, D), optional weight and bias (D
 Forward: one program per row; the variance is taken around the mean (two passes over the row, in
 registers when it fits) so large offsets do not cancel. mean and rstd (fp32) are saved.
 Backward: row mode or split mode, as in ops/rms_norm.py (the split statistics pass writes both row
-sums); dweight and dbias partials are summed in a fixed order afterwards (ops/_partials.py): no float
+sums); dweight and dbias partials are summed in a fixed order afterwards (ops/_common/partials.py): no float
 atomics, bitwise-reproducible. Row mode runs two programs per SM, which share partial rows in pairs
 (ops/_partials.store_partials), so the partials stay at one fp32 row per SM per parameter.
 """
@@ -21,11 +21,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._launch import Launcher, next_power_of_2
-from kernel_pytorch.ops._partials import partial_slots, store_partials, sum_partials
-from kernel_pytorch.ops._register import Impl, register_op
-from kernel_pytorch.ops._rows import RowTiling, as_rows, row_launch, row_schedule, row_stride, split_schedule
-from kernel_pytorch.ops._tiles import load_dy_x, load_rows, tile_rows
+from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
+from kernel_pytorch.ops._common.partials import partial_slots, store_partials, sum_partials
+from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.rows import RowTiling, as_rows, row_launch, row_schedule, row_stride, split_schedule
+from kernel_pytorch.ops._common.tiles import load_dy_x, load_rows, tile_rows
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.layer_norm import layer_norm_backward, layer_norm_from_stats, layer_norm_stats
 

@@ -15,7 +15,7 @@ tiles of rows; each program keeps its dweight partial in fp32 registers and writ
 Backward, split mode (wider rows): a statistics pass writes each row's sum of g * x_hat per column
 chunk, then a column pass gives each program a column block of a group of rows, so the partials are
 one row per group. Either way the partials are summed in a second, fixed-order reduction
-(ops/_partials.py): no atomics, bitwise-reproducible.
+(ops/_common/partials.py): no atomics, bitwise-reproducible.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._launch import Launcher, next_power_of_2
-from kernel_pytorch.ops._partials import sum_partials
-from kernel_pytorch.ops._register import Impl, register_op
-from kernel_pytorch.ops._rows import RowTiling, as_rows, row_launch, row_schedule, row_stride, split_schedule
-from kernel_pytorch.ops._tiles import load_dy_x, load_rows, tile_rows
+from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
+from kernel_pytorch.ops._common.partials import sum_partials
+from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.rows import RowTiling, as_rows, row_launch, row_schedule, row_stride, split_schedule
+from kernel_pytorch.ops._common.tiles import load_dy_x, load_rows, tile_rows
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm_backward, rms_norm_from_rstd, rms_norm_rstd, rounds_normed
 

@@ -58,8 +58,8 @@ import triton.language as tl
 from torch import Tensor
 
 from kernel_pytorch.ops import _rope_flat, _rope_token
-from kernel_pytorch.ops._launch import Launcher, next_power_of_2
-from kernel_pytorch.ops._register import Impl, register_op
+from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
+from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops._rope_math import _cos_sin_rows, _cs, _pair_outputs, _partner_outputs
 from kernel_pytorch.reference.rope import rope, rope_backward
 

@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._launch import Launcher, device_programs, next_power_of_2
-from kernel_pytorch.ops._row_view import Rows, contiguous_rows, row_view
+from kernel_pytorch.ops._common.launch import Launcher, device_programs, next_power_of_2
+from kernel_pytorch.ops._common.row_view import Rows, contiguous_rows, row_view
 
 SCALE_BLOCK, SCALE_WARPS, SCALE_PROGRAMS_PER_SM = 4096, 8, 4
 

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernel_pytorch.ops._launch import Launcher, device_programs
+from kernel_pytorch.ops._common.launch import Launcher, device_programs
 
 
 def partial_slots(programs: int, device: torch.device) -> tuple[int, bool]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from kernel_pytorch.ops._launch import device_programs, next_power_of_2, persistent_programs
+from kernel_pytorch.ops._common.launch import device_programs, next_power_of_2, persistent_programs
 
 # One row lives in registers up to this many elements; wider rows loop over column blocks.
 MAX_FUSED_COLS = 16384
