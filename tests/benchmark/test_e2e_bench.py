@@ -199,13 +199,13 @@ def test_generate_rows_and_reference_backends() -> None:
 
 
 def test_target_check_on_the_committed_run() -> None:
-    """The target note from benchmarks/results/e2e_h200_run4.json (H200, six providers in one run): each ours row's
+    """The target note from benchmarks/results/probes/e2e/adamw_h200.json (H200, six providers in one run): each ours row's
     tokens/s over torch.compile's and peak over Liger's; then the same rows made to pass, and a run
     without Liger, which is not judged."""
     import dataclasses
 
     bench = _bench()
-    results = BenchmarkResults.load(SCRIPT.parent / "results" / "e2e_h200_run4.json")
+    results = BenchmarkResults.load(SCRIPT.parent / "results" / "probes" / "e2e" / "adamw_h200.json")
     op = "train step 4x2048"
     notes = bench.target_check(results, op)
     assert len(notes) == 4 and all(n.endswith(": not met") for n in notes)

@@ -41,7 +41,7 @@ _KAPPA = tl.constexpr(0.044715)
 # (PRECISE_BF16 off): a bf16 result keeps 8 bits, so a 2-ulp fp32 error changes its rounding about once
 # in 2^15 elements, while on an H200 the precise forms made the SwiGLU forward compute-bound: 89.0% of
 # the copy bandwidth against 100.4% with the fast forms, the backward level at ~99%
-# (benchmarks/results/probes/probe_mlp_sweep_h200.log, 16384 x 14336).
+# (benchmarks/results/probes/mlp/probe_mlp_sweep_h200.log, 16384 x 14336).
 PRECISE_MATH = libdevice is not None
 PRECISE_BF16 = False
 
@@ -87,7 +87,7 @@ def _div(a, b, PRECISE: tl.constexpr):
     the data. On an H100 (2026-11-23) the in-place backward, timed on inputs that earlier iterations had
     overwritten with gradients (by then mostly zeros, denormals and NaN), ran at half the bandwidth of the
     same kernel on fresh inputs, while Liger's approximate sigmoid kept full speed; that slow path is
-    the one data-dependent cost in these kernels (benchmarks/NOTES.md). So the IEEE quotient is formed
+    the one data-dependent cost in these kernels (docs/performance.md). So the IEEE quotient is formed
     here without branches, as the fast path of CUDA's own division does: the approximate reciprocal,
     one Newton step on it and two on the quotient, with selects where a step would turn an exact answer
     into NaN (b = inf, whose quotient is +-0; a = +-inf) or lose the sign of a zero.

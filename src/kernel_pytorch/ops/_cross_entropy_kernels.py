@@ -13,10 +13,10 @@ Kernels:
     is 256 KB, and 132 rows in flight (one per SM) are 33 MB of H100's 50 MB L2, so pass 1 marks its
     loads evict_last and pass 2 evict_first (FwdLaunch.evict). Each pass issues the next block's load
     before reducing the current one (FwdLaunch.prefetch). Ignored rows read nothing and get zeros.
-    Measured on the H100 (benchmarks/results/probes/probe_ce.log) the re-read misses L2 (fwd+grad
+    Measured on the H100 (benchmarks/results/probes/cross_entropy/probe_ce_h100.log) the re-read misses L2 (fwd+grad
     costs 2.8x a loss-only pass at 4096-column blocks); FWD_LAUNCH is the sweep's best, 75% of copy.
     Two designs that read each logit once were built and measured on the H200 against this kernel's
-    1.70 ms (8192 x 128256 bf16, gradient in place; benchmarks/results/probes/probe_ce_split_h200.log):
+    1.70 ms (8192 x 128256 bf16, gradient in place; benchmarks/results/probes/cross_entropy/probe_ce_split_h200.log):
     a row split over programs that keep their chunk in registers and meet at a per-row counter
     (2.30-3.62 ms over 15 launches), and a persistent pipeline over row groups, statistics of one
     group while the previous group's gradients re-read it from L2 (2.93-5.03 ms over 9). Both lose

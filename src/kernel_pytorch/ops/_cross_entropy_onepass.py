@@ -163,7 +163,7 @@ class OnePassLaunch:
     prefetch: bool
 
 
-# The H200 sweep (benchmarks/results/probes/probe_onepass_h200.log; one 1024 x 128256 bf16 chunk after
+# The H200 sweep (benchmarks/results/probes/cross_entropy/probe_onepass_h200.log; one 1024 x 128256 bf16 chunk after
 # its logits GEMM, less the GEMM): 8192 x 8 warps 121.7 us in graph replay (101.6% of copy: the GEMM
 # leaves part of the chunk in L2), 4096 x 8 without prefetch 123.8, 2048 x 4 126.4, 4096 x 8 132.5,
 # 16384 x 32 without prefetch 154.0; the two-pass kernel 166.3.

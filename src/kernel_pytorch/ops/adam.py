@@ -14,7 +14,7 @@ amsgrad) and numel, and a block table (B, 2) int32 names the tensor and block of
 covers every tensor, each program one BLOCK of one tensor, unmasked except a tensor's last block. torch's
 fused AdamW runs multi_tensor_apply instead: a few hundred 64K-element chunks per launch, 44 launches for the 0.9B
 parameters of the e2e Llama, on the H200 at 52% of copy inside the e2e step (e2e_profile_*.txt) and 65%
-alone, where this kernel runs at 99% (benchmarks/results/probes/probe_adamw_h200.log).
+alone, where this kernel runs at 99% (benchmarks/results/probes/adam/probe_adamw_h200.log).
 
 The op is a `torch.library.custom_op`, opaque to torch.compile: the kernel reads addresses, which a
 traced (fake) tensor does not have, so there is no `triton_op` body to trace. Its non-CUDA kernel is
@@ -35,7 +35,7 @@ BLOCK = 1024
 NUM_WARPS = 4
 # IEEE square root and divisions (torch's fused kernel's) or the fast fp32 forms (<= 2 ulp of the update
 # term, below one rounding of a bf16 or fp16 parameter): the IEEE ones are instruction sequences with a
-# slow path, several per element, and bound the kernel by its arithmetic (probes/probe_adamw_h200.log)
+# slow path, several per element, and bound the kernel by its arithmetic (probes/adam/probe_adamw_h200.log)
 PRECISE_MATH = False
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}

@@ -68,7 +68,7 @@ class FwdLaunch:
     prefetch: bool = True  # each pass loads the next block before reducing this one
 
 
-# Measured on the H100, 8192 x 128256 bf16 (benchmarks/results/probes/probe_ce.log): with the
+# Measured on the H100, 8192 x 128256 bf16 (benchmarks/results/probes/cross_entropy/probe_ce_h100.log): with the
 # gradient, 16384-column blocks at 32 warps without prefetch (16 elements per thread, one program per
 # row) took 1.865 ms = 75.1% of copy, the best of the sweep (4096 x 16 with prefetch, the first choice:
 # 2.13 ms). Loss only, that launch drops to 70%; 4096-column blocks at 8 warps with prefetch reach 97%

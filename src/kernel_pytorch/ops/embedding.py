@@ -18,7 +18,7 @@ gradient row exactly once:
   "segments" (MODE, the default): zero the gradient (memset), then one program per sorted token
       position; the first position of each run sums the run and stores its row, the others store
       nothing. Writes ~N rows after the memset rather than looping over all V rows.
-Measured on the H100 at V = 128256, H = 4096, N = 16384 bf16 (benchmarks/results/probes/probe_rope.log,
+Measured on the H100 at V = 128256, H = 4096, N = 16384 bf16 (benchmarks/results/probes/rope/probe_rope_h100.log,
 graph replay): uniform ids rows 586 us, segments 631 us, torch 1345 us; Zipf ids (one id 1427 times)
 rows 1680 us, segments 876 us, torch 1045 us. "segments" is the default: it never lost to torch there,
 "rows" did on skewed ids. torch's own backward was bitwise reproducible across reruns in that run too.

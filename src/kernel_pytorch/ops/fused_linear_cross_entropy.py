@@ -21,7 +21,7 @@ Forward ("mean"/"sum"; it computes the gradients, the backward only scales them)
     an out= accumulation would be traced as an out-of-place addmm, which copies the (V, H) accumulator
     for every chunk after the first (one more accumulator alive, and a copy per chunk); the op declares
     its mutation and Inductor keeps it in place. (grad_x's row views are not given to that op: with
-    them a compiled step once faulted on the H100, torch 2.11; benchmarks/NOTES.md.)
+    them a compiled step once faulted on the H100, torch 2.11; docs/performance.md.)
 Backward: each gradient times the 0-d upstream gradient (ops/_scale.scale_grad_: nothing when it is 1;
 under compile ops/_scale.scaled_grad, which Inductor writes over the saved gradient).
 reduction "none": the forward computes loss and lse only (each row's upstream gradient is not known
@@ -80,7 +80,7 @@ from kernel_pytorch.reference.fused_linear_cross_entropy import (
 # MIN_ROWS is a floor under that cap: each chunk re-reads and re-writes the (V, H) grad_W accumulator,
 # whose traffic against the chunk's three GEMMs depends on the rows only (~11% of their time at 1024
 # rows on an H200, ~21% at 512), so at a 262144 vocabulary the cap's 512 rows cost 1.19x the GEMMs and
-# 1024 rows 1.08x (benchmarks/results/probes/probe_flce_chunks_h200.log). The free-memory share
+# 1024 rows 1.08x (benchmarks/results/probes/cross_entropy/probe_flce_chunks_h200.log). The free-memory share
 # still wins over the floor. scripts/probe_cross_entropy.py measures time and memory at several sizes.
 CHUNK_BYTES = 256 * 2**20
 MIN_ROWS = 1024

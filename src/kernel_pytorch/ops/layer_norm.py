@@ -29,16 +29,16 @@ from kernel_pytorch.ops._common.tiles import load_dy_x, load_rows, tile_rows
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.layer_norm import layer_norm_backward, layer_norm_from_stats, layer_norm_stats
 
-# Elements per thread, measured on H200 (benchmarks/NOTES.md): the forward holds one row, the backward
+# Elements per thread, measured on H200 (docs/performance.md): the forward holds one row, the backward
 # dy, x, weight and accumulators.
 _FWD_ELEMENTS_PER_THREAD = 16
 _BWD_ELEMENTS_PER_THREAD = 16
 # Rows wider than this take the column loop in the backward: holding dy, x, weight and two
-# accumulators for a 16K row spills registers (measured 20% of copy bandwidth, benchmarks/NOTES.md).
+# accumulators for a 16K row spills registers (measured 20% of copy bandwidth, docs/performance.md).
 _BWD_MAX_FUSED_COLS = 8192
 _FWD_MAX_FUSED_COLS = 16384
 # Row-mode backward: one-row tiles, two programs per SM, sharing partial rows in pairs. One two-row
-# program per SM (one partial row each, no pairing) measured 86% of copy against 90% (benchmarks/NOTES.md, v5).
+# program per SM (one partial row each, no pairing) measured 86% of copy against 90% (docs/performance.md).
 BWD_TILING = RowTiling(tile=1, programs_per_sm=2)
 
 

@@ -7,7 +7,7 @@ Math (see reference/rms_norm.py, the specification), for x (rows, D) and weight 
 casting="llama" rounds x_hat to x's dtype before the weight (and dweight sees it so rounded);
 "gemma" and "torch" round y once at the end; "none" rounds rstd, x_hat, offset + w and y to x's dtype
 (the constexpr IN_DTYPE). The kernels take it as the constexpr ROUND_NORMED, which
-changes nothing else: the llama kernels are the ones measured in benchmarks/NOTES.md.
+changes nothing else: the llama kernels are the ones measured in docs/performance.md.
 
 Forward: one program per row; rstd (fp32, one per row) is saved for the backward.
 Backward, row mode (the row fits in registers): a persistent grid of one program per SM walks
@@ -33,14 +33,14 @@ from kernel_pytorch.ops._common.tiles import load_dy_x, load_rows, tile_rows
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm_backward, rms_norm_from_rstd, rms_norm_rstd, rounds_normed
 
-# Elements per thread, measured on H200 (benchmarks/NOTES.md): the forward holds one row, the backward
+# Elements per thread, measured on H200 (docs/performance.md): the forward holds one row, the backward
 # dy, x, weight and accumulators.
 _FWD_ELEMENTS_PER_THREAD = 16
 _BWD_ELEMENTS_PER_THREAD = 8
 # Row-mode backward: two-row tiles, one program per SM, so one fp32 partial row per SM (as many as
-# Liger-Kernel keeps) at 91% of copy, as fast as two one-row programs per SM (H100: benchmarks/NOTES.md,
+# Liger-Kernel keeps) at 91% of copy, as fast as two one-row programs per SM (H100: docs/performance.md,
 # v5). On the H200's faster memory that keeps too little in flight: BWD_TILINGS, by the row's block,
-# holds the tiling the H200 measured fastest at each width from 1024 to 8192 (probes/
+# holds the tiling the H200 measured fastest at each width from 1024 to 8192 (probes/norm/
 # probe_e2e_norms_h200.log, bf16 backward in graph replay, against (2, 1)): 1024 four-row tiles two per
 # SM, 27.1 us against 36.8 (8192 rows); 2048 two-row tiles two per SM, 39.8 against 46.9 (8192 rows);
 # 4096 one row, two programs per SM, 113.0 against 131.9 (16384 rows); 8192 the same, 75.5 against

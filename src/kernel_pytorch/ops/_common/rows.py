@@ -26,7 +26,7 @@ class RowLaunch:
     num_warps: int
 
 
-# Warps per program at most: 32 measured slower than 16 on 16K-wide rows (benchmarks/NOTES.md).
+# Warps per program at most: 32 measured slower than 16 on 16K-wide rows (docs/performance.md).
 MAX_WARPS = 16
 
 
@@ -67,7 +67,7 @@ row_launch.cache_clear = _row_launch.cache_clear  # type: ignore[attr-defined]  
 # The backward's row mode (the row fits in registers): a persistent grid of programs, each walking
 # tiles of rows and keeping one fp32 partial row per parameter gradient. Each op picks its tile and
 # programs per SM (RowTiling): one two-row program per SM keeps the partials to one row per SM at the
-# same warps per SM as two one-row programs (benchmarks/NOTES.md, v5).
+# same warps per SM as two one-row programs (docs/performance.md).
 # The backward prefetches the next tile while computing this one, up to this row width; wider rows
 # would spill the doubled registers and run one row per tile, one program per SM. Two tiles ahead
 # measured slower (v4).
