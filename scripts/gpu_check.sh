@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check, in steps that fit one device call each, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
-#   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
+#   steps: tests tests_subset compile_check grid sweep norm attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
 #   suite (a call of its own, 540 s): the test suite, unmarked and cuda tests, on the GPU with
 #   KP_SUITE_WORKERS (default 6) pytest-xdist workers, over KP_SUITE_PATHS (default: tests); its full log is
-#   pytest_suite.log. Measured on the H100 (2026-12-07): 8 workers finished 41% of the whole suite in 560 s
+#   pytest_suite.log. Measured on the H100 (2026-12-07, benchmarks/results/probes/tests/): 8 workers finished 41% of the whole suite in 560 s
 #   and tests/{ops,functional,nn,reference,optim} in 536 s, so the whole suite takes three calls, e.g.
 #   KP_SUITE_PATHS="tests/ops tests/functional tests/nn tests/reference tests/optim", then the rest.
 #   verdict (opt-in, one call of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
@@ -22,7 +22,7 @@
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [STEP ...]}
 shift
-steps=${*:-tests grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze}
+steps=${*:-tests grid sweep norm attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze}
 work="$out/gpu_check"
 mkdir -p "$work/results"
 T0=$(date +%s)
@@ -109,7 +109,8 @@ for s in $steps; do
     # torch's fused and foreach AdamW at each launch variant (KP_ADAMW_VARIANTS)
     adamw) step 120 pytest_adamw python3 -m pytest -q -p no:cacheprovider -rf tests/ops/test_adamw.py tests/optim
            step 150 probe_adamw python3 scripts/probe_adamw.py ${KP_ADAMW_VARIANTS:+--variants "$KP_ADAMW_VARIANTS"} ;;
-    norms | attention | rope | mlp | cross_entropy) bench 300 "$s" ;;
+    norm | attention | rope | mlp | cross_entropy) bench 300 "$s" ;;
+    norms) bench 300 norm ;;  # the norm suite's former name
     # 50 AdamW steps of the built-in Llama, fused linear CE against the unfused loss (bf16)
     loss_curve) step 90 loss_curve python3 benchmarks/bench_loss_curve.py --out "$work/results" ;;
     # rows in the order the target reads them; the script writes after each row and stops starting rows

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
-from kernel_pytorch.benchmark.suites.norms import hf_rms_norm
+from kernel_pytorch.benchmark.suites.norm import hf_rms_norm
 from kernel_pytorch.ops import rms_norm as rms_mod
 from kernel_pytorch.ops._common import rows as _rows
 

@@ -1,7 +1,7 @@
 # ruff: noqa: B023  (lambdas are timed immediately, inside the loop that binds them)
 """Quick GPU probe of the norm kernels: correctness on CUDA, then median times vs eager/compile/Liger.
 
-Usage: python scripts/probe_norms.py           (prints a table; the full suite is benchmarks/bench_norms.py)
+Usage: python scripts/probe_norms.py           (prints a table; the full suite is benchmarks/bench_norm.py)
        python scripts/probe_norms.py --sweep   (launch-parameter sweep, CUDA-graph replay times)
        python scripts/probe_norms.py --host    (where the host time of a LayerNorm fwd+bwd goes)
 """
@@ -15,7 +15,7 @@ from triton.testing import do_bench
 
 from kernel_pytorch import functional as F
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
-from kernel_pytorch.benchmark.suites.norms import hf_add_rms_norm, hf_rms_norm
+from kernel_pytorch.benchmark.suites.norm import hf_add_rms_norm, hf_rms_norm
 
 try:
     from liger_kernel.transformers.rms_norm import LigerRMSNorm

@@ -1,4 +1,4 @@
-"""The norms suite: RMSNorm, LayerNorm and fused residual add + RMSNorm against the usual peers.
+"""The norm suite: RMSNorm, LayerNorm and fused residual add + RMSNorm against the usual peers.
 
 Providers (see suites/providers.py; the runner is suites/runner.py):
     ours     kernel_pytorch.functional.{rms_norm, layer_norm, add_rms_norm}; backend="triton" on CUDA
@@ -41,7 +41,7 @@ from kernel_pytorch.benchmark.suites.providers import Impl, load_peer, peer_kwar
 from kernel_pytorch.benchmark.suites.spec import ExtraProvider, ModulePeer, OpBench, Suite, generator
 from kernel_pytorch.validation.compare import TensorCheck
 
-NAME = "norms"
+NAME = "norm"
 RMS_EPS = 1e-5  # Llama-3's rms_norm_eps
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default
 
@@ -243,7 +243,7 @@ def gate(op: str, provider: str, fn: Any, shape: tuple[int, int] | spec.Shape, d
 def __getattr__(name: str) -> Any:
     # `Shape(rows, cols, config)` was this module's shape class; shapes are now spec.Shape with named dims
     if name == "Shape":
-        warnings.warn("norms.Shape(rows, cols, config) is deprecated: use norms.rows_cols(rows, cols, config) "
+        warnings.warn("norm.Shape(rows, cols, config) is deprecated: use norm.rows_cols(rows, cols, config) "
                       "(a spec.Shape)", DeprecationWarning, stacklevel=2)
         return rows_cols
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The norms suite: byte counts, the correctness gate, and a quick CPU run end to end."""
+"""The norm suite: byte counts, the correctness gate, and a quick CPU run end to end."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kernel_pytorch.benchmark.ceilings import Ceilings
 from kernel_pytorch.benchmark.results import OK
 from kernel_pytorch.benchmark.suites import gate as G
 from kernel_pytorch.benchmark.suites import get_suite, suite_names
-from kernel_pytorch.benchmark.suites import norms as N
+from kernel_pytorch.benchmark.suites import norm as N
 from kernel_pytorch.tolerances import TOLERANCES
 from tests.grid import randn
 
@@ -24,8 +24,8 @@ def _fake_ceilings() -> Ceilings:
 
 
 def test_registry() -> None:
-    assert "norms" in suite_names() and get_suite("norms") is N
-    with pytest.raises(ValueError, match="known: norms"):
+    assert "norm" in suite_names() and get_suite("norm") is N and get_suite("norms") is N  # the former name
+    with pytest.raises(ValueError, match="known: norm"):
         get_suite("nope")
 
 
