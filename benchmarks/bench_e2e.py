@@ -22,8 +22,8 @@ the profiler's allocation trace of one step.
 
 Each provider runs in its own try/except, so one failure (or an out-of-memory) becomes a row with the
 reason and the others still run. The whole run stops starting new providers once `--budget-s` of wall time
-is spent (default 240 s on CUDA) and says which rows it skipped; the rows run in the order of what the
-issue compares first (the training providers, then the 16k row, then generation). Liger patches
+is spent (default 240 s on CUDA) and says which rows it skipped; the rows run in the order the target
+reads them (the training providers, then the 16k row, then generation). Liger patches
 transformers' classes for the whole process, so each Liger row runs in a child process of its own.
 """
 

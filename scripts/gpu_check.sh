@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# The GPU check, in steps that fit one device call each, everything packed into one file at the end.
+# The GPU check, in steps that each fit one run of at most ~10 minutes, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
 #   steps: tests tests_subset compile_check grid sweep norm attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
-#   suite (a call of its own, 540 s): the test suite, unmarked and cuda tests, on the GPU with
+#   suite (a run of its own, 540 s): the test suite, unmarked and cuda tests, on the GPU with
 #   KP_SUITE_WORKERS (default 6) pytest-xdist workers, over KP_SUITE_PATHS (default: tests); its full log is
 #   pytest_suite.log. Measured on the H100 (2026-12-07, benchmarks/results/probes/tests/): 8 workers finished 41% of the whole suite in 560 s
-#   and tests/{ops,functional,nn,reference,optim} in 536 s, so the whole suite takes three calls, e.g.
+#   and tests/{ops,functional,nn,reference,optim} in 536 s, so the whole suite takes three runs, e.g.
 #   KP_SUITE_PATHS="tests/ops tests/functional tests/nn tests/reference tests/optim", then the rest.
-#   verdict (opt-in, one call of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
+#   verdict (opt-in, one run of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
 #   opt-in: loss_curve; probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
 #   aoti_toolchain quant_decode e2e_norms e2e_memory adamw e2e_host
 #   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
-#   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
+#   KP_GPU_BUDGET_S (default 570): the whole run's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
 #   suite stopped that way still writes the rows it finished, marked PARTIAL.
 # Measured wall times on the H100 with Liger installed (2026-11-23): CUDA tests > 4 min; suites mlp
-# ~4 min, rope ~1.7 min, cross_entropy ~2 min, attention > 4 min: the full set takes two or three calls.
-# Liger-Kernel is measured when its wheel is in .whl/ (installed here first; see benchmarks/README.md).
-# Results: OUT_DIR/gpu_check.tgz (logs, results JSON/markdown/plots, device.txt), nothing else, since
-# a device call brings back at most 8 files.
+# ~4 min, rope ~1.7 min, cross_entropy ~2 min, attention > 4 min: the full set takes two or three runs.
+# Liger-Kernel is measured when its wheel is in .whl/ (installed here first, offline).
+# Results: OUT_DIR/gpu_check.tgz (logs, results JSON/markdown/plots, device.txt), nothing else: a remote run
+# brings back one file.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [STEP ...]}
 shift
@@ -115,7 +115,7 @@ for s in $steps; do
     loss_curve) step 90 loss_curve python3 benchmarks/bench_loss_curve.py --out "$work/results" ;;
     # rows in the order the target reads them; the script writes after each row and stops starting rows
     # at --budget-s, so the step's limit leaves the last started row time to finish
-    # (KP_E2E_PROVIDERS, KP_E2E_BUDGET_S and KP_E2E_FLAGS narrow it to what a call has time for;
+    # (KP_E2E_PROVIDERS, KP_E2E_BUDGET_S and KP_E2E_FLAGS narrow it to what a run has time for;
     # KP_E2E_PROVIDERS= (set, empty) runs only the 16k-context and generate rows; KP_E2E_PROFILE, the
     # providers profiled; KP_E2E_GENERATE, the generate rows, e.g. "ours + static cache + compile + ref,...")
     e2e) step $((${KP_E2E_BUDGET_S:-250} + 90)) bench_e2e python3 benchmarks/bench_e2e.py --out "$work/results" \

@@ -1,5 +1,5 @@
 # ruff: noqa: E731  (lambdas are timed immediately)
-"""GPU probe of the document block mask: issue 13's Flex target at the attention suite's shape.
+"""GPU probe of the document block mask: Flex against dense-mask SDPA at the attention suite's shape.
 
 Usage: PYTHONPATH=src python scripts/probe_flex_mask.py [--passes build,fwd,bwd] [--seq 4096]
        (--device cpu --seq 512: a smoke run of the code here; no graph, no backward, unfused flex)
