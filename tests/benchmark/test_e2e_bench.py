@@ -199,9 +199,9 @@ def test_generate_rows_and_reference_backends() -> None:
 
 
 def test_target_check_on_the_committed_run() -> None:
-    """The target note from benchmarks/results/probes/e2e/adamw_h200.json (H200, six providers in one run): each ours row's
-    tokens/s over torch.compile's and peak over Liger's; then the same rows made to pass, and a run
-    without Liger, which is not judged."""
+    """The target note from benchmarks/results/probes/e2e/adamw_h200.json (H200, 2026-11-29, six providers in one
+    run): each ours row's tokens/s over torch.compile's and peak over Liger's; then the same rows made to pass,
+    and a run without Liger, which is not judged."""
     import dataclasses
 
     bench = _bench()
