@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "src").rglob("*.py")),
-           *sorted((ROOT / "benchmarks").glob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.md")),
+           *sorted((ROOT / "benchmarks").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.md")),
            *sorted((ROOT / "scripts").rglob("*.py")), *sorted((ROOT / "scripts").glob("*.sh"))]
 CITED = re.compile(r"(?:benchmarks/results/|(?<![\w/.-])probes/)[\w./-]*\.(?:md|json|jsonl|log|txt|csv|png|html)\b")
 LINK = re.compile(r"\]\((?!https?:|#|mailto:)([^)#\s]+)")

@@ -189,7 +189,7 @@ def dense(*ts: torch.Tensor) -> bool:
     return True
 
 
-# Elements per program tile, and per thread. Tunables (scripts/probe_mlp.py sweeps them): 4096-element
+# Elements per program tile, and per thread. Tunables (benchmarks/probes/probe_mlp.py sweeps them): 4096-element
 # tiles at 16 elements per thread are 8 warps, two 16-byte vectors per thread per bf16 stream.
 TILE_ELEMENTS = 4096
 ELEMENTS_PER_THREAD = 16

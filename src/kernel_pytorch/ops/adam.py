@@ -30,7 +30,7 @@ from torch import Tensor
 
 from kernel_pytorch.reference.adam import adam_, adam_scalars
 
-# Elements per program and warps (scripts/probe_adamw.py sweeps both on the e2e Llama's parameters).
+# Elements per program and warps (benchmarks/probes/probe_adamw.py sweeps both on the e2e Llama's parameters).
 BLOCK = 1024
 NUM_WARPS = 4
 # IEEE square root and divisions (torch's fused kernel's) or the fast fp32 forms (<= 2 ulp of the update

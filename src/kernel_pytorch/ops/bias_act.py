@@ -43,7 +43,7 @@ from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.reference.bias_act import bias_act, bias_act_backward
 
 # Backward programs per SM (column blocks x row groups): enough loads in flight per SM with the
-# in-loop prefetch, few enough partial rows. A tunable (scripts/probe_mlp.py --sweep).
+# in-loop prefetch, few enough partial rows. A tunable (benchmarks/probes/probe_mlp.py --sweep).
 PROGRAMS_PER_SM = 4
 # Rows per backward tile: with BLOCK_C columns, a [BWD_TILE_ROWS, BLOCK_C] tile per stream.
 BWD_TILE_ELEMENTS = 2048

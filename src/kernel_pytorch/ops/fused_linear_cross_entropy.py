@@ -81,7 +81,7 @@ from kernel_pytorch.reference.fused_linear_cross_entropy import (
 # whose traffic against the chunk's three GEMMs depends on the rows only (~11% of their time at 1024
 # rows on an H200, ~21% at 512), so at a 262144 vocabulary the cap's 512 rows cost 1.19x the GEMMs and
 # 1024 rows 1.08x (benchmarks/results/probes/cross_entropy/probe_flce_chunks_h200.log). The free-memory share
-# still wins over the floor. scripts/probe_cross_entropy.py measures time and memory at several sizes.
+# still wins over the floor. benchmarks/probes/probe_cross_entropy.py measures time and memory at several sizes.
 CHUNK_BYTES = 256 * 2**20
 MIN_ROWS = 1024
 ROW_ALIGN = 128  # rows per chunk come in whole GEMM tiles

@@ -123,7 +123,7 @@ _bwd_kernel = Launcher(_gated_act_bwd_kernel)
 # tiles (4 warps) against 4096 (8 warps), in the same run (benchmarks/results/probes/mlp/
 # probe_mlp_sweep_h200.log): SwiGLU 100.8 vs 99.5, packed 100.9 vs 101.1, GEGLU-tanh 100.6 vs 101.2,
 # packed 100.7 vs 98.6; 4096x3072 SwiGLU 81.4 vs 79.7. The sweep before it (git history of that log)
-# had 2048 ahead in all four backward rows. A tunable (scripts/probe_mlp.py --sweep).
+# had 2048 ahead in all four backward rows. A tunable (benchmarks/probes/probe_mlp.py --sweep).
 BWD_TILE_ELEMENTS = 2048
 
 

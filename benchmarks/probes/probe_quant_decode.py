@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_decode.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_decode.py"
 
 
 def _bench():  # noqa: ANN202 (the benchmark script as a module)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps  # noqa: E402
 from kernel_pytorch.benchmark.timer import time_fn  # noqa: E402
