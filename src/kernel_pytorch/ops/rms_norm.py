@@ -39,7 +39,7 @@ _FWD_ELEMENTS_PER_THREAD = 16
 _BWD_ELEMENTS_PER_THREAD = 8
 # Row-mode backward: two-row tiles, one program per SM, so one fp32 partial row per SM (as many as
 # Liger-Kernel keeps) at 91% of copy, as fast as two one-row programs per SM (H100: docs/performance.md,
-# v5). On the H200's faster memory that keeps too little in flight: BWD_TILINGS, by the row's block,
+# 2026-11-21). On the H200's faster memory that keeps too little in flight: BWD_TILINGS, by the row's block,
 # holds the tiling the H200 measured fastest at each width from 1024 to 8192 (probes/norm/
 # probe_e2e_norms_h200.log, bf16 backward in graph replay, against (2, 1)): 1024 four-row tiles two per
 # SM, 27.1 us against 36.8 (8192 rows); 2048 two-row tiles two per SM, 39.8 against 46.9 (8192 rows);

@@ -70,7 +70,7 @@ row_launch.cache_clear = _row_launch.cache_clear  # type: ignore[attr-defined]  
 # same warps per SM as two one-row programs (docs/performance.md).
 # The backward prefetches the next tile while computing this one, up to this row width; wider rows
 # would spill the doubled registers and run one row per tile, one program per SM. Two tiles ahead
-# measured slower (v4).
+# measured slower (H100, 2026-11-21; docs/performance.md).
 PREFETCH_MAX_BLOCK = 8192
 
 # The backward's split mode (rows wider than the registers hold): a statistics pass writes each row's
