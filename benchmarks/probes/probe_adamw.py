@@ -1,9 +1,9 @@
 """AdamW's step on the e2e Llama's parameters: torch's fused and foreach AdamW against
 kernel_pytorch.optim.AdamW at each (BLOCK, NUM_WARPS), one run, with the copy ceiling measured in it.
 
-    python scripts/probe_adamw.py                        # CUDA: the e2e benchmark's 0.9B bf16 parameters
-    python scripts/probe_adamw.py --variants 2048x4,4096x8 --rep-ms 300
-    python scripts/probe_adamw.py --quick --device cpu   # a tiny model through the interpreter: the pipeline
+    python benchmarks/probes/probe_adamw.py                        # CUDA: the e2e benchmark's 0.9B bf16 parameters
+    python benchmarks/probes/probe_adamw.py --variants 2048x4,4096x8 --rep-ms 300
+    python benchmarks/probes/probe_adamw.py --quick --device cpu   # a tiny model through the interpreter: the pipeline
 
 Each provider steps the same parameters and gradients (bf16, state in bf16 as torch creates it): 3 steps
 of warm-up, then `benchmark.timer.time_fn` over `--rep-ms` of steps (CUDA events around each step, the

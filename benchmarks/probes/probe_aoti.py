@@ -1,12 +1,12 @@
 """GPU probe of AOTInductor packages: which model makes `aoti_load_package` fault, and where.
 
-Usage: PYTHONPATH=src python3 scripts/probe_aoti.py [--variants a,b,...] [--out DIR] [--jobs N]
-       PYTHONPATH=src python3 scripts/probe_aoti.py --one VARIANT --out DIR   (one variant, this process)
-       PYTHONPATH=src python3 scripts/probe_aoti.py --diagnose tiny-plain --out DIR
+Usage: PYTHONPATH=src python3 benchmarks/probes/probe_aoti.py [--variants a,b,...] [--out DIR] [--jobs N]
+       PYTHONPATH=src python3 benchmarks/probes/probe_aoti.py --one VARIANT --out DIR   (one variant, this process)
+       PYTHONPATH=src python3 benchmarks/probes/probe_aoti.py --diagnose tiny-plain --out DIR
            where a package faults: its files and their libraries (ldd), the native backtrace of a fresh
            load (a SIGSEGV handler preloaded, built here with gcc), packages built with other
            aot_inductor settings, and the legacy aot_compile / aot_load path
-       PYTHONPATH=src python3 scripts/probe_aoti.py --toolchain tiny-plain --out DIR
+       PYTHONPATH=src python3 benchmarks/probes/probe_aoti.py --toolchain tiny-plain --out DIR
            the compilers and C++ runtimes involved, and fresh loads of a package by torch's loader, by
            ours (deploy.share_cxx_runtime first) and by torch's with the system libstdc++ preloaded
 

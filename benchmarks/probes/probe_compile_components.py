@@ -3,10 +3,10 @@ of families (a CUDA fault poisons its process), each building bench_e2e's HF Lla
 (fewer layers), `optimize(components=...)`, `torch.compile`, and running fused-AdamW training steps;
 then the loss and every gradient against the eager optimized model's on the same batch.
 
-    python scripts/probe_compile_components.py                       # the default sets, 2 layers
-    python scripts/probe_compile_components.py --sets embedding loss,embedding --layers 2
-    CUDA_LAUNCH_BLOCKING=1 python scripts/probe_compile_components.py --one embedding   # one set, in-process
-    python scripts/probe_compile_components.py --sets auto --layers 8 --out DIR   # a failing set is rerun with
+    python benchmarks/probes/probe_compile_components.py                       # the default sets, 2 layers
+    python benchmarks/probes/probe_compile_components.py --sets embedding loss,embedding --layers 2
+    CUDA_LAUNCH_BLOCKING=1 python benchmarks/probes/probe_compile_components.py --one embedding   # one set, in-process
+    python benchmarks/probes/probe_compile_components.py --sets auto --layers 8 --out DIR   # a failing set is rerun with
         CUDA_LAUNCH_BLOCKING=1 TORCH_LOGS=output_code (log in DIR), and the faulting kernel's source nodes printed
 """
 

@@ -2,19 +2,19 @@
 """GPU probe of the cross-entropy family: correctness at the benchmark's shapes, then timing.
 
 Usage, from the repo root with PYTHONPATH=src (torch >= 2.6, triton >= 3.2; H100 bf16 targets):
-  python3 scripts/probe_cross_entropy.py                  all sections (about 5 minutes on an H100)
-  python3 scripts/probe_cross_entropy.py --only ce        cross-entropy: checks, kernel variants, providers
-  python3 scripts/probe_cross_entropy.py --only flce      fused linear + cross-entropy: checks, chunk sizes
-  python3 scripts/probe_cross_entropy.py --only onepass   the fused loss's one-read forward kernel at the e2e
+  python3 benchmarks/probes/probe_cross_entropy.py                  all sections (about 5 minutes on an H100)
+  python3 benchmarks/probes/probe_cross_entropy.py --only ce        cross-entropy: checks, kernel variants, providers
+  python3 benchmarks/probes/probe_cross_entropy.py --only flce      fused linear + cross-entropy: checks, chunk sizes
+  python3 benchmarks/probes/probe_cross_entropy.py --only onepass   the fused loss's one-read forward kernel at the e2e
         head (8192 x 2048 x 128256): checks, its launch variants (--onepass-variants BLOCKxWARPS[xnoprefetch])
         against the two-pass kernel, and the fused forward with each kernel
-  python3 scripts/probe_cross_entropy.py --quick          no torch.compile, no larger fused shapes
-  python3 scripts/probe_cross_entropy.py --variants 8192x16x0,16384x32x1
+  python3 benchmarks/probes/probe_cross_entropy.py --quick          no torch.compile, no larger fused shapes
+  python3 benchmarks/probes/probe_cross_entropy.py --variants 8192x16x0,16384x32x1
         forward variants as BLOCKxWARPSxPROGRAMS_PER_SM[xnoevict][xreverse][xnoprefetch] (0 programs:
         one program per row)
-  python3 scripts/probe_cross_entropy.py --chunks 256,512,1024   fused linear chunk sizes (rows)
-  python3 scripts/probe_cross_entropy.py --only flce --shapes 2 --no-check   timing of FLCE_SHAPES[2] only
-  python3 scripts/probe_cross_entropy.py --compile        no GPU needed: compile the kernels for sm_90a
+  python3 benchmarks/probes/probe_cross_entropy.py --chunks 256,512,1024   fused linear chunk sizes (rows)
+  python3 benchmarks/probes/probe_cross_entropy.py --only flce --shapes 2 --no-check   timing of FLCE_SHAPES[2] only
+  python3 benchmarks/probes/probe_cross_entropy.py --compile        no GPU needed: compile the kernels for sm_90a
                                                           and print registers / spills per variant
 Every step fails soft: an error prints one FAILED line and the rest runs. Times: "graph" is the median
 of CUDA-graph replays (GPU time, no host overhead), "bench" triton.testing.do_bench's median (eager

@@ -1,8 +1,8 @@
 """Where the end-to-end training step's host time goes: what the host does before the device runs, and
 every call in the step that waits for the device.
 
-    python scripts/probe_e2e_host.py --providers torch.compile,ours+compile+adamw --out DIR
-    python scripts/probe_e2e_host.py --quick --device cpu --out /tmp/x      # the pipeline, on the CPU
+    python benchmarks/probes/probe_e2e_host.py --providers torch.compile,ours+compile+adamw --out DIR
+    python benchmarks/probes/probe_e2e_host.py --quick --device cpu --out /tmp/x      # the pipeline, on the CPU
 
 Per provider (benchmarks/bench_e2e.py's model, optimizer and step): the median synchronised step and the
 step run back to back; one step under `torch.cuda.set_sync_debug_mode("warn")` with the Python stack of

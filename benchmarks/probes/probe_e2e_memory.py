@@ -1,6 +1,6 @@
 """What is live at the end-to-end training step's memory peak, for variants of one provider.
 
-    python scripts/probe_e2e_memory.py --variants "ours+compile,ours+compile@noreuse,ours" [--out DIR]
+    python benchmarks/probes/probe_e2e_memory.py --variants "ours+compile,ours+compile@noreuse,ours" [--out DIR]
 
 Each variant builds the benchmark's model (benchmarks/bench_e2e.py: HF Llama, 4 x 2048 tokens, fused
 AdamW), runs 3 warm-up steps and 6 timed ones (median step, allocator peak), then records one step's

@@ -2,7 +2,7 @@
 """RMSNorm at the end-to-end benchmark's shape (8192 tokens x hidden 2048, bf16): launch variants of our
 forward and backward kernels beside torch.compile's kernels for HF's RMSNorm, in CUDA-graph replay.
 
-    python scripts/probe_e2e_norms.py [--shapes 8192x2048,16384x4096,4096x1024] [--passes fwd,bwd]
+    python benchmarks/probes/probe_e2e_norms.py [--shapes 8192x2048,16384x4096,4096x1024] [--passes fwd,bwd]
 
 Forward variants: elements per thread; backward: row tiling (rows per tile, programs per SM) x elements
 per thread. Each variant's output is compared with the committed launch's before it is timed (forward

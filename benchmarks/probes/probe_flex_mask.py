@@ -1,7 +1,7 @@
 # ruff: noqa: E731  (lambdas are timed immediately)
 """GPU probe of the document block mask: Flex against dense-mask SDPA at the attention suite's shape.
 
-Usage: PYTHONPATH=src python scripts/probe_flex_mask.py [--passes build,fwd,bwd] [--seq 4096]
+Usage: PYTHONPATH=src python benchmarks/probes/probe_flex_mask.py [--passes build,fwd,bwd] [--seq 4096]
        (--device cpu --seq 512: a smoke run of the code here; no graph, no backward, unfused flex)
 
 Shape: attention_documents' (B 4, 32 query heads, 8 KV heads, head_dim 128, bf16), documents of 512

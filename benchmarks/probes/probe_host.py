@@ -1,10 +1,10 @@
 # ruff: noqa: E731  (the timed calls are lambdas built next to their inputs)
 """Host time of our eager ops: launch-bound shapes on the GPU, or the per-call Python cost on the CPU.
 
-    PYTHONPATH=src python scripts/probe_host.py            # GPU, < 30 s: ours vs eager torch, do_bench
-    PYTHONPATH=src python scripts/probe_host.py --breakdown  # + where SwiGLU's host time goes, per layer
-    PYTHONPATH=src python scripts/probe_host.py --host     # CPU: per-call us of our eager path, no launch
-    PYTHONPATH=src python scripts/probe_host.py --host --profile rms_norm   # + cProfile of one op
+    PYTHONPATH=src python benchmarks/probes/probe_host.py            # GPU, < 30 s: ours vs eager torch, do_bench
+    PYTHONPATH=src python benchmarks/probes/probe_host.py --breakdown  # + where SwiGLU's host time goes, per layer
+    PYTHONPATH=src python benchmarks/probes/probe_host.py --host     # CPU: per-call us of our eager path, no launch
+    PYTHONPATH=src python benchmarks/probes/probe_host.py --host --profile rms_norm   # + cProfile of one op
 
 GPU: median ms of kernel_pytorch.benchmark's timer (CUDA events, L2 flushed, as the suites time their
 do_bench rows) of ours (backend=backend) against eager torch as transformers writes it, at shapes where

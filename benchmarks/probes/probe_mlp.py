@@ -4,11 +4,11 @@ shapes: correctness against the reference and transformers' eager activation, th
 memory against eager torch, torch.compile and Liger-Kernel (when importable).
 
 Usage (repo root, PYTHONPATH=src):
-    python3 scripts/probe_mlp.py            correctness + the provider table (bf16 SwiGLU, 3 shapes)
-    python3 scripts/probe_mlp.py --sweep    kernel-only tile/warp/precise-math variants (graph replay)
-    python3 scripts/probe_mlp.py --block    whole-MLP-block prototype (16384 x 4096 x 14336) vs eager/compile
-    python3 scripts/probe_mlp.py --bias     bias + GELU at GPT-2/ViT shapes vs eager/compile
-    python3 scripts/probe_mlp.py --all      everything above
+    python3 benchmarks/probes/probe_mlp.py            correctness + the provider table (bf16 SwiGLU, 3 shapes)
+    python3 benchmarks/probes/probe_mlp.py --sweep    kernel-only tile/warp/precise-math variants (graph replay)
+    python3 benchmarks/probes/probe_mlp.py --block    whole-MLP-block prototype (16384 x 4096 x 14336) vs eager/compile
+    python3 benchmarks/probes/probe_mlp.py --bias     bias + GELU at GPT-2/ViT shapes vs eager/compile
+    python3 benchmarks/probes/probe_mlp.py --all      everything above
 
 Times: `do_bench` = triton.testing.do_bench median (host overhead included where the GPU waits on it);
 `graph` = median of a CUDA-graph replay (kernel time only). % = of the copy ceiling measured in this run

@@ -1,9 +1,9 @@
 # ruff: noqa: B023  (lambdas are timed immediately, inside the loop that binds them)
 """Quick GPU probe of the norm kernels: correctness on CUDA, then median times vs eager/compile/Liger.
 
-Usage: python scripts/probe_norms.py           (prints a table; the full suite is benchmarks/bench_norm.py)
-       python scripts/probe_norms.py --sweep   (launch-parameter sweep, CUDA-graph replay times)
-       python scripts/probe_norms.py --host    (where the host time of a LayerNorm fwd+bwd goes)
+Usage: python benchmarks/probes/probe_norms.py           (prints a table; the full suite is benchmarks/bench_norm.py)
+       python benchmarks/probes/probe_norms.py --sweep   (launch-parameter sweep, CUDA-graph replay times)
+       python benchmarks/probes/probe_norms.py --host    (where the host time of a LayerNorm fwd+bwd goes)
 """
 
 from __future__ import annotations

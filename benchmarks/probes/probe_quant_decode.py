@@ -6,8 +6,8 @@ steps and prints the kernels of one profiled step by device time: which kernel t
 weight-only int8 matmul, or a dequantize-then-matmul) and what it costs against the bf16 GEMMs.
 
 Usage, from the repo root with PYTHONPATH=src (torchao installed):
-  python3 scripts/probe_quant_decode.py                        ours, ours+int8, ours+fp8 at batch 8
-  python3 scripts/probe_quant_decode.py --providers ours+int8 --batch 1 --backend inductor
+  python3 benchmarks/probes/probe_quant_decode.py                        ours, ours+int8, ours+fp8 at batch 8
+  python3 benchmarks/probes/probe_quant_decode.py --providers ours+int8 --batch 1 --backend inductor
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Saved-for-backward bytes of one training step of a small HF Llama (CPU is enough: it counts tensors).
 
-    TRITON_INTERPRET=1 PYTHONPATH=src python scripts/saved_memory_mlp.py
+    TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/probes/saved_memory_mlp.py
 
 Prints what autograd keeps (saved-tensor hooks, unique storages, parameters excluded) for HF's eager
 model, for optimize()'s model with the gated MLP composed (h saved by down_proj's Linear, what the op
