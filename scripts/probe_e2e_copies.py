@@ -11,13 +11,14 @@ their tiny sizes.
 On CPU the fused linear cross-entropy op runs its reference; --cuda-path makes it run the chunked
 launchers instead (the body compile traces on CUDA), in 4 chunks, with the cross-entropy kernels replaced
 by torch ops that write the same buffers (Inductor on CPU cannot run a Triton kernel; the loss is a
-stand-in: sum / rows); the backward's scale is ops/_scale.scaled_grad's traced form (a stand-in for it on
+stand-in: sum / rows); the backward's scale is ops/_common/scale.scaled_grad's traced form (a stand-in for it on
 a tree older than that form, whose kernel Inductor could not run here).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections import Counter
 
@@ -38,34 +39,41 @@ def real_bytes(shape: list[int]) -> int:
     return n
 
 
+_TUNING = contextlib.ExitStack()  # the chunking cuda_path sets, until the next call
+
+
 def cuda_path(on: bool) -> None:
     """Make the fused linear cross-entropy ops run their launchers (the CUDA body) on CPU as well, or
     (on=False) their reference again."""
-    import kernel_pytorch.ops.fused_linear_cross_entropy as fl
+    from kernel_pytorch.ops import tuning
+    from kernel_pytorch.ops.cross_entropy import fused_linear as fl
+    from kernel_pytorch.ops.cross_entropy import fused_linear_register as reg
+    from kernel_pytorch.ops.cross_entropy import launch as ce_launch
 
     if not hasattr(fl, "_probe_saved"):
-        fl._probe_saved = (fl.launch_fwd, fl.cross_entropy_stats, fl.scaled_grad, fl.CHUNK_BYTES, fl.ROW_ALIGN, {})
-    launch, stats, scaled, chunk_bytes, row_align, references = fl._probe_saved
+        fl._probe_saved = (fl.launch_fwd, ce_launch.cross_entropy_stats, reg.scaled_grad, {})
+    launch, stats, scaled, references = fl._probe_saved
 
     def stats_stand_in(target, ce_weight, vocab, ignore_index, *, eager=False):
         return torch.ones(3)
 
-    def scaled_stand_in(grad, dloss, *, eager=False):  # the traced form (ops/_scale.scaled_grad)
+    def scaled_stand_in(grad, dloss, *, eager=False):  # the traced form (ops/_common/scale.scaled_grad)
         return (grad.float() * dloss.float()).to(grad.dtype)
 
-    def stand_in(logits, target, ce_weight, stats, loss_rows, lse, grad, opts, *, eager=False):
+    def stand_in(logits, inputs, out, grad, options, *, eager=False):
         z = logits.tensor.float()
+        target = inputs.target
         rows_lse = torch.logsumexp(z, -1)
-        valid = target != opts.ignore_index
+        valid = target != options.ignore_index
         picked = z.gather(1, target.clamp(min=0)[:, None])[:, 0]
         n = BATCH * SEQ
-        loss_rows.copy_(torch.where(valid, rows_lse - picked, 0.0) / n)
-        lse.copy_(rows_lse)
+        out.loss.copy_(torch.where(valid, rows_lse - picked, 0.0) / n)
+        out.lse.copy_(rows_lse)
         if grad is not None:
             g = torch.softmax(z, -1) - torch.nn.functional.one_hot(target.clamp(min=0), z.shape[-1])
             grad.tensor.copy_((g * valid[:, None] / n).to(grad.tensor.dtype))
 
-    for op in (fl.fused_linear_cross_entropy_fwd_op, fl.fused_linear_cross_entropy_bwd_op):
+    for op in (reg.fused_linear_cross_entropy_fwd_op, reg.fused_linear_cross_entropy_bwd_op):
         body = op._init_fn  # triton_op's wrapper; the registered body is its `fn`
         body = dict(zip(body.__code__.co_freevars, body.__closure__))["fn"].cell_contents
         cells = dict(zip(body.__code__.co_freevars, body.__closure__))
@@ -74,13 +82,15 @@ def cuda_path(on: bool) -> None:
         cells["cpu"].cell_contents = impl
         op.register_kernel("cpu")(impl)
     fl.launch_fwd = stand_in if on else launch
-    fl.cross_entropy_stats = stats_stand_in if on else stats
+    ce_launch.cross_entropy_stats = stats_stand_in if on else stats
     import kernel_pytorch.ops._common.scale as sc
 
     if not hasattr(sc, "_traced"):  # a tree whose traced scale would launch the Triton kernel
-        fl.scaled_grad = scaled_stand_in if on else scaled
-    fl.CHUNK_BYTES = (BATCH * SEQ // 4) * VOCAB * 4 if on else chunk_bytes  # 4 chunks of fp32 logits
-    fl.ROW_ALIGN = 1 if on else row_align
+        reg.scaled_grad = scaled_stand_in if on else scaled
+    _TUNING.close()
+    if on:  # 4 chunks of fp32 logits
+        _TUNING.enter_context(tuning.changed("fused_linear_cross_entropy",
+                                             chunk_bytes=(BATCH * SEQ // 4) * VOCAB * 4, row_align=1))
 
 
 class _Head(torch.nn.Module):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kernel_pytorch import reference as R
-from kernel_pytorch.ops.cross_entropy import cross_entropy_eager
-from kernel_pytorch.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_eager
+from kernel_pytorch.ops.cross_entropy import cross_entropy_eager, fused_linear_cross_entropy_eager
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions as O
 from tests.grid import compile_and_count_breaks, device_under_test, randn
 from tests.ops.cross_entropy_helpers import IGNORE, upstream
 from tests.ops.norm_helpers import assert_close
@@ -35,7 +35,7 @@ def _ce_args(logits, target, weight, reduction, eps, z, cap, with_grad=True):
 
 
 def _ref_ce(logits, target, weight, reduction, eps, z, cap):
-    return R.cross_entropy(logits, target, weight, IGNORE, reduction, eps, z, cap or None)
+    return R.cross_entropy(logits, target, weight, O(IGNORE, reduction, eps, z, cap or None))
 
 
 @pytest.mark.parametrize("options", OPCHECK, ids=[o[0] for o in OPCHECK])
@@ -108,7 +108,7 @@ def test_eager_entries_scale_saved_gradients_once() -> None:
     logits = randn(3, 20, device=DEV).requires_grad_()
     target = _targets(3, 20)
     loss = cross_entropy_eager(logits, target, None, IGNORE, "none", 0.1, 1e-3, 5.0, True)
-    want = R.cross_entropy(logits, target, None, IGNORE, "none", 0.1, 1e-3, 5.0)
+    want = R.cross_entropy(logits, target, None, O(IGNORE, "none", 0.1, 1e-3, 5.0))
     dloss = upstream("none", target)
     assert_close(loss, want, "loss")
     assert_close(torch.autograd.grad(loss, logits, dloss, retain_graph=True)[0],
