@@ -9,14 +9,18 @@ list.
 
 from __future__ import annotations
 
+import collections
+import functools
 import inspect
-import types
 from typing import Any
 
 from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions
 
 OPTION_NAMES = tuple(name for name, _ in CrossEntropyOptions.FLAT)
 OPTIONS = object()  # in an OpSignature's parameters: the flattened options go here
+# A call's options from its flat values: the same few sets recur on every step, and building the frozen
+# dataclass costs about a microsecond of the eager path's host time.
+_options = functools.lru_cache(maxsize=64)(CrossEntropyOptions.from_flat)
 
 
 class OpSignature:
@@ -27,23 +31,31 @@ class OpSignature:
     def __init__(self, *params: Any, returns: Any) -> None:
         flat: list[tuple] = []
         for p in params:
+            if p is OPTIONS:
+                self._at = len(flat)  # where the options' values start
             flat.extend(CrossEntropyOptions.FLAT if p is OPTIONS else [p])
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
         self.parameters = tuple(
             inspect.Parameter(p[0], kind, annotation=p[1], **({"default": p[2]} if len(p) == 3 else {}))
             for p in flat
         )
-        self.names = tuple(p.name for p in self.parameters)
         self.returns = returns
+        self._defaults = tuple(p.default for p in self.parameters)
+        names = [p.name for p in self.parameters if p.name not in OPTION_NAMES]
+        self._args = collections.namedtuple("Args", [*names, "options"])
 
     def __call__(self, fn: Any) -> Any:
         fn.__signature__ = inspect.Signature(self.parameters, return_annotation=self.returns)
         fn.__annotations__ = {**{p.name: p.annotation for p in self.parameters}, "return": self.returns}
         return fn
 
-    def parse(self, args: tuple) -> types.SimpleNamespace:
-        """The call's arguments by name (defaults filled in), the options as `options`."""
-        values = {p.name: p.default for p in self.parameters[len(args):]}
-        values.update(zip(self.names, args))
-        options = CrossEntropyOptions.from_flat(*(values.pop(name) for name in OPTION_NAMES))
-        return types.SimpleNamespace(options=options, **values)
+    def parse(self, args: tuple) -> Any:
+        """The call's arguments by name (trailing defaults filled in), the options as `options`."""
+        if len(args) < len(self._defaults):
+            args = (*args, *self._defaults[len(args):])
+        i, k = self._at, self._at + len(OPTION_NAMES)
+        try:
+            options = _options(*args[i:k])
+        except TypeError:  # a symbolic value (traced with dynamic ints) is not hashable
+            options = CrossEntropyOptions.from_flat(*args[i:k])
+        return self._args(*args[:i], *args[k:], options)
