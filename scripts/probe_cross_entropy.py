@@ -176,7 +176,7 @@ def check_ce() -> None:
             ok = budget_line(f"{name}: loss", out.loss, loss_e, loss64)
             ok &= budget_line(f"{name}: grad", out.grad[sample], ge, g64)
             none_out = ce.cross_entropy_fwd(logits, target, w, O(IGNORE, "none", **opts), with_grad=False, eager=True)
-            rec = ce.cross_entropy_bwd(up.new_full((n,), 1.0 / float(den)), logits, target, none_out.lse, w,
+            rec = ce.cross_entropy_bwd(up.new_full((n,), 1.0 / float(den)), logits, target, none_out, w,
                                        O(IGNORE, "none", **opts), eager=True)
             ok &= budget_line(f"{name}: 'none' recomputed grad", rec[sample], ge, g64)
             print(f"  {name}: in-place and separate gradients bitwise equal: {same}")
@@ -236,7 +236,7 @@ def time_ce(variants: list[str], copy: float, compile_too: bool) -> None:
         committed = tuning.current("cross_entropy")
         for block, warps in [(committed.bwd_block, committed.bwd_warps), (8192, 16), (2048, 4), (8192, 8)]:
             with tuning.changed("cross_entropy", bwd_block=block, bwd_warps=warps):
-                rec = graph_ms(lambda: ce.cross_entropy_bwd(dl, logits, target, out.lse, None, none, eager=True))
+                rec = graph_ms(lambda: ce.cross_entropy_bwd(dl, logits, target, out, None, none, eager=True))
             print(f"  recomputing backward ('none'), {block} columns x {warps} warps per program: {rec:.3f} ms "
                   f"{pct(min_bytes, rec)}")
         one = graph_ms(lambda: scale_grad_(buf, ones, eager=True))

@@ -31,7 +31,7 @@ def _check(logits, target, weight, reduction, opts, *, inplace: bool = False) ->
     x = logits.clone() if inplace else logits
     with Poisoned():
         out = cross_entropy_fwd(x, target, weight, o, grad_inplace=inplace)
-        recomputed = cross_entropy_bwd(dloss, logits, target, out.lse, weight, o, stats=out.stats)
+        recomputed = cross_entropy_bwd(dloss, logits, target, out, weight, o)
     assert_close(out.loss, R.cross_entropy(logits, target, weight, o), "loss")
     lse_ref = cross_entropy_rows(logits, target, weight, O(IGNORE, softcap=opts.get("softcap")))[2]
     valid = target.reshape(-1) != IGNORE
@@ -84,6 +84,19 @@ def test_forward_schedules(launch: FwdLaunch) -> None:
                                                            "ignore": (3, 10)}, torch.float32, DEV)
     with tuning.changed("cross_entropy", fwd=launch, loss=None):
         _check(logits, target, weight, "mean", opts)
+
+
+def test_launch_config_is_the_tuning_familys() -> None:
+    """The launchers read the config in force: the registered default, or an override for its block."""
+    from kernel_pytorch.ops.cross_entropy import CrossEntropyConfig
+    from kernel_pytorch.ops.cross_entropy.launch import fwd_launch
+
+    assert tuning.default("cross_entropy") == CrossEntropyConfig()
+    assert fwd_launch(1 << 20).block == CrossEntropyConfig().fwd.block
+    assert fwd_launch(1 << 20, grad=False).block == CrossEntropyConfig().loss.block
+    with tuning.changed("cross_entropy", fwd=FwdLaunch(64, 1, 0, True, False), loss=None):
+        assert fwd_launch(1 << 20, grad=False) == FwdLaunch(64, 1, 0, True, False)
+    assert fwd_launch(100).block == 128  # narrowed to the row
 
 
 def test_shifted_view_in_place_without_copy() -> None:
@@ -186,7 +199,7 @@ def test_empty_rows() -> None:
     target = torch.zeros(0, dtype=torch.long, device=DEV)
     out = cross_entropy_fwd(logits, target, None, O(reduction="sum"))
     assert out.loss == 0 and out.grad.shape == (0, 9)
-    assert cross_entropy_bwd(torch.ones((), device=DEV), logits, target, out.lse).shape == (0, 9)
+    assert cross_entropy_bwd(torch.ones((), device=DEV), logits, target, out).shape == (0, 9)
 
 
 # --- GPU only: real vocabularies, determinism ------------------------------------------------------

@@ -58,7 +58,7 @@ def _grads(x, w, b, t, ce_w, reduction, opts, dloss, **kw):
         out = fused_linear_cross_entropy_fwd(x, args, o, **kw)
         if reduction == "none":
             assert out.grad_x is None and out.grad_w is None
-            grads = fused_linear_cross_entropy_bwd(dloss, x, args, out.lse, o, stats=out.stats, **kw)
+            grads = fused_linear_cross_entropy_bwd(dloss, x, args, out.lse, o, **kw)
         else:
             grads = tuple(scale_grad_(g, dloss) if g is not None else None for g in out[2:5])
     return out.loss, grads

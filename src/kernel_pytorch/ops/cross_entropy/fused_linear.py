@@ -159,14 +159,14 @@ def _logits_into(buf: Tensor, x_c: Tensor, weight: Tensor, bias: Tensor | None) 
     return out
 
 
-def _setup(x: Tensor, a: FusedLinearArgs, options: CrossEntropyOptions, chunk: int | None, stats: Tensor | None,
+def _setup(x: Tensor, a: FusedLinearArgs, options: CrossEntropyOptions, chunk: int | None,
            eager: bool) -> tuple[Tensor, RowInputs, Tensor, int]:
     """(x as (N, H) rows, the kernels' row inputs, the chunk buffer, rows per chunk)."""
     x2 = x.reshape(-1, x.shape[-1])
     if a.target.numel() != x2.shape[0]:
         raise ValueError(f"target has {a.target.numel()} elements for {x2.shape[0]} rows of x")
     n, v = x2.shape[0], a.weight.shape[0]
-    inputs = row_inputs(a.target, a.ce_weight, options, v, a.token_scale, stats=stats, eager=eager)
+    inputs = row_inputs(a.target, a.ce_weight, options, v, a.token_scale, eager=eager)
     c = chunk or chunk_rows(n, v, x.element_size(), free_bytes=free_device_bytes(x.device))
     buf = torch.empty((max(1, min(c, n)), v), dtype=x.dtype, device=x.device)
     return x2, inputs, buf, max(1, c)
@@ -188,7 +188,7 @@ def fused_linear_cross_entropy_fwd(
         eager: launch directly rather than through wrap_triton.
     """
     weight, bias = args.weight, args.bias
-    x2, inputs, buf, c = _setup(x, args, options, chunk, None, eager)
+    x2, inputs, buf, c = _setup(x, args, options, chunk, eager)
     n = x2.shape[0]
     loss_rows = torch.empty(n, dtype=torch.float32, device=x.device)
     pred = torch.empty(n, dtype=torch.int64, device=x.device) if argmax else None
@@ -224,18 +224,19 @@ def fused_linear_cross_entropy_fwd(
 def fused_linear_cross_entropy_bwd(
     dloss: Tensor, x: Tensor, args: FusedLinearArgs, lse: Tensor, options: CrossEntropyOptions = DEFAULT_OPTIONS, *,
     needs: tuple[bool, bool, bool] = (True, True, True), chunk: int | None = None, grad_w_fp32: bool = False,
-    stats: Tensor | None = None, eager: bool = False,
+    eager: bool = False,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """The gradients for upstream gradient `dloss`, recomputing each chunk's logits (any reduction;
     needed for "none", where dloss has target's shape).
 
     Args:
-        dloss: target's shape for "none", else 0-d. lse: the forward's. stats: the forward's, if any.
+        dloss: target's shape for "none", else 0-d. lse: the forward's (the stats are recomputed on the
+            device where needed: one small kernel).
         (the rest as in `fused_linear_cross_entropy_fwd`)
     Returns:
         (grad_x, grad_w, grad_b), None where not needed (or no bias).
     """
-    x2, inputs, buf, c = _setup(x, args, options, chunk, stats, eager)
+    x2, inputs, buf, c = _setup(x, args, options, chunk, eager)
     n = x2.shape[0]
     none = options.reduction == "none"
     dl = dloss.reshape(-1).contiguous() if none else dloss.reshape(1)

@@ -204,24 +204,23 @@ def cross_entropy_fwd(
 
 
 def cross_entropy_bwd(
-    dloss: Tensor, logits: Tensor, target: Tensor, lse: Tensor, weight: Tensor | None = None,
-    options: CrossEntropyOptions = DEFAULT_OPTIONS, *, grad_inplace: bool = False, stats: Tensor | None = None,
-    token_scale: Tensor | None = None, eager: bool = False,
+    dloss: Tensor, logits: Tensor, target: Tensor, forward: CrossEntropyForward, weight: Tensor | None = None,
+    options: CrossEntropyOptions = DEFAULT_OPTIONS, *, grad_inplace: bool = False, token_scale: Tensor | None = None,
+    eager: bool = False,
 ) -> Tensor:
     """The gradient for the upstream gradient `dloss`, recomputed from the logits and the forward's lse.
 
     Args:
         dloss: target's shape for reduction "none", else 0-d.
-        logits, target, weight, options: as given to `cross_entropy_fwd`; lse: its lse.
+        logits, target, weight, options, token_scale: as given to `cross_entropy_fwd`; forward: what it
+            returned (its lse, and its stats where it computed them).
         grad_inplace: write the gradient over the logits and return them.
-        stats: the forward's stats where it returned them (else computed where needed).
-        token_scale: as given to `cross_entropy_fwd`.
     Returns:
         logits' shape and dtype.
     """
     rows = row_view(logits)
     grad, g_rows = _grad_rows(logits, rows, grad_inplace)
-    inputs = row_inputs(target, weight, options, logits.shape[-1], token_scale, stats=stats, eager=eager)
+    inputs = row_inputs(target, weight, options, logits.shape[-1], token_scale, stats=forward.stats, eager=eager)
     dl = dloss.reshape(-1).contiguous() if options.reduction == "none" else dloss.reshape(1)
-    launch_bwd(dl, rows, inputs, lse.contiguous(), g_rows, options, eager=eager)
+    launch_bwd(dl, rows, inputs, forward.lse.contiguous(), g_rows, options, eager=eager)
     return grad
