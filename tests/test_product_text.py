@@ -34,7 +34,9 @@ def _files() -> list[Path]:
             found.append(top)
             continue
         for path in top.rglob("*"):
-            if path.is_file() and not SKIP_DIRS.intersection(path.relative_to(ROOT).parts):
+            parts = path.relative_to(ROOT).parts
+            # build outputs (an editable install's egg-info) are not the product's text
+            if path.is_file() and not SKIP_DIRS.intersection(parts) and not any(p.endswith(".egg-info") for p in parts):
                 found.append(path)
     return sorted(found)
 

@@ -30,8 +30,8 @@ def _flce_variant(variant: str) -> None:
     "out" (both as out= GEMMs)."""
     import torch
 
-    from kernel_pytorch.ops import fused_linear_cross_entropy as flce
     from kernel_pytorch.ops._common.gemm_into import gemm_into
+    from kernel_pytorch.ops.cross_entropy import fused_linear as flce
 
     if variant == "current":
         return

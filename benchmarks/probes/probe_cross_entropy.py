@@ -34,15 +34,19 @@ import torch.nn.functional as F
 
 from kernel_pytorch import reference as R
 from kernel_pytorch.benchmark.memory import peak_memory
-from kernel_pytorch.ops import _cross_entropy_onepass as onepass
 from kernel_pytorch.ops import cross_entropy as ce
+from kernel_pytorch.ops import tuning
+from kernel_pytorch.ops._common.gemm_into import fp32_accumulate_in_place
 from kernel_pytorch.ops._common.row_view import contiguous_rows
 from kernel_pytorch.ops._common.scale import scale_grad_
-from kernel_pytorch.ops.fused_linear_cross_entropy import (
+from kernel_pytorch.ops.cross_entropy import (
+    FusedLinearArgs,
     chunk_rows,
-    fp32_accumulate_in_place,
     fused_linear_cross_entropy_fwd,
+    one_read,
 )
+from kernel_pytorch.ops.cross_entropy.launch import RowInputs, RowOutputs
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions as O
 from kernel_pytorch.tolerances import fp64_budget
 
 IGNORE = -100
@@ -150,8 +154,8 @@ def check_ce() -> None:
         with soft(f"ce check {name}"):
             opts = dict(opts)
             w = (torch.rand(v, device=DEVICE) + 0.5) if opts.pop("weight", False) else None
-            out = ce.cross_entropy_fwd(logits.clone(), target, w, grad_inplace=True, eager=True, **opts)
-            sep = ce.cross_entropy_fwd(logits, target, w, eager=True, **opts)
+            out = ce.cross_entropy_fwd(logits.clone(), target, w, O(IGNORE, **opts), grad_inplace=True, eager=True)
+            sep = ce.cross_entropy_fwd(logits, target, w, O(IGNORE, **opts), eager=True)
             same = torch.equal(out.grad, sep.grad) and torch.equal(out.loss, sep.loss)
             valid = target != IGNORE
             den = (w[target[valid]].double().sum() if w is not None else valid.sum().double())
@@ -159,20 +163,21 @@ def check_ce() -> None:
             loss64 = torch.zeros((), dtype=torch.float64, device=DEVICE)
             w64 = w.double() if w is not None else None
             for a in range(0, n, 1024):
-                part = R.cross_entropy(logits[a:a + 1024].double(), target[a:a + 1024], w64, reduction="none", **opts)
+                part = R.cross_entropy(logits[a:a + 1024].double(), target[a:a + 1024], w64,
+                                       O(IGNORE, "none", **opts))
                 loss64 += part.sum()
             loss64 = loss64 / den
             loss_e = eager_loss(logits, target, w, **opts)
             xs, ts = logits[sample], target[sample]
             up = torch.full((sample.numel(),), 1.0 / float(den), device=DEVICE)
-            g64 = R.cross_entropy_backward(up.double(), xs.double(), ts, w64, reduction="none", **opts)
+            g64 = R.cross_entropy_backward(up.double(), xs.double(), ts, w64, O(IGNORE, "none", **opts))
             xe = xs.clone().requires_grad_()
             (ge,) = torch.autograd.grad(eager_loss(xe, ts, w, reduction="none", **opts), xe, up.to(xe.dtype))
             ok = budget_line(f"{name}: loss", out.loss, loss_e, loss64)
             ok &= budget_line(f"{name}: grad", out.grad[sample], ge, g64)
-            none_out = ce.cross_entropy_fwd(logits, target, w, reduction="none", with_grad=False, eager=True, **opts)
-            rec = ce.cross_entropy_bwd(up.new_full((n,), 1.0 / float(den)), logits, target, none_out.lse, w,
-                                       reduction="none", eager=True, **opts)
+            none_out = ce.cross_entropy_fwd(logits, target, w, O(IGNORE, "none", **opts), with_grad=False, eager=True)
+            rec = ce.cross_entropy_bwd(up.new_full((n,), 1.0 / float(den)), logits, target, none_out, w,
+                                       O(IGNORE, "none", **opts), eager=True)
             ok &= budget_line(f"{name}: 'none' recomputed grad", rec[sample], ge, g64)
             print(f"  {name}: in-place and separate gradients bitwise equal: {same}")
             SUMMARY.append(f"ce check {name}: {'ok' if ok and same else 'FAIL'}")
@@ -193,45 +198,47 @@ def time_ce(variants: list[str], copy: float, compile_too: bool) -> None:
     def pct(nbytes: float, ms: float) -> str:
         return f"{nbytes / ms / 1e6 / copy * 100:5.1f}%"
 
-    committed, committed_loss = ce.FWD_LAUNCH, ce.LOSS_LAUNCH
-    ce.LOSS_LAUNCH = None  # each variant times both the gradient and the loss-only pass
     best = (math.inf, "")
     for text in variants:
+        # loss=None: each variant times both the gradient and the loss-only pass
         with soft(f"ce variant {text}"):
-            ce.FWD_LAUNCH = parse_variant(text)
-            buf = logits.clone()
-            g_ms = graph_ms(lambda: ce.cross_entropy_fwd(buf, target, grad_inplace=True, eager=True))
-            b_ms = bench(lambda: ce.cross_entropy_fwd(buf, target, grad_inplace=True, eager=True))
-            sep_ms = graph_ms(lambda: ce.cross_entropy_fwd(logits, target, eager=True))
-            lo_ms = graph_ms(lambda: ce.cross_entropy_fwd(logits, target, with_grad=False, eager=True))
-            # pass 2 reads from L2 when fwd+grad costs about twice a loss-only pass (read + write)
-            print(f"  fwd+grad {text:22s} in place: graph {g_ms:6.3f} ms {pct(min_bytes, g_ms)}, bench {b_ms:6.3f} ms "
-                  f"{pct(min_bytes, b_ms)} | new buffer graph {sep_ms:6.3f} ms {pct(min_bytes, sep_ms)} | "
-                  f"loss only {lo_ms:6.3f} ms {pct(min_bytes / 2, lo_ms)} | fwd+grad / loss only {g_ms / lo_ms:4.2f}")
-            best = min(best, (b_ms, text))
-            del buf
-    ce.FWD_LAUNCH, ce.LOSS_LAUNCH = committed, committed_loss
+            launch = parse_variant(text)
+            with tuning.changed("cross_entropy", fwd=launch, loss=None):
+                buf = logits.clone()
+                g_ms = graph_ms(lambda: ce.cross_entropy_fwd(buf, target, grad_inplace=True, eager=True))
+                b_ms = bench(lambda: ce.cross_entropy_fwd(buf, target, grad_inplace=True, eager=True))
+                sep_ms = graph_ms(lambda: ce.cross_entropy_fwd(logits, target, eager=True))
+                lo_ms = graph_ms(lambda: ce.cross_entropy_fwd(logits, target, with_grad=False, eager=True))
+                # pass 2 reads from L2 when fwd+grad costs about twice a loss-only pass (read + write)
+                print(f"  fwd+grad {text:22s} in place: graph {g_ms:6.3f} ms {pct(min_bytes, g_ms)}, "
+                      f"bench {b_ms:6.3f} ms {pct(min_bytes, b_ms)} | new buffer graph {sep_ms:6.3f} ms "
+                      f"{pct(min_bytes, sep_ms)} | loss only {lo_ms:6.3f} ms {pct(min_bytes / 2, lo_ms)} | "
+                      f"fwd+grad / loss only {g_ms / lo_ms:4.2f}")
+                best = min(best, (b_ms, text))
+                del buf
     with soft("ce options path"):
         buf = logits.clone()
         w = torch.rand(v, device=DEVICE) + 0.5
         for name, opts in {"softcap 30 + smoothing 0.1": {"softcap": 30.0, "label_smoothing": 0.1},
                            "weights + smoothing + z-loss": {"weight": w, "label_smoothing": 0.1,
                                                             "lse_square_scale": 1e-4}}.items():
-            ms = graph_ms(lambda: ce.cross_entropy_fwd(buf, target, grad_inplace=True, eager=True, **opts))
+            o = O(IGNORE, **{k: val for k, val in opts.items() if k != "weight"})
+            ms = graph_ms(lambda: ce.cross_entropy_fwd(buf, target, opts.get("weight"), o, grad_inplace=True,
+                                                       eager=True))
             print(f"  fwd+grad in place, committed variant, {name}: {ms:.3f} ms {pct(min_bytes, ms)}")
     SUMMARY.append(f"ce fwd+grad in place, best variant {best[1]}: {best[0]:.3f} ms = {pct(min_bytes, best[0])} "
                    f"of copy (target <= 1.65 ms, >= 85%)")
     with soft("ce backward kernels"):
-        out = ce.cross_entropy_fwd(logits, target, reduction="none", with_grad=False, eager=True)
+        none = O(IGNORE, "none")
+        out = ce.cross_entropy_fwd(logits, target, None, none, with_grad=False, eager=True)
         dl = torch.rand(n, device=DEVICE)
         buf = logits.clone()
-        committed_bwd = (ce.BWD_BLOCK, ce.BWD_WARPS)
-        for block, warps in [committed_bwd, (8192, 16), (2048, 4), (8192, 8)]:
-            ce.BWD_BLOCK, ce.BWD_WARPS = block, warps
-            rec = graph_ms(lambda: ce.cross_entropy_bwd(dl, logits, target, out.lse, reduction="none", eager=True))
+        committed = tuning.current("cross_entropy")
+        for block, warps in [(committed.bwd_block, committed.bwd_warps), (8192, 16), (2048, 4), (8192, 8)]:
+            with tuning.changed("cross_entropy", bwd_block=block, bwd_warps=warps):
+                rec = graph_ms(lambda: ce.cross_entropy_bwd(dl, logits, target, out, None, none, eager=True))
             print(f"  recomputing backward ('none'), {block} columns x {warps} warps per program: {rec:.3f} ms "
                   f"{pct(min_bytes, rec)}")
-        ce.BWD_BLOCK, ce.BWD_WARPS = committed_bwd
         one = graph_ms(lambda: scale_grad_(buf, ones, eager=True))
         half = graph_ms(lambda: scale_grad_(buf, torch.full((), 0.5, device=DEVICE), eager=True))
         print(f"  scale by 1: {one * 1e3:.1f} us; scale by 0.5: {half:.3f} ms {pct(min_bytes, half)}")
@@ -282,7 +289,8 @@ def flce_inputs(n: int, h: int, v: int):
 
 def ours_flce(x, w, t, chunk, fp32, **opts):
     ones = torch.ones((), device=DEVICE)
-    out = fused_linear_cross_entropy_fwd(x, w, t, chunk=chunk, grad_w_fp32=fp32, eager=True, **opts)
+    out = fused_linear_cross_entropy_fwd(x, FusedLinearArgs(w, t), O(IGNORE, **opts), chunk=chunk, grad_w_fp32=fp32,
+                                         eager=True)
     return out.loss, scale_grad_(out.grad_x, ones, eager=True), scale_grad_(out.grad_w, ones, eager=True)
 
 
@@ -306,9 +314,9 @@ def check_flce(chunks: list[int], shape: tuple[int, int, int] = FLCE_SHAPES[0],
         gx64 = torch.zeros(sn.numel(), h, dtype=torch.float64, device=DEVICE)
         for a in range(0, n, 512):
             logits = x64[a:a + 512] @ w64.t()
-            loss64 += R.cross_entropy(logits, t[a:a + 512], reduction="sum", **opts)
+            loss64 += R.cross_entropy(logits, t[a:a + 512], None, O(IGNORE, "sum", **opts))
             g = R.cross_entropy_backward(torch.tensor(1.0 / count, dtype=torch.float64, device=DEVICE), logits,
-                                         t[a:a + 512], reduction="sum", **opts)
+                                         t[a:a + 512], None, O(IGNORE, "sum", **opts))
             gw64 += g[:, sv].t() @ x64[a:a + 512]
             hit = (sn >= a) & (sn < a + 512)
             gx64[hit] = g[sn[hit] - a] @ w64
@@ -385,9 +393,9 @@ DEFAULT_ONEPASS = ["4096x8", "4096x16", "8192x16", "8192x8", "16384x32xnoprefetc
                    "4096x8xnoprefetch"]
 
 
-def parse_onepass(text: str) -> onepass.OnePassLaunch:
+def parse_onepass(text: str) -> ce.OnePassLaunch:
     parts = text.split("x")
-    return onepass.OnePassLaunch(int(parts[0]), int(parts[1]), "noprefetch" not in parts)
+    return ce.OnePassLaunch(int(parts[0]), int(parts[1]), "noprefetch" not in parts)
 
 
 def time_onepass(variants: list[str], copy: float, chunk: int = 1024) -> None:
@@ -402,19 +410,19 @@ def time_onepass(variants: list[str], copy: float, chunk: int = 1024) -> None:
     loss_rows, lse, scale = (torch.empty(chunk, device=DEVICE) for _ in range(3))
     xs = torch.empty(chunk, h, dtype=x.dtype, device=DEVICE)
     rows = contiguous_rows(buf)
-    opts = ce.CrossEntropyOptions(IGNORE, "mean")
+    opts = O(IGNORE, "mean")
+    inputs, outs = RowInputs(t_c, None, stats, None), RowOutputs(loss_rows, lse)
 
     def gemm():
         torch.mm(x_c, w.t(), out=buf)
 
     def two_pass():
         gemm()
-        ce.launch_fwd(rows, t_c, None, stats, loss_rows, lse, rows, opts, eager=True)
+        ce.launch.launch_fwd(rows, inputs, outs, rows, opts, eager=True)
 
     def one_pass():
         gemm()
-        onepass.launch_onepass(rows, t_c, None, stats, loss_rows, lse, scale, x_c, xs, ignore_index=IGNORE,
-                               mean=True, softcap=None, eager=True)
+        one_read.launch_one_read(rows, inputs, outs, scale, x_c, xs, opts, eager=True)
 
     nbytes = chunk * v * x.element_size()
     g_graph, g_bench = graph_ms(gemm), bench(gemm)
@@ -428,29 +436,24 @@ def time_onepass(variants: list[str], copy: float, chunk: int = 1024) -> None:
         return gr
 
     with soft("two-pass kernel"):
-        base = row(f"two-pass {ce.FWD_LAUNCH.block}x{ce.FWD_LAUNCH.num_warps}", two_pass, 2)
+        fwd = tuning.current("cross_entropy").fwd
+        base = row(f"two-pass {fwd.block}x{fwd.num_warps}", two_pass, 2)
         SUMMARY.append(f"two-pass forward kernel, one {chunk}-row chunk: {base * 1e3:.1f} us (graph)")
-    committed = onepass.LAUNCH
+    committed = tuning.current("fused_linear_cross_entropy").one_read_launch
     best = None
     for text in variants:
         with soft(f"one-read {text}"):
-            onepass.LAUNCH = parse_onepass(text)
-            ms = row(f"one-read {text}", one_pass, 1)
+            with tuning.changed("fused_linear_cross_entropy", one_read_launch=parse_onepass(text)):
+                ms = row(f"one-read {text}", one_pass, 1)
             if best is None or ms < best[0]:
                 best = (ms, text)
-    onepass.LAUNCH = committed
     if best is not None:
         SUMMARY.append(f"one-read forward kernel: fastest {best[1]} {best[0] * 1e3:.1f} us (graph); "
                        f"committed {committed}")
 
     def flce(one: bool):
-        applies = onepass.applies
-        if not one:
-            onepass.applies = lambda *a: False
-        try:
+        with tuning.changed("fused_linear_cross_entropy", one_read=one):
             return ours_flce(x, w, t, chunk, False)
-        finally:
-            onepass.applies = applies
 
     for one in (False, True):
         with soft(f"flce forward one_pass={one}"):
@@ -494,8 +497,9 @@ def compile_report(variants: list[str]) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernel_pytorch.ops import _cross_entropy_stats
     from kernel_pytorch.ops._common import scale as _scale
+    from kernel_pytorch.ops.cross_entropy import kernels as ce_kernels
+    from kernel_pytorch.ops.cross_entropy import stats as ce_stats
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     ptr, i32, f32 = "*bf16", "i32", "fp32"
@@ -526,22 +530,23 @@ def compile_report(variants: list[str]) -> None:
                               PREFETCH=launch.prefetch, REVERSE=launch.reverse,
                               KEEP="evict_last" if launch.evict else "", DROP="evict_first" if launch.evict else "",
                               PRECISE=False, HAS_SCALE=False, ARGMAX=False)
-                one(ce._cross_entropy_fwd_kernel, fwd_sig, consts, launch.num_warps,
+                one(ce_kernels._cross_entropy_fwd_kernel, fwd_sig, consts, launch.num_warps,
                     f"fwd {text} {fname} {'grad' if grad else 'loss only'}")
     bwd_sig = {"X": ptr, "T": "*i64", "W": "*fp32", "STATS": "*fp32", "LSE": "*fp32", "DLOSS": "*fp32", "G": ptr,
                "TS": "*fp32", **{k: v for k, v in rows.items() if k != "n_rows"}, "stride_dloss": i32, **opts}
+    config = tuning.current("cross_entropy")
     for fname, (hw, sm, cap) in flag_sets.items():
-        one(ce._cross_entropy_bwd_kernel, bwd_sig, dict(BLOCK=ce.BWD_BLOCK, HAS_WEIGHT=hw, SMOOTH=sm, HAS_CAP=cap,
-                                                        MEAN=False, PRECISE=False, HAS_SCALE=False),
-        ce.BWD_WARPS, f"bwd {fname}")
+        one(ce_kernels._cross_entropy_bwd_kernel, bwd_sig,
+            dict(BLOCK=config.bwd_block, HAS_WEIGHT=hw, SMOOTH=sm, HAS_CAP=cap, MEAN=False, PRECISE=False,
+                 HAS_SCALE=False), config.bwd_warps, f"bwd {fname}")
     scale_sig = {"G": ptr, "OUT": ptr, "S": "*fp32", "n_rows": i32, "n_cols": i32, "inner": i32, "s0": i32,
                  "s1": i32, "o_inner": i32, "o_s0": i32, "o_s1": i32, "stride_s": i32}
     for in_place in (True, False):
         one(_scale._scale_kernel, scale_sig, dict(BLOCK=_scale.SCALE_BLOCK, IN_PLACE=in_place), _scale.SCALE_WARPS,
             f"scale {'in place' if in_place else 'into a new buffer'}")
-    one(_cross_entropy_stats._ce_stats_kernel, {"T": "*i64", "W": "*fp32", "STATS": "*fp32", "n_rows": i32,
-                                                "n_cols": i32, "ignore_index": i32},
-        dict(HAS_WEIGHT=True, BLOCK=_cross_entropy_stats.STATS_BLOCK), 4, "stats")
+    one(ce_stats._ce_stats_kernel, {"T": "*i64", "W": "*fp32", "STATS": "*fp32", "n_rows": i32, "n_cols": i32,
+                                    "ignore_index": i32},
+        dict(HAS_WEIGHT=True, BLOCK=config.stats_block), 4, "stats")
 
 
 def main() -> None:
@@ -565,7 +570,7 @@ def main() -> None:
     import triton
 
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | "
-          f"committed forward {ce.FWD_LAUNCH}, loss only {ce.LOSS_LAUNCH}")
+          f"committed {tuning.current('cross_entropy')}")
     print(f"fp32 grad_W accumulation in place (addmm out_dtype): {fp32_accumulate_in_place(torch.device('cuda'))}")
     copy = copy_gbps()
     print(f"copy ceiling {copy:.0f} GB/s (1 GiB device copy, bytes read + written)")

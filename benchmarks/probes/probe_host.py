@@ -137,12 +137,12 @@ def host_cases() -> dict[str, dict[str, Call]]:
     from kernel_pytorch import ops
     from kernel_pytorch.ops import add_rms_norm as arn
     from kernel_pytorch.ops import bias_act as ba
-    from kernel_pytorch.ops import cross_entropy as ce
     from kernel_pytorch.ops import embedding as emb
     from kernel_pytorch.ops import gated_act as ga
     from kernel_pytorch.ops import layer_norm as ln
     from kernel_pytorch.ops import rms_norm as rn
     from kernel_pytorch.ops import rope as rp
+    from kernel_pytorch.ops.cross_entropy import register as ce
 
     torch.manual_seed(0)
     bf = torch.bfloat16

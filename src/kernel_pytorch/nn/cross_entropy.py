@@ -1,5 +1,5 @@
-"""Loss modules: a drop-in for torch.nn.CrossEntropyLoss, and the fused linear + cross-entropy loss of
-a language-model head.
+"""The cross-entropy family's modules: a drop-in for torch.nn.CrossEntropyLoss, and the fused linear +
+cross-entropy loss of a language-model head.
 
 `CrossEntropyLoss` subclasses torch's and overrides `forward` only (constructor arguments, the `weight`
 buffer, `state_dict` keys and `repr` are torch's); it adds keyword-only options torch lacks. Inputs
@@ -7,8 +7,9 @@ torch lays out with the class dim second ((N, C, d1, ...)) are viewed class-last
 targets are handed to torch's own forward.
 
 Both modules take Liger-Kernel's `return_z_loss`, `return_token_accuracy` and `return_predicted_tokens`
-in the constructor (a forward then returns a `LossOutput`: functional/loss.py) and a per-token
-`token_scale` in the forward.
+in the constructor (a forward then returns a `LossOutput`: functional/cross_entropy.py) and a per-token
+`token_scale` in the forward. Their options stay attributes (torch's, for CrossEntropyLoss), read into
+one `CrossEntropyOptions` at each forward, so a changed attribute takes effect.
 """
 
 from __future__ import annotations
@@ -16,24 +17,34 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_pytorch import functional as F
 from kernel_pytorch.functional import Backend, LossOutput
+from kernel_pytorch.functional.cross_entropy import cross_entropy_with, fused_linear_cross_entropy_with
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions
 
 
-class _Extras:
-    """The return_* flags both loss modules keep (functional/loss.py gives their meaning)."""
+class _Options:
+    """What both loss modules keep beside torch's attributes: the options torch lacks, the return_*
+    flags (functional/cross_entropy.py gives their meaning), and the `CrossEntropyOptions` they make."""
 
-    def _set_extras(self, return_z_loss: bool, return_token_accuracy: bool, return_predicted_tokens: bool) -> None:
+    ignore_index: int
+    reduction: str
+    label_smoothing: float
+
+    def _set_options(self, lse_square_scale: float, softcap: float | None, return_z_loss: bool,
+                     return_token_accuracy: bool, return_predicted_tokens: bool) -> None:
+        self.lse_square_scale, self.softcap = lse_square_scale, softcap
         self.return_z_loss = return_z_loss
         self.return_token_accuracy = return_token_accuracy
         self.return_predicted_tokens = return_predicted_tokens
 
-    def _extras(self) -> dict[str, bool]:
-        return {"return_z_loss": self.return_z_loss, "return_token_accuracy": self.return_token_accuracy,
-                "return_predicted_tokens": self.return_predicted_tokens}
+    def options(self) -> CrossEntropyOptions:
+        """The module's options now, as one object."""
+        return CrossEntropyOptions(self.ignore_index, self.reduction, self.label_smoothing, self.lse_square_scale,
+                                   self.softcap, self.return_z_loss, self.return_token_accuracy,
+                                   self.return_predicted_tokens)
 
 
-class CrossEntropyLoss(_Extras, torch.nn.CrossEntropyLoss):
+class CrossEntropyLoss(_Options, torch.nn.CrossEntropyLoss):
     """torch.nn.CrossEntropyLoss running kernel_pytorch's cross-entropy (Triton on CUDA): loss and
     gradient in one pass over the logits, fp32 math whatever their dtype.
 
@@ -41,7 +52,7 @@ class CrossEntropyLoss(_Extras, torch.nn.CrossEntropyLoss):
         lse_square_scale: z-loss scale (adds scale * logsumexp^2 per counted row).
         softcap: logit soft-capping c * tanh(x / c) (Gemma-2), or None.
         inplace_backward: write the gradient over the input logits (eager CUDA; the caller must not
-            read them again: functional/loss.py).
+            read them again: functional/cross_entropy.py).
         return_z_loss, return_token_accuracy, return_predicted_tokens: return a LossOutput with these.
     forward: input (N, C), (N, C, d1, ...) or (C,); target (N), (N, d1, ...) or () class indices;
     token_scale of target's shape or None -> fp32 loss, 0-d or target's shape ("none"), or a LossOutput.
@@ -53,24 +64,23 @@ class CrossEntropyLoss(_Extras, torch.nn.CrossEntropyLoss):
                  inplace_backward: bool = False, return_z_loss: bool = False, return_token_accuracy: bool = False,
                  return_predicted_tokens: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.lse_square_scale, self.softcap, self.inplace_backward = lse_square_scale, softcap, inplace_backward
-        self._set_extras(return_z_loss, return_token_accuracy, return_predicted_tokens)
+        self.inplace_backward = inplace_backward
+        self._set_options(lse_square_scale, softcap, return_z_loss, return_token_accuracy, return_predicted_tokens)
 
     def forward(self, input: Tensor, target: Tensor,  # noqa: A002 (torch's name)
                 token_scale: Tensor | None = None) -> Tensor | LossOutput:
+        options = self.options()
         if target.is_floating_point():  # class probabilities: torch's own loss
-            if token_scale is not None or any(self._extras().values()):
+            if token_scale is not None or options.extras:
                 raise ValueError("token_scale and the return_* options need class-index targets (got class "
                                  f"probabilities, {target.dtype})")
             return super().forward(input, target)
         logits = input.movedim(1, -1) if input.dim() > 2 else input
-        return F.cross_entropy(
-            logits, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
-            label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
-            token_scale=token_scale, inplace_backward=self.inplace_backward, backend=self.backend, **self._extras())
+        return cross_entropy_with(logits, target, self.weight, options, token_scale=token_scale,
+                                  inplace_backward=self.inplace_backward, backend=self.backend)
 
 
-class FusedLinearCrossEntropyLoss(_Extras, torch.nn.Module):
+class FusedLinearCrossEntropyLoss(_Options, torch.nn.Module):
     """cross_entropy(hidden @ weight.T + bias, target) without holding the logits (the LM head's loss):
     chunks of tokens, the gradients computed in the forward (functional.fused_linear_cross_entropy).
 
@@ -92,16 +102,13 @@ class FusedLinearCrossEntropyLoss(_Extras, torch.nn.Module):
                  return_predicted_tokens: bool = False) -> None:
         super().__init__()
         self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
-        self.lse_square_scale, self.softcap = lse_square_scale, softcap
+        self._set_options(lse_square_scale, softcap, return_z_loss, return_token_accuracy, return_predicted_tokens)
         self.register_buffer("ce_weight", ce_weight)
-        self._set_extras(return_z_loss, return_token_accuracy, return_predicted_tokens)
 
     def forward(self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
                 token_scale: Tensor | None = None) -> Tensor | LossOutput:
-        return F.fused_linear_cross_entropy(
-            hidden, weight, target, bias, ce_weight=self.ce_weight, ignore_index=self.ignore_index,
-            reduction=self.reduction, label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale,
-            softcap=self.softcap, token_scale=token_scale, backend=self.backend, **self._extras())
+        return fused_linear_cross_entropy_with(hidden, weight, target, bias, self.options(), ce_weight=self.ce_weight,
+                                               token_scale=token_scale, backend=self.backend)
 
     def extra_repr(self) -> str:
         return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}"

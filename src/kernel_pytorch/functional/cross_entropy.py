@@ -1,4 +1,4 @@
-"""Loss family: cross_entropy and fused_linear_cross_entropy. Each validates its arguments once (eager
+"""The cross-entropy family: cross_entropy and fused_linear_cross_entropy. Each validates its arguments once (eager
 only: types, shapes, dtypes, options, and the targets' range, which reads them: a host sync), resolves
 the backend (functional/_dispatch.py) and runs the eager launchers, the registered op or the reference.
 
@@ -20,6 +20,10 @@ call asking for none returns the loss tensor. The kernels take each row's argmax
 logits, so the fused loss still never holds them. Such a call runs the registered op even in eager
 mode: the eager entry returns the loss alone, the op its lse and argmax too. `token_scale` (target's
 shape) multiplies each row's loss and gradient before the reduction (reference/cross_entropy.py).
+
+The public functions take the options as keyword arguments and build one `CrossEntropyOptions`
+(reference/cross_entropy.py) from them; `cross_entropy_with` and `fused_linear_cross_entropy_with`
+take that object (the nn modules call them).
 """
 
 from __future__ import annotations
@@ -29,33 +33,30 @@ from torch import Tensor
 
 from kernel_pytorch import reference
 from kernel_pytorch.functional._dispatch import Backend, _resolve, kernels
-from kernel_pytorch.reference.cross_entropy import cross_entropy_rows
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions, cross_entropy_rows
 from kernel_pytorch.reference.cross_entropy_checks import (
     check_class_weight,
     check_cross_entropy_args,
     check_finite_loss,
-    check_flags,
     check_linear_args,
     check_options,
     check_target,
     check_target_range,
     check_token_scale,
 )
-from kernel_pytorch.reference.cross_entropy_extras import LossExtras, LossOutput, loss_output, predicted_tokens
+from kernel_pytorch.reference.cross_entropy_extras import LossOutput, loss_output, predicted_tokens
 
 
 class _CrossEntropyInplace(torch.autograd.Function):
     """Eager CUDA cross-entropy whose gradient is written over the logits (module docstring)."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,  # noqa: ANN001
-                reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float | None,
-                token_scale: Tensor | None = None, argmax: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+    def forward(ctx, logits: Tensor, target: Tensor, weight: Tensor | None,  # noqa: ANN001
+                options: CrossEntropyOptions, token_scale: Tensor | None = None,
+                ) -> tuple[Tensor, Tensor, Tensor | None]:
         """-> (loss, lse, argmax of each row or None), the last two for LossOutput."""
-        out = kernels().cross_entropy.cross_entropy_fwd(
-            logits, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
-            lse_square_scale=lse_square_scale, softcap=softcap, grad_inplace=True, token_scale=token_scale,
-            argmax=argmax, eager=True)
+        out = kernels().cross_entropy.cross_entropy_fwd(logits, target, weight, options, grad_inplace=True,
+                                                        token_scale=token_scale, argmax=options.argmax, eager=True)
         # logits now hold the gradient: whoever saved them must not read them as logits
         torch.autograd.graph.increment_version(logits)
         ctx.grad = out.grad  # not save_for_backward: that would check the version just bumped
@@ -69,36 +70,27 @@ class _CrossEntropyInplace(torch.autograd.Function):
             raise RuntimeError("cross_entropy(inplace_backward=True) can run its backward once only "
                                "(its gradient was written over the logits and handed out)")
         kernels().cross_entropy.scale_grad_(grad, dloss, eager=True)
-        return grad, None, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None
 
 
-def _reference_extras(logits: Tensor, target: Tensor, extras: LossExtras, ignore_index: int,
-                      softcap: float | None) -> tuple[Tensor | None, Tensor | None]:
+def _reference_extras(logits: Tensor, target: Tensor, options: CrossEntropyOptions,
+                      ) -> tuple[Tensor | None, Tensor | None]:
     """(each row's lse, its argmax), where asked for, from logits the reference path holds."""
     logits = logits.detach()
-    lse = cross_entropy_rows(logits, target, None, ignore_index, softcap=softcap)[2] if extras.z_loss else None
-    return lse, predicted_tokens(logits, target, ignore_index) if extras.argmax else None
+    lse = cross_entropy_rows(logits, target, None, options)[2] if options.return_z_loss else None
+    return lse, predicted_tokens(logits, target, options.ignore_index) if options.argmax else None
 
 
-def _extras(return_z_loss: bool, return_token_accuracy: bool, return_predicted_tokens: bool,
-            compiling: bool) -> LossExtras:
-    if not compiling:
-        check_flags(return_z_loss=return_z_loss, return_token_accuracy=return_token_accuracy,
-                    return_predicted_tokens=return_predicted_tokens)
-    return LossExtras(return_z_loss, return_token_accuracy, return_predicted_tokens)
-
-
-def _explain_non_finite(loss: Tensor, logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
-                        label_smoothing: float, lse_square_scale: float, softcap: float | None,
-                        readable: bool) -> None:
+def _explain_non_finite(loss: Tensor, logits: Tensor, target: Tensor, weight: Tensor | None,
+                        options: CrossEntropyOptions, readable: bool) -> None:
     """Raise FloatingPointError naming the first row whose loss is not finite, and why."""
     if bool(torch.isfinite(loss).all()):
         return
     if not readable:  # the logits hold the gradient now
         check_finite_loss(loss)
         return
-    rows = reference.cross_entropy(logits.detach(), target, weight, ignore_index, "none", label_smoothing,
-                                   lse_square_scale, softcap)
+    rows = reference.cross_entropy(logits.detach(), target, weight, CrossEntropyOptions(
+        options.ignore_index, "none", options.label_smoothing, options.lse_square_scale, options.softcap))
     check_finite_loss(rows, logits.detach())
     raise FloatingPointError(f"the loss is {float(loss.reshape(-1)[0])} with finite rows: no row is counted "
                              "(every target is ignore_index, or their class weights sum to 0)")
@@ -141,38 +133,44 @@ def cross_entropy(
         fp32 loss (fp64 for fp64 logits): 0-d, or target's shape for "none"; a LossOutput where an
         extra is asked for.
     """
+    options = CrossEntropyOptions(ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+                                  return_z_loss, return_token_accuracy, return_predicted_tokens)
+    return cross_entropy_with(logits, target, weight, options, token_scale=token_scale,
+                              inplace_backward=inplace_backward, check_finite=check_finite, backend=backend)
+
+
+def cross_entropy_with(
+    logits: Tensor, target: Tensor, weight: Tensor | None, options: CrossEntropyOptions, *,
+    token_scale: Tensor | None = None, inplace_backward: bool = False, check_finite: bool = False,
+    backend: Backend = "auto",
+) -> Tensor | LossOutput:
+    """`cross_entropy` with its options as one object (the arguments as there)."""
     compiling = torch.compiler.is_compiling()
-    extras = _extras(return_z_loss, return_token_accuracy, return_predicted_tokens, compiling)
     if not compiling:
-        check_cross_entropy_args(logits, target, weight, reduction, label_smoothing, lse_square_scale, softcap,
-                                 ignore_index)
+        check_cross_entropy_args(logits, target, weight, options)
         check_token_scale(token_scale, target)
-        check_target_range(target, logits.shape[-1], ignore_index)
-    args = (int(ignore_index), reduction, float(label_smoothing), float(lse_square_scale))
+        check_target_range(target, logits.shape[-1], options.ignore_index)
     path = _resolve(backend, "cross_entropy", logits, compiling)
     with_grad = torch.is_grad_enabled() and logits.requires_grad
     inplace = False
     lse = pred = None
     if path == "eager" and inplace_backward and with_grad:
         inplace = True
-        loss, lse, pred = _CrossEntropyInplace.apply(logits, target, weight, *args, softcap, token_scale,
-                                                     extras.argmax)
-    elif path == "eager" and not extras.any:
-        loss = kernels().cross_entropy_eager(logits, target, weight, *args, float(softcap or 0.0), with_grad,
-                                             token_scale)
+        loss, lse, pred = _CrossEntropyInplace.apply(logits, target, weight, options, token_scale)
+    elif path == "eager" and not options.extras:
+        loss = kernels().cross_entropy_eager(logits, target, weight, *options.flat(), with_grad, token_scale)
     elif path in ("eager", "op"):
         loss, lse, _, pred = torch.ops.kernel_pytorch.cross_entropy_fwd(
-            logits, target, weight, *args, float(softcap or 0.0), with_grad, token_scale, extras.argmax)
+            logits, target, weight, *options.flat(), with_grad, token_scale, options.argmax)
     else:
-        loss = reference.cross_entropy(logits, target, weight, *args, softcap, token_scale)
-        if extras.any:
-            lse, pred = _reference_extras(logits, target, extras, args[0], softcap)
+        loss = reference.cross_entropy(logits, target, weight, options, token_scale)
+        if options.extras:
+            lse, pred = _reference_extras(logits, target, options)
     if check_finite and not compiling:
-        _explain_non_finite(loss, logits, target, weight, args[0], args[2], args[3], softcap, not inplace)
-    if not extras.any:
+        _explain_non_finite(loss, logits, target, weight, options, not inplace)
+    if not options.extras:
         return loss
-    return loss_output(loss, lse, pred if extras.argmax else None, target, extras, ignore_index=args[0],
-                       reduction=reduction, lse_square_scale=args[3], token_scale=token_scale)
+    return loss_output(loss, lse, pred if options.argmax else None, target, options, token_scale)
 
 
 def fused_linear_cross_entropy(
@@ -194,7 +192,7 @@ def fused_linear_cross_entropy(
     backend: Backend = "auto",
 ) -> Tensor | LossOutput:
     """cross_entropy(x @ weight.T + bias, target) without holding all the logits: chunks of rows sized
-    from the shapes and the free memory (ops/fused_linear_cross_entropy.py).
+    from the shapes and the free memory (ops/cross_entropy/fused_linear.py).
 
     Args:
         x: (..., H) fp32/bf16/fp16; weight: (V, H) of x's dtype (may be tied to the input embedding);
@@ -205,40 +203,47 @@ def fused_linear_cross_entropy(
         fp32 loss (fp64 for fp64 x): 0-d, or target's shape for "none"; a LossOutput where an extra is
         asked for.
     """
+    options = CrossEntropyOptions(ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+                                  return_z_loss, return_token_accuracy, return_predicted_tokens)
+    return fused_linear_cross_entropy_with(x, weight, target, bias, options, ce_weight=ce_weight,
+                                           token_scale=token_scale, backend=backend)
+
+
+def fused_linear_cross_entropy_with(
+    x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, options: CrossEntropyOptions, *,
+    ce_weight: Tensor | None = None, token_scale: Tensor | None = None, backend: Backend = "auto",
+) -> Tensor | LossOutput:
+    """`fused_linear_cross_entropy` with its options as one object (the arguments as there)."""
     compiling = torch.compiler.is_compiling()
-    extras = _extras(return_z_loss, return_token_accuracy, return_predicted_tokens, compiling)
     if not compiling:
         check_linear_args(x, weight, bias)
         check_target(target, x.shape[:-1], x.device)
         check_class_weight(ce_weight, weight.shape[0], x.device, "ce_weight")
-        check_options(reduction, label_smoothing, lse_square_scale, softcap, ignore_index)
+        check_options(options)
         check_token_scale(token_scale, target)
-        check_target_range(target, weight.shape[0], ignore_index)
+        check_target_range(target, weight.shape[0], options.ignore_index)
     path = _resolve(backend, "fused_linear_cross_entropy", x, compiling)
     lse = pred = None
     if path == "reference":
-        loss = reference.fused_linear_cross_entropy(
-            x, weight, target, bias, ce_weight=ce_weight, ignore_index=ignore_index, reduction=reduction,
-            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
-            token_scale=token_scale)
-        if extras.any:
+        loss = reference.fused_linear_cross_entropy(x, weight, target, bias, ce_weight=ce_weight, options=options,
+                                                    token_scale=token_scale)
+        if options.extras:
             with torch.no_grad():
                 logits = torch.nn.functional.linear(x, weight, bias)
-            lse, pred = _reference_extras(logits, target, extras, ignore_index, softcap)
+            lse, pred = _reference_extras(logits, target, options)
     else:
         grad = torch.is_grad_enabled()
         needs = (grad and x.requires_grad, grad and weight.requires_grad,
                  grad and bias is not None and bias.requires_grad)
-        args = (x, weight, target, bias, ce_weight, int(ignore_index), reduction, float(label_smoothing),
-                float(lse_square_scale), float(softcap or 0.0), *needs, token_scale)
-        if path == "eager" and not extras.any:
+        args = (x, weight, target, bias, ce_weight, *options.flat(), *needs, token_scale)
+        if path == "eager" and not options.extras:
             return kernels().fused_linear_cross_entropy_eager(*args)
-        outs = torch.ops.kernel_pytorch.fused_linear_cross_entropy_fwd(*args, extras.argmax)
+        outs = torch.ops.kernel_pytorch.fused_linear_cross_entropy_fwd(*args, options.argmax)
         loss, lse, pred = outs[0], outs[1], outs[5]
-    if not extras.any:
+    if not options.extras:
         return loss
-    return loss_output(loss, lse, pred if extras.argmax else None, target, extras, ignore_index=int(ignore_index),
-                       reduction=reduction, lse_square_scale=float(lse_square_scale), token_scale=token_scale)
+    return loss_output(loss, lse, pred if options.argmax else None, target, options, token_scale)
 
 
-__all__ = ["LossOutput", "cross_entropy", "fused_linear_cross_entropy"]
+__all__ = ["LossOutput", "cross_entropy", "cross_entropy_with", "fused_linear_cross_entropy",
+           "fused_linear_cross_entropy_with"]

@@ -1,7 +1,7 @@
 """The fused linear cross-entropy's one-read forward kernel: loss, lse and a row-scaled gradient over
-each chunk's logits, reading every logit once (ops/fused_linear_cross_entropy.py launches it).
+each chunk's logits, reading every logit once (fused_linear.py launches it).
 
-The two-pass kernel (ops/_cross_entropy_kernels.py) reads a row for lse, then again for
+The two-pass kernel (kernels.py) reads a row for lse, then again for
 dx = coef (p - onehot(t)); at 128K-column rows the second read comes from DRAM, so it moves 3 bytes
 per 2 it needs. In the fused loss the gradient only feeds two GEMMs, and a per-row factor can be moved
 out of it: with m a reference value for the row, e_j = exp(z_j - m), D = sum_j e_j and lse = m + log D,
@@ -13,9 +13,9 @@ operands instead: grad_x = diag(s) (q @ W) and grad_W = q.T @ (diag(s) x). This 
 xs = diag(s) x itself (H elements per row) and s, which the caller applies to grad_x's rows once at the
 end. The target's entry is rewritten after the pass (it needs D), behind a barrier.
 
-m is the row's first block's maximum. A later block whose maximum exceeds m + SWITCH moves m to that
-maximum and rescales what the row has written so far by exp(m_old - m_new) (a second read of those
-blocks: rare for real logits, correct for any). So every e_j <= exp(SWITCH) and D <= V exp(SWITCH):
+m is the row's first block's maximum. A later block whose maximum exceeds m + switch (a config field)
+moves m to that maximum and rescales what the row has written so far by exp(m_old - m_new) (a second
+read of those blocks: rare for real logits, correct for any). So every e_j <= exp(switch) and D <= V exp(switch):
 no overflow in fp32 or in the logits' dtype, and exp(z - m) underflows only where p_j < exp(-87).
 
 Applies to "mean"/"sum" without label smoothing or z-loss (their gradient terms are not proportional
@@ -27,19 +27,17 @@ targets: NaN lse, loss and s, as the two-pass kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._activations import _exp, _log, _recip, precise_math
 from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._common.row_view import Rows
-from kernel_pytorch.ops._cross_entropy_kernels import _softcap
-
-# A later block may exceed the row's reference by this much before the reference moves (module docstring).
-SWITCH = 20.0
+from kernel_pytorch.ops.cross_entropy.kernels import _softcap
+from kernel_pytorch.ops.cross_entropy.launch import RowInputs, RowOutputs
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions
 
 
 @triton.jit
@@ -51,7 +49,7 @@ def _cross_entropy_onepass_kernel(
     PRECISE: tl.constexpr, HAS_SCALE: tl.constexpr, ARGMAX: tl.constexpr,
 ):
     # HAS_SCALE: TS holds each row's token scale, a factor of r; ARGMAX: PRED gets each row's argmax,
-    # -1 on ignored rows (as ops/_cross_entropy_kernels.py)
+    # -1 on ignored rows (as kernels.py)
     offs = tl.arange(0, BLOCK)
     h_offs = tl.arange(0, H_BLOCK)
     DTYPE = X.dtype.element_ty
@@ -156,54 +154,39 @@ def _cross_entropy_onepass_kernel(
 _kernel = Launcher(_cross_entropy_onepass_kernel)
 
 
-@dataclass(frozen=True)
-class OnePassLaunch:
-    block: int  # columns per step (power of two)
-    num_warps: int
-    prefetch: bool
-
-
-# The H200 sweep (benchmarks/results/probes/cross_entropy/probe_onepass_h200.log; one 1024 x 128256 bf16 chunk after
-# its logits GEMM, less the GEMM): 8192 x 8 warps 121.7 us in graph replay (101.6% of copy: the GEMM
-# leaves part of the chunk in L2), 4096 x 8 without prefetch 123.8, 2048 x 4 126.4, 4096 x 8 132.5,
-# 16384 x 32 without prefetch 154.0; the two-pass kernel 166.3.
-LAUNCH = OnePassLaunch(block=8192, num_warps=8, prefetch=True)
-H_BLOCK = 1024  # xs columns per step
-
-
-def applies(label_smoothing: float, lse_square_scale: float, reduction: str, bias_grad: bool) -> bool:
+def applies(options: CrossEntropyOptions, bias_grad: bool) -> bool:
     """Whether the one-read kernel computes this loss's gradient (module docstring)."""
-    return reduction in ("mean", "sum") and label_smoothing == 0.0 and lse_square_scale == 0.0 and not bias_grad
+    return (options.reduction in ("mean", "sum") and options.label_smoothing == 0.0
+            and options.lse_square_scale == 0.0 and not bias_grad)
 
 
-def launch_onepass(
-    logits: Rows, target: Tensor, weight: Tensor | None, stats: Tensor | None, loss_rows: Tensor, lse: Tensor,
-    scale: Tensor, x: Tensor, xs: Tensor | None, *, ignore_index: int, mean: bool, softcap: float | None,
-    token_scale: Tensor | None = None, pred: Tensor | None = None, eager: bool = False,
-) -> None:
-    """q over the logits' rows in place; loss_rows, lse and scale (the rows' s), (N,) fp32; xs = s x.
+def launch_one_read(logits: Rows, inputs: RowInputs, out: RowOutputs, scale: Tensor, x: Tensor, xs: Tensor | None,
+                    options: CrossEntropyOptions, *, eager: bool = False) -> None:
+    """q over the logits' rows in place; out's loss and lse rows (and argmax where out.pred is given),
+    scale (the rows' s), (N,) fp32; xs = s x.
 
     Args:
-        logits: (N, V) rows, overwritten with q. target: (N,) contiguous. weight: (V,) class weights.
-        stats: `cross_entropy_stats` (needed for mean). x: (N, H) the rows' inputs (any strides);
+        logits: (N, V) rows, overwritten with q. inputs: the rows' targets, class weights, stats
+            (needed for mean) and token scales. x: (N, H) the rows' inputs (any strides);
         xs: (N, H) with a unit column stride, or None where grad_W is not needed.
-        token_scale: (N,) contiguous, each row's factor, or None. pred: (N,) int64 for the rows' argmax,
-        or None.
     """
     n, v = logits.n_rows, logits.tensor.shape[-1]
     if n == 0:
         return
-    block = min(LAUNCH.block, next_power_of_2(v))
+    config = tuning.current("fused_linear_cross_entropy")
+    launch = config.one_read_launch
+    block = min(launch.block, next_power_of_2(v))
     h = x.shape[-1]
+    w, ts, lse = inputs.weight, inputs.token_scale, out.lse
     _kernel(
-        (n,), logits.tensor, target, weight.contiguous() if weight is not None else lse,
-        stats if stats is not None else lse, loss_rows, lse, scale, x, xs if xs is not None else x,
-        token_scale if token_scale is not None else lse, pred if pred is not None else target,
+        (n,), logits.tensor, inputs.target, w if w is not None else lse,
+        inputs.stats if inputs.stats is not None else lse, out.loss, lse, scale, x, xs if xs is not None else x,
+        ts if ts is not None else lse, out.pred if out.pred is not None else inputs.target,
         n, v, *logits.args, h, x.stride(0), x.stride(1), xs.stride(0) if xs is not None else 0,
-        int(ignore_index), float(softcap if softcap is not None else 1.0),
-        BLOCK=block, H_BLOCK=min(H_BLOCK, next_power_of_2(h)), HAS_WEIGHT=weight is not None,
-        HAS_CAP=softcap is not None, MEAN=mean, WRITE_XS=xs is not None, PREFETCH=LAUNCH.prefetch,
-        SWITCH_AT=SWITCH, PRECISE=precise_math(logits.tensor), HAS_SCALE=token_scale is not None,
-        ARGMAX=pred is not None, num_warps=max(1, min(LAUNCH.num_warps, block // 256)),
+        int(options.ignore_index), float(options.softcap if options.softcap is not None else 1.0),
+        BLOCK=block, H_BLOCK=min(config.h_block, next_power_of_2(h)), HAS_WEIGHT=w is not None,
+        HAS_CAP=options.softcap is not None, MEAN=options.reduction == "mean", WRITE_XS=xs is not None,
+        PREFETCH=launch.prefetch, SWITCH_AT=config.switch, PRECISE=precise_math(logits.tensor),
+        HAS_SCALE=ts is not None, ARGMAX=out.pred is not None, num_warps=max(1, min(launch.num_warps, block // 256)),
         eager=eager,
     )

@@ -2,7 +2,7 @@
 
 For targets t (N,), class weights w (V,) (1 where absent) and ignore_index: (sum of w[t_i] over rows
 with t_i != ignore_index, the number of such rows, sum of w), a (3,) fp32 tensor. The forward and
-backward kernels read it (ops/cross_entropy.py); the fused linear cross-entropy computes it once for
+backward kernels read it (launch.py); the fused linear cross-entropy computes it once for
 all its chunks. One program adds in a fixed order: deterministic, and no host sync. Out-of-range
 targets count as valid rows (their loss is NaN) but add no weight.
 """
@@ -14,9 +14,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common.launch import Launcher
-
-STATS_BLOCK = 1024
 
 
 @triton.jit
@@ -61,5 +60,5 @@ def cross_entropy_stats(target: Tensor, weight: Tensor | None, n_classes: int, i
     stats = torch.empty(3, dtype=torch.float32, device=t.device)
     w = weight.contiguous() if weight is not None else stats
     _stats_kernel((1,), t, w, stats, t.numel(), n_classes, ignore_index, HAS_WEIGHT=weight is not None,
-                  BLOCK=STATS_BLOCK, num_warps=4, eager=eager)
+                  BLOCK=tuning.current("cross_entropy").stats_block, num_warps=4, eager=eager)
     return stats

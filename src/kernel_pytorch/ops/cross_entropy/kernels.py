@@ -1,5 +1,5 @@
-"""The cross-entropy Triton kernels (ops/cross_entropy.py launches and registers them; the math and
-its symbols are in that module's docstring and in reference/cross_entropy.py).
+"""The cross-entropy Triton kernels (launch.py launches them, register.py registers them; the math and
+its symbols are in launch.py's docstring and in reference/cross_entropy.py).
 
 Kernels:
   _cross_entropy_fwd_kernel: rows walked by one program per row, or by a persistent grid (FwdLaunch).
@@ -14,7 +14,8 @@ Kernels:
     loads evict_last and pass 2 evict_first (FwdLaunch.evict). Each pass issues the next block's load
     before reducing the current one (FwdLaunch.prefetch). Ignored rows read nothing and get zeros.
     Measured on the H100 (benchmarks/results/probes/cross_entropy/probe_ce_h100.log) the re-read misses L2 (fwd+grad
-    costs 2.8x a loss-only pass at 4096-column blocks); FWD_LAUNCH is the sweep's best, 75% of copy.
+    costs 2.8x a loss-only pass at 4096-column blocks); CrossEntropyConfig.fwd is the sweep's best, 75%
+    of copy.
     Two designs that read each logit once were built and measured on the H200 against this kernel's
     1.70 ms (8192 x 128256 bf16, gradient in place; benchmarks/results/probes/cross_entropy/probe_ce_split_h200.log):
     a row split over programs that keep their chunk in registers and meet at a per-row counter
@@ -26,8 +27,8 @@ Kernels:
     For reduction "none" (the upstream gradient differs per row) and for callers that did not keep the
     forward's gradient.
   The "mean"/"sum" backward multiplies the forward's gradient by the upstream gradient with
-    ops/_scale.scale_grad_, which touches no memory when that is 1 (loss.backward()).
-  The means' denominators and W = sum(w) come from ops/_cross_entropy_stats.py, on the device (no sync).
+    ops/_common/scale.scale_grad_, which touches no memory when that is 1 (loss.backward()).
+  The means' denominators and W = sum(w) come from stats.py, on the device (no sync).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""kernel_pytorch.functional's loss family: argument errors name the argument, every backend computes
+"""kernel_pytorch.functional's cross-entropy family: argument errors name the argument, every backend computes
 torch's / the reference's loss and gradients, all-ignored batches as torch defines them, non-finite
 logits reported, tied weights, and the in-place-gradient autograd.Function (interpreter on CPU)."""
 
@@ -10,7 +10,8 @@ import torch.nn.functional as TF
 
 from kernel_pytorch import functional as F
 from kernel_pytorch import reference as R
-from kernel_pytorch.functional import loss as loss_mod
+from kernel_pytorch.functional.cross_entropy import _CrossEntropyInplace
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions as O
 from tests.grid import device_under_test, randn
 from tests.ops.norm_helpers import assert_close
 
@@ -86,7 +87,7 @@ def test_compiled_cross_entropy_no_breaks() -> None:
     logits, target = _inputs()
     f = torch.compile(lambda z: F.cross_entropy(z, target, lse_square_scale=1e-3, softcap=4.0), fullgraph=True,
                       backend="aot_eager")
-    want = R.cross_entropy(logits, target, None, IGNORE, "mean", 0.0, 1e-3, 4.0)
+    want = R.cross_entropy(logits, target, None, O(IGNORE, "mean", 0.0, 1e-3, 4.0))
     ours = f(logits)
     assert_close(ours, want, "loss")
     assert_close(torch.autograd.grad(ours, logits)[0], torch.autograd.grad(want, logits)[0], "grad")
@@ -118,9 +119,9 @@ def test_inplace_backward_function() -> None:
     h, w = randn(5, 8, device=dev).requires_grad_(), randn(13, 8, device=dev).requires_grad_()
     target = torch.randint(0, 13, (5,), device=dev)
     logits = h @ w.t()
-    loss = loss_mod._CrossEntropyInplace.apply(logits, target, None, IGNORE, "mean", 0.1, 0.0, None)[0]
+    loss = _CrossEntropyInplace.apply(logits, target, None, O(IGNORE, "mean", 0.1))[0]
     ref_logits = h @ w.t()
-    want = R.cross_entropy(ref_logits, target, None, IGNORE, "mean", 0.1)
+    want = R.cross_entropy(ref_logits, target, None, O(IGNORE, "mean", 0.1))
     assert_close(loss, want, "loss")
     dloss = torch.tensor(1.5, device=dev)
     got = torch.autograd.grad(loss, (h, w), dloss, retain_graph=True)

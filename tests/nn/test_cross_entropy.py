@@ -1,4 +1,4 @@
-"""The loss modules: CrossEntropyLoss is torch's (arguments, layouts, state_dict, repr) with our kernels;
+"""The cross-entropy modules: CrossEntropyLoss is torch's (arguments, layouts, state_dict, repr) with our kernels;
 FusedLinearCrossEntropyLoss gives a Hugging Face Llama's causal-LM loss and gradients from its hidden
 states and lm_head weight."""
 
