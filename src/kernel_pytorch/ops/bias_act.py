@@ -29,21 +29,22 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._activations import (
+    MlpConfig,
     act_fwd,
     act_fwd_grad,
     as_2d,
     as_2d_out,
-    MlpConfig,
     precise_math,
     strides,
     tiles,
 )
-from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common.launch import Launcher, device_programs
 from kernel_pytorch.ops._common.partials import sum_partials
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.reference.bias_act import bias_act, bias_act_backward
+
 
 @triton.jit
 def _pre_activation(x, b, X_TY: tl.constexpr, HAS_BIAS: tl.constexpr):

@@ -51,18 +51,18 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._activations import (
+    MlpConfig,
     act_fwd,
     act_fwd_grad,
     as_2d,
     as_2d_out,
     dense,
-    MlpConfig,
     precise_math,
     strides,
     tiles,
 )
-from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common.launch import Launcher
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.reference.gated_act import gated_act, gated_act_backward

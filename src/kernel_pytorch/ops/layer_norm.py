@@ -305,7 +305,8 @@ def layer_norm_bwd(
     n_bufs = (weight is not None) + has_bias
     if launch.single_pass:
         plan = row_schedule(n_rows, x.device, launch, cfg.layer_norm.tiling(launch.block), cfg.rows)
-        slots, paired = partial_slots(plan.programs, x.device) if n_bufs else (plan.programs, False)
+        pairs = n_bufs and cfg.layer_norm.paired_partials
+        slots, paired = partial_slots(plan.programs, x.device) if pairs else (plan.programs, False)
         parts = _parts(n_bufs, slots, n_cols, rstd)
         # the pairs' tickets (ops/_partials.store_partials); unpaired, rstd stands in, never read
         tickets = torch.zeros(slots, dtype=torch.int32, device=x.device) if paired else rstd

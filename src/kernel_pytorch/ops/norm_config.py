@@ -25,6 +25,9 @@ class NormOpConfig:
             and backward (None: the rows config's `max_fused_cols` alone).
         bwd_tiling: the row-mode backward's tile and programs per SM.
         bwd_tilings: (block, tiling) pairs overriding `bwd_tiling` for rows of that block.
+        paired_partials: LayerNorm's row-mode backward with more programs than SMs shares partial rows
+            in pairs (ops/_common/partials.partial_slots), so they stay at one fp32 row per SM per
+            parameter; off, each program keeps its own (RMSNorm's backward has no pairing).
     """
 
     fwd_elements_per_thread: int
@@ -33,6 +36,7 @@ class NormOpConfig:
     bwd_tilings: tuple[tuple[int, RowTiling], ...] = ()
     fwd_max_fused_cols: int | None = None
     bwd_max_fused_cols: int | None = None
+    paired_partials: bool = True
 
     def tiling(self, block: int) -> RowTiling:
         """The row-mode backward's tiling for rows of `block` columns (`bwd_tilings`, else `bwd_tiling`)."""
@@ -70,7 +74,8 @@ RMS_NORM = NormOpConfig(
 # holding dy, x, weight and two accumulators for a 16K row spilled registers (20% of copy; both
 # benchmarks/NOTES.md). Row-mode backward: one-row tiles, two programs per SM, sharing partial rows in
 # pairs; one two-row program per SM (one partial row each, no pairing) measured 86% of copy against 90%
-# (H100, 2026-11-21, 16384 x 4096, benchmarks/NOTES.md and benchmarks/results/norms_sweep.log).
+# (H100, 2026-11-21, 16384 x 4096, benchmarks/NOTES.md and benchmarks/results/norms_sweep.log). The
+# pairing costs 150.4 against 148.9 us of backward and saves 4.2 MiB of partials there (the same log).
 LAYER_NORM = NormOpConfig(
     fwd_elements_per_thread=16,
     bwd_elements_per_thread=16,
