@@ -214,7 +214,9 @@ class MlpConfig:
     Fields:
         tile_elements, elements_per_thread: elements per program tile and per thread of the forward
             passes: 4096-element tiles at 16 elements per thread are 8 warps, two 16-byte vectors per
-            thread per bf16 stream.
+            thread per bf16 stream. In the H200 sweep (benchmarks/results/probes/
+            probe_mlp_sweep_h200.log, 16384 x 14336 bf16) the forward ran at 100.3-101.8% of copy with
+            every tile, warp and column-block variant tried: on the ceiling with any of them.
         max_block_c, min_block_c: the widest column block (wider rows take several) and the narrowest
             one tried for a wide row. A row of 14336 (Llama-3-8B's intermediate size) splits into
             2048-wide blocks with no masked column.
@@ -228,7 +230,8 @@ class MlpConfig:
         bias_bwd_tile_elements: elements per tile of the bias + activation backward ([rows, block_c]
             per stream).
         bias_bwd_programs_per_sm: that backward's programs per SM (column blocks x row groups): enough
-            loads in flight per SM with the in-loop prefetch, few enough partial rows.
+            loads in flight per SM with the in-loop prefetch, few enough partial rows. These two have
+            no committed result; scripts/probe_mlp.py --bias prints the variants beside them.
         dh_chunk_bytes, max_dh_chunks, dh_chunk_align: the whole-block gated MLP's backward
             (functional/mlp.py) makes dh = dy @ W_down (N, I), the one buffer it adds to what the forward
             saved (gate/up, 2 N I elements), in column chunks of at most `dh_chunk_bytes` once it is
