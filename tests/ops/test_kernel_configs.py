@@ -67,3 +67,50 @@ def test_embedding_override_reaches_the_launcher() -> None:
         embedding_grad(dy, idx, 3)
     got = embedding_grad(dy, idx, 3, config=EmbeddingConfig(mode="rows", block_cols=4))
     torch.testing.assert_close(got, want)
+
+
+def test_override_reaches_an_autograd_device_thread() -> None:
+    """A CUDA backward runs its nodes on the engine's device threads, which see the overrides of the
+    thread that called backward() through the context torch stashes for them; a plain thread does not.
+    Simulated here (the stash as torch.autograd.graph._engine_run_backward makes it), run for real
+    on CUDA by the next test."""
+    import contextvars
+    import threading
+
+    seen: list[int] = []
+
+    def device_thread(stash: contextvars.Context | None) -> None:
+        if stash is not None:
+            torch._C._stash_obj_in_tls("context", stash)
+        try:
+            seen.append(tuning.current("adam").block)
+        finally:
+            if stash is not None:
+                torch._C._remove_obj_from_tls("context")
+
+    with tuning.changed("adam", block=256):
+        for stash in (contextvars.copy_context(), None):
+            t = threading.Thread(target=device_thread, args=(stash,))
+            t.start()
+            t.join()
+    assert seen == [256, tuning.default("adam").block]
+
+
+@pytest.mark.cuda
+def test_override_reaches_a_cuda_backward() -> None:
+    seen: list[int] = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(tuning.current("adam").block)
+            return g * 2
+
+    x = torch.ones(4, device="cuda", requires_grad=True)
+    with tuning.changed("adam", block=256):
+        Probe.apply(x).sum().backward()
+    assert seen == [256]
