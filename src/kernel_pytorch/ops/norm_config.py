@@ -57,7 +57,7 @@ class NormOpConfig:
 # SM, 39.8 against 46.9 (8192 rows); 4096 one row, two programs per SM, 113.0 against 131.9 (16384
 # rows); 8192 the same, 75.5 against 86.4 (4096 rows). Other widths were not measured there and keep
 # `bwd_tiling`.
-RMS_NORM = NormOpConfig(
+_RMS_NORM = NormOpConfig(
     fwd_elements_per_thread=16,
     bwd_elements_per_thread=8,
     bwd_tiling=RowTiling(tile=2, programs_per_sm=1),
@@ -76,7 +76,7 @@ RMS_NORM = NormOpConfig(
 # pairs; one two-row program per SM (one partial row each, no pairing) measured 86% of copy against 90%
 # (H100, 2026-11-21, 16384 x 4096, benchmarks/NOTES.md and benchmarks/results/norms_sweep.log). The
 # pairing costs 150.4 against 148.9 us of backward and saves 4.2 MiB of partials there (the same log).
-LAYER_NORM = NormOpConfig(
+_LAYER_NORM = NormOpConfig(
     fwd_elements_per_thread=16,
     bwd_elements_per_thread=16,
     bwd_tiling=RowTiling(tile=1, programs_per_sm=2),
@@ -90,8 +90,8 @@ class NormConfig:
     """The norm family's launch knobs: the row schedules' limits and each op's choices."""
 
     rows: RowsConfig = field(default_factory=RowsConfig)
-    rms_norm: NormOpConfig = RMS_NORM
-    layer_norm: NormOpConfig = LAYER_NORM
+    rms_norm: NormOpConfig = _RMS_NORM
+    layer_norm: NormOpConfig = _LAYER_NORM
 
 
 tuning.register("norm", NormConfig())
