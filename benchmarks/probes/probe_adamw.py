@@ -1,5 +1,6 @@
 """AdamW's step on the e2e Llama's parameters: torch's fused and foreach AdamW against
-kernel_pytorch.optim.AdamW at each (BLOCK, NUM_WARPS), one run, with the copy ceiling measured in it.
+kernel_pytorch.optim.AdamW at each launch config (AdamConfig's block x num_warps), one run, with the copy
+ceiling measured in it.
 
     python benchmarks/probes/probe_adamw.py                        # CUDA: the e2e benchmark's 0.9B bf16 parameters
     python benchmarks/probes/probe_adamw.py --variants 2048x4,4096x8 --rep-ms 300
@@ -15,6 +16,7 @@ same state, parameters within one bf16 rounding (the same update, rounded once; 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -24,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps  # noqa: E402
 from kernel_pytorch.benchmark.timer import time_fn  # noqa: E402
-from kernel_pytorch.ops import adam as K  # noqa: E402
+from kernel_pytorch.ops import tuning  # noqa: E402
+from kernel_pytorch.ops.adam import AdamConfig  # noqa: E402
 from kernel_pytorch.optim import AdamW  # noqa: E402
 
 
@@ -81,7 +84,8 @@ def check(shapes, dev, dtype) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default="1024x4p,512x4,1024x2,1024x4,1024x8,2048x8",
-                    help="BLOCKxNUM_WARPS pairs for ours; a trailing p: the IEEE sqrt and divisions")
+                    help="BLOCKxNUM_WARPS pairs for ours (AdamConfig's block and num_warps); a trailing p: "
+                         "the IEEE sqrt and divisions (precise_math)")
     ap.add_argument("--rep-ms", type=float, default=200.0, help="time_fn's measured span per optimizer")
     ap.add_argument("--quick", action="store_true", help="a two-layer toy model")
     ap.add_argument("--device", default="cuda")
@@ -99,19 +103,19 @@ def main() -> None:
     for v in args.variants.split(","):
         block, warps = (int(x) for x in v.rstrip("p").split("x"))
         precise = v.endswith("p")
-        rows.append((f"ours {v}", lambda p, b=block, w=warps, precise=precise: (b, w, precise)))
+        rows.append((f"ours {v}", AdamConfig(block=block, num_warps=warps, precise_math=precise)))
     for name, factory in rows:
         params = make(shapes, dev, dtype)
-        spec = factory(params)
-        if isinstance(spec, tuple):
-            K.BLOCK, K.NUM_WARPS, K.PRECISE_MATH = spec
+        if isinstance(factory, AdamConfig):
+            tuned = tuning.override(adam=factory)
             opt = AdamW(params, lr=1e-3, backend="triton" if dev.type == "cuda" else "auto")
         else:
-            opt = spec
-        for _ in range(3):  # the first steps allocate the state
-            opt.step()
-        ms = time_fn(opt.step, device=dev, rep_ms=args.rep_ms, flush_l2=False).median_ms  # 12 GB: L2 moot
-        kernel = kernel_ms(opt, dev)
+            tuned, opt = contextlib.nullcontext(), factory(params)
+        with tuned:
+            for _ in range(3):  # the first steps allocate the state
+                opt.step()
+            ms = time_fn(opt.step, device=dev, rep_ms=args.rep_ms, flush_l2=False).median_ms  # 12 GB: L2 moot
+            kernel = kernel_ms(opt, dev)
         cells = []
         for t in (ms, kernel):
             rate = nbytes / t / 1e6 if t else 0.0

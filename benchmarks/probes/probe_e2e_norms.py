@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
 from kernel_pytorch.benchmark.suites.norm import hf_rms_norm
-from kernel_pytorch.ops import rms_norm as rms_mod
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common import rows as _rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,7 +40,7 @@ def main() -> None:
     print(f"copy ceiling {ceil:.0f} GB/s")
     fwd_op, bwd_op = torch.ops.kernel_pytorch.rms_norm_fwd, torch.ops.kernel_pytorch.rms_norm_bwd
     passes = args.passes.split(",")
-    saved = {k: getattr(rms_mod, k) for k in ("_FWD_ELEMENTS_PER_THREAD", "bwd_tiling", "_BWD_ELEMENTS_PER_THREAD")}
+    base = tuning.current("norm")
     comp = torch.compile(lambda x, w: hf_rms_norm(x, w, 1e-6))
     for shape in args.shapes.split(","):
         n, d = (int(v) for v in shape.split("x"))
@@ -50,32 +51,27 @@ def main() -> None:
         pct = lambda k, ms: k * nb / ms / 1e6 / ceil * 100  # noqa: E731
         y0, rstd = fwd_op(x, w, 1e-6, 0.0)
         dx0, dw0 = bwd_op(dy, x, w, rstd, 0.0)  # the committed tiling for this width
-        print(f"{shape} committed backward tiling {saved['bwd_tiling'](_rows.row_launch(d, 2, 8).block)}")
+        block = _rows.row_launch(d, 2, base.rms_norm.bwd_elements_per_thread, base.rows).block
+        print(f"{shape} committed backward tiling {base.rms_norm.tiling(block)}")
         for ept in (16, 8, 4) if "fwd" in passes else ():
-            rms_mod._FWD_ELEMENTS_PER_THREAD = ept
-            _rows.row_launch.cache_clear()
-            y, _ = fwd_op(x, w, 1e-6, 0.0)
-            same = torch.equal(y, y0)
-            ms = graph_ms(lambda: fwd_op(x, w, 1e-6, 0.0))
+            with tuning.changed("norm", rms_norm=replace(base.rms_norm, fwd_elements_per_thread=ept)):
+                y, _ = fwd_op(x, w, 1e-6, 0.0)
+                same = torch.equal(y, y0)
+                ms = graph_ms(lambda: fwd_op(x, w, 1e-6, 0.0))
             print(f"{shape} fwd ept={ept:2d}: {ms * 1e3:6.1f} us {pct(2, ms):5.1f}%"
                   f"{'' if same else '  DIFFERS from the committed launch'}")
-        for k, v in saved.items():
-            setattr(rms_mod, k, v)
         tilings = ((2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (4, 2), (2, 4))
         for (tile, per_sm), ept in itertools.product(tilings if "bwd" in passes else (), (8, 4, 16)):
             tiling = _rows.RowTiling(tile=tile, programs_per_sm=per_sm)
-            rms_mod.bwd_tiling = lambda block, t=tiling: t
-            rms_mod._BWD_ELEMENTS_PER_THREAD = ept
-            _rows.row_launch.cache_clear()
-            dx, dw = bwd_op(dy, x, w, rstd, 0.0)
-            same = torch.equal(dx, dx0)
-            dw_err = (dw.float() - dw0.float()).abs().max().item()
-            ms = graph_ms(lambda: bwd_op(dy, x, w, rstd, 0.0))
+            # this tiling at every width, with `ept` elements per thread
+            op = replace(base.rms_norm, bwd_tiling=tiling, bwd_tilings=(), bwd_elements_per_thread=ept)
+            with tuning.changed("norm", rms_norm=op):
+                dx, dw = bwd_op(dy, x, w, rstd, 0.0)
+                same = torch.equal(dx, dx0)
+                dw_err = (dw.float() - dw0.float()).abs().max().item()
+                ms = graph_ms(lambda: bwd_op(dy, x, w, rstd, 0.0))
             print(f"{shape} bwd tile={tile} per_sm={per_sm} ept={ept:2d}: {ms * 1e3:6.1f} us {pct(3, ms):5.1f}%"
                   f"{'' if same else '  dx DIFFERS'} (dw vs committed {dw_err:.2e})")
-        for k, v in saved.items():
-            setattr(rms_mod, k, v)
-        _rows.row_launch.cache_clear()
         with torch.no_grad():
             cf = graph_ms(lambda: comp(x, w))
         xg, wg = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()

@@ -30,9 +30,7 @@ from triton.testing import do_bench
 from kernel_pytorch import reference as R
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
 from kernel_pytorch.benchmark.memory import peak_memory
-from kernel_pytorch.ops import _activations
-from kernel_pytorch.ops import bias_act as ba_ops
-from kernel_pytorch.ops import gated_act as ga_ops
+from kernel_pytorch.ops import _activations, tuning
 from kernel_pytorch.ops.bias_act import bias_act_bwd, bias_act_fwd
 from kernel_pytorch.ops.gated_act import (
     gated_act_bwd,
@@ -233,23 +231,19 @@ def time_providers(n: int, i: int, ceil: float) -> None:
 def sweep(ceil: float) -> None:
     """Kernel-only graph replays of fwd and bwd for tile, warp and precise-math variants."""
     A = _activations
-    # the knobs, each in its module (the backward's tile is gated_act's own)
-    home = {k: A for k in ("TILE_ELEMENTS", "ELEMENTS_PER_THREAD", "MAX_BLOCK_C", "PRECISE_MATH", "PRECISE_BF16")}
-    home["BWD_TILE_ELEMENTS"] = ga_ops
-    defaults = {k: getattr(m, k) for k, m in home.items()}
-    variants = [{}, {"TILE_ELEMENTS": 2048}, {"TILE_ELEMENTS": 8192},
-                {"TILE_ELEMENTS": 8192, "ELEMENTS_PER_THREAD": 32}, {"ELEMENTS_PER_THREAD": 8},
-                {"TILE_ELEMENTS": 16384}, {"TILE_ELEMENTS": 2048, "ELEMENTS_PER_THREAD": 8},
-                {"MAX_BLOCK_C": 1024}, {"PRECISE_BF16": True}, {"BWD_TILE_ELEMENTS": 4096},
-                {"BWD_TILE_ELEMENTS": 1024}]
+    # each variant: fields of the "mlp" config, and precise_bf16 of the "math" one; {} is the committed one
+    variants = [{}, {"tile_elements": 2048}, {"tile_elements": 8192},
+                {"tile_elements": 8192, "elements_per_thread": 32}, {"elements_per_thread": 8},
+                {"tile_elements": 16384}, {"tile_elements": 2048, "elements_per_thread": 8},
+                {"max_block_c": 1024}, {"precise_bf16": True}, {"gated_bwd_tile_elements": 4096},
+                {"gated_bwd_tile_elements": 1024}]
     for n, i in SHAPES:
         gu = torch.randn(n, 2 * i, device="cuda", dtype=BF16)
         g, u = (t.contiguous() for t in gu.chunk(2, dim=-1))
         dh = torch.randn(n, i, device="cuda", dtype=BF16)
         for v in variants:
-            for k, val in {**defaults, **v}.items():
-                setattr(home[k], k, val)
-            A.tiles.cache_clear()
+            mlp = {k: val for k, val in v.items() if k != "precise_bf16"}
+            math = {k: val for k, val in v.items() if k == "precise_bf16"}
 
             def one(v=v, g=g, u=u, gu=gu, dh=dh, n=n, i=i):
                 pct = lambda units, ms: units * n * i * 2 / ms / 1e6 / ceil * 100  # noqa: E731
@@ -260,24 +254,22 @@ def sweep(ceil: float) -> None:
                     bp = graph_ms(lambda: gated_act_packed_bwd(dh, gu, act))
                     res.append(f"{act} fwd {pct(3, f):5.1f}% bwd {pct(5, b):5.1f}% packed bwd {pct(5, bp):5.1f}%")
                 # contiguous operands stream as one flat row: these are the tiles that run
-                t, tb = A.tiles(1, n * i), A.tiles(1, n * i, ga_ops.BWD_TILE_ELEMENTS)
+                cfg = tuning.current("mlp")
+                t, tb = A.tiles(1, n * i), A.tiles(1, n * i, cfg, cfg.gated_bwd_tile_elements)
                 row = (f"sweep {n}x{i} {str(v or 'committed'):50s} fwd tile {t.block_c} {t.num_warps}w, bwd tile "
                        f"{tb.block_c} {tb.num_warps}w | "
                        + " | ".join(res))
                 say(row)
                 ROWS.append(row)
 
-            soft(f"sweep {v}", one)
-        for k, val in defaults.items():
-            setattr(home[k], k, val)
-        A.tiles.cache_clear()
+            with tuning.changed("mlp", **mlp), tuning.changed("math", **math):
+                soft(f"sweep {v}", one)
         del gu, g, u, dh
         torch.cuda.empty_cache()
 
 
 def bias(ceil: float) -> None:
     """Bias + GELU (tanh: GPT-2; exact: ViT/BERT) at 16384 tokens x 3072, and 4096 x 3072."""
-    defaults = (ba_ops.PROGRAMS_PER_SM, ba_ops.BWD_TILE_ELEMENTS)
     for n, d, act in [(16384, 3072, "gelu_tanh"), (16384, 3072, "gelu"), (4096, 3072, "gelu_tanh")]:
         def run(n=n, d=d, act=act):
             x = torch.randn(n, d, device="cuda", dtype=BF16)
@@ -308,11 +300,8 @@ def bias(ceil: float) -> None:
             ROWS.append(row)
             # backward variants: programs per SM and tile size of the row-group loop
             for per_sm, tile in ((8, 2048), (4, 4096), (8, 4096), (2, 2048)):
-                ba_ops.PROGRAMS_PER_SM, ba_ops.BWD_TILE_ELEMENTS = per_sm, tile
-                try:
+                with tuning.changed("mlp", bias_bwd_programs_per_sm=per_sm, bias_bwd_tile_elements=tile):
                     v = graph_ms(lambda: bias_act_bwd(dy, x, b, act))
-                finally:
-                    ba_ops.PROGRAMS_PER_SM, ba_ops.BWD_TILE_ELEMENTS = defaults
                 row = f"bias {n}x{d} {act:9s} bwd variant {per_sm}/SM tile {tile}: {pct(3, v):5.1f}% of copy"
                 say(row)
                 ROWS.append(row)

@@ -97,7 +97,10 @@ def graph_ms(fn) -> float:
 
 def sweep() -> None:
     """Launch-parameter sweep of the norm kernels, timed as CUDA-graph replays (no host overhead)."""
-    from kernel_pytorch.ops._common import rows as _rows
+    from dataclasses import replace
+
+    from kernel_pytorch.ops import tuning
+    from kernel_pytorch.ops._common.rows import RowTiling
     from kernel_pytorch.ops.rms_norm import _rms_norm_fwd_kernel
 
     fwd_op = torch.ops.kernel_pytorch.rms_norm_fwd
@@ -107,23 +110,22 @@ def sweep() -> None:
     from kernel_pytorch.ops import layer_norm as ln_mod
     from kernel_pytorch.ops import rms_norm as rms_mod
 
-    # each variant sets attributes on (module, name); {} is the committed configuration
-    T = _rows
-    one_row, two_rows = T.RowTiling(tile=1, programs_per_sm=2), T.RowTiling(tile=2, programs_per_sm=1)
-    def unpaired(programs, device):  # every program its own partial rows (before pairing)
-        return programs, False
-
+    # each variant: a label and the norm config it runs under ("committed": the default)
+    base = tuning.default("norm")
+    one_row, two_rows = RowTiling(tile=1, programs_per_sm=2), RowTiling(tile=2, programs_per_sm=1)
     row_variants = [
-        {},
-        {(ln_mod, "partial_slots"): unpaired},
-        {(rms_mod, "BWD_TILING"): one_row, (ln_mod, "BWD_TILING"): two_rows},
+        ("committed", base),
+        # every program its own partial rows (before pairing)
+        ("layer_norm.paired_partials=False", replace(base, layer_norm=replace(base.layer_norm, paired_partials=False))),
+        ("rms_norm.bwd_tiling=(tile=1, programs_per_sm=2), layer_norm.bwd_tiling=(tile=2, programs_per_sm=1)",
+         replace(base, rms_norm=replace(base.rms_norm, bwd_tiling=one_row),
+                 layer_norm=replace(base.layer_norm, bwd_tiling=two_rows))),
     ]
     split_variants = [
-        {},
-        {(T, "SPLIT_COL_BLOCK"): 2048},
-        {(T, "SPLIT_PROGRAMS_PER_SM"): 4},
+        ("committed", base),
+        ("rows.split_col_block=2048", replace(base, rows=replace(base.rows, split_col_block=2048))),
+        ("rows.split_programs_per_sm=4", replace(base, rows=replace(base.rows, split_programs_per_sm=4))),
     ]
-    defaults = {key: getattr(*key) for v in row_variants + split_variants for key in v}
     ceil = copy_bw()
     print(f"copy ceiling {ceil:.0f} GB/s")
     for n, d, variants in [(16384, 4096, row_variants), (4096, 1024, row_variants),
@@ -133,41 +135,34 @@ def sweep() -> None:
         b = torch.randn(d, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn_like(x)
         nb = x.numel() * 2
-        for v in variants:
-            for (mod, k), val in {**defaults, **v}.items():
-                setattr(mod, k, val)
-            _rows.row_launch.cache_clear()
-            _, rstd = fwd_op(x, w, 1e-6, 0.0)
-            _, mean, lrstd = ln_fwd(x, w, b, 1e-5)
-            f = graph_ms(lambda: fwd_op(x, w, 1e-6, 0.0))
-            bw = graph_ms(lambda: bwd_op(dy, x, w, rstd, 0.0))
-            lf = graph_ms(lambda: ln_fwd(x, w, b, 1e-5))
-            lb = graph_ms(lambda: ln_bwd(dy, x, w, mean, lrstd, True))
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            bwd_op(dy, x, w, rstd, 0.0)
-            rms_peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-            torch.cuda.reset_peak_memory_stats()
-            ln_bwd(dy, x, w, mean, lrstd, True)
-            ln_peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-            pct = lambda k, ms: k * nb / ms / 1e6 / ceil * 100  # noqa: E731
-            label = ", ".join(f"{mod.__name__.rsplit('.', 1)[-1]}.{k}={getattr(val, '__name__', val)}"
-                              for (mod, k), val in v.items())
-            label = label.replace("RowTiling", "") or "committed"
-            # eager calls, not a graph replay, so host overhead shows where it exceeds the GPU work: like the
-            # suite's plain fwd+bwd rows (timed with its own time_fn, CUDA events), not its "(cuda graph)" rows
-            if variants is row_variants:
-                xg, wg, bg = (t.detach().clone().requires_grad_() for t in (x, w, b))
-                ln_db = do_bench(lambda: torch.autograd.grad(
-                    F.layer_norm(xg, wg, bg, backend="triton"), (xg, wg, bg), dy), return_mode="median")
-                print(f"{n}x{d} {label:44s} ln fwd+bwd do_bench {ln_db*1e3:6.1f}us {pct(5, ln_db):5.1f}%")
-            print(f"{n}x{d} {label:44s} rms fwd {f*1e3:6.1f}us {pct(2, f):5.1f}% "
-                  f"bwd {bw*1e3:6.1f}us {pct(3, bw):5.1f}% f+b {pct(5, f + bw):5.1f}% {rms_peak:6.1f}MiB | "
-                  f"ln fwd {pct(2, lf):5.1f}% bwd {lb*1e3:6.1f}us {pct(3, lb):5.1f}% f+b {pct(5, lf + lb):5.1f}% "
-                  f"{ln_peak:6.1f}MiB")
-        for (mod, k), val in defaults.items():
-            setattr(mod, k, val)
-        _rows.row_launch.cache_clear()
+        for label, config in variants:
+            with tuning.override(norm=config):
+                _, rstd = fwd_op(x, w, 1e-6, 0.0)
+                _, mean, lrstd = ln_fwd(x, w, b, 1e-5)
+                f = graph_ms(lambda: fwd_op(x, w, 1e-6, 0.0))
+                bw = graph_ms(lambda: bwd_op(dy, x, w, rstd, 0.0))
+                lf = graph_ms(lambda: ln_fwd(x, w, b, 1e-5))
+                lb = graph_ms(lambda: ln_bwd(dy, x, w, mean, lrstd, True))
+                torch.cuda.reset_peak_memory_stats()
+                base_bytes = torch.cuda.memory_allocated()
+                bwd_op(dy, x, w, rstd, 0.0)
+                rms_peak = (torch.cuda.max_memory_allocated() - base_bytes) / 2**20
+                torch.cuda.reset_peak_memory_stats()
+                ln_bwd(dy, x, w, mean, lrstd, True)
+                ln_peak = (torch.cuda.max_memory_allocated() - base_bytes) / 2**20
+                pct = lambda k, ms: k * nb / ms / 1e6 / ceil * 100  # noqa: E731
+                # eager calls, not a graph replay, so host overhead shows where it exceeds the GPU work: like
+                # the suite's plain fwd+bwd rows (timed with its own time_fn, CUDA events), not its "(cuda
+                # graph)" rows
+                if variants is row_variants:
+                    xg, wg, bg = (t.detach().clone().requires_grad_() for t in (x, w, b))
+                    ln_db = do_bench(lambda: torch.autograd.grad(
+                        F.layer_norm(xg, wg, bg, backend="triton"), (xg, wg, bg), dy), return_mode="median")
+                    print(f"{n}x{d} {label:44s} ln fwd+bwd do_bench {ln_db*1e3:6.1f}us {pct(5, ln_db):5.1f}%")
+                print(f"{n}x{d} {label:44s} rms fwd {f*1e3:6.1f}us {pct(2, f):5.1f}% "
+                      f"bwd {bw*1e3:6.1f}us {pct(3, bw):5.1f}% f+b {pct(5, f + bw):5.1f}% {rms_peak:6.1f}MiB | "
+                      f"ln fwd {pct(2, lf):5.1f}% bwd {lb*1e3:6.1f}us {pct(3, lb):5.1f}% f+b {pct(5, lf + lb):5.1f}% "
+                      f"{ln_peak:6.1f}MiB")
     # registers and spills of every backward binary compiled above (constexprs say which variant)
     for mod in (rms_mod, ln_mod):
         for name in dir(mod):

@@ -357,11 +357,11 @@ def embedding(args) -> None:
     ranks = torch.arange(1, VOCAB + 1, device="cuda", dtype=torch.float32)
     streams = {"uniform": torch.randint(0, VOCAB, (TOKENS,), device="cuda"),
                "zipf": torch.multinomial(1.0 / ranks, TOKENS, replacement=True)}
-    configs = [dict(), dict(BLOCK_COLS=256), dict(BLOCK_COLS=4096), dict(TOKENS_PER_STEP=16),
-               dict(VOCAB_ROWS_PER_PROGRAM=1), dict(VOCAB_ROWS_PER_PROGRAM=16), dict(NUM_WARPS=8)]
+    # fields of the "embedding" launch config (EmbeddingConfig) each variant changes; {} is the default
+    configs = [dict(), dict(block_cols=256), dict(block_cols=4096), dict(tokens_per_step=16),
+               dict(vocab_rows_per_program=1), dict(vocab_rows_per_program=16), dict(num_warps=8)]
     if args.quick:
         configs = configs[:2]
-    defaults = {key: getattr(emb_ops, key) for c in configs for key in c}
     for sname, idx in streams.items():
         top = torch.bincount(idx, minlength=VOCAB).max().item()
         print(f"  {sname}: {torch.unique(idx).numel()} distinct ids, hottest id {top} tokens")
@@ -379,10 +379,9 @@ def embedding(args) -> None:
                    nbytes, ceil, "")
         for mode in ("rows", "segments"):
             for cfg in configs:
-                for key, val in {**defaults, **cfg}.items():
-                    setattr(emb_ops, key, val)
                 label = f"ours {mode} {cfg or 'default'}"
-                fn = lambda: embedding_grad(dy, idx, VOCAB, mode=mode, eager=True)
+                config = emb_ops.EmbeddingConfig(**cfg)
+                fn = lambda: embedding_grad(dy, idx, VOCAB, mode=mode, eager=True, config=config)
                 out = soft(label, fn)
                 if out is None:
                     continue
@@ -393,8 +392,6 @@ def embedding(args) -> None:
                            f"bitwise reruns {det}, vs torch fp32 {'ok' if err_ok else 'MISMATCH'}")
                 if not cfg and ms is not None:
                     SUMMARY.append(f"embedding {sname} ours {mode}: {ms * 1e3:.0f}us, bitwise reruns {det}")
-        for key, val in defaults.items():
-            setattr(emb_ops, key, val)
 
 
 def _print_emb(stream, label, ms, gms, nbytes, ceil, extra) -> None:

@@ -14,7 +14,11 @@ Benchmarks, probes and tests change a config only through `override`:
         ...
 
 Overrides live in a context variable, so they end with the `with` block, nest, and do not leak into
-other threads. Nothing in `src/` assigns to a module attribute to tune a kernel.
+other threads, with one exception that keeps them in force where they are meant to be: the nodes of a
+CUDA backward run on the autograd engine's device threads, which do not enter the context of the thread
+that called `backward()`; torch stashes a copy of that context in the thread-local state it hands to
+them (torch.autograd.graph._engine_run_backward), and `current` reads the overrides there when its own
+thread has none. Nothing in `src/` assigns to a module attribute to tune a kernel.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import threading
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
+
+import torch
 
 C = TypeVar("C")
 
@@ -33,6 +40,7 @@ _NO_OVERRIDES: Mapping[str, Any] = types.MappingProxyType({})
 _OVERRIDES: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "kernel_pytorch_tuning", default=_NO_OVERRIDES
 )
+_MAIN_THREAD = threading.main_thread().ident
 
 
 def register(family: str, default: C) -> C:
@@ -60,9 +68,22 @@ def default(family: str) -> Any:
         raise ValueError(f"unknown tuning family {family!r}; known: {sorted(_DEFAULTS)}") from None
 
 
+def _backward_caller_overrides() -> Mapping[str, Any]:
+    """The overrides of the thread that started the autograd backward this thread runs a node of (an
+    engine device thread), or none."""
+    try:
+        if torch._C._is_key_in_tls("context"):
+            return torch._C._get_obj_in_tls("context").get(_OVERRIDES, _NO_OVERRIDES)
+    except AttributeError:  # pragma: no cover - a torch without the stash: overrides stay per thread
+        pass
+    return _NO_OVERRIDES
+
+
 def current(family: str) -> Any:
     """The config of `family` in force here: the innermost `override` of it, else its default."""
     over = _OVERRIDES.get()
+    if over is _NO_OVERRIDES and threading.get_ident() != _MAIN_THREAD:
+        over = _backward_caller_overrides()  # the main thread never runs a device thread's nodes
     if family in over:
         return over[family]
     return default(family)
