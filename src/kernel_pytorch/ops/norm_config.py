@@ -74,7 +74,8 @@ _RMS_NORM = NormOpConfig(
 # holding dy, x, weight and two accumulators for a 16K row spilled registers (20% of copy; both
 # docs/performance.md). Row-mode backward: one-row tiles, two programs per SM, sharing partial rows in
 # pairs; one two-row program per SM (one partial row each, no pairing) measured 86% of copy against 90%
-# (H100, 2026-11-21, 16384 x 4096, docs/performance.md and benchmarks/results/probes/norm/probe_norms_sweep_h100.log). The
+# (H100, 2026-11-21, 16384 x 4096, docs/performance.md and
+# benchmarks/results/probes/norm/probe_norms_sweep_h100.log). The
 # pairing costs 150.4 against 148.9 us of backward and saves 4.2 MiB of partials there (the same log).
 _LAYER_NORM = NormOpConfig(
     fwd_elements_per_thread=16,

@@ -13,34 +13,29 @@ Benchmarks, probes and tests change a config only through `override`:
     with tuning.changed("rope", schedule="tile"):   # the same, shorter
         ...
 
-Overrides live in a context variable, so they end with the `with` block, nest, and do not leak into
-other threads, with one exception that keeps them in force where they are meant to be: the nodes of a
-CUDA backward run on the autograd engine's device threads, which do not enter the context of the thread
-that called `backward()`; torch stashes a copy of that context in the thread-local state it hands to
-them (torch.autograd.graph._engine_run_backward), and `current` reads the overrides there when its own
-thread has none. Nothing in `src/` assigns to a module attribute to tune a kernel.
+Overrides are process-wide, as the module constants they replace were: the nodes of a CUDA backward run
+on the autograd engine's device threads, and an override around `loss.backward()` must reach them. They
+end with their `with` block and nest; they are for benchmarks, probes and tests, not for threads that
+want different configs at the same time. Nothing in `src/` assigns to a module attribute to tune a
+kernel.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import threading
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
-import torch
-
 C = TypeVar("C")
 
 _DEFAULTS: dict[str, Any] = {}  # family -> default config; written once per family, at import
 _NO_OVERRIDES: Mapping[str, Any] = types.MappingProxyType({})
-_OVERRIDES: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
-    "kernel_pytorch_tuning", default=_NO_OVERRIDES
-)
-_MAIN_THREAD = threading.main_thread().ident
+# the overrides in force: replaced, never mutated, by `override` (readers need no lock)
+_overrides: Mapping[str, Any] = _NO_OVERRIDES
+_LOCK = threading.Lock()
 
 
 def register(family: str, default: C) -> C:
@@ -68,22 +63,9 @@ def default(family: str) -> Any:
         raise ValueError(f"unknown tuning family {family!r}; known: {sorted(_DEFAULTS)}") from None
 
 
-def _backward_caller_overrides() -> Mapping[str, Any]:
-    """The overrides of the thread that started the autograd backward this thread runs a node of (an
-    engine device thread), or none."""
-    try:
-        if torch._C._is_key_in_tls("context"):
-            return torch._C._get_obj_in_tls("context").get(_OVERRIDES, _NO_OVERRIDES)
-    except AttributeError:  # pragma: no cover - a torch without the stash: overrides stay per thread
-        pass
-    return _NO_OVERRIDES
-
-
 def current(family: str) -> Any:
     """The config of `family` in force here: the innermost `override` of it, else its default."""
-    over = _OVERRIDES.get()
-    if over is _NO_OVERRIDES and threading.get_ident() != _MAIN_THREAD:
-        over = _backward_caller_overrides()  # the main thread never runs a device thread's nodes
+    over = _overrides
     if family in over:
         return over[family]
     return default(family)
@@ -106,11 +88,15 @@ def override(**configs: Any) -> Iterator[None]:
             raise TypeError(
                 f"tuning.override: {family}= needs a {type(base).__name__}, got {type(config).__name__}"
             )
-    token = _OVERRIDES.set({**_OVERRIDES.get(), **configs})
+    global _overrides
+    with _LOCK:
+        previous = _overrides
+        _overrides = types.MappingProxyType({**previous, **configs})
     try:
         yield
     finally:
-        _OVERRIDES.reset(token)
+        with _LOCK:
+            _overrides = previous
 
 
 def changed(family: str, **fields: Any) -> contextlib.AbstractContextManager[None]:
