@@ -11,7 +11,7 @@ from rich.console import Console
 import kernel_pytorch as kp
 from kernel_pytorch.assistant import SECTIONS, Finding, Location, Report, Severity
 from kernel_pytorch.assistant import assistant as assistant_module
-from kernel_pytorch.assistant.render import headline, render_terminal, to_json, to_markdown
+from kernel_pytorch.assistant.report.render import headline, render_terminal, to_json, to_markdown
 from tests.assistant import zoo
 
 

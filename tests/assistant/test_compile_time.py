@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_pytorch.assistant.compile_time import analyze_compile_time, find_repeated_blocks, mode_advice
+from kernel_pytorch.assistant.compile_time.compile_time import analyze_compile_time, find_repeated_blocks, mode_advice
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.findings import Finding, Severity
 from tests.assistant import zoo

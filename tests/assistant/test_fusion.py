@@ -12,9 +12,9 @@ import torch
 import kernel_pytorch as kp
 from kernel_pytorch.assistant.components import COMPONENTS, component
 from kernel_pytorch.assistant.dynamo import module_path
-from kernel_pytorch.assistant.fusion import analyze_fusion
-from kernel_pytorch.assistant.fusion_graph import GraphView
-from kernel_pytorch.assistant.fusion_patterns import find_all
+from kernel_pytorch.assistant.fusion.fusion import analyze_fusion
+from kernel_pytorch.assistant.fusion.graph import GraphView
+from kernel_pytorch.assistant.fusion.patterns import find_all
 from kernel_pytorch.models import build_model
 from tests.assistant import fusion_zoo as zoo
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from kernel_pytorch.assistant import CompilerOptimizationAssistant
-from kernel_pytorch.assistant.generate import describe_reason
+from kernel_pytorch.assistant.recompiles.generate import describe_reason
 
 
 class TinyLM(nn.Module):

@@ -13,15 +13,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernel_pytorch as kp
-from kernel_pytorch.assistant.charts import breakdown_svg, chart_images, roofline_svg
+from kernel_pytorch.assistant.report.charts import breakdown_svg, chart_images, roofline_svg
 from kernel_pytorch.assistant.context import AnalysisOptions
 from kernel_pytorch.assistant.findings import Finding, Report, Severity
-from kernel_pytorch.assistant.html_report import to_html
-from kernel_pytorch.assistant.profile import RuntimeProfile
-from kernel_pytorch.assistant.render import to_json, to_markdown
-from kernel_pytorch.assistant.sdpa_paths import NO_GAIN, is_causal_mask, repeat_factor
-from kernel_pytorch.assistant.suggestions import gain_of, rank
-from kernel_pytorch.assistant.verdict import pass_verdict
+from kernel_pytorch.assistant.report.html import to_html
+from kernel_pytorch.assistant.kernels.profile import RuntimeProfile
+from kernel_pytorch.assistant.report.render import to_json, to_markdown
+from kernel_pytorch.assistant.kernels.sdpa import NO_GAIN, is_causal_mask, repeat_factor
+from kernel_pytorch.assistant.report.suggestions import gain_of, rank
+from kernel_pytorch.assistant.kernels.verdict import pass_verdict
 from kernel_pytorch.benchmark.timer import Timing
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_pytorch.assistant.kernel_stats import cpu_kernels, gpu_activity, op_cost, place
-from kernel_pytorch.assistant.profile import merge_traces, profile_steps
+from kernel_pytorch.assistant.kernels.stats import cpu_kernels, gpu_activity, op_cost, place
+from kernel_pytorch.assistant.kernels.profile import merge_traces, profile_steps
 
 
 def test_op_cost_of_matmuls_convolutions_attention_norms_elementwise() -> None:
@@ -76,7 +76,7 @@ def test_profiler_events_without_dtypes_count_bytes_at_the_models_dtype() -> Non
         cpu_parent, cpu_children, kernels, device_type = None, [], [], None
         self_cpu_time_total = cpu_time_total = 10.0
 
-    from kernel_pytorch.assistant.kernel_stats import _Merge
+    from kernel_pytorch.assistant.kernels.stats import _Merge
 
     for dtype, size in ((torch.bfloat16, 2), (torch.float32, 4)):
         merge = _Merge(dtype)

@@ -14,8 +14,8 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 import kernel_pytorch as kp
-from kernel_pytorch.assistant.memory import analyze_memory, repeated_blocks
-from kernel_pytorch.assistant.memory_run import measure_step
+from kernel_pytorch.assistant.memory.memory import analyze_memory, repeated_blocks
+from kernel_pytorch.assistant.memory.step import measure_step
 
 
 class Block(nn.Module):

@@ -476,7 +476,7 @@ def test_nested_inputs_are_swept_and_named() -> None:
 def test_sections_not_run_are_said_not_analysed() -> None:
     from rich.console import Console
 
-    from kernel_pytorch.assistant.render import render_terminal, to_markdown
+    from kernel_pytorch.assistant.report.render import render_terminal, to_markdown
 
     model, inputs = rm.FACTORIES["cross_entropy"]()
     assistant = CompilerOptimizationAssistant(measure_compile_time=False, sections=["recompilations"])

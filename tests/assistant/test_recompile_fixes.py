@@ -17,8 +17,8 @@ from torch import Tensor, nn
 
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.findings import Finding
-from kernel_pytorch.assistant.recompile_fixes import explain_guard
-from kernel_pytorch.assistant.recompiles import analyze_recompilations
+from kernel_pytorch.assistant.recompiles.fixes import explain_guard
+from kernel_pytorch.assistant.recompiles.recompiles import analyze_recompilations
 
 
 def _analyze(model: nn.Module, args: tuple = (), kwargs: dict | None = None, **options: Any) -> list[Finding]:

@@ -10,8 +10,8 @@ import torch
 from kernel_pytorch._env import recompile_limit, recompile_limit_name
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.findings import Finding, Severity
-from kernel_pytorch.assistant.recompile_causes import classify_recompile, failed_guard
-from kernel_pytorch.assistant.recompiles import analyze_recompilations
+from kernel_pytorch.assistant.recompiles.causes import classify_recompile, failed_guard
+from kernel_pytorch.assistant.recompiles.recompiles import analyze_recompilations
 from kernel_pytorch.assistant.records import CompileRecord
 from tests.assistant import zoo
 from tests.grid import device_under_test, randn

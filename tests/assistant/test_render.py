@@ -12,8 +12,8 @@ from torch import nn
 
 import kernel_pytorch as kp
 from kernel_pytorch.assistant import Finding, Location, Report, Severity
-from kernel_pytorch.assistant.html_report import to_html
-from kernel_pytorch.assistant.render import render_terminal, to_json, to_markdown
+from kernel_pytorch.assistant.report.html import to_html
+from kernel_pytorch.assistant.report.render import render_terminal, to_json, to_markdown
 
 _VIA = Location("/proj/model.py", 12, "forward", "return self.blocks(x)")
 _LIB = Location("/site-packages/lib/layers.py", 40, "forward", "log.warning('x')", via=_VIA)

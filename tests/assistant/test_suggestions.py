@@ -13,13 +13,13 @@ from rich.console import Console
 from torch import nn
 
 import kernel_pytorch as kp
-from kernel_pytorch.assistant.compile_time import _REGIONAL
+from kernel_pytorch.assistant.compile_time.compile_time import _REGIONAL
 from kernel_pytorch.assistant.context import AnalysisOptions
 from kernel_pytorch.assistant.dynamo import readable
 from kernel_pytorch.assistant.findings import Finding, Location, Report, Severity
-from kernel_pytorch.assistant.profile import RuntimeProfile, profile_steps
-from kernel_pytorch.assistant.render import render_terminal, verdict_text
-from kernel_pytorch.assistant.suggestions import analyze_suggestions, rank
+from kernel_pytorch.assistant.kernels.profile import RuntimeProfile, profile_steps
+from kernel_pytorch.assistant.report.render import render_terminal, verdict_text
+from kernel_pytorch.assistant.report.suggestions import analyze_suggestions, rank
 from kernel_pytorch.benchmark.timer import Timing
 from kernel_pytorch.models import build_model
 

@@ -17,8 +17,8 @@ import torch
 import kernel_pytorch as kp
 from kernel_pytorch.assistant import paired_cpu as paired_module
 from kernel_pytorch.assistant.paired_cpu import PAIRED_ROUNDS, PairedStats, paired_cpu
-from kernel_pytorch.assistant.profile import RuntimeProfile
-from kernel_pytorch.assistant.verdict import RELIABLE_SPREAD, pass_verdict, verdict_findings
+from kernel_pytorch.assistant.kernels.profile import RuntimeProfile
+from kernel_pytorch.assistant.kernels.verdict import RELIABLE_SPREAD, pass_verdict, verdict_findings
 from kernel_pytorch.benchmark.timer import Timing
 
 ROOT = Path(__file__).resolve().parents[2]

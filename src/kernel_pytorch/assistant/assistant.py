@@ -17,19 +17,19 @@ import torch
 from torch import nn
 
 from kernel_pytorch._tree import as_inputs, move, split_inputs, tensors
-from kernel_pytorch.assistant.compile_time import analyze_compile_time
+from kernel_pytorch.assistant.compile_time.compile_time import analyze_compile_time
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.dynamo import backend_name
 from kernel_pytorch.assistant.findings import SECTIONS, Finding, Report, Severity, sort_findings
-from kernel_pytorch.assistant.fusion import analyze_fusion
+from kernel_pytorch.assistant.fusion.fusion import analyze_fusion
 from kernel_pytorch.assistant.inputs import InputDims, prepare
 from kernel_pytorch.assistant.isolation import Snapshot
-from kernel_pytorch.assistant.kernel_efficiency import analyze_kernels
-from kernel_pytorch.assistant.memory import analyze_memory
-from kernel_pytorch.assistant.readiness import analyze_readiness, nothing_compiled
-from kernel_pytorch.assistant.recompiles import analyze_recompilations
-from kernel_pytorch.assistant.suggestions import analyze_suggestions
-from kernel_pytorch.assistant.sweep import shape_sweep
+from kernel_pytorch.assistant.kernels.efficiency import analyze_kernels
+from kernel_pytorch.assistant.memory.memory import analyze_memory
+from kernel_pytorch.assistant.readiness.readiness import analyze_readiness, nothing_compiled
+from kernel_pytorch.assistant.recompiles.recompiles import analyze_recompilations
+from kernel_pytorch.assistant.report.suggestions import analyze_suggestions
+from kernel_pytorch.assistant.recompiles.sweep import shape_sweep
 
 Analysis = Callable[[AnalysisContext], list[Finding]]
 
@@ -236,7 +236,7 @@ class CompilerOptimizationAssistant:
         Raises:
             TypeError: the module has no `generate()`.
         """
-        from kernel_pytorch.assistant.generate import generate_report, has_generate, no_generate_message
+        from kernel_pytorch.assistant.recompiles.generate import generate_report, has_generate, no_generate_message
 
         if not has_generate(module):
             raise TypeError(no_generate_message(module))

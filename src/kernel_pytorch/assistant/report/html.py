@@ -8,9 +8,9 @@ from __future__ import annotations
 import html
 import re
 
-from kernel_pytorch.assistant.charts import chart_images
+from kernel_pytorch.assistant.report.charts import chart_images
 from kernel_pytorch.assistant.findings import SECTION_TITLES, Finding, Location, Report
-from kernel_pytorch.assistant.render import _headline_text, _joined, _ran, _where
+from kernel_pytorch.assistant.report.render import _headline_text, _joined, _ran, _where
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1080px;color:#222;

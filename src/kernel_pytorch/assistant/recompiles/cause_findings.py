@@ -15,8 +15,8 @@ from kernel_pytorch.assistant.dynamo import backend_name, readable
 from kernel_pytorch.assistant.findings import Finding, Severity
 from kernel_pytorch.assistant.inputs import InputKey
 from kernel_pytorch.assistant.locate import definition_location, is_library_file
-from kernel_pytorch.assistant.recompile_causes import Cause
-from kernel_pytorch.assistant.recompile_fixes import (
+from kernel_pytorch.assistant.recompiles.causes import Cause
+from kernel_pytorch.assistant.recompiles.fixes import (
     Attempt,
     covers,
     describe_fix,

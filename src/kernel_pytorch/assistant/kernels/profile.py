@@ -32,7 +32,7 @@ from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import map_tensors, tensors
 from kernel_pytorch.assistant.dynamo import fresh_dynamo, inductor_caches
 from kernel_pytorch.assistant.inputs import clone_inputs
-from kernel_pytorch.assistant.kernel_stats import GpuActivity, KernelStat, cpu_kernels, cuda_kernels
+from kernel_pytorch.assistant.kernels.stats import GpuActivity, KernelStat, cpu_kernels, cuda_kernels
 from kernel_pytorch.assistant.options import AnalysisOptions
 from kernel_pytorch.assistant.paired_cpu import PairedStats, paired_cpu
 from kernel_pytorch.assistant.records import CompileProfile, RunResult
@@ -81,7 +81,7 @@ class ProfiledRun:
         device_type: "cuda" or "cpu".
         steps: steps profiled (every number below is per step).
         wall_ms: wall time per step under the profiler (its overhead included).
-        kernels: the kernels (CPU: the ops doing the work), slowest first; see `kernel_stats`.
+        kernels: the kernels (CPU: the ops doing the work), slowest first; see `stats`.
         gpu: how busy the GPU was (CUDA only).
         trace: the exported Chrome trace, when one was asked for.
     """

@@ -32,7 +32,7 @@ from kernel_pytorch.assistant.dynamo import backend_name, compilation_metrics, f
 from kernel_pytorch.assistant.findings import Finding, Report, Severity
 from kernel_pytorch.assistant.inputs import leaves
 from kernel_pytorch.assistant.locate import definition_location
-from kernel_pytorch.assistant.recompile_causes import failed_guard
+from kernel_pytorch.assistant.recompiles.causes import failed_guard
 from kernel_pytorch.assistant.records import CompileRecord
 
 # forward inputs of a training call that generate() does not take

@@ -1,7 +1,7 @@
 """A captured FX graph indexed for pattern matching, and what its nodes cost in eager mode.
 
 A `GraphView` indexes one `GraphInfo` (nodes by name, their users, op kinds that merge `torch.mul`,
-`operator.mul` and `Tensor.mul` into "mul"); `fusion_patterns` finds the `Match`es in it. Costs come
+`operator.mul` and `Tensor.mul` into "mul"); `patterns` finds the `Match`es in it. Costs come
 from the nodes' example values: an op that launches a kernel reads each tensor input and writes its
 output once; views (a reshape of a contiguous tensor, transpose, slicing, a cast to the same dtype)
 launch nothing and move nothing.

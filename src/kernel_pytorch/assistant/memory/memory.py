@@ -1,6 +1,6 @@
 """Memory bottlenecks: what one training step holds, and what would free it.
 
-From `memory_run.measure_step` (one forward + backward, an optimizer step when one is given): a
+From `step.measure_step` (one forward + backward, an optimizer step when one is given): a
 summary of the peak and what holds it (parameters, gradients, optimizer state, activations saved for
 backward per module), the largest saved tensors with the line that made them, and suggestions with
 estimates: activation checkpointing of the repeated blocks (memory freed, recompute paid), fused
@@ -21,9 +21,9 @@ from kernel_pytorch.assistant.components import component
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.estimates import StepTime, fmt_bytes, fmt_seconds, step_time
 from kernel_pytorch.assistant.findings import Finding, Severity
-from kernel_pytorch.assistant.fusion_graph import LARGE_VOCAB, GraphView
-from kernel_pytorch.assistant.fusion_patterns import find_gated_activations
-from kernel_pytorch.assistant.memory_run import MemoryRun, OptimizerFactory, SavedTensor, measure_step
+from kernel_pytorch.assistant.fusion.graph import LARGE_VOCAB, GraphView
+from kernel_pytorch.assistant.fusion.patterns import find_gated_activations
+from kernel_pytorch.assistant.memory.step import MemoryRun, OptimizerFactory, SavedTensor, measure_step
 
 # AdamW keeps two fp32 moments per parameter element: the estimate when no optimizer is given
 _ADAM_BYTES_PER_ELEMENT = 8

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from kernel_pytorch._errors import short_error
-from kernel_pytorch.assistant.allow_rnn import RnnCheck, check_allow_rnn
+from kernel_pytorch.assistant.readiness.allow_rnn import RnnCheck, check_allow_rnn
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.findings import Finding, Location, Severity
-from kernel_pytorch.assistant.graph_breaks import (
+from kernel_pytorch.assistant.readiness.graph_breaks import (
     RNN,
     Break,
     BreakKind,

@@ -1,10 +1,10 @@
 """The kernel-efficiency section: what the eager and the compiled model run per step, measured.
 
-From the profiled runs of `AnalysisContext.runtime` (see `assistant.profile`): kernel count per step and
+From the profiled runs of `AnalysisContext.runtime` (see `assistant.kernels.profile`): kernel count per step and
 the top kernels' time share, each attributable kernel's achieved GB/s or TFLOP/s against the device's
 measured ceilings (CUDA; on the CPU the ceilings are not measured and only the achieved rates are
 given), a launch-bound GPU (idle between short kernels), fallback kernels inside compiled graphs, fp32
-matmuls on a GPU that could use TF32 or bf16, SDPA calls that lost their fast path (`sdpa_paths`), and
+matmuls on a GPU that could use TF32 or bf16, SDPA calls that lost their fast path (`sdpa`), and
 the compile verdict (`verdict`).
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from kernel_pytorch.assistant.findings import Finding, Severity
-from kernel_pytorch.assistant.kernel_stats import MATMUL_OPS, KernelStat
-from kernel_pytorch.assistant.profile import ProfiledRun, RuntimeProfile
-from kernel_pytorch.assistant.sdpa_paths import sdpa_findings
-from kernel_pytorch.assistant.verdict import verdict_findings
+from kernel_pytorch.assistant.kernels.stats import MATMUL_OPS, KernelStat
+from kernel_pytorch.assistant.kernels.profile import ProfiledRun, RuntimeProfile
+from kernel_pytorch.assistant.kernels.sdpa import sdpa_findings
+from kernel_pytorch.assistant.kernels.verdict import verdict_findings
 from kernel_pytorch.benchmark.ceilings import Ceilings, roofline
 
 TOP = 8  # kernels listed per run

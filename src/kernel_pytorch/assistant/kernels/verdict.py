@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from kernel_pytorch.assistant.findings import Finding, Severity
-from kernel_pytorch.assistant.profile import RuntimeProfile
+from kernel_pytorch.assistant.kernels.profile import RuntimeProfile
 from kernel_pytorch.benchmark.timer import Timing, speedup
 
 # a q20-q80 band wider than this share of its median cannot tell "no difference" from noise

@@ -10,7 +10,7 @@ needs the whole chain; library calls that already fuse it (`F.rms_norm`, `F.laye
 
 from __future__ import annotations
 
-from kernel_pytorch.assistant.fusion_graph import (
+from kernel_pytorch.assistant.fusion.graph import (
     LARGE_VOCAB,
     GraphView,
     Match,

@@ -1,6 +1,6 @@
 """Fusion opportunities: the patterns kernel_pytorch's components implement, found in the captured graphs.
 
-Every match of `fusion_patterns` in the graphs of the Dynamo trace is located at the user's source line
+Every match of `patterns` in the graphs of the Dynamo trace is located at the user's source line
 (the node's stack), in its function, and its module (the node's module path). Matches of one pattern
 in one function with one fix are one cause: one finding, with every line and every module they occur
 in (RoPE on q and on k, the two residual adds of a decoder layer). Each says what the pattern costs
@@ -23,8 +23,8 @@ from kernel_pytorch.assistant.components import component
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.estimates import Bandwidth, copy_bandwidth, fmt_bytes, fmt_seconds
 from kernel_pytorch.assistant.findings import Finding, Location, Severity
-from kernel_pytorch.assistant.fusion_graph import LARGE_VOCAB, GraphView, Match
-from kernel_pytorch.assistant.fusion_patterns import find_all
+from kernel_pytorch.assistant.fusion.graph import LARGE_VOCAB, GraphView, Match
+from kernel_pytorch.assistant.fusion.patterns import find_all
 from kernel_pytorch.assistant.locate import definition_location, function_name, model_location, parse_stack
 
 # this many matches of one attention line in one module per call: a Python loop over positions
@@ -190,7 +190,7 @@ def _finding(group: list[Instance], bandwidth: Bandwidth) -> Finding:
     )
 
 
-# fixes another analysis measures on this device (`sdpa_paths`: the attention call with and without it),
+# fixes another analysis measures on this device (`sdpa`: the attention call with and without it),
 # by the key both findings carry in `data["fix"]`
 _SHARED_FIX = {"gqa-repeat": "sdpa.enable_gqa"}
 
