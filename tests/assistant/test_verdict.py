@@ -1,7 +1,7 @@
-"""The compile verdict: "could not measure reliably" when the timing cannot decide, rounds that waited for a
-CPU left out of the CPU timing, and, on the CPU, agreement with a careful timing in a fresh process for a
-model where compiling clearly wins and one where it clearly loses (scripts/verdict_agreement.py, whose
-smoke run this also is)."""
+"""The compile verdict: "could not measure reliably" when the timing cannot decide or mostly waited for a
+CPU (the rounds that did are left out by `benchmark.paired`, tested there), and, on the CPU, agreement
+with a careful timing in a fresh process for a model where compiling clearly wins and one where it
+clearly loses (scripts/verdict_agreement.py, whose smoke run this also is)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ import pytest
 import torch
 
 import kernel_pytorch as kp
-from kernel_pytorch.assistant import paired_cpu as paired_module
-from kernel_pytorch.assistant.paired_cpu import PAIRED_ROUNDS, PairedStats, paired_cpu
 from kernel_pytorch.assistant.kernels.profile import RuntimeProfile
 from kernel_pytorch.assistant.kernels.verdict import RELIABLE_SPREAD, pass_verdict, verdict_findings
+from kernel_pytorch.benchmark.paired import PairedStats
 from kernel_pytorch.benchmark.timer import Timing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,29 +52,6 @@ def test_a_timing_that_mostly_waited_for_a_cpu_gives_no_verdict() -> None:
     calm = PairedStats(rounds=40, kept=38, wait_ms=0.01)
     v = pass_verdict(_rt(_timing(564.0, 0.03), _timing(828.0, 0.02), calm), "fwd")
     assert v is not None and v["verdict"] == "eager" and v["rounds"] == [38, 40]
-
-
-def test_paired_cpu_leaves_out_the_rounds_that_waited(monkeypatch: pytest.MonkeyPatch) -> None:
-    waited = [0.0]
-    calls = [0]
-
-    def slow_and_waiting() -> None:  # every third call "waits for a CPU" for a second and looks slow
-        calls[0] += 1
-        if calls[0] % 3 == 0:
-            waited[0] += 1.0
-
-    monkeypatch.setattr(paired_module, "runqueue_wait_s", lambda: waited[0])
-    eager, compiled, stats = paired_cpu(lambda: None, slow_and_waiting)
-    assert stats.rounds > stats.kept >= PAIRED_ROUNDS[0] and eager.reps == compiled.reps == stats.kept
-    assert stats.wait_ms is not None and stats.wait_ms > 0 and "rounds kept" in eager.method
-    def always_waiting() -> float:
-        waited[0] += 1.0
-        return waited[0]
-
-    monkeypatch.setattr(paired_module, "runqueue_wait_s", always_waiting)
-    monkeypatch.setattr(paired_module, "PAIRED_MAX_S", 0.2)
-    _, _, stats = paired_cpu(lambda: None, lambda: None)  # every call waited: nothing kept, said so
-    assert stats.kept == 0 and not stats.reliable
 
 
 def _load_script():

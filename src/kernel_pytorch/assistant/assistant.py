@@ -28,8 +28,8 @@ from kernel_pytorch.assistant.kernels.efficiency import analyze_kernels
 from kernel_pytorch.assistant.memory.memory import analyze_memory
 from kernel_pytorch.assistant.readiness.readiness import analyze_readiness, nothing_compiled
 from kernel_pytorch.assistant.recompiles.recompiles import analyze_recompilations
-from kernel_pytorch.assistant.report.suggestions import analyze_suggestions
 from kernel_pytorch.assistant.recompiles.sweep import shape_sweep
+from kernel_pytorch.assistant.report.suggestions import analyze_suggestions
 
 Analysis = Callable[[AnalysisContext], list[Finding]]
 

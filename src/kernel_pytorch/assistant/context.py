@@ -37,9 +37,9 @@ from kernel_pytorch.assistant.inputs import (
     positional_names,
     root_of,
 )
+from kernel_pytorch.assistant.kernels.profile import RuntimeProfile, measure_compiled, measure_runtime
 from kernel_pytorch.assistant.locate import location_of
 from kernel_pytorch.assistant.options import AnalysisOptions
-from kernel_pytorch.assistant.kernels.profile import RuntimeProfile, measure_compiled, measure_runtime
 from kernel_pytorch.assistant.records import (
     PROFILE_FIELDS,
     BreakRecord,

@@ -25,12 +25,12 @@ import torch
 import torch._inductor.config
 
 from kernel_pytorch._errors import short_error
+from kernel_pytorch.assistant.compile_time.regional import RepeatedBlocks, find_repeated_blocks, regional_finding
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.dynamo import backend_name
 from kernel_pytorch.assistant.findings import Finding, Severity
 from kernel_pytorch.assistant.locate import error_location
 from kernel_pytorch.assistant.records import CompileProfile
-from kernel_pytorch.assistant.compile_time.regional import RepeatedBlocks, find_repeated_blocks, regional_finding
 
 __all__ = ["Phase", "RepeatedBlocks", "analyze_compile_time", "find_repeated_blocks", "mode_advice", "phases"]
 

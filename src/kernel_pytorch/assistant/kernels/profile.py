@@ -7,8 +7,8 @@ The compiled forward is measured while the compile-time analysis's compiled mode
 forward+backward pass needs a compile of its own (a joint graph); its compile time is the first call's
 cost beyond a steady call.
 
-On the CPU the eager and the compiled step of a pass are timed interleaved (`paired_cpu`: one
-call of each per round, rounds that waited for a CPU left out), so load from other processes falls on
+On the CPU the eager and the compiled step of a pass are timed interleaved (`benchmark.paired.paired_cpu`:
+one call of each per round, rounds that waited for a CPU left out), so load from other processes falls on
 both alike; on CUDA each is timed with events.
 """
 
@@ -34,10 +34,10 @@ from kernel_pytorch.assistant.dynamo import fresh_dynamo, inductor_caches
 from kernel_pytorch.assistant.inputs import clone_inputs
 from kernel_pytorch.assistant.kernels.stats import GpuActivity, KernelStat, cpu_kernels, cuda_kernels
 from kernel_pytorch.assistant.options import AnalysisOptions
-from kernel_pytorch.assistant.paired_cpu import PairedStats, paired_cpu
 from kernel_pytorch.assistant.records import CompileProfile, RunResult
 from kernel_pytorch.benchmark.ceilings import Ceilings, device_name, measure_ceilings
 from kernel_pytorch.benchmark.module import pass_closure
+from kernel_pytorch.benchmark.paired import PairedStats, paired_cpu
 from kernel_pytorch.benchmark.timer import Timing, time_fn
 
 PASSES = ("fwd", "fwd+bwd")
@@ -121,7 +121,7 @@ class RuntimeProfile:
         errors: per key, a run that raised.
         skipped: per key, why it was not measured.
         trace_path: the Chrome trace written (all runs in one file), when asked for.
-        paired: per pass timed interleaved on the CPU, how many rounds were kept (`paired_cpu.PairedStats`).
+        paired: per pass timed interleaved on the CPU, how many rounds were kept (`benchmark.paired.PairedStats`).
     """
 
     device_type: str
@@ -268,8 +268,8 @@ def _pair(ctx: Analysed, out: _Runs, pass_name: str, eager: Callable[[], Any] | 
         return
     ctx.progress(f"timing the eager and the compiled model ({pass_name}, interleaved)")
     try:
-        eager_t, compiled_t, out.paired[pass_name] = paired_cpu(eager, compiled)
-        out.timings[f"eager {pass_name}"], out.timings[f"compiled {pass_name}"] = eager_t, compiled_t
+        timings, out.paired[pass_name] = paired_cpu({"eager": eager, "compiled": compiled})
+        out.timings[f"eager {pass_name}"], out.timings[f"compiled {pass_name}"] = timings["eager"], timings["compiled"]
     except Exception as exc:
         out.errors[f"compiled {pass_name}"] = short_error(exc)
 

@@ -22,6 +22,7 @@ from torch.overrides import TorchFunctionMode
 
 from kernel_pytorch.assistant.findings import Finding, Location, Severity
 from kernel_pytorch.assistant.locate import user_location
+from kernel_pytorch.benchmark.paired import run_rounds
 from kernel_pytorch.benchmark.timer import time_fn
 
 MAX_CALLS = 64  # captured calls kept (a model calls SDPA once per layer; the first ones say enough)
@@ -109,17 +110,15 @@ PAIRED_ROUNDS = 3
 
 
 def _time_pair(as_is: Any, fixed: Any, device: torch.device) -> tuple[list[float], list[float]]:
-    """Each round's median ms of the call as made and as fixed, over `PAIRED_ROUNDS` rounds timed in turns."""
-    for fn in (as_is, fixed):
-        for _ in range(3):  # the first calls pick a kernel and allocate: not what a step pays
-            fn()
-    times: tuple[list[float], list[float]] = ([], [])
-    for r in range(PAIRED_ROUNDS):
-        for i in (0, 1) if r % 2 == 0 else (1, 0):
-            fn = (as_is, fixed)[i]
-            times[i].append(time_fn(fn, device=device, warmup_ms=2.0, rep_ms=15.0, flush_l2=False,
-                                    cpu_min_run_time=0.02).median_ms)
-    return times
+    """Each round's median ms of the call as made and as fixed, over `PAIRED_ROUNDS` rounds timed in turns
+    (`benchmark.paired.run_rounds`, each turn a `time_fn` median)."""
+    def turn(fn: Any) -> list[float]:
+        return [time_fn(fn, device=device, warmup_ms=2.0, rep_ms=15.0, flush_l2=False,
+                        cpu_min_run_time=0.02).median_ms]
+
+    # (three warm calls each: the first calls pick a kernel and allocate, not what a step pays)
+    done, _ = run_rounds({"as_is": as_is, "fixed": fixed}, rounds=PAIRED_ROUNDS, warmup=3, slot=turn)
+    return [r.ms["as_is"][0] for r in done], [r.ms["fixed"][0] for r in done]
 
 
 def _variants(call: SdpaCall, causal: bool, r: int) -> tuple[Any, Any]:

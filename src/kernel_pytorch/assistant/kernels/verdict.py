@@ -6,7 +6,7 @@ A difference counts only when the q20-q80 bands of the two timings do not overla
 high bounds both on one side of 1.0). Bands that overlap give "no measurable difference" when they are
 narrow (each within `RELIABLE_SPREAD` of its median), and "could not measure reliably" with the spread
 when they are wider: such a timing could not have told a real difference either. A CPU timing whose
-rounds mostly waited for a CPU (other processes on its cores; `paired_cpu`) is "could not measure
+rounds mostly waited for a CPU (other processes on its cores; `benchmark.paired.paired_cpu`) is "could not measure
 reliably" too, however narrow its bands: it timed the scheduler.
 """
 

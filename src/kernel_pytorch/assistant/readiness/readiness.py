@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from kernel_pytorch._errors import short_error
-from kernel_pytorch.assistant.readiness.allow_rnn import RnnCheck, check_allow_rnn
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.findings import Finding, Location, Severity
+from kernel_pytorch.assistant.locate import describe, error_location, forward_owner, is_library_file
+from kernel_pytorch.assistant.readiness.allow_rnn import RnnCheck, check_allow_rnn
 from kernel_pytorch.assistant.readiness.graph_breaks import (
     RNN,
     Break,
@@ -26,7 +27,6 @@ from kernel_pytorch.assistant.readiness.graph_breaks import (
     plain,
     torch_explanation,
 )
-from kernel_pytorch.assistant.locate import describe, error_location, forward_owner, is_library_file
 from kernel_pytorch.assistant.records import FailedFrame
 
 __all__ = ["BreakKind", "analyze_readiness", "classify_break", "dedupe_breaks", "nothing_compiled", "torch_explanation"]

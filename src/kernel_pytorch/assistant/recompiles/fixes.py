@@ -18,8 +18,8 @@ from kernel_pytorch._env import recompile_limit_name
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.inputs import InputKey
 from kernel_pytorch.assistant.recompiles.causes import SHAPE_LIKE, Cause, classify_recompile, failed_guard
-from kernel_pytorch.assistant.records import Fix, SweepResult
 from kernel_pytorch.assistant.recompiles.sweep import shape_sweep
+from kernel_pytorch.assistant.records import Fix, SweepResult
 
 
 @dataclass(frozen=True)

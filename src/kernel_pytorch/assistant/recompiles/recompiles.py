@@ -20,11 +20,11 @@ from kernel_pytorch._env import recompile_limit, recompile_limit_name
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.findings import Finding, Severity
 from kernel_pytorch.assistant.locate import definition_location
-from kernel_pytorch.assistant.recompiles.causes import Cause, classify_recompile
 from kernel_pytorch.assistant.recompiles.cause_findings import CauseContext, cause_finding, group_causes
+from kernel_pytorch.assistant.recompiles.causes import Cause, classify_recompile
 from kernel_pytorch.assistant.recompiles.fixes import Attempt, best_attempt, describe_fix, explain_error, try_fixes
-from kernel_pytorch.assistant.records import CompileRecord, Fix, SweepResult
 from kernel_pytorch.assistant.recompiles.sweep import shape_sweep
+from kernel_pytorch.assistant.records import CompileRecord, Fix, SweepResult
 
 # said once per report, in the summary, when a size of 1 is among the sizes swept
 SPECIALISED_NOTE = "Sizes 0 and 1 are always specialised, so a first call with size 1 still costs one recompile."

@@ -8,8 +8,8 @@ from __future__ import annotations
 import html
 import re
 
-from kernel_pytorch.assistant.report.charts import chart_images
 from kernel_pytorch.assistant.findings import SECTION_TITLES, Finding, Location, Report
+from kernel_pytorch.assistant.report.charts import chart_images
 from kernel_pytorch.assistant.report.render import _headline_text, _joined, _ran, _where
 
 _CSS = """
