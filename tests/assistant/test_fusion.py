@@ -20,7 +20,7 @@ from tests.assistant import fusion_zoo as zoo
 
 
 def _fusion(model: torch.nn.Module, inputs: object) -> list:
-    assistant = kp.CompilerOptimizationAssistant(device="cpu", measure_compile_time=False)
+    assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(measure_compile_time=False), device="cpu")
     return analyze_fusion(assistant.context(model, inputs))
 
 

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.cuda
 def _report() -> Report:
     model, inputs = build_model("llama-tiny", device="cuda", dtype=torch.bfloat16)
     assistant = kp.CompilerOptimizationAssistant(
-        train=True, vary_scalars=False, sections=["compile_time", "kernel_efficiency", "optimization_suggestions"]
+        kp.AnalysisOptions(train=True, vary_scalars=False),
+        sections=["compile_time", "kernel_efficiency", "optimization_suggestions"],
     )
     return assistant.analyze_component(model, inputs, name="llama-tiny")
 

@@ -13,15 +13,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernel_pytorch as kp
-from kernel_pytorch.assistant.report.charts import breakdown_svg, chart_images, roofline_svg
 from kernel_pytorch.assistant.context import AnalysisOptions
 from kernel_pytorch.assistant.findings import Finding, Report, Severity
-from kernel_pytorch.assistant.report.html import to_html
 from kernel_pytorch.assistant.kernels.profile import RuntimeProfile
-from kernel_pytorch.assistant.report.render import to_json, to_markdown
 from kernel_pytorch.assistant.kernels.sdpa import NO_GAIN, is_causal_mask, repeat_factor
-from kernel_pytorch.assistant.report.suggestions import gain_of, rank
 from kernel_pytorch.assistant.kernels.verdict import pass_verdict
+from kernel_pytorch.assistant.report.charts import breakdown_svg, chart_images, roofline_svg
+from kernel_pytorch.assistant.report.html import to_html
+from kernel_pytorch.assistant.report.render import to_json, to_markdown
+from kernel_pytorch.assistant.report.suggestions import gain_of, rank
 from kernel_pytorch.benchmark.timer import Timing
 
 
@@ -56,7 +56,7 @@ def _line(marker: str) -> int:
 def _report(fast: bool = False) -> Report:
     torch.manual_seed(0)
     assistant = kp.CompilerOptimizationAssistant(
-        backend="aot_eager", train=not fast, vary_scalars=False, measure_compile_time=not fast,
+        kp.AnalysisOptions(backend="aot_eager", train=not fast, vary_scalars=False, measure_compile_time=not fast),
         sections=["compile_time", "kernel_efficiency", "optimization_suggestions"],
     )  # fmt: skip
     return assistant.analyze_component(SlowAttention(fast=fast), (torch.randn(2, 16, 32),))
@@ -190,7 +190,7 @@ def test_chrome_trace_of_the_profiled_runs(tmp_path: Path) -> None:
     import json
 
     path = tmp_path / "trace.json"
-    assistant = kp.CompilerOptimizationAssistant(measure_compile_time=False, chrome_trace=str(path),
+    assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(measure_compile_time=False, chrome_trace=str(path)),
                                                  sections=["kernel_efficiency"])
     report = assistant.analyze_component(nn.Linear(8, 8).eval(), (torch.randn(4, 8),))  # eval: forward only
     (trace,) = [f for f in report.kernel_efficiency if f.id == "kernel.trace"]

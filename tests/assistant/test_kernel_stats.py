@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_pytorch.assistant.kernels.stats import cpu_kernels, gpu_activity, op_cost, place
 from kernel_pytorch.assistant.kernels.profile import merge_traces, profile_steps
+from kernel_pytorch.assistant.kernels.stats import cpu_kernels, gpu_activity, op_cost, place
 
 
 def test_op_cost_of_matmuls_convolutions_attention_norms_elementwise() -> None:

@@ -17,6 +17,8 @@ import kernel_pytorch as kp
 from kernel_pytorch.assistant.memory.memory import analyze_memory, repeated_blocks
 from kernel_pytorch.assistant.memory.step import measure_step
 
+NO_COMPILE = kp.AnalysisOptions(measure_compile_time=False)
+
 
 class Block(nn.Module):
     def __init__(self, d: int = 32, h: int = 256) -> None:
@@ -56,7 +58,7 @@ def _line(marker: str) -> int:
 
 
 def _memory(model: nn.Module, inputs: object, device: str = "cpu", **kw: object) -> dict[str, object]:
-    ctx = kp.CompilerOptimizationAssistant(device=device, measure_compile_time=False).context(model, inputs)
+    ctx = kp.CompilerOptimizationAssistant(NO_COMPILE, device=device).context(model, inputs)
     return {f.id: f for f in analyze_memory(ctx, **kw)}
 
 
@@ -73,7 +75,7 @@ def test_saved_tensors_are_measured_and_attributed() -> None:
 
 def test_summary_largest_and_checkpointing() -> None:
     model, x = Stack(), torch.randn(2, 8, 32)
-    ctx = kp.CompilerOptimizationAssistant(device="cpu", measure_compile_time=False).context(model, (x,))
+    ctx = kp.CompilerOptimizationAssistant(NO_COMPILE, device="cpu").context(model, (x,))
     found = {f.id: f for f in analyze_memory(ctx)}
     summary = found["memory.summary"]
     assert summary.data["peak_measured"] is False and "no allocator peak counter" in summary.evidence

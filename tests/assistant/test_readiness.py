@@ -13,7 +13,12 @@ import torch
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.findings import Finding, Location, Severity
 from kernel_pytorch.assistant.readiness.graph_breaks import library_fix
-from kernel_pytorch.assistant.readiness.readiness import analyze_readiness, classify_break, dedupe_breaks, torch_explanation
+from kernel_pytorch.assistant.readiness.readiness import (
+    analyze_readiness,
+    classify_break,
+    dedupe_breaks,
+    torch_explanation,
+)
 from kernel_pytorch.assistant.records import BreakRecord
 from tests.assistant import zoo
 

@@ -50,7 +50,7 @@ def test_sections_that_did_not_run_read_not_analysed() -> None:
 
 
 def test_meta_dtype_of_a_model_without_parameters() -> None:
-    assistant = kp.CompilerOptimizationAssistant(measure_compile_time=False, vary_scalars=False)
+    assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(measure_compile_time=False, vary_scalars=False))
     report = assistant.analyze_component(nn.GELU(), (torch.randn(2, 4, dtype=torch.float64),))
     assert report.meta["dtype"] == "float64"
     run = report.meta["sections_run"]

@@ -150,7 +150,7 @@ def test_the_terminal_report_is_short_and_verbose_gives_the_details() -> None:
 
 def test_two_runs_on_one_model_suggest_in_the_same_order() -> None:
     model, inputs = build_model("llama-tiny", device="cpu", dtype=torch.float32)
-    assistant = kp.CompilerOptimizationAssistant(measure_compile_time=False, vary_scalars=False)
+    assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(measure_compile_time=False, vary_scalars=False))
     orders = []
     for _ in range(2):
         report = assistant.analyze_component(model, inputs)

@@ -88,8 +88,8 @@ def test_the_verdict_agrees_with_a_careful_timing_in_a_fresh_process(smoke: dict
     assert (careful["speedup"] > 1.5) == (faster == "compile") and (careful["speedup"] < 1 / 1.5) == (faster == "eager")
     entry = next(e for e in _load_script().corpus() if e.name == name)
     model, inputs = entry.build()
-    report = kp.CompilerOptimizationAssistant(sections=["kernel_efficiency"], train=False).analyze_component(
-        model.eval(), inputs)
+    assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(train=False), sections=["kernel_efficiency"])
+    report = assistant.analyze_component(model.eval(), inputs)
     (verdict,) = [f for f in report.kernel_efficiency if f.id == "verdict.compile"]
     (v,) = verdict.data["passes"]
     assert v["verdict"] == faster, verdict.evidence
