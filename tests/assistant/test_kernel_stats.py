@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_pytorch.assistant.kernels.profile import merge_traces, profile_steps
+from kernel_pytorch.assistant.kernels.profiler import profile_steps
+from kernel_pytorch.assistant.kernels.traces import merge_traces
 from kernel_pytorch.assistant.kernels.stats import cpu_kernels, gpu_activity, op_cost, place
 
 

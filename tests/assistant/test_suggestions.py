@@ -17,7 +17,8 @@ from kernel_pytorch.assistant.compile_time.compile_time import _REGIONAL
 from kernel_pytorch.assistant.context import AnalysisOptions
 from kernel_pytorch.assistant.dynamo import readable
 from kernel_pytorch.assistant.findings import Finding, Location, Report, Severity
-from kernel_pytorch.assistant.kernels.profile import RuntimeProfile, profile_steps
+from kernel_pytorch.assistant.kernels.profile import RuntimeProfile
+from kernel_pytorch.assistant.kernels.profiler import profile_steps
 from kernel_pytorch.assistant.report.render import render_terminal, verdict_text
 from kernel_pytorch.assistant.report.suggestions import analyze_suggestions, rank
 from kernel_pytorch.benchmark.timer import Timing

@@ -162,7 +162,7 @@ def _channels_last(model: nn.Module, inputs: Any, cl_inputs: Any, mode: Any,
 def launch_bound(model: nn.Module, inputs: Any) -> tuple[bool, dict[str, float], str]:
     """Profile a few compiled fwd+bwd steps on CUDA; (launch-bound?, the numbers, the evidence)."""
     from kernel_pytorch.assistant.kernels.efficiency import LAUNCH_IDLE, LAUNCH_KERNEL_US, _launch_bound
-    from kernel_pytorch.assistant.kernels.profile import profile_steps
+    from kernel_pytorch.assistant.kernels.profiler import profile_steps
 
     step = make_pass(model, inputs, "fwd+bwd")
     for _ in range(3):

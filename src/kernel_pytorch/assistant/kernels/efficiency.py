@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from kernel_pytorch.assistant.findings import Finding, Severity
-from kernel_pytorch.assistant.kernels.profile import ProfiledRun, RuntimeProfile
+from kernel_pytorch.assistant.kernels.profile import RuntimeProfile
+from kernel_pytorch.assistant.kernels.profiler import ProfiledRun
 from kernel_pytorch.assistant.kernels.sdpa import sdpa_findings
 from kernel_pytorch.assistant.kernels.stats import MATMUL_OPS, KernelStat
 from kernel_pytorch.assistant.kernels.verdict import verdict_findings

@@ -14,15 +14,9 @@ both alike; on CUDA each is timed with events.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -32,7 +26,8 @@ from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import map_tensors, tensors
 from kernel_pytorch.assistant.dynamo import fresh_dynamo, inductor_caches
 from kernel_pytorch.assistant.inputs import clone_inputs
-from kernel_pytorch.assistant.kernels.stats import GpuActivity, KernelStat, cpu_kernels, cuda_kernels
+from kernel_pytorch.assistant.kernels.profiler import ProfiledRun, profile_steps
+from kernel_pytorch.assistant.kernels.traces import scratch_dir, write_trace
 from kernel_pytorch.assistant.options import AnalysisOptions
 from kernel_pytorch.assistant.records import CompileProfile, RunResult
 from kernel_pytorch.benchmark.ceilings import Ceilings, device_name, measure_ceilings
@@ -72,43 +67,9 @@ class Analysed(Protocol):
 
 
 @dataclass(frozen=True)
-class ProfiledRun:
-    """One run of several steps under torch.profiler.
-
-    Attributes:
-        label: "eager" or "compiled".
-        pass_name: "fwd" or "fwd+bwd".
-        device_type: "cuda" or "cpu".
-        steps: steps profiled (every number below is per step).
-        wall_ms: wall time per step under the profiler (its overhead included).
-        kernels: the kernels (CPU: the ops doing the work), slowest first; see `stats`.
-        gpu: how busy the GPU was (CUDA only).
-        trace: the exported Chrome trace, when one was asked for.
-    """
-
-    label: str
-    pass_name: str
-    device_type: str
-    steps: int
-    wall_ms: float
-    kernels: tuple[KernelStat, ...]
-    gpu: GpuActivity | None = None
-    trace: str | None = None
-
-    @property
-    def kernel_count(self) -> float:
-        """Kernels launched per step (CPU: op calls doing work)."""
-        return sum(k.calls for k in self.kernels)
-
-    @property
-    def kernel_ms(self) -> float:
-        """Time per step inside those kernels."""
-        return sum(k.ms for k in self.kernels)
-
-
-@dataclass(frozen=True)
 class RuntimeProfile:
-    """Everything measured about running the model, keyed "eager fwd", "compiled fwd+bwd", ...
+    """Everything measured about running the model, keyed "eager fwd", "compiled fwd+bwd", ... (the
+    measuring functions fill its dicts in place before they hand it out).
 
     Attributes:
         device_type: "cuda" or "cpu"; device: its name (`benchmark.ceilings.device_name`).
@@ -127,98 +88,18 @@ class RuntimeProfile:
     device_type: str
     device: str
     ceilings: Ceilings | None
-    timings: Mapping[str, Timing] = field(default_factory=dict)
-    runs: Mapping[str, ProfiledRun] = field(default_factory=dict)
-    compile_s: Mapping[str, float] = field(default_factory=dict)
-    compile_source: Mapping[str, str] = field(default_factory=dict)
-    errors: Mapping[str, str] = field(default_factory=dict)
-    skipped: Mapping[str, str] = field(default_factory=dict)
-    trace_path: str | None = None
-    paired: Mapping[str, PairedStats] = field(default_factory=dict)
-
-    def passes(self) -> list[str]:
-        """The passes with an eager timing, forward first."""
-        return [p for p in PASSES if f"eager {p}" in self.timings]
-
-
-@dataclass
-class _Runs:
-    """What the runs of one model gathered so far (filled in place, frozen into a RuntimeProfile)."""
-
     timings: dict[str, Timing] = field(default_factory=dict)
     runs: dict[str, ProfiledRun] = field(default_factory=dict)
     compile_s: dict[str, float] = field(default_factory=dict)
     compile_source: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    trace_path: str | None = None
     paired: dict[str, PairedStats] = field(default_factory=dict)
 
-
-def _trace_dir(ctx: Analysed) -> str | None:
-    """A scratch folder for the per-run traces when a Chrome trace was asked for (merged at the end)."""
-    if not ctx.options.chrome_trace:
-        return None
-    if ctx.trace_scratch is None:
-        ctx.trace_scratch = tempfile.mkdtemp(prefix="kp_trace_")
-    return ctx.trace_scratch
-
-
-@contextlib.contextmanager
-def _quiet_kineto() -> Iterator[None]:
-    # Kineto prints a profiler_start/profiler_stop line on stderr per run unless told otherwise; a
-    # value the user set is kept
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    yield
-
-
-_STEP = "kernel_pytorch.profiled_step"  # the marker around each profiled step
-
-
-def profile_steps(fn: Callable[[], Any], steps: int, device_type: str, label: str, pass_name: str,
-                  trace_dir: str | None = None, dtype: torch.dtype | None = None) -> ProfiledRun:
-    """`steps` calls of `fn` under torch.profiler (record_shapes=True), reduced to kernel statistics.
-
-    Args:
-        fn: one step, already warm (compiled, first calls done).
-        steps: how many steps to count (one more runs first, not counted); every number of the
-            result is per counted step.
-        device_type: "cuda" adds CUDA activity (kernels on the GPU).
-        label, pass_name: what the run is ("eager"/"compiled", "fwd"/"fwd+bwd").
-        trace_dir: write the Chrome trace there as "<label> <pass>.json".
-        dtype: the model's, for the byte counts where this torch's profiler records no input dtypes.
-    """
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
-    with _quiet_kineto(), profile(activities=activities, record_shapes=True) as prof:
-        # one step more, not counted: the profiler's start-up lands in the first op it records (on a
-        # CPU, tens of ms in a matmul that takes microseconds), which would make the ops' time per
-        # step exceed the step
-        with record_function(_STEP):
-            fn()
-        if device_type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(steps):
-            with record_function(_STEP):
-                fn()
-        if device_type == "cuda":
-            torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) * 1e3 / steps
-    events = list(prof.events())
-    marks = sorted(float(e.time_range.start) for e in events if e.name == _STEP)
-    if len(marks) > 1:  # the counted steps: everything from the second step's start on
-        events = [e for e in events if float(e.time_range.start) >= marks[1]]
-    gpu = None
-    if device_type == "cuda":
-        kernels, gpu = cuda_kernels(events, steps, dtype)
-    else:
-        kernels = cpu_kernels(events, steps, dtype)
-    trace = None
-    if trace_dir is not None:
-        trace = os.path.join(trace_dir, f"{label} {pass_name}.json")
-        prof.export_chrome_trace(trace)
-    return ProfiledRun(label, pass_name, device_type, steps, wall, kernels, gpu, trace)
+    def passes(self) -> list[str]:
+        """The passes with an eager timing, forward first."""
+        return [p for p in PASSES if f"eager {p}" in self.timings]
 
 
 def _time(fn: Callable[[], Any], device: torch.device) -> Timing:
@@ -228,6 +109,10 @@ def _time(fn: Callable[[], Any], device: torch.device) -> Timing:
 
 def _steps_for(timing: Timing) -> int:
     return max(2, min(10, round(PROFILE_TARGET_MS / max(timing.median_ms, 1e-3))))
+
+
+def _empty(ctx: Analysed) -> RuntimeProfile:
+    return RuntimeProfile(ctx.device.type, device_name(ctx.device), None)
 
 
 def _step_fn(ctx: Analysed, model: Callable[..., Any], pass_name: str) -> Callable[[], Any]:
@@ -243,7 +128,7 @@ def _step_fn(ctx: Analysed, model: Callable[..., Any], pass_name: str) -> Callab
     return pass_closure(lambda: model(*args, **kwargs), wrt, "fwd+bwd")
 
 
-def _measure(ctx: Analysed, out: _Runs, label: str, pass_name: str, fn: Callable[[], Any]) -> None:
+def _measure(ctx: Analysed, out: RuntimeProfile, label: str, pass_name: str, fn: Callable[[], Any]) -> None:
     """Time `fn` (unless a paired timing is in `out` already), then profile it, into `out` under
     "<label> <pass>"; an error is recorded, not raised."""
     key = f"{label} {pass_name}"
@@ -255,13 +140,13 @@ def _measure(ctx: Analysed, out: _Runs, label: str, pass_name: str, fn: Callable
         out.timings[key] = timing
         ctx.progress(f"profiling the {label} model ({pass_name})")
         dtype = next((p.dtype for p in ctx.module.parameters() if p.is_floating_point()), None)
-        out.runs[key] = profile_steps(fn, _steps_for(timing), ctx.device.type, label, pass_name, _trace_dir(ctx),
+        out.runs[key] = profile_steps(fn, _steps_for(timing), ctx.device.type, label, pass_name, scratch_dir(ctx),
                                       dtype)
     except Exception as exc:  # a model that runs once may still fail when timed (memory, state)
         out.errors[key] = short_error(exc)
 
 
-def _pair(ctx: Analysed, out: _Runs, pass_name: str, eager: Callable[[], Any] | None,
+def _pair(ctx: Analysed, out: RuntimeProfile, pass_name: str, eager: Callable[[], Any] | None,
           compiled: Callable[[], Any]) -> None:
     """On the CPU, the eager and compiled steps of `pass_name` timed interleaved into `out`."""
     if ctx.device.type == "cuda" or eager is None:
@@ -274,11 +159,11 @@ def _pair(ctx: Analysed, out: _Runs, pass_name: str, eager: Callable[[], Any] | 
         out.errors[f"compiled {pass_name}"] = short_error(exc)
 
 
-def measure_compiled(ctx: Analysed, compiled: Callable[..., Any]) -> _Runs:
+def measure_compiled(ctx: Analysed, compiled: Callable[..., Any]) -> RuntimeProfile:
     """The compiled forward, timed and profiled while the compile-time analysis's compiled model lives
     (called from `AnalysisContext.profile`, inside its Dynamo scope); on the CPU timed interleaved with
     the eager forward."""
-    out = _Runs()
+    out = _empty(ctx)
     fn = _step_fn(ctx, compiled, "fwd")
     _pair(ctx, out, "fwd", _step_fn(ctx, ctx.module, "fwd") if ctx.eager.ok else None, fn)
     if "compiled fwd" not in out.errors:
@@ -286,7 +171,7 @@ def measure_compiled(ctx: Analysed, compiled: Callable[..., Any]) -> _Runs:
     return out
 
 
-def _compile_and_measure(ctx: Analysed, out: _Runs, pass_name: str,
+def _compile_and_measure(ctx: Analysed, out: RuntimeProfile, pass_name: str,
                          eager: Callable[[], Any] | None = None) -> None:
     """Compile the model for `pass_name` (a compile of its own) and measure it (on the CPU interleaved
     with `eager`, the eager step); the compile cost is the first step's time beyond the steady step's."""
@@ -321,7 +206,7 @@ def _compile_and_measure(ctx: Analysed, out: _Runs, pass_name: str,
 def measure_runtime(ctx: Analysed) -> RuntimeProfile:
     """Time and profile the eager and the compiled model (see the module docstring)."""
     opts = ctx.options
-    out = _Runs()
+    out = _empty(ctx)
     train = opts.train if opts.train is not None else ctx.module.training
     passes = ["fwd"] + (["fwd+bwd"] if train else [])
     compiled_ok = opts.measure_compile_time and ctx.eager.ok
@@ -363,81 +248,8 @@ def measure_runtime(ctx: Analysed) -> RuntimeProfile:
             ceilings = measure_ceilings(ctx.device)
         except Exception as exc:
             out.errors["ceilings"] = short_error(exc)
-    trace_path = _write_trace(ctx, out)
-    return RuntimeProfile(
-        device_type=ctx.device.type,
-        device=device_name(ctx.device),
-        ceilings=ceilings,
-        timings=dict(out.timings),
-        runs=dict(out.runs),
-        compile_s=dict(out.compile_s),
-        compile_source=dict(out.compile_source),
-        errors=dict(out.errors),
-        skipped=dict(out.skipped),
-        trace_path=trace_path,
-        paired=dict(out.paired),
-    )
+    trace_path = write_trace(ctx, out.runs, out.errors)
+    return replace(out, ceilings=ceilings, trace_path=trace_path)
 
 
-def _write_trace(ctx: Analysed, out: _Runs) -> str | None:
-    """Every profiled run's Chrome trace in one file (`options.chrome_trace`), one process per run."""
-    path = ctx.options.chrome_trace
-    parts = [(key, run.trace) for key, run in out.runs.items() if run.trace]
-    if not path:
-        return None
-    try:
-        merged = merge_traces([(key, json.loads(Path(t).read_text())) for key, t in parts])
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(merged, f)
-    except (OSError, ValueError) as exc:
-        out.errors["trace"] = short_error(exc)
-        path = None
-    finally:
-        if ctx.trace_scratch is not None:
-            shutil.rmtree(ctx.trace_scratch, ignore_errors=True)
-            ctx.trace_scratch = None
-    return path
-
-
-def merge_traces(traces: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
-    """Several Chrome traces as one: each run's processes renamed "<run>: <process>" and given ids of
-    their own, and the runs laid one after another in time (a 1 ms gap), so Perfetto or
-    chrome://tracing shows them side by side.
-
-    Args:
-        traces: (run name, the trace as torch.profiler exports it: {"traceEvents": [...], ...}).
-    """
-    events: list[dict[str, Any]] = []
-    offset = 0.0
-    for i, (name, trace) in enumerate(traces):
-        evs = [dict(e) for e in trace.get("traceEvents", []) if isinstance(e, dict)]
-        times = [float(e["ts"]) for e in evs if isinstance(e.get("ts"), (int, float))]
-        start = min(times) if times else 0.0
-        end = max((float(e["ts"]) + float(e.get("dur", 0) or 0) for e in evs if isinstance(e.get("ts"), (int, float))),
-                  default=start)
-        shift = offset - start
-        pids: dict[Any, int] = {}
-        for e in evs:
-            pid = e.get("pid", 0)
-            pids.setdefault(pid, (i + 1) * 1_000_000 + len(pids))
-            e["pid"] = pids[pid]
-            if isinstance(e.get("ts"), (int, float)):
-                e["ts"] = float(e["ts"]) + shift
-            if e.get("ph") in ("s", "f", "t") and "id" in e:  # flow arrows: ids of their own per run
-                e["id"] = f"{i}:{e['id']}"
-            if e.get("ph") == "M" and e.get("name") == "process_name":
-                e["args"] = {"name": f"{name}: {(e.get('args') or {}).get('name', '')}".rstrip(": ")}
-        named = {e["pid"] for e in evs if e.get("ph") == "M" and e.get("name") == "process_name"}
-        for old, new in pids.items():
-            if new not in named:
-                evs.append({"ph": "M", "name": "process_name", "pid": new, "args": {"name": f"{name}: {old}"}})
-            evs.append({"ph": "M", "name": "process_sort_index", "pid": new, "args": {"sort_index": new}})
-        events.extend(evs)
-        offset += (end - start) + 1000.0
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"runs": [name for name, _ in traces], "producer": "kernel-pytorch analyze"}}
-
-
-__all__ = ["PASSES", "Analysed", "ProfiledRun", "RuntimeProfile", "measure_compiled", "measure_runtime",
-           "merge_traces", "profile_steps"]
+__all__ = ["PASSES", "Analysed", "RuntimeProfile", "measure_compiled", "measure_runtime"]

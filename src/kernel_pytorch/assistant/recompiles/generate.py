@@ -119,7 +119,7 @@ def run_generate(
         try:
             return compiled(*args, **kw)
         finally:
-            steps.append(tuple(_record(r, f"step {len(steps)}") for r in compilation_metrics()[before:]))
+            steps.append(tuple(CompileRecord.of(r, f"step {len(steps)}") for r in compilation_metrics()[before:]))
 
     shadowed = model.__dict__.get("forward")
     model.forward = forward  # generate() calls self(...), which calls self.forward
@@ -145,17 +145,6 @@ def run_generate(
             model.forward = shadowed
         config.pad_token_id = saved_pad
     return GenerateRun(label, dict(options), tuple(steps), tokens, error, time.perf_counter() - start, dynamic)
-
-
-def _record(rec: Any, step: str) -> CompileRecord:
-    return CompileRecord(
-        compile_id=str(getattr(rec, "compile_id", "") or ""),
-        variant=step,
-        recompile_reason=getattr(rec, "recompile_reason", None),
-        fail_type=getattr(rec, "fail_type", None),
-        fail_reason=getattr(rec, "fail_reason", None),
-        co_name=getattr(rec, "co_name", None),
-    )
 
 
 _SIZE = re.compile(r"tensor '(.+?)' size mismatch at index (\d+)\. expected (\d+), actual (\d+)")

@@ -173,7 +173,7 @@ class ShapeSweep:
                     ok = False
                     errors.append((v.label, short_error(exc, 400)))
                 records = compilation_metrics()
-                compiles.extend(_record(rec, v.label) for rec in records[seen:])
+                compiles.extend(CompileRecord.of(rec, v.label) for rec in records[seen:])
                 seen = len(records)
                 return ok
 
@@ -197,18 +197,6 @@ def _duck_shape(value: bool | None) -> Iterator[None]:
         return
     with config.patch(use_duck_shape=value):
         yield
-
-
-def _record(rec: Any, label: str) -> CompileRecord:
-    """One of Dynamo's CompilationMetrics as a CompileRecord of the call `label`."""
-    return CompileRecord(
-        compile_id=str(getattr(rec, "compile_id", "") or ""),
-        variant=label,
-        recompile_reason=getattr(rec, "recompile_reason", None),
-        fail_type=getattr(rec, "fail_type", None),
-        fail_reason=getattr(rec, "fail_reason", None),
-        co_name=getattr(rec, "co_name", None),
-    )
 
 
 def _find(args: tuple[Any, ...], kwargs: dict[str, Any], key: InputKey) -> Any:
