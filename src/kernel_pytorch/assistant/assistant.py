@@ -21,7 +21,7 @@ from kernel_pytorch._tree import as_inputs, move, split_inputs, tensors
 from kernel_pytorch.assistant.compile_time.compile_time import analyze_compile_time
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.dynamo import backend_name
-from kernel_pytorch.assistant.findings import SECTIONS, Finding, Report, Severity, sort_findings
+from kernel_pytorch.assistant.findings import SECTIONS, Finding, Report, Severity, skipped, sort_findings
 from kernel_pytorch.assistant.fusion.fusion import analyze_fusion
 from kernel_pytorch.assistant.inputs import prepare
 from kernel_pytorch.assistant.isolation import Snapshot
@@ -242,13 +242,9 @@ def _analysis_failed(step: _Step, exc: Exception) -> Finding:
 
 def _nothing_compiled(step: _Step) -> Finding:
     prefix = {"recompilations": "recompile"}.get(step.section, step.section)
-    return Finding(
-        id=f"{prefix}.skipped",
-        severity=Severity.INFO,
-        title=f"{step.name.capitalize()} not analysed: nothing was compiled",
-        evidence="Dynamo gave up on every frame, so the model runs eagerly (see compilation readiness); "
-        "there is nothing to recompile until a frame compiles",
-    )
+    return skipped(prefix, f"{step.name.capitalize()} not analysed: nothing was compiled",
+                   "Dynamo gave up on every frame, so the model runs eagerly (see compilation readiness); "
+                   "there is nothing to recompile until a frame compiles")
 
 
 def _param_dtype(module: nn.Module) -> torch.dtype | None:

@@ -28,7 +28,7 @@ from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.compile_time.regional import RepeatedBlocks, find_repeated_blocks, regional_finding
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.dynamo import backend_name
-from kernel_pytorch.assistant.findings import Finding, Severity
+from kernel_pytorch.assistant.findings import Finding, Severity, skipped
 from kernel_pytorch.assistant.locate import error_location
 from kernel_pytorch.assistant.records import CompileProfile
 
@@ -330,4 +330,4 @@ def mode_advice(mode: str | None, device_type: str, autotune_s: float, total_s: 
 
 
 def _skipped(why: str) -> Finding:
-    return Finding(id="compile-time.skipped", severity=Severity.INFO, title="Compile time not measured", evidence=why)
+    return skipped("compile-time", "Compile time not measured", why)

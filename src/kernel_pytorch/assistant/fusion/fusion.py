@@ -21,7 +21,7 @@ from torch import nn
 from kernel_pytorch.assistant.components import component
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.estimates import Bandwidth, copy_bandwidth, fmt_bytes, fmt_seconds
-from kernel_pytorch.assistant.findings import Finding, Location, Severity
+from kernel_pytorch.assistant.findings import Finding, Location, skipped
 from kernel_pytorch.assistant.fusion.graph import GraphView, Match
 from kernel_pytorch.assistant.fusion.kinds import COMPONENT, KINDS, Instance
 from kernel_pytorch.assistant.fusion.patterns import find_all
@@ -35,26 +35,14 @@ _COMPILE_FUSES = "torch.compile fuses such elementwise chains itself; the compon
 def analyze_fusion(ctx: AnalysisContext) -> list[Finding]:
     """The fusion opportunities of the component, one finding per pattern, function and fix."""
     if not ctx.eager.ok:  # nothing to trace (and tracing would only log the same error again)
-        return [
-            Finding(
-                id="fusion.skipped",
-                severity=Severity.INFO,
-                title="Fusion opportunities not analysed: the model does not run",
-                evidence="The model fails eagerly on its example inputs (see compilation readiness), so there "
-                "is no graph to read",
-            )
-        ]
+        return [skipped("fusion", "Fusion opportunities not analysed: the model does not run",
+                        "The model fails eagerly on its example inputs (see compilation readiness), so there "
+                        "is no graph to read")]
     graphs = [g for g in ctx.trace.graphs if g.nodes]
     if not graphs:
         why = "Dynamo captured no graph" if not ctx.trace.graphs else "the captured graphs' nodes could not be read"
-        return [
-            Finding(
-                id="fusion.skipped",
-                severity=Severity.INFO,
-                title="Fusion opportunities not analysed: no graph to read",
-                evidence=f"{why} (see compilation readiness), so there are no ops to match",
-            )
-        ]
+        return [skipped("fusion", "Fusion opportunities not analysed: no graph to read",
+                        f"{why} (see compilation readiness), so there are no ops to match")]
     modules = dict(ctx.module.named_modules())
     instances = [_instance(GraphView(g), m, ctx.module, modules) for g in graphs for m in find_all(GraphView(g))]
     groups: dict[tuple[Any, ...], list[Instance]] = {}

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kernel_pytorch.assistant.findings import Finding, Severity
+from kernel_pytorch.assistant.findings import Finding, Severity, skipped
 from kernel_pytorch.assistant.kernels.profile import RuntimeProfile
 from kernel_pytorch.assistant.kernels.profiler import ProfiledRun
 from kernel_pytorch.assistant.kernels.sdpa import sdpa_findings
@@ -192,8 +192,8 @@ def analyze_kernels(ctx: Any) -> list[Finding]:
     """The kernel-efficiency findings (see the module docstring); the profiling runs come from
     `ctx.runtime`, the SDPA calls from one eager forward."""
     if not ctx.options.kernel_profile:
-        return [Finding(id="kernel.skipped", severity=Severity.INFO, title="Kernel profiling is off",
-                        evidence="options.kernel_profile is False (--no-profile): nothing was timed or profiled")]
+        return [skipped("kernel", "Kernel profiling is off",
+                        "options.kernel_profile is False (--no-profile): nothing was timed or profiled")]
     rt: RuntimeProfile = ctx.runtime
     out: list[Finding] = []
     for key, run in rt.runs.items():

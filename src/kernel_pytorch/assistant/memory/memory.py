@@ -20,7 +20,7 @@ from torch import nn
 from kernel_pytorch.assistant.components import component
 from kernel_pytorch.assistant.context import AnalysisContext
 from kernel_pytorch.assistant.estimates import StepTime, fmt_bytes, fmt_seconds, step_time
-from kernel_pytorch.assistant.findings import Finding, Severity
+from kernel_pytorch.assistant.findings import Finding, Severity, skipped
 from kernel_pytorch.assistant.fusion.graph import LARGE_VOCAB, GraphView
 from kernel_pytorch.assistant.fusion.patterns import find_gated_activations
 from kernel_pytorch.assistant.memory.step import MemoryRun, OptimizerFactory, SavedTensor, measure_step
@@ -45,15 +45,9 @@ def analyze_memory(ctx: AnalysisContext, optimizer: OptimizerFactory | None = No
         else measure_step(ctx.module, ctx.args, ctx.kwargs, optimizer or ctx.options.optimizer)
     )
     if run.error is not None:
-        return [
-            Finding(
-                id="memory.skipped",
-                severity=Severity.INFO,
-                title="Memory of a training step not analysed",
-                evidence=f"{run.error}; parameters: {fmt_bytes(run.params)}",
-                data={"params": run.params, "reason": run.error},
-            )
-        ]
+        why = f"{run.error}; parameters: {fmt_bytes(run.params)}"
+        return [skipped("memory", "Memory of a training step not analysed", why,
+                        {"params": run.params, "reason": run.error})]
     opt_state = run.optimizer_state
     opt_est = sum(p.numel() for p in ctx.module.parameters() if p.requires_grad) * _ADAM_BYTES_PER_ELEMENT
     peak_est = run.params + run.activations + max(run.grads, run.output_bytes) + (opt_state or 0)

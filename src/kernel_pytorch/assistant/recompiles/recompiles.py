@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from kernel_pytorch._env import recompile_limit, recompile_limit_name
 from kernel_pytorch.assistant.context import AnalysisContext
-from kernel_pytorch.assistant.findings import Finding, Severity
+from kernel_pytorch.assistant.findings import Finding, Severity, skipped
 from kernel_pytorch.assistant.locate import definition_location
 from kernel_pytorch.assistant.recompiles.cause_findings import CauseContext, cause_finding, group_causes
 from kernel_pytorch.assistant.recompiles.causes import Cause, classify_recompile
@@ -244,9 +244,4 @@ def _summary_fix(ctx: AnalysisContext, best: Attempt | None, attempts: Sequence[
 
 
 def _skipped(why: str) -> Finding:
-    return Finding(
-        id="recompile.skipped",
-        severity=Severity.INFO,
-        title="Recompilation sweep skipped",
-        evidence=why,
-    )
+    return skipped("recompile", "Recompilation sweep skipped", why)
