@@ -20,7 +20,7 @@ from kernel_pytorch.assistant.kernels.verdict import RELIABLE_SPREAD, pass_verdi
 from kernel_pytorch.benchmark.paired import PairedStats
 from kernel_pytorch.benchmark.timer import Timing
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "verdict_agreement.py"
 
 
