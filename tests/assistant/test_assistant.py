@@ -121,3 +121,5 @@ def test_options_are_one_object_and_the_old_keywords_say_where_they_went() -> No
         kp.CompilerOptimizationAssistant(measure_compile_time=False, train=True)
     with pytest.raises(TypeError, match="unexpected keyword argument.*'colour'"):
         kp.CompilerOptimizationAssistant(colour="red")
+    with pytest.raises(TypeError, match="must be an AnalysisOptions, got dict"):
+        kp.CompilerOptimizationAssistant({"train": True})

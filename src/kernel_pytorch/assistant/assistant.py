@@ -88,7 +88,8 @@ class CompilerOptimizationAssistant:
         sections: run only these sections' analyses (names from `SECTIONS`; None: all).
         progress: called with a short description before each expensive step.
     Raises:
-        TypeError: an `AnalysisOptions` field given as a keyword (the message shows the options form).
+        TypeError: options that are no `AnalysisOptions`, or one of its fields given as a keyword (the
+            message shows the options form).
     """
 
     def __init__(
@@ -103,6 +104,8 @@ class CompilerOptimizationAssistant:
     ) -> None:
         if moved:
             raise TypeError(_moved_message(moved))
+        if options is not None and not isinstance(options, AnalysisOptions):
+            raise TypeError(f"options must be an AnalysisOptions, got {type(options).__name__}")
         self.sections = check_sections(sections)
         self.device = device
         self.dtype = dtype
