@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kernel_pytorch.assistant.kernels.profiler import profile_steps
-from kernel_pytorch.assistant.kernels.traces import merge_traces
 from kernel_pytorch.assistant.kernels.stats import cpu_kernels, gpu_activity, op_cost, place
+from kernel_pytorch.assistant.kernels.traces import merge_traces
 
 
 def test_op_cost_of_matmuls_convolutions_attention_norms_elementwise() -> None:
