@@ -86,8 +86,10 @@ def test_verdict_is_measured_for_both_passes() -> None:
 def test_sdpa_that_lost_its_fast_path_is_found_at_its_line_with_a_measured_fix() -> None:
     (f,) = [f for f in _report().kernel_efficiency if f.id.startswith("kernel.sdpa")]
     assert f.id == "kernel.sdpa-causal-mask-repeat-kv"
-    # a warning when the fixed call measured faster; a fix measured no faster (timing noise) is information
-    no_gain = f.data["ms_fixed"] > f.data["ms_as_made"] * (1 - NO_GAIN)
+    # a warning when the fixed call measured faster in every round; a fix measured no faster in some round
+    # (timing noise) is information. Faster in every round is faster in the median too.
+    no_gain = f.data["fix_slower"]
+    assert no_gain or f.data["ms_fixed"] <= f.data["ms_as_made"] * (1 - NO_GAIN)
     assert f.severity == (Severity.INFO if no_gain else Severity.WARNING)
     assert ("none measured" in f.estimated_gain) == no_gain
     assert f.location is not None and f.location.line == _line("# the slow call")
