@@ -1,8 +1,8 @@
 """The analyser's compile verdict against a careful eager/compiled timing, over a corpus of models.
 
 For each model (forward, eval mode, no_grad): the analyser's kernel-efficiency section alone (where the
-verdict lives: `CompilerOptimizationAssistant(sections=["kernel_efficiency"], train=False)`), and a
-careful timing of the same model, eager against `torch.compile` (default backend and mode), in turns:
+verdict lives: `CompilerOptimizationAssistant(AnalysisOptions(train=False), sections=["kernel_efficiency"])`),
+and a careful timing of the same model, eager against `torch.compile` (default backend and mode), in turns:
 - CUDA: per call, a 256 MB buffer written (the L2 flushed), a synchronise, then CUDA events around the
   call (the host's launch time counts: the GPU starts idle); medians of the calls.
 - CPU: perf_counter per call, medians.
@@ -268,7 +268,7 @@ def verdict(entry: Entry, model: Any, inputs: Inputs) -> dict[str, Any]:
     """The analyser's verdict section on the model: {"verdict": ...} or {"error": why there is none}."""
     import kernel_pytorch as kp
 
-    assistant = kp.CompilerOptimizationAssistant(sections=["kernel_efficiency"], train=False)
+    assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(train=False), sections=["kernel_efficiency"])
     report = assistant.analyze_component(model, inputs, name=entry.name)
     found = [f for f in report.kernel_efficiency if f.id == "verdict.compile"]
     row: dict[str, Any] = {}

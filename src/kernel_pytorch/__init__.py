@@ -25,6 +25,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "nn": ("kernel_pytorch.nn", None),
     "optim": ("kernel_pytorch.optim", None),
     "CompilerOptimizationAssistant": ("kernel_pytorch.assistant", "CompilerOptimizationAssistant"),
+    "AnalysisOptions": ("kernel_pytorch.assistant", "AnalysisOptions"),
     "validate_optimization": ("kernel_pytorch.validation", "validate_optimization"),
     "optimize": ("kernel_pytorch.optimize", "optimize"),
     "save": ("kernel_pytorch.deploy", "save"),
@@ -33,7 +34,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 
 if TYPE_CHECKING:
     from kernel_pytorch import functional, nn, optim
-    from kernel_pytorch.assistant import CompilerOptimizationAssistant
+    from kernel_pytorch.assistant import AnalysisOptions, CompilerOptimizationAssistant
     from kernel_pytorch.deploy import load, save
     from kernel_pytorch.optimize import optimize
     from kernel_pytorch.validation import validate_optimization
@@ -53,5 +54,5 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["CompilerOptimizationAssistant", "__version__", "functional", "load", "nn", "optim", "optimize",
-           "save", "validate_optimization"]
+__all__ = ["AnalysisOptions", "CompilerOptimizationAssistant", "__version__", "functional", "load", "nn", "optim",
+           "optimize", "save", "validate_optimization"]

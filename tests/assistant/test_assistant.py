@@ -11,15 +11,18 @@ from rich.console import Console
 import kernel_pytorch as kp
 from kernel_pytorch.assistant import SECTIONS, Finding, Location, Report, Severity
 from kernel_pytorch.assistant import assistant as assistant_module
-from kernel_pytorch.assistant.render import headline, render_terminal, to_json, to_markdown
+from kernel_pytorch.assistant.report.render import headline, render_terminal, to_json, to_markdown
 from tests.assistant import zoo
+
+NO_COMPILE = kp.AnalysisOptions(measure_compile_time=False)
 
 
 @pytest.fixture(scope="module")
 def report() -> Report:
     torch.manual_seed(0)
     model = zoo.ItemCall()
-    assistant = kp.CompilerOptimizationAssistant(measure_compile_time=False, shapes={"batch": (4, 8)})
+    options = kp.AnalysisOptions(measure_compile_time=False, shapes={"batch": [4, 8]})
+    assistant = kp.CompilerOptimizationAssistant(options)
     return assistant.analyze_component(model, (torch.randn(4, 16),))
 
 
@@ -82,7 +85,7 @@ def test_an_analysis_that_raises_becomes_a_finding(monkeypatch: pytest.MonkeyPat
 
     steps = (assistant_module._Step("compile_time", "compile time", explode), *assistant_module.STEPS[:1])
     monkeypatch.setattr(assistant_module, "STEPS", steps)
-    report = kp.CompilerOptimizationAssistant(measure_compile_time=False).analyze_component(
+    report = kp.CompilerOptimizationAssistant(NO_COMPILE).analyze_component(
         zoo.Clean(), torch.randn(2, 16)
     )
     (failed,) = report.compile_time
@@ -93,7 +96,7 @@ def test_an_analysis_that_raises_becomes_a_finding(monkeypatch: pytest.MonkeyPat
 
 def test_keyword_inputs_and_dtype_option() -> None:
     inputs = {"ids": torch.randint(0, 32, (2, 5)), "mask": torch.ones(2, 5, dtype=torch.float64)}
-    report = kp.CompilerOptimizationAssistant(dtype=torch.float64, measure_compile_time=False).analyze_component(
+    report = kp.CompilerOptimizationAssistant(NO_COMPILE, dtype=torch.float64).analyze_component(
         zoo.TwoInputs(), inputs
     )
     assert report.meta["dtype"] == "float64"
@@ -107,3 +110,16 @@ def test_finding_is_frozen_data() -> None:
         f.title = "other"  # type: ignore[misc]
     assert f.to_dict()["location"] == {"file": "f.py", "line": 3, "function": "fn", "code": "a = 1"}
     assert str(f.location) == "f.py:3"
+
+
+def test_options_are_one_object_and_the_old_keywords_say_where_they_went() -> None:
+    assistant = kp.CompilerOptimizationAssistant(NO_COMPILE, sections=["compilation_readiness"])
+    assert assistant.options.measure_compile_time is False
+    assert assistant.options.kernel_profile is False  # no kernel section: the compile measures no forward
+    assert kp.AnalysisOptions(shapes={"batch": range(1, 3)}).shapes == {"batch": (1, 2)}
+    with pytest.raises(TypeError, match=r"AnalysisOptions\(measure_compile_time=False, train=True\)"):
+        kp.CompilerOptimizationAssistant(measure_compile_time=False, train=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument.*'colour'"):
+        kp.CompilerOptimizationAssistant(colour="red")
+    with pytest.raises(TypeError, match="must be an AnalysisOptions, got dict"):
+        kp.CompilerOptimizationAssistant({"train": True})

@@ -10,8 +10,8 @@ from torch import nn
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.inputs import clone_inputs, infer_input_dims, resize, with_input
 from kernel_pytorch.assistant.locate import resumed_function
+from kernel_pytorch.assistant.recompiles.sweep import ShapeSweep, default_sizes, shape_sweep
 from kernel_pytorch.assistant.records import CompileRecord
-from kernel_pytorch.assistant.sweep import ShapeSweep, default_sizes, shape_sweep
 from tests.assistant import zoo
 
 

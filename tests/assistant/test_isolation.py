@@ -89,7 +89,8 @@ def full_analysis() -> dict[str, object]:
     mp = pytest.MonkeyPatch()
     mp.setattr(assistant_module, "STEPS", tuple(steps))
     try:
-        report = kp.CompilerOptimizationAssistant(shapes={"batch": (4, 8)}).analyze_component(model, (x,))
+        assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(shapes={"batch": (4, 8)}))
+        report = assistant.analyze_component(model, (x,))
     finally:
         mp.undo()
     return {"model": model, "state_dict": state_dict, "seen": seen, "after": reference.changes(), "report": report}

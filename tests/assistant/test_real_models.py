@@ -35,7 +35,7 @@ import pytest
 import torch
 
 import kernel_pytorch
-from kernel_pytorch.assistant import CompilerOptimizationAssistant
+from kernel_pytorch.assistant import AnalysisOptions, CompilerOptimizationAssistant
 from kernel_pytorch.assistant.findings import Finding, Report
 from tests.assistant import real_models as rm
 
@@ -186,12 +186,12 @@ def _analyse(name: str) -> Analysed:
     batch_only = opts.pop("batch_only", False)
     extra = opts.pop("extra", None)
     extra_inputs = [{**inputs, "x": inputs["x"].to(torch.bfloat16)}] if extra == "bf16" else []
-    assistant = CompilerOptimizationAssistant(
+    assistant = CompilerOptimizationAssistant(AnalysisOptions(
         measure_compile_time=opts.pop("measure_compile_time", False),
         kernel_profile=False,  # the corpus checks breaks and recompiles; the kernel profile has its own tests
         input_dims=_batch_dims(inputs) if batch_only else None,
         **opts,
-    )
+    ))
     start = time.perf_counter()
     with _stderr_and_torch_logs() as err:
         report = assistant.analyze_component(model, inputs, name=name, extra_inputs=extra_inputs)
@@ -476,10 +476,10 @@ def test_nested_inputs_are_swept_and_named() -> None:
 def test_sections_not_run_are_said_not_analysed() -> None:
     from rich.console import Console
 
-    from kernel_pytorch.assistant.render import render_terminal, to_markdown
+    from kernel_pytorch.assistant.report.render import render_terminal, to_markdown
 
     model, inputs = rm.FACTORIES["cross_entropy"]()
-    assistant = CompilerOptimizationAssistant(measure_compile_time=False, sections=["recompilations"])
+    assistant = CompilerOptimizationAssistant(AnalysisOptions(measure_compile_time=False), sections=["recompilations"])
     report = assistant.analyze_component(model, inputs)
     console = Console(file=io.StringIO(), width=200)
     render_terminal(report, console)

@@ -1,10 +1,21 @@
-"""benchmark.paired: callables timed in turns, the order reversed every other round, every call counted."""
+"""benchmark.paired: callables timed in turns, the order reversed every other round, every call counted; on
+the CPU, the rounds that waited for a CPU left out."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from kernel_pytorch.benchmark.paired import round_ratios, time_interleaved
+from kernel_pytorch.benchmark import paired as paired_module
+from kernel_pytorch.benchmark.paired import (
+    CPU_PAIR_ROUNDS,
+    Rounds,
+    paired_cpu,
+    round_ratios,
+    run_rounds,
+    time_interleaved,
+)
 
 
 def test_turns_reverse_every_other_round_and_pool_every_call() -> None:
@@ -26,3 +37,41 @@ def test_round_ratios_and_bad_arguments() -> None:
             time_interleaved({"a": lambda: None}, sync=lambda: None, **kwargs)
     with pytest.raises(ValueError, match="at least one"):
         time_interleaved({}, rounds=1, per_round=1, sync=lambda: None)
+
+
+def test_paired_cpu_leaves_out_the_rounds_that_waited(monkeypatch: pytest.MonkeyPatch) -> None:
+    waited = [0.0]
+    calls = [0]
+
+    def slow_and_waiting() -> None:  # every third call "waits for a CPU" for a second and looks slow
+        calls[0] += 1
+        if calls[0] % 3 == 0:
+            waited[0] += 1.0
+
+    monkeypatch.setattr(paired_module, "runqueue_wait_s", lambda: waited[0])
+    timings, stats = paired_cpu({"eager": lambda: None, "compiled": slow_and_waiting})
+    eager, compiled = timings["eager"], timings["compiled"]
+    assert stats.rounds > stats.kept >= CPU_PAIR_ROUNDS.least and eager.reps == compiled.reps == stats.kept
+    assert stats.wait_ms is not None and stats.wait_ms > 0 and "rounds kept" in eager.method
+    assert eager.method.startswith("perf_counter, eager and compiled interleaved (cpu; ")
+
+    def always_waiting() -> float:
+        waited[0] += 1.0
+        return waited[0]
+
+    monkeypatch.setattr(paired_module, "runqueue_wait_s", always_waiting)
+    short = dataclasses.replace(CPU_PAIR_ROUNDS, max_s=0.2)
+    _, stats = paired_cpu({"a": lambda: None, "b": lambda: None}, rounds=short)
+    # every call waited: nothing kept, said so
+    assert stats.kept == 0 and not stats.reliable
+
+
+def test_rounds_stop_rules_and_a_turn_of_its_own() -> None:
+    assert Rounds(3).done(3, 0, 0.0) and not Rounds(3).done(2, 2, 99.0)
+    assert not CPU_PAIR_ROUNDS.done(7, 7, 0.5) and CPU_PAIR_ROUNDS.done(7, 7, 1.0) and CPU_PAIR_ROUNDS.done(7, 50, 0.0)
+    assert CPU_PAIR_ROUNDS.done(9, 2, 5.0) and not CPU_PAIR_ROUNDS.done(9, 2, 4.9)
+    order: list[str] = []
+    done, waited = run_rounds({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=2, warmup=1,
+                              slot=lambda fn: [fn() or 1.0])
+    assert order == ["a", "b", "a", "b", "b", "a"] and waited is None
+    assert [r.ms for r in done] == [{"a": [1.0], "b": [1.0]}] * 2 and not any(r.disturbed for r in done)

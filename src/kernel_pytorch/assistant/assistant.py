@@ -1,7 +1,8 @@
 """`CompilerOptimizationAssistant`: run every analysis on a component and collect a `Report`.
 
-from kernel_pytorch import CompilerOptimizationAssistant
-report = CompilerOptimizationAssistant(device="cpu").analyze_component(model, (x,))
+from kernel_pytorch.assistant import AnalysisOptions, CompilerOptimizationAssistant
+options = AnalysisOptions(measure_compile_time=False)
+report = CompilerOptimizationAssistant(options, device="cpu").analyze_component(model, (x,))
 for finding in report.compilation_readiness:
     print(finding.location, finding.title, finding.suggestion)
 """
@@ -9,27 +10,27 @@ for finding in report.compilation_readiness:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from kernel_pytorch._tree import as_inputs, move, split_inputs, tensors
-from kernel_pytorch.assistant.compile_time import analyze_compile_time
+from kernel_pytorch.assistant.compile_time.compile_time import analyze_compile_time
 from kernel_pytorch.assistant.context import AnalysisContext, AnalysisOptions
 from kernel_pytorch.assistant.dynamo import backend_name
-from kernel_pytorch.assistant.findings import SECTIONS, Finding, Report, Severity, sort_findings
-from kernel_pytorch.assistant.fusion import analyze_fusion
-from kernel_pytorch.assistant.inputs import InputDims, prepare
+from kernel_pytorch.assistant.findings import SECTIONS, Finding, Report, Severity, skipped, sort_findings
+from kernel_pytorch.assistant.fusion.fusion import analyze_fusion
+from kernel_pytorch.assistant.inputs import prepare
 from kernel_pytorch.assistant.isolation import Snapshot
-from kernel_pytorch.assistant.kernel_efficiency import analyze_kernels
-from kernel_pytorch.assistant.memory import analyze_memory
-from kernel_pytorch.assistant.readiness import analyze_readiness, nothing_compiled
-from kernel_pytorch.assistant.recompiles import analyze_recompilations
-from kernel_pytorch.assistant.suggestions import analyze_suggestions
-from kernel_pytorch.assistant.sweep import shape_sweep
+from kernel_pytorch.assistant.kernels.efficiency import analyze_kernels
+from kernel_pytorch.assistant.memory.memory import analyze_memory
+from kernel_pytorch.assistant.readiness.readiness import analyze_readiness, nothing_compiled
+from kernel_pytorch.assistant.recompiles.recompiles import analyze_recompilations
+from kernel_pytorch.assistant.recompiles.sweep import shape_sweep
+from kernel_pytorch.assistant.report.suggestions import analyze_suggestions
 
 Analysis = Callable[[AnalysisContext], list[Finding]]
 
@@ -77,70 +78,43 @@ class CompilerOptimizationAssistant:
     compile time, fusion opportunities, memory of a training step, kernel efficiency and the compile
     verdict, and the fixes of all of them ranked.
 
+    `CompilerOptimizationAssistant(AnalysisOptions(measure_compile_time=False)).analyze_component(model, (x,))`
+
     Args:
+        options: what to analyse and how (`AnalysisOptions`: backend, mode, dynamic, shapes, input dims,
+            compile-time and kernel-profile switches, ...); None: the defaults.
         device: move the module and the inputs' tensors here first (None: leave them where they are).
         dtype: cast floating parameters and floating input tensors to this dtype first (None: keep).
-        backend: torch.compile backend whose compile time is measured.
-        mode: torch.compile mode for that compile ("max-autotune", ...).
-        dynamic: the `dynamic=` the model is meant to be compiled with (None: torch's automatic mode).
-        shapes: sizes to sweep per dim kind, e.g. {"batch": (1, 2, 4), "seq": (16, 32)}.
-        input_dims: which dims of which input are "batch"/"seq"/"spatial": {input: {dim: kind}} with
-            input a positional index or keyword name. None infers them from the example inputs.
-        trace_backend: backend for the graph-break trace and the recompilation sweeps ("eager": Dynamo
-            decides breaks and guards before any backend runs, so this is exact and fast).
-        measure_compile_time: False skips the real-backend compile (the slowest step).
-        cold_cache: bypass Inductor's on-disk caches for that compile, to see a first-ever compile.
-        vary_scalars: also sweep other values of Python int/float arguments.
-        progress: called with a short description before each expensive step.
-        optimizer: builds an optimizer from the trainable parameters (`torch.optim.AdamW`); the memory
-            analysis then measures one step's state (the parameters are restored afterwards).
-        kernel_profile: time and profile the eager and compiled model (kernel efficiency, the verdict).
-        train: also measure forward+backward (None: when the module is in training mode).
-        chrome_trace: write the profiled runs as one Chrome trace to this path.
         sections: run only these sections' analyses (names from `SECTIONS`; None: all).
+        progress: called with a short description before each expensive step.
+    Raises:
+        TypeError: options that are no `AnalysisOptions`, or one of its fields given as a keyword (the
+            message shows the options form).
     """
 
     def __init__(
         self,
+        options: AnalysisOptions | None = None,
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
-        backend: str | Callable[..., Any] = "inductor",
-        mode: str | None = None,
-        dynamic: bool | None = None,
-        shapes: Mapping[str, Sequence[int]] | None = None,
-        input_dims: InputDims | None = None,
-        trace_backend: str | Callable[..., Any] = "eager",
-        measure_compile_time: bool = True,
-        cold_cache: bool = False,
-        vary_scalars: bool = True,
-        progress: Callable[[str], None] | None = None,
-        optimizer: Callable[..., Any] | None = None,
-        kernel_profile: bool = True,
-        train: bool | None = None,
-        chrome_trace: str | None = None,
         sections: Sequence[str] | None = None,
+        progress: Callable[[str], None] | None = None,
+        **moved: Any,
     ) -> None:
+        if moved:
+            raise TypeError(_moved_message(moved))
+        if options is not None and not isinstance(options, AnalysisOptions):
+            raise TypeError(f"options must be an AnalysisOptions, got {type(options).__name__}")
         self.sections = check_sections(sections)
         self.device = device
         self.dtype = dtype
         self.progress = progress
-        self.options = AnalysisOptions(
-            backend=backend,
-            mode=mode,
-            dynamic=dynamic,
-            trace_backend=trace_backend,
-            shapes={k: tuple(int(s) for s in v) for k, v in shapes.items()} if shapes else None,
-            input_dims=input_dims,
-            vary_scalars=vary_scalars,
-            measure_compile_time=measure_compile_time,
-            cold_cache=cold_cache,
-            optimizer=optimizer,
-            # (the compile-time analysis measures the compiled forward only for the kernel section)
-            kernel_profile=kernel_profile and (self.sections is None or "kernel_efficiency" in self.sections),
-            train=train,
-            chrome_trace=chrome_trace,
-        )
+        options = options or AnalysisOptions()
+        # (the compile-time analysis measures the compiled forward only for the kernel section)
+        if options.kernel_profile and self.sections is not None and "kernel_efficiency" not in self.sections:
+            options = replace(options, kernel_profile=False)
+        self.options = options
 
     def context(
         self,
@@ -236,7 +210,7 @@ class CompilerOptimizationAssistant:
         Raises:
             TypeError: the module has no `generate()`.
         """
-        from kernel_pytorch.assistant.generate import generate_report, has_generate, no_generate_message
+        from kernel_pytorch.assistant.recompiles.generate import generate_report, has_generate, no_generate_message
 
         if not has_generate(module):
             raise TypeError(no_generate_message(module))
@@ -246,6 +220,17 @@ class CompilerOptimizationAssistant:
             return generate_report(ctx, max_new_tokens)
         finally:
             saved.restore()
+
+
+def _moved_message(moved: dict[str, Any]) -> str:
+    """What to write instead of keywords that are `AnalysisOptions` fields (or no argument at all)."""
+    names = {f.name for f in fields(AnalysisOptions)}
+    unknown = [k for k in moved if k not in names]
+    if unknown:
+        return f"CompilerOptimizationAssistant() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}"
+    given = ", ".join(f"{k}={v!r}" for k, v in moved.items())
+    return (f"{', '.join(moved)} {'is an AnalysisOptions field' if len(moved) == 1 else 'are AnalysisOptions fields'}: "
+            f"CompilerOptimizationAssistant(AnalysisOptions({given}))")
 
 
 def _analysis_failed(step: _Step, exc: Exception) -> Finding:
@@ -260,13 +245,9 @@ def _analysis_failed(step: _Step, exc: Exception) -> Finding:
 
 def _nothing_compiled(step: _Step) -> Finding:
     prefix = {"recompilations": "recompile"}.get(step.section, step.section)
-    return Finding(
-        id=f"{prefix}.skipped",
-        severity=Severity.INFO,
-        title=f"{step.name.capitalize()} not analysed: nothing was compiled",
-        evidence="Dynamo gave up on every frame, so the model runs eagerly (see compilation readiness); "
-        "there is nothing to recompile until a frame compiles",
-    )
+    return skipped(prefix, f"{step.name.capitalize()} not analysed: nothing was compiled",
+                   "Dynamo gave up on every frame, so the model runs eagerly (see compilation readiness); "
+                   "there is nothing to recompile until a frame compiles")
 
 
 def _param_dtype(module: nn.Module) -> torch.dtype | None:

@@ -37,9 +37,9 @@ from kernel_pytorch.assistant.inputs import (
     positional_names,
     root_of,
 )
+from kernel_pytorch.assistant.kernels.profile import RuntimeProfile, measure_compiled, measure_runtime
 from kernel_pytorch.assistant.locate import location_of
 from kernel_pytorch.assistant.options import AnalysisOptions
-from kernel_pytorch.assistant.profile import RuntimeProfile, measure_compiled, measure_runtime
 from kernel_pytorch.assistant.records import (
     PROFILE_FIELDS,
     BreakRecord,
@@ -327,11 +327,11 @@ class AnalysisContext:
 
     # ----- profiling runs -------------------------------------------------------------------------
     # The profiling part: timed eager and compiled calls under torch.profiler, the plumbing in
-    # `profile` and `kernel_stats`, shared by the kernel-efficiency analysis and the compile verdict.
+    # `profile` and `kernels.stats`, shared by the kernel-efficiency analysis and the compile verdict.
 
     @functools.cached_property
     def runtime(self) -> RuntimeProfile:
         """The eager and the compiled model timed (benchmark.timer) and profiled (torch.profiler),
         forward and, with `options.train`, forward+backward, with the device's measured ceilings; the
-        compiled forward comes from `profile`'s compile (see `assistant.profile`)."""
+        compiled forward comes from `profile`'s compile (see `assistant.kernels.profile`)."""
         return measure_runtime(self)

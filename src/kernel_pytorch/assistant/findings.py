@@ -178,6 +178,11 @@ class Report:
         return json.dumps(self.to_dict(), indent=indent)
 
 
+def skipped(prefix: str, title: str, why: str, data: Mapping[str, Any] | None = None) -> Finding:
+    """The INFO finding "<prefix>.skipped": an analysis that did not run, and why."""
+    return Finding(id=f"{prefix}.skipped", severity=Severity.INFO, title=title, evidence=why, data=data or {})
+
+
 def sort_findings(findings: list[Finding]) -> tuple[Finding, ...]:
     """Worst first; equal severities keep the order the analysis produced them in."""
     return tuple(sorted(findings, key=lambda f: -f.severity.rank))

@@ -3,7 +3,7 @@ the runs the context delegates to (`profile`) read them without importing the co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,7 @@ class AnalysisOptions:
     mode: str | None = None
     dynamic: bool | None = None
     trace_backend: str | Callable[..., Any] = "eager"
-    shapes: Mapping[str, tuple[int, ...]] | None = None
+    shapes: Mapping[str, Sequence[int]] | None = None
     input_dims: InputDims | None = None
     vary_scalars: bool = True
     measure_compile_time: bool = True
@@ -53,6 +53,11 @@ class AnalysisOptions:
     kernel_profile: bool = True
     train: bool | None = None
     chrome_trace: str | None = None
+
+    def __post_init__(self) -> None:
+        # sizes as given (lists, ranges) become tuples of ints; no sizes at all is "derive them"
+        shapes = {k: tuple(int(s) for s in v) for k, v in self.shapes.items()} if self.shapes else None
+        object.__setattr__(self, "shapes", shapes)
 
 
 __all__ = ["AnalysisOptions"]

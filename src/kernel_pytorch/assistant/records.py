@@ -258,6 +258,18 @@ class CompileRecord:
     fail_reason: str | None = None
     co_name: str | None = None
 
+    @classmethod
+    def of(cls, rec: Any, variant: str) -> CompileRecord:
+        """One of Dynamo's CompilationMetrics as the compile record of the call `variant`."""
+        return cls(
+            compile_id=str(getattr(rec, "compile_id", "") or ""),
+            variant=variant,
+            recompile_reason=getattr(rec, "recompile_reason", None),
+            fail_type=getattr(rec, "fail_type", None),
+            fail_reason=getattr(rec, "fail_reason", None),
+            co_name=getattr(rec, "co_name", None),
+        )
+
     @property
     def after_graph_break(self) -> bool:
         """True for the code Dynamo resumes after a graph break (its inputs are the break's live locals)."""

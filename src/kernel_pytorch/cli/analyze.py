@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--generate takes a number of new tokens >= 1, got {args.generate}")
         model, inputs, name, builtin_dims, device = load_target(args)
         if args.generate is not None:
-            from kernel_pytorch.assistant.generate import has_generate, no_generate_message
+            from kernel_pytorch.assistant.recompiles.generate import has_generate, no_generate_message
 
             if not has_generate(model):
                 raise UsageError(no_generate_message(model).replace("generation analysis", "--generate"))
@@ -193,8 +193,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # building the model failed (no such device, out of memory, ...)
         err.print(f"[red]error:[/red] cannot build the model: {type(exc).__name__}: {exc}")
         return 2
-    from kernel_pytorch.assistant import CompilerOptimizationAssistant
-    from kernel_pytorch.assistant.render import render_terminal, to_json, to_markdown
+    from kernel_pytorch.assistant import AnalysisOptions, CompilerOptimizationAssistant
+    from kernel_pytorch.assistant.report.render import render_terminal, to_json, to_markdown
 
     dynamic = {"auto": None, "true": True, "false": False}[args.dynamic]
 
@@ -215,9 +215,7 @@ def run(args: argparse.Namespace) -> int:
             phase[:] = [message, now]
             progress.update(task, description=f"{name}: {message}")
 
-        assistant = CompilerOptimizationAssistant(
-            device=device,
-            dtype=dtype,
+        options = AnalysisOptions(
             backend=backend,
             mode=args.mode,
             dynamic=dynamic,
@@ -225,12 +223,12 @@ def run(args: argparse.Namespace) -> int:
             input_dims=dims if dims is not None else builtin_dims,
             measure_compile_time=not args.no_compile_time,
             cold_cache=args.cold_cache,
-            progress=step,
             kernel_profile=not args.no_profile,
             train=True if args.train else None,
             chrome_trace=args.trace,
-            sections=sections,
         )
+        assistant = CompilerOptimizationAssistant(options, device=device, dtype=dtype, sections=sections,
+                                                  progress=step)
         # the model runs a dozen times; its own prints would bury the report
         printed = io.StringIO()
         try:
@@ -254,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(to_markdown(report))
         err.print(f"wrote {args.markdown}")
     if args.html:
-        from kernel_pytorch.assistant.html_report import to_html
+        from kernel_pytorch.assistant.report.html import to_html
 
         Path(args.html).write_text(to_html(report))
         err.print(f"wrote {args.html}")

@@ -1,7 +1,7 @@
 """The compile side of `optimize()`: the analyser's fixes that change how a model is compiled, each
 kept only where a measurement says it helps. In the report, in this order:
 
-- `regional`: regional compilation (`assistant.regional.find_repeated_blocks`): compile each repeated
+- `regional`: regional compilation (`assistant.compile_time.regional.find_repeated_blocks`): compile each repeated
   block (decoder layer, transformer block) in place with `nn.Module.compile`, so identical blocks share
   one graph. `compile="auto"` times the forward+backward before and after on CUDA and keeps the blocks
   compiled only when the slow end of the compiled band beats the fast end of the eager one; on the CPU
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from kernel_pytorch._errors import short_error
-from kernel_pytorch.assistant.regional import find_repeated_blocks
+from kernel_pytorch.assistant.compile_time.regional import find_repeated_blocks
 from kernel_pytorch.benchmark.module import infer_device
 from kernel_pytorch.optimize.compile_steps import (
     channels_last_step,

@@ -6,7 +6,7 @@
   another order: `tolerances.compare_reordered`). The reference copy that validation uses shares the
   parameters, so it follows the layout and cannot check this itself.
 - CUDA graphs where launch-bound: with the blocks compiled on CUDA, the compiled step is profiled and
-  the analyser's launch-bound test (`assistant.kernel_efficiency`: GPU idle >= 30% between kernels
+  the analyser's launch-bound test (`assistant.kernels.efficiency`: GPU idle >= 30% between kernels
   shorter than 20 us) decides whether `mode="reduce-overhead"` is tried; it is kept when faster.
 - TF32 for fp32 matmuls, opt-in (`tf32=True`): sets `torch.set_float32_matmul_precision("high")`
   (which turns `torch.backends.cuda.matmul.allow_tf32` on), global state of the process. Checked
@@ -161,8 +161,8 @@ def _channels_last(model: nn.Module, inputs: Any, cl_inputs: Any, mode: Any,
 
 def launch_bound(model: nn.Module, inputs: Any) -> tuple[bool, dict[str, float], str]:
     """Profile a few compiled fwd+bwd steps on CUDA; (launch-bound?, the numbers, the evidence)."""
-    from kernel_pytorch.assistant.kernel_efficiency import LAUNCH_IDLE, LAUNCH_KERNEL_US, _launch_bound
-    from kernel_pytorch.assistant.profile import profile_steps
+    from kernel_pytorch.assistant.kernels.efficiency import LAUNCH_IDLE, LAUNCH_KERNEL_US, _launch_bound
+    from kernel_pytorch.assistant.kernels.profiler import profile_steps
 
     step = make_pass(model, inputs, "fwd+bwd")
     for _ in range(3):

@@ -5,7 +5,7 @@ Inputs are read as the analyser reads them (`assistant.inputs`): one key per ten
 arguments or tensors inside container arguments. A dim varies when its size differs between any two
 calls; every varying dim is marked, on every input that has it, since marking only one of the inputs
 the code ties together (input_ids and labels) makes Dynamo specialise it to the others' static size
-(see `assistant.recompile_fixes`). Names are the forward's parameter names ("input_ids", or
+(see `assistant.recompiles.fixes`). Names are the forward's parameter names ("input_ids", or
 "batch['x']" for a tensor inside an argument), as the deploy manifest's `dynamic_dims` records them.
 
 The check compiles the whole model with a trace-only backend (`backend="eager"`: Dynamo traces, no

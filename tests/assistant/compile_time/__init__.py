@@ -1,0 +1,1 @@
+"""Tests of kernel_pytorch.assistant.compile_time."""
