@@ -11,7 +11,7 @@ from torch import nn
 
 import kernel_pytorch as kp
 from kernel_pytorch.optimize import Match, OptimizeReport, optimize
-from kernel_pytorch.optimize.rules.norms import rms_norm_options
+from kernel_pytorch.optimize.rules.norm import rms_norm_options
 from kernel_pytorch.tolerances import compare
 from tests.optimize import models
 
@@ -213,7 +213,7 @@ def test_arguments() -> None:
         optimize(model)
     with pytest.raises(ValueError, match="no rule or family"):
         optimize(model, inputs, components=["nope"])
-    _, report = optimize(model, validate=False, components="norms", compile=False)
+    _, report = optimize(model, validate=False, components="norm", compile=False)
     assert not report.validated and len(report.applied()) == 5
     assert "validation: not run" in str(report)
 

@@ -144,7 +144,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="FILE.py:NAME, module:NAME or FILE.py (Model/get_inputs); default: a built-in model")
     p.add_argument("--model", metavar="NAME", help="a built-in model (default llama-tiny)")
     p.add_argument("--components", default="auto",
-                   help="auto, none, or a comma list of rule names / families (e.g. norms,hf_rms_norm)")
+                   help="auto, none, or a comma list of rule names / families (e.g. norm,hf_rms_norm)")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="regional compilation: auto (where measured faster, CUDA only), on, off")
     p.add_argument("--backend", default=None, help="torch.compile backend for --compile on (default inductor)")

@@ -30,7 +30,7 @@ from kernel_pytorch.validation import ValidationResult, validate_optimization
 
 def select_rules(components: Any) -> list[Rule]:
     """The rules `components` names: "auto"/True (all built-in), False/None/"none" (none), or a list
-    of rule names ("hf_rms_norm"), family names ("norms") and `Rule` objects."""
+    of rule names ("hf_rms_norm"), family names ("norm") and `Rule` objects."""
     if components in ("auto", True):
         return default_rules()
     if components in (False, None, "none"):

@@ -60,7 +60,7 @@ class TorchRMSNormRule:
     """torch.nn.RMSNorm (or a subclass keeping its forward) -> kernel_pytorch.nn.RMSNorm."""
 
     name = "torch_rms_norm"
-    family = "norms"
+    family = "norm"
 
     def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
         if not isinstance(module, nn.RMSNorm) or isinstance(module, kp_nn.RMSNorm):
@@ -83,7 +83,7 @@ class TorchLayerNormRule:
     """torch.nn.LayerNorm (or a subclass keeping its forward) -> kernel_pytorch.nn.LayerNorm."""
 
     name = "torch_layer_norm"
-    family = "norms"
+    family = "norm"
 
     def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
         if not isinstance(module, nn.LayerNorm) or isinstance(module, kp_nn.LayerNorm):
@@ -126,7 +126,7 @@ class HFRMSNormRule:
     kernel_pytorch.nn.RMSNorm rounding as the original does."""
 
     name = "hf_rms_norm"
-    family = "norms"
+    family = "norm"
 
     def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
         found = _hf_rms_shape(module)
