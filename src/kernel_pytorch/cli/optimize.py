@@ -33,11 +33,11 @@ from torch import nn
 
 from kernel_pytorch._tree import move
 from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_extra_inputs, load_factory, placement_error
-from kernel_pytorch.optimize import OptimizeReport, optimize
+from kernel_pytorch.optimize import CompileOptions, OptimizeReport, optimize
 
 
 def save(model: nn.Module, report: OptimizeReport, directory: Path, factory: str,
-         compile_options: dict[str, Any] | None = None) -> list[Path]:
+         compile_options: CompileOptions | None = None) -> list[Path]:
     """Write the optimized model with `kernel_pytorch.save` (safetensors + the manifest, the factory in
     its metadata) to `directory`; returns the files written."""
     from kernel_pytorch.deploy import save as save_model
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model, inputs, target = loaded
     compile_mode: Any = {"auto": "auto", "on": True, "off": False}[args.compile]
-    options = {"backend": args.backend} if args.backend else None
+    options = CompileOptions(backend=args.backend) if args.backend else None
     try:
         model, report = optimize(model, inputs, extra_inputs=extra, components=_components(args.components),
                                  compile=compile_mode, validate=not args.no_validate, compile_options=options,
