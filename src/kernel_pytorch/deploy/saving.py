@@ -233,7 +233,8 @@ def save(
 
     Raises:
         TypeError: a state_dict entry that safetensors cannot hold (a tensor subclass torchao cannot
-            split), or options that are not JSON-able.
+            split), compile_options that is not a CompileOptions, or options that are not JSON-able (a
+            backend given as a callable).
         ImportError: the model holds quantized tensors and torchao is not installed.
     """
     compile_options = typed(compile_options, CompileOptions, "compile_options")
