@@ -213,10 +213,11 @@ def optimized(model: nn.Module, size: Size, dev: torch.device) -> nn.Module:
     outputs of a short prompt (no gradients: nothing here trains, and the backward kernels' first builds
     would cost device time)."""
     from kernel_pytorch.optimize import optimize
+    from kernel_pytorch.validation import ValidationOptions
 
     ids = torch.randint(0, size.vocab, (1, min(size.cache, 128)), device=dev)
     model, report = optimize(model, {"input_ids": ids}, compile=False, seeds=(0,),
-                             validate_options={"check_gradients": False})
+                             validate_options=ValidationOptions.correctness_only().replace(check_gradients=False))
     if not report.passed:
         raise RuntimeError(f"optimize() did not validate: {report.summary(validation=False)}")
     return model

@@ -4,7 +4,7 @@ of families (a CUDA fault poisons its process), each building bench_e2e's HF Lla
 then the loss and every gradient against the eager optimized model's on the same batch.
 
     python benchmarks/probes/probe_compile_components.py                       # the default sets, 2 layers
-    python benchmarks/probes/probe_compile_components.py --sets embedding loss,embedding --layers 2
+    python benchmarks/probes/probe_compile_components.py --sets embedding cross_entropy,embedding --layers 2
     CUDA_LAUNCH_BLOCKING=1 python benchmarks/probes/probe_compile_components.py --one embedding   # one set, in-process
     python benchmarks/probes/probe_compile_components.py --sets auto --layers 8 --out DIR   # a failing set is rerun with
         CUDA_LAUNCH_BLOCKING=1 TORCH_LOGS=output_code (log in DIR), and the faulting kernel's source nodes printed
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-DEFAULT_SETS = ("auto", "norms,mlp,attention", "embedding", "loss", "loss,embedding")
+DEFAULT_SETS = ("auto", "norm,mlp,attention", "embedding", "cross_entropy", "cross_entropy,embedding")
 
 
 def _flce_variant(variant: str) -> None:

@@ -171,7 +171,7 @@ def test_cuda_graph_rows_replay_rotated_input_copies(monkeypatch: pytest.MonkeyP
     replayed: list[list] = []
 
     def fake_graph(fns, device, call_ms):
-        assert call_ms > 0  # the eager timing just taken sizes the graph (timer.graph_plan)
+        assert call_ms > 0  # the eager timing just taken sizes the graph (graph_timer.graph_plan)
         replayed.append([f() for f in fns])
         return summarize([0.01] * 5, "cuda graph replay (stub)")
 

@@ -5,17 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_pytorch.benchmark.graph_timer import GRAPH_BUDGET_MS, graph_plan, time_cuda_graph
 from kernel_pytorch.benchmark.memory import CUDA_METHOD, peak_memory
-from kernel_pytorch.benchmark.timer import (
-    GRAPH_BUDGET_MS,
-    Timing,
-    graph_plan,
-    rotation_copies,
-    speedup,
-    summarize,
-    time_cuda_graph,
-    time_fn,
-)
+from kernel_pytorch.benchmark.timer import Timing, rotation_copies, speedup, summarize, time_fn
 
 
 def test_summarize_median_and_quantiles() -> None:
@@ -151,7 +143,7 @@ def test_a_failed_capture_frees_its_pool_and_restores_the_stream(monkeypatch: py
     into the pool (the end call succeeds), the pool is released by us; where torch ended it, not again."""
     import contextlib
 
-    import kernel_pytorch.benchmark.timer as T
+    import kernel_pytorch.benchmark.graph_timer as T
 
     calls: dict[str, list] = {"set_stream": [], "end": [], "release": [], "empty_cache": []}
     graphs: list[_FakeGraph] = []

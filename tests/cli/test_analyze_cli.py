@@ -278,10 +278,11 @@ def test_argument_errors_and_help_do_not_import_torch(argv: list[str]) -> None:
 
 
 def test_listed_help_matches_each_subcommand() -> None:
-    from kernel_pytorch.cli.main import _HELP, SUBCOMMANDS, build_parser
+    from kernel_pytorch.cli._parser import HELP
+    from kernel_pytorch.cli.main import SUBCOMMANDS, build_parser
 
     parser = build_parser()  # every subcommand imported and registered
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {choice.dest: choice.help for choice in sub._choices_actions}
-    assert set(helps) == set(SUBCOMMANDS) == set(_HELP)
-    assert helps == _HELP
+    assert set(helps) == set(SUBCOMMANDS) == set(HELP)
+    assert helps == HELP

@@ -104,6 +104,13 @@ def test_unknown_rule(saved: Path) -> None:
     _fails(saved, Small(), r"rules this kernel_pytorch does not have: no_such_rule")
 
 
+def test_unknown_compile_option_is_named(saved: Path) -> None:
+    data = json.loads((saved / "kernel_pytorch.json").read_text())
+    data["compile"]["options"] = {"bakend": "eager"}
+    _edit_manifest(saved, compile=data["compile"])
+    _fails(saved, Small(), r"compile options: unknown option\(s\) 'bakend'; CompileOptions fields: backend")
+
+
 def test_swapped_path_absent(saved: Path) -> None:
     data = json.loads((saved / "kernel_pytorch.json").read_text())
     data["swaps"][0]["path"] = "nowhere"

@@ -15,7 +15,7 @@ from torch import nn
 import kernel_pytorch
 from kernel_pytorch.deploy import LoadError, Manifest
 from kernel_pytorch.models import build_model
-from kernel_pytorch.optimize import Match
+from kernel_pytorch.optimize import CompileOptions, Match
 from tests.deploy.models import DIM, Small, optimized_small, snapshot, unchanged
 
 
@@ -108,7 +108,7 @@ def test_shared_module_and_views(tmp_path: Path) -> None:
 def test_compile_re_applied_with_options(tmp_path: Path) -> None:
     model, report = optimized_small()
     model.proj.compile(backend="eager")  # regional compilation, as optimize(compile=True) does per block
-    kernel_pytorch.save(model, tmp_path, report=report, compile_options={"backend": "eager"},
+    kernel_pytorch.save(model, tmp_path, report=report, compile_options=CompileOptions(backend="eager"),
                         dynamic_dims={"x": [0]}, metadata={"factory": "tests.deploy.models:Small"})
     manifest = Manifest.read(tmp_path)
     assert manifest.compile["compiled"] == ["proj"] and manifest.compile["options"] == {"backend": "eager"}

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from kernel_pytorch.optimize import mark_dynamic_inputs, optimize
+from kernel_pytorch.optimize import CompileOptions, mark_dynamic_inputs, optimize
 from kernel_pytorch.optimize.compile_steps import channels_last_inputs
 from kernel_pytorch.optimize.dynamic import count_recompiles, mark_inputs, varying_dims
 from tests.optimize import models
@@ -145,7 +145,7 @@ def test_graphs_run_only_where_gradients_are_on(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(compile_steps.torch, "compile", fake_compile)
     block = torch.nn.Linear(3, 3)
-    compile_steps.compile_blocks([block], {"dynamic": False, "mode": "reduce-overhead"})
+    compile_steps.compile_blocks([block], CompileOptions(dynamic=False, mode="reduce-overhead"))
     assert made == [{"dynamic": False, "mode": "reduce-overhead"}, {"dynamic": False, "mode": None}]
     x = torch.randn(2, 3)
     mode, y = block(x)
@@ -154,12 +154,12 @@ def test_graphs_run_only_where_gradients_are_on(monkeypatch: pytest.MonkeyPatch)
         assert block(x)[0] == "default"
     # a graph mode the caller asks for is split the same way; other modes compile as asked
     made.clear()
-    compile_steps.compile_blocks([block], {"mode": "max-autotune"})
+    compile_steps.compile_blocks([block], CompileOptions(mode="max-autotune"))
     assert made == [{"mode": "max-autotune"}, {"mode": "max-autotune-no-cudagraphs"}]
     with torch.no_grad():
         assert block(x)[0] == "max-autotune-no-cudagraphs"
     made.clear()
-    compile_steps.compile_blocks([block], {"mode": "max-autotune-no-cudagraphs"})
+    compile_steps.compile_blocks([block], CompileOptions(mode="max-autotune-no-cudagraphs"))
     assert made == [{"mode": "max-autotune-no-cudagraphs"}]  # nn.Module.compile: one compile, for every call
     assert not isinstance(block._compiled_call_impl, compile_steps.GradModeGraphs)
 

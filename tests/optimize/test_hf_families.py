@@ -14,7 +14,7 @@ import torch
 
 from kernel_pytorch.optimize import optimize
 from kernel_pytorch.optimize.rules.attention import HFAttention
-from kernel_pytorch.optimize.rules.loss import FusedLossLMHead
+from kernel_pytorch.optimize.rules.cross_entropy import FusedLossLMHead
 from kernel_pytorch.tolerances import compare, compare_reordered
 from tests.optimize import models
 

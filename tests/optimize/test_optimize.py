@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import kernel_pytorch as kp
-from kernel_pytorch.optimize import Match, OptimizeReport, optimize
-from kernel_pytorch.optimize.rules.norms import rms_norm_options
+from kernel_pytorch.optimize import CompileOptions, Match, OptimizeReport, optimize
+from kernel_pytorch.optimize.rules.norm import rms_norm_options
 from kernel_pytorch.tolerances import compare
 from tests.optimize import models
 
@@ -201,7 +201,8 @@ def test_report_is_text_and_json() -> None:
 
 def test_regional_compile_on_request() -> None:
     model, inputs = models.stack()
-    _, report = optimize(model, inputs, compile=True, compile_options={"backend": "eager"}, seeds=(0,))
+    _, report = optimize(model, inputs, compile=True, compile_options=CompileOptions(backend="eager"),
+                         seeds=(0,))
     step = report.compile_steps[0]
     assert (step.name, step.status) == ("regional", "applied") and report.passed
     assert all(b._compiled_call_impl is not None for b in model.blocks)
@@ -213,7 +214,7 @@ def test_arguments() -> None:
         optimize(model)
     with pytest.raises(ValueError, match="no rule or family"):
         optimize(model, inputs, components=["nope"])
-    _, report = optimize(model, validate=False, components="norms", compile=False)
+    _, report = optimize(model, validate=False, components="norm", compile=False)
     assert not report.validated and len(report.applied()) == 5
     assert "validation: not run" in str(report)
 

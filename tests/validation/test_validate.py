@@ -12,7 +12,7 @@ from torch import nn
 
 import kernel_pytorch as kp
 from kernel_pytorch.tolerances import TOLERANCES
-from kernel_pytorch.validation import validate_optimization
+from kernel_pytorch.validation import ValidationOptions, validate_optimization
 from tests.grid import randn
 
 FAST = dict(check_performance=False, compile_backend="eager")
@@ -123,6 +123,17 @@ def test_a_wrong_gradient_fails_naming_the_parameter() -> None:
     assert failed == {"grad(param 'weight')"}
     ok_only_outputs = validate_optimization(original, wrong, (randn(5, 32),), check_gradients=False, **FAST)
     assert ok_only_outputs.passed
+    # the same through an options object; a keyword beside it overrides its field
+    outputs_only = ValidationOptions(check_gradients=False, **FAST)
+    assert validate_optimization(original, wrong, (randn(5, 32),), options=outputs_only).passed
+    with_grads = validate_optimization(original, wrong, (randn(5, 32),), options=outputs_only, check_gradients=True)
+    assert not with_grads.passed
+
+
+def test_a_keyword_that_is_no_option_is_named() -> None:
+    original = HFRMSNorm(32)
+    with pytest.raises(TypeError, match="no ValidationOptions field 'check_grads'; the fields: check_gradients"):
+        validate_optimization(original, original, (randn(2, 32),), check_grads=False)
 
 
 def test_an_output_cut_from_autograd_is_reported() -> None:

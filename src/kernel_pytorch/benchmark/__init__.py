@@ -6,9 +6,10 @@ The suites (`benchmark.suites`: op specs and their runner, whose gate uses valid
 sit above it, and this package does not import them."""
 
 from kernel_pytorch.benchmark.ceilings import Ceilings, measure_ceilings, roofline
+from kernel_pytorch.benchmark.graph_timer import time_cuda_graph
 from kernel_pytorch.benchmark.memory import MemoryMeasurement, peak_memory
 from kernel_pytorch.benchmark.module import ModuleBenchmark, benchmark_module
-from kernel_pytorch.benchmark.timer import Timing, speedup, time_cuda_graph, time_fn
+from kernel_pytorch.benchmark.timer import Timing, speedup, time_fn
 
 __all__ = [
     "Ceilings",

@@ -18,8 +18,9 @@ from torch import Tensor, nn
 
 from kernel_pytorch._tree import as_inputs, call, clone_detached, devices, map_tensors, nbytes, tensors
 from kernel_pytorch.benchmark.ceilings import Ceilings, RooflinePoint, device_name, roofline
+from kernel_pytorch.benchmark.graph_timer import time_cuda_graph
 from kernel_pytorch.benchmark.memory import MemoryMeasurement, peak_memory
-from kernel_pytorch.benchmark.timer import Timing, resolve_device, rotation_copies, time_cuda_graph, time_fn
+from kernel_pytorch.benchmark.timer import Timing, resolve_device, rotation_copies, time_fn
 
 PASSES = ("fwd", "fwd+bwd")
 

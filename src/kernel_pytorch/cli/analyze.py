@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernel_pytorch.cli._parser import command, details
+
 # torch and the analyser are imported inside the functions that need them: building the parser (for
 # --help or an argument error) must not pay the seconds that importing torch takes
 if TYPE_CHECKING:
@@ -279,12 +281,7 @@ def _gate(report: Any, fail_on: str | None, err: Any) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "analyze",
-        help="compile report of a model: graph breaks, recompilations, compile time",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command(sub, "analyze", details(__doc__))
     p.add_argument("target", nargs="?", metavar="FILE.py[:FACTORY]", help="the model to analyse (default: built-in)")
     p.add_argument("--model", metavar="NAME", help="a built-in model (default llama-tiny)")
     p.add_argument("--device", help="device to analyse on (default: cuda if present, else cpu)")

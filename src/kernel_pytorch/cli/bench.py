@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kernel_pytorch.benchmark.suites import ALIASES, output_paths, run_suite, suite_names
 from kernel_pytorch.benchmark.timer import resolve_device
+from kernel_pytorch.cli._parser import command
 
 DEFAULT_ROOT = "bench-results"
 
@@ -118,12 +119,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench",
-        help="run benchmark suites (correctness-gated) and write JSON, markdown and plots",
-        description="Run benchmark suites. Each provider is checked against the reference first; "
-        "ceilings (copy bandwidth, matmul rate) are measured in the same run.",
-    )
+    p = command(sub, "bench", "Run benchmark suites. Each provider is checked against the reference first;\n"
+                "ceilings (copy bandwidth, matmul rate) are measured in the same run.")
     p.add_argument("suites", nargs="*", metavar="SUITE",
                    help=f"suites to run (default: all: {', '.join(suite_names())})")
     p.add_argument("--out", default=None,

@@ -17,6 +17,8 @@ import pickle
 import sys
 from pathlib import Path
 
+from kernel_pytorch.cli._parser import command
+
 
 def run(args: argparse.Namespace) -> int:
     from kernel_pytorch.deploy.convert import WARNING, convert
@@ -37,12 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "convert",
-        help="convert a trusted torch.save checkpoint to safetensors (unpickles it once)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command(sub, "convert", __doc__)  # the whole docstring: its first paragraph says to trust the file
     p.add_argument("src", type=Path, metavar="IN", help="the torch.save checkpoint (.bin/.pt/.pth)")
     p.add_argument("out", type=Path, metavar="OUT", help="the output directory")
     p.add_argument("--unsafe-full-pickle", action="store_true",

@@ -10,6 +10,7 @@ import torch
 
 from kernel_pytorch import __version__
 from kernel_pytorch._env import triton_status, triton_version
+from kernel_pytorch.cli._parser import command
 
 
 def collect(measure: bool = False) -> dict[str, object]:
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="print versions, device and whether the Triton kernels are active")
+    p = command(sub, "doctor")
     p.add_argument("--measure", action="store_true", help="also measure copy bandwidth and matmul rate")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=run)

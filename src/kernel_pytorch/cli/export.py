@@ -25,6 +25,7 @@ import torch
 
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.cli._factory import DTYPES
+from kernel_pytorch.cli._parser import add_model_arguments, command, details
 from kernel_pytorch.cli.optimize import load_placed
 from kernel_pytorch.deploy.export import ExportMismatch, aoti_package, export, our_ops
 from kernel_pytorch.optimize import optimize
@@ -63,20 +64,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "export",
-        help="optimize, then torch.export (and AOTInductor-compile) a model; write the files",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("factory", nargs="?", metavar="FILE.py[:FACTORY]",
-                   help="FILE.py:NAME, module:NAME or FILE.py (Model/get_inputs); default: a built-in model")
-    p.add_argument("--model", metavar="NAME", help="a built-in model (default llama-tiny)")
+    p = command(sub, "export", details(__doc__))
+    add_model_arguments(p, DTYPES)
     p.add_argument("--out", required=True, metavar="DIR", help="write model.pt2 (and model_aoti.pt2) here")
     p.add_argument("--aoti", action="store_true", help="also compile an AOTInductor package (minutes on CPU)")
     p.add_argument("--dynamic", choices=("auto", "static"), default="auto",
                    help="auto: batch/seq dims dynamic as the analyser infers them; static: fixed shapes")
     p.add_argument("--no-validate", action="store_true", help="skip optimize()'s validation")
-    p.add_argument("--device", default=None, help="move the model and inputs here first (e.g. cuda)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast the model and float inputs first")
     p.set_defaults(func=run)

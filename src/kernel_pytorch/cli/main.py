@@ -14,21 +14,11 @@ import sys
 from collections.abc import Sequence
 
 from kernel_pytorch import __version__
+from kernel_pytorch.cli._parser import HELP
 
 # Each name is a module in this package defining `register(subparsers)`; the subparser sets `func`,
 # called with the parsed args and returning the process exit code.
 SUBCOMMANDS: tuple[str, ...] = ("doctor", "analyze", "validate", "optimize", "bench", "export", "convert")
-
-# the one-line help of each subcommand, for listing those not imported (keep in step with register())
-_HELP: dict[str, str] = {
-    "doctor": "print versions, device and whether the Triton kernels are active",
-    "analyze": "compile report of a model: graph breaks, recompilations, compile time",
-    "validate": "check an optimized model against the original: correctness, speed, memory, compile",
-    "optimize": "swap in kernel_pytorch's modules and compile fixes, validated; print what changed",
-    "bench": "run benchmark suites (correctness-gated) and write JSON, markdown and plots",
-    "export": "optimize, then torch.export (and AOTInductor-compile) a model; write the files",
-    "convert": "convert a trusted torch.save checkpoint to safetensors (unpickles it once)",
-}
 
 
 # Lines other packages log while being imported that say nothing about the user's run: torchao's
@@ -87,7 +77,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         if argv is None or name == chosen:
             importlib.import_module(f"kernel_pytorch.cli.{name}").register(sub)
         else:
-            sub.add_parser(name, help=_HELP[name], add_help=False)
+            sub.add_parser(name, help=HELP[name], add_help=False)
     return parser
 
 

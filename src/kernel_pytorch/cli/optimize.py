@@ -33,11 +33,12 @@ from torch import nn
 
 from kernel_pytorch._tree import move
 from kernel_pytorch.cli._factory import DTYPES, FactoryError, load_extra_inputs, load_factory, placement_error
-from kernel_pytorch.optimize import OptimizeReport, optimize
+from kernel_pytorch.cli._parser import add_model_arguments, command, details
+from kernel_pytorch.optimize import CompileOptions, OptimizeReport, optimize
 
 
 def save(model: nn.Module, report: OptimizeReport, directory: Path, factory: str,
-         compile_options: dict[str, Any] | None = None) -> list[Path]:
+         compile_options: CompileOptions | None = None) -> list[Path]:
     """Write the optimized model with `kernel_pytorch.save` (safetensors + the manifest, the factory in
     its metadata) to `directory`; returns the files written."""
     from kernel_pytorch.deploy import save as save_model
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model, inputs, target = loaded
     compile_mode: Any = {"auto": "auto", "on": True, "off": False}[args.compile]
-    options = {"backend": args.backend} if args.backend else None
+    options = CompileOptions(backend=args.backend) if args.backend else None
     try:
         model, report = optimize(model, inputs, extra_inputs=extra, components=_components(args.components),
                                  compile=compile_mode, validate=not args.no_validate, compile_options=options,
@@ -134,17 +135,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "optimize",
-        help="swap in kernel_pytorch's modules and compile fixes, validated; print what changed",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("factory", nargs="?", metavar="FILE.py[:FACTORY]",
-                   help="FILE.py:NAME, module:NAME or FILE.py (Model/get_inputs); default: a built-in model")
-    p.add_argument("--model", metavar="NAME", help="a built-in model (default llama-tiny)")
+    p = command(sub, "optimize", details(__doc__))
+    add_model_arguments(p, DTYPES)
     p.add_argument("--components", default="auto",
-                   help="auto, none, or a comma list of rule names / families (e.g. norms,hf_rms_norm)")
+                   help="auto, none, or a comma list of rule names / families (e.g. norm,hf_rms_norm)")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="regional compilation: auto (where measured faster, CUDA only), on, off")
     p.add_argument("--backend", default=None, help="torch.compile backend for --compile on (default inductor)")
@@ -152,8 +146,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="opt in to TF32 for fp32 matmuls on CUDA (process-wide; kept if faster and within tolerance)")
     p.add_argument("--no-validate", action="store_true", help="skip validation (changes are then unchecked)")
     p.add_argument("--seeds", type=int, default=2, help="validation seeds (default 2)")
-    p.add_argument("--device", default=None, help="move the model and inputs here first (e.g. cuda)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast the model and float inputs first")
     p.add_argument("--save", default=None, metavar="DIR",
                    help="save the optimized model (safetensors + manifest) with kernel_pytorch.save")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernel_pytorch._tree import map_tensors
+from kernel_pytorch._tree import move
 from kernel_pytorch.cli._factory import (
     DTYPES,
     FactoryError,
@@ -30,7 +30,8 @@ from kernel_pytorch.cli._factory import (
     placement_error,
     trio_pair,
 )
-from kernel_pytorch.validation import validate_optimization
+from kernel_pytorch.cli._parser import command, details
+from kernel_pytorch.validation import ValidationOptions, validate_optimization
 
 
 def load_pair(specs: list[str], seed: int = 0) -> tuple[nn.Module, nn.Module, tuple | dict, list[str]]:
@@ -78,22 +79,12 @@ def load_pair(specs: list[str], seed: int = 0) -> tuple[nn.Module, nn.Module, tu
     return original, optimized, inputs, notes
 
 
-def _place(original: nn.Module, optimized: nn.Module, inputs: Any, device: str | None, dtype: str | None):
+def _place(original: nn.Module, optimized: nn.Module, inputs: Any, device: str | None, dtype: str | None) -> Any:
+    """Both models moved to `device` and cast to `dtype` (None: as they are); returns the inputs placed alike."""
     dt = DTYPES[dtype] if dtype else None
     for m in (original, optimized):
-        if device:
-            m.to(device)
-        if dt is not None:
-            m.to(dt)
-
-    def move(t: torch.Tensor) -> torch.Tensor:
-        if device:
-            t = t.to(device)
-        if dt is not None and t.is_floating_point():
-            t = t.to(dt)
-        return t
-
-    return map_tensors(move, inputs)
+        m.to(device=device, dtype=dt)
+    return move(inputs, device, dt)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,19 +98,15 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # no such device, out of memory, ...
         print(placement_error("the models", exc), file=sys.stderr)
         return 2
-    result = validate_optimization(
-        original,
-        optimized,
-        inputs,
-        seeds=tuple(range(args.seeds)),
-        check_gradients=not args.no_grad,
-        reference=args.reference,
-        check_performance=not args.no_perf,
-        check_compile=not args.no_compile,
-        check_determinism=not args.no_determinism,
-        compile_backend=args.backend,
-        cpu_min_run_time=args.cpu_min_run_time,
-    )
+    try:
+        options = ValidationOptions(check_gradients=not args.no_grad, reference=args.reference,
+                                    check_performance=not args.no_perf, check_compile=not args.no_compile,
+                                    check_determinism=not args.no_determinism, compile_backend=args.backend,
+                                    cpu_min_run_time=args.cpu_min_run_time)
+    except (TypeError, ValueError) as exc:  # --cpu-min-run-time 0, --backend ''
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result = validate_optimization(original, optimized, inputs, seeds=tuple(range(args.seeds)), options=options)
     if args.json:
         print(result.to_json())
     else:
@@ -141,12 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "validate",
-        help="check an optimized model against the original: correctness, speed, memory, compile",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command(sub, "validate", details(__doc__))
     p.add_argument("factories", nargs="+", metavar="FACTORY",
                    help="ORIGINAL OPTIMIZED, or one factory returning both (FILE.py:NAME, module:NAME, FILE.py)")
     p.add_argument("--seeds", type=int, default=3, help="random seeds to check (default 3)")

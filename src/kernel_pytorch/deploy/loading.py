@@ -26,6 +26,7 @@ from kernel_pytorch.deploy import _quantized
 from kernel_pytorch.deploy._files import INDEX_NAME, LoadError, read_header, refuse_pickle, sha256_files
 from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, ManifestError, describe_differences, dtype_name
 from kernel_pytorch.optimize import swap as swapping
+from kernel_pytorch.optimize.options import CompileOptions
 from kernel_pytorch.optimize.report import Change
 from kernel_pytorch.optimize.rules import Rule, default_rules
 
@@ -329,7 +330,10 @@ def load(
     _check_state(model, manifest)
     swaps = _plan_swaps(model, manifest, by_name)
     compiled = list(manifest.compile.get("compiled", [])) if compile else []
-    options = dict(manifest.compile.get("options") or {})
+    try:
+        options = CompileOptions.from_dict(manifest.compile.get("options") or {}, "the manifest's compile options")
+    except (TypeError, ValueError) as exc:
+        raise LoadError(str(exc)) from exc
     absent = [w for w in compiled if not _has(model, w)]
     if absent:
         raise LoadError(f"the saved model compiled blocks this model does not have: {_names(absent)}")

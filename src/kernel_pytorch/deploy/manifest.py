@@ -7,7 +7,7 @@ Layout (format version 1; a save with quantized weights is version 2, adding `qu
 
     {"format": "kernel_pytorch.deploy", "format_version": 1,
      "versions": {"kernel_pytorch": "0.1.0", "torch": "2.13.0", "triton": "3.9.0", "transformers": null},
-     "swaps": [{"path": "layers.0.norm", "rule": "torch_rms_norm", "family": "norms",
+     "swaps": [{"path": "layers.0.norm", "rule": "torch_rms_norm", "family": "norm",
                 "before": "RMSNorm", "after": "RMSNorm"}],
      "compile": {"steps": [...], "compiled": ["layers.0", ...], "options": {...}},
      "dynamic_dims": {"input_ids": [0, 1]},

@@ -24,9 +24,10 @@ import torch
 from torch import nn
 
 from kernel_pytorch._errors import short_error
+from kernel_pytorch.benchmark.graph_timer import time_cuda_graph
 from kernel_pytorch.benchmark.memory import MemoryMeasurement, peak_memory
 from kernel_pytorch.benchmark.module import infer_device
-from kernel_pytorch.benchmark.timer import Timing, free_device_memory, summarize, time_cuda_graph, time_fn
+from kernel_pytorch.benchmark.timer import Timing, free_device_memory, summarize, time_fn
 from kernel_pytorch.deploy.loading import load
 from kernel_pytorch.deploy.saving import save
 

@@ -32,6 +32,7 @@ from kernel_pytorch.deploy._files import (
     write_index,
 )
 from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, dtype_name
+from kernel_pytorch.optimize.options import CompileOptions, typed
 
 if TYPE_CHECKING:
     from kernel_pytorch.optimize.report import OptimizeReport
@@ -199,7 +200,7 @@ def save(
     *,
     report: OptimizeReport | None = None,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
-    compile_options: dict[str, Any] | None = None,
+    compile_options: CompileOptions | None = None,
     dynamic_dims: Mapping[str, list[int]] | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> list[Path]:
@@ -220,7 +221,7 @@ def save(
         report: what `optimize()` returned with the model; None records no swaps (load then loads the
             weights into the model as the factory builds it).
         max_shard_size: the most bytes per weight file (int, or "5GB", "500MB").
-        compile_options: the `compile_options` given to optimize() (JSON-able: backend, mode, dynamic ...).
+        compile_options: the `CompileOptions` given to optimize() (a backend by name, so JSON-able).
         dynamic_dims: input name -> dims that vary (e.g. {"input_ids": [0, 1]}), for export and compile;
             None takes `report.dynamic_dims` (what optimize() found from its `extra_inputs`).
         metadata: anything JSON-able to keep with the model (e.g. {"factory": "model.py:make"}).
@@ -232,9 +233,11 @@ def save(
 
     Raises:
         TypeError: a state_dict entry that safetensors cannot hold (a tensor subclass torchao cannot
-            split), or options that are not JSON-able.
+            split), compile_options that is not a CompileOptions, or options that are not JSON-able (a
+            backend given as a callable).
         ImportError: the model holds quantized tensors and torchao is not installed.
     """
+    compile_options = typed(compile_options, CompileOptions, "compile_options")
     if isinstance(getattr(model, "_orig_mod", None), nn.Module):
         model = model._orig_mod  # torch.compile(model)'s wrapper: save the model's own keys
     state = model.state_dict()
@@ -252,7 +255,7 @@ def save(
         swaps=swaps,
         compile={"steps": [s.to_dict() for s in report.compile_steps] if report is not None else [],
                  "compiled": compiled,
-                 "options": _json_able(dict(compile_options or {}), "compile_options")},
+                 "options": _json_able(compile_options.kwargs() if compile_options else {}, "compile_options")},
         dynamic_dims={k: [int(d) for d in v] for k, v in (dynamic_dims or {}).items()},
         report=json.loads(report.to_json()) if report is not None else None,
         metadata=_json_able(dict(metadata or {}), "metadata"),

@@ -190,7 +190,9 @@ def _check_x(x: Tensor) -> None:
         raise ValueError("x must have at least one dimension (got a scalar)")
 
 
-def _multipliers(gate_multiplier: float, down_multiplier: float) -> tuple[float, float]:
+def _gated_checks(x: Tensor, gate_multiplier: float, down_multiplier: float) -> tuple[float, float]:
+    """The gated block's eager checks of x and the two multipliers; returns the multipliers as floats."""
+    _check_x(x)
     return check_multiplier("gate_multiplier", gate_multiplier), check_multiplier("down_multiplier", down_multiplier)
 
 
@@ -222,8 +224,7 @@ def gated_mlp(
     act = check_activation(activation)
     compiling = torch.compiler.is_compiling()
     if not compiling:
-        gate_multiplier, down_multiplier = _multipliers(gate_multiplier, down_multiplier)
-        _check_x(x)
+        gate_multiplier, down_multiplier = _gated_checks(x, gate_multiplier, down_multiplier)
         inter = _check_linear("gate_weight", gate_weight, gate_bias, x.shape[-1], x)
         if _check_linear("up_weight", up_weight, up_bias, x.shape[-1], x) != inter:
             raise ValueError(f"up_weight must have gate_weight's shape {tuple(gate_weight.shape)} "
@@ -260,8 +261,7 @@ def gated_mlp_packed(
     act = check_activation(activation)
     compiling = torch.compiler.is_compiling()
     if not compiling:
-        gate_multiplier, down_multiplier = _multipliers(gate_multiplier, down_multiplier)
-        _check_x(x)
+        gate_multiplier, down_multiplier = _gated_checks(x, gate_multiplier, down_multiplier)
         inter2 = _check_linear("gate_up_weight", gate_up_weight, gate_up_bias, x.shape[-1], x)
         if inter2 % 2:
             raise ValueError(f"gate_up_weight holds [gate; up] rows, so an even number of them (got {inter2})")

@@ -8,10 +8,11 @@ assigns to a third-party class or module attribute (STYLE rule 5).
     model, report = kernel_pytorch.optimize(model, {"input_ids": ids, "labels": ids})
     print(report)
 
-Parts: `core.py` (the function), `rules/` (one file per component family), `swap.py` (finding and
-swapping instances), `compile.py` (regional compilation and the order of the compile steps),
-`dynamic.py` (mark_dynamic from several shapes), `compile_steps.py` (channels_last, CUDA graphs, TF32),
-`report.py` (what it returns).
+Parts: `core.py` (the function), `options.py` (`CompileOptions`; validation takes
+`kernel_pytorch.validation.ValidationOptions`), `rules/` (one file per component family), `swap.py`
+(finding and swapping instances), `compile.py` (regional compilation and the order of the compile
+steps), `dynamic.py` (mark_dynamic from several shapes), `compile_steps.py` (channels_last, CUDA graphs,
+TF32), `report.py` (what it returns).
 
 `kernel_pytorch.optimize` is both this package and the function: importing a submodule makes the
 package an attribute of `kernel_pytorch` under the same name, so the package itself is callable and
@@ -27,6 +28,7 @@ from typing import Any
 from kernel_pytorch.optimize.compile import INDUCTOR_OPTIONS
 from kernel_pytorch.optimize.core import optimize, select_rules
 from kernel_pytorch.optimize.dynamic import mark_dynamic_inputs
+from kernel_pytorch.optimize.options import CompileOptions
 from kernel_pytorch.optimize.report import Change, CompileStep, OptimizeReport
 from kernel_pytorch.optimize.rules import Match, Rule, default_rules
 
@@ -41,5 +43,5 @@ class _CallablePackage(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallablePackage
 
-__all__ = ["INDUCTOR_OPTIONS", "Change", "CompileStep", "Match", "OptimizeReport", "Rule", "default_rules",
-           "mark_dynamic_inputs", "optimize", "select_rules"]
+__all__ = ["INDUCTOR_OPTIONS", "Change", "CompileOptions", "CompileStep", "Match", "OptimizeReport", "Rule",
+           "default_rules", "mark_dynamic_inputs", "optimize", "select_rules"]

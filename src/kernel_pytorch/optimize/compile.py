@@ -38,6 +38,7 @@ from kernel_pytorch.optimize.compile_steps import (
     uncompile,
 )
 from kernel_pytorch.optimize.dynamic import count_recompiles, varying_dims
+from kernel_pytorch.optimize.options import CompileOptions
 from kernel_pytorch.optimize.report import CompileStep
 
 CompileMode = Literal["auto"] | bool
@@ -76,7 +77,7 @@ class CompileResult:
     channels_last: bool = False
     dynamic_dims: dict[str, list[int]] = field(default_factory=dict)
     graphs: bool = False  # the blocks are compiled with mode="reduce-overhead" ...
-    options: dict[str, Any] = field(default_factory=dict)  # ... instead of these options
+    options: CompileOptions = field(default_factory=CompileOptions)  # ... instead of these options
 
     def drop_graphs(self, why: str) -> bool:
         """Recompile the blocks without CUDA graphs (`options`), marking that step reverted with `why`;
@@ -148,7 +149,7 @@ def mark_dynamic_step(model: nn.Module, inputs: Any, extra: list[Any]) -> tuple[
                        + extra_note, measured), dict(found.names)
 
 
-def _regional(model: nn.Module, inputs: Any, mode: CompileMode, options: dict[str, Any],
+def _regional(model: nn.Module, inputs: Any, mode: CompileMode, options: CompileOptions,
               measurable: bool) -> tuple[CompileStep, list[nn.Module]]:
     found = _blocks(model)
     if found is None:
@@ -175,7 +176,7 @@ def _regional(model: nn.Module, inputs: Any, mode: CompileMode, options: dict[st
 
 
 def compile_model(
-    model: nn.Module, inputs: Any, mode: CompileMode, options: dict[str, Any] | None = None,
+    model: nn.Module, inputs: Any, mode: CompileMode, options: CompileOptions | None = None,
     extra_inputs: list[Any] | None = None,
 ) -> CompileResult:
     """Apply the compile fixes `mode` asks for to `model` in place.
@@ -184,7 +185,7 @@ def compile_model(
         model: the (already swapped) model.
         inputs: example inputs (tuple of args or dict of kwargs), or None (nothing is measured).
         mode: "auto" (measured on CUDA, kept only if faster), True (apply), False (nothing).
-        options: keyword arguments for `nn.Module.compile` (backend, mode, dynamic ...).
+        options: how each block is compiled (`CompileOptions`: backend, mode, dynamic ...); default torch's.
         extra_inputs: more calls like `inputs`, of other shapes, for `mark_dynamic`.
     Returns:
         a `CompileResult`: the steps for the report (regional, mark_dynamic, channels_last,
@@ -192,7 +193,7 @@ def compile_model(
     """
     if mode is False:
         return CompileResult()
-    options = dict(options or {})
+    options = options or CompileOptions()
     device = infer_device(model, inputs) if inputs is not None else torch.device("cpu")
     measurable = device.type == "cuda" and inputs is not None
     out = CompileResult()

@@ -20,6 +20,7 @@ outputs still checked), CUDA graphs and TF32 do not apply.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import call, map_tensors, tensors
 from kernel_pytorch.benchmark.module import benchmark_module, make_pass
 from kernel_pytorch.benchmark.timer import Timing, speedup
+from kernel_pytorch.optimize.options import CompileOptions
 from kernel_pytorch.optimize.report import CompileStep
 from kernel_pytorch.tolerances import compare_reordered
 
@@ -190,9 +192,9 @@ class GradModeGraphs:
     training step, so that is where they run; no_grad calls take the default compiled mode.
     """
 
-    def __init__(self, block: nn.Module, options: dict[str, Any], mode: str = "reduce-overhead") -> None:
-        self.graphs = torch.compile(block._call_impl, **{**options, "mode": mode})
-        self.plain = torch.compile(block._call_impl, **{**options, "mode": NO_GRAPHS[mode]})
+    def __init__(self, block: nn.Module, options: CompileOptions, mode: str = "reduce-overhead") -> None:
+        self.graphs = torch.compile(block._call_impl, **{**options.kwargs(), "mode": mode})
+        self.plain = torch.compile(block._call_impl, **{**options.kwargs(), "mode": NO_GRAPHS[mode]})
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return (self.graphs if torch.is_grad_enabled() else self.plain)(*args, **kwargs)
@@ -202,21 +204,21 @@ class GradModeGraphs:
 NO_GRAPHS = {"reduce-overhead": None, "max-autotune": "max-autotune-no-cudagraphs"}
 
 
-def compile_blocks(blocks: list[nn.Module], options: dict[str, Any]) -> None:
-    """`nn.Module.compile(**options)` on each block, except that a mode capturing CUDA graphs
+def compile_blocks(blocks: list[nn.Module], options: CompileOptions) -> None:
+    """`nn.Module.compile(**options.kwargs())` on each block, except that a mode capturing CUDA graphs
     ("reduce-overhead", "max-autotune") applies to calls with gradients only (`GradModeGraphs`), with
     a log line once: under no_grad, regionally compiled blocks' graphs free each other's outputs."""
-    mode = options.get("mode")
+    mode = options.mode
     if mode not in NO_GRAPHS:
         for b in blocks:
-            b.compile(**options)
+            b.compile(**options.kwargs())
         return
     from kernel_pytorch._env import log_once
 
     log_once(f"kernel_pytorch.optimize: compile mode {mode!r} (CUDA graphs) applies to the compiled blocks' calls "
              f"with gradients; no_grad calls use mode {NO_GRAPHS[mode]!r}, since CUDA graph trees would free one "
              "block's output before the next block reads it")
-    rest = {k: v for k, v in options.items() if k != "mode"}
+    rest = dataclasses.replace(options, mode=None)
     for b in blocks:
         b._compiled_call_impl = GradModeGraphs(b, rest, mode)
 
@@ -227,7 +229,7 @@ def uncompile(blocks: list[nn.Module]) -> None:
         b._compiled_call_impl = None
 
 
-def cuda_graph_step(model: nn.Module, inputs: Any, blocks: list[nn.Module], options: dict[str, Any],
+def cuda_graph_step(model: nn.Module, inputs: Any, blocks: list[nn.Module], options: CompileOptions,
                     device: torch.device, mode: Any) -> tuple[CompileStep, bool]:
     """Recompile the compiled blocks with `mode="reduce-overhead"` when the step is launch-bound and
     that is faster. Returns (the step, whether the blocks now use it)."""
@@ -235,8 +237,8 @@ def cuda_graph_step(model: nn.Module, inputs: Any, blocks: list[nn.Module], opti
         return CompileStep("cuda_graphs", "skipped", "CUDA graphs need a CUDA device: not applicable on the CPU"), False
     if not blocks:
         return CompileStep("cuda_graphs", "skipped", "nothing is compiled (regional compilation not kept)"), False
-    if "mode" in options:
-        return CompileStep("cuda_graphs", "skipped", f"compile_options sets mode={options['mode']!r}"), False
+    if options.mode is not None:
+        return CompileStep("cuda_graphs", "skipped", f"compile_options sets mode={options.mode!r}"), False
     try:
         with kept_buffers(model):
             bound, numbers, evidence = launch_bound(model, inputs)
@@ -245,14 +247,14 @@ def cuda_graph_step(model: nn.Module, inputs: Any, blocks: list[nn.Module], opti
     if not bound:
         return CompileStep("cuda_graphs", "skipped", evidence, numbers or None), False
 
-    def recompile(opts: dict[str, Any]) -> None:
+    def recompile(opts: CompileOptions) -> None:
         uncompile(blocks)
         compile_blocks(blocks, opts)
 
     try:
         with kept_buffers(model):
             before = fwd_bwd_ms(model, inputs)
-            recompile({**options, "mode": "reduce-overhead"})  # graphs for calls with gradients only
+            recompile(dataclasses.replace(options, mode="reduce-overhead"))  # graphs for calls with gradients only
             after = fwd_bwd_ms(model, inputs)
     except Exception as exc:
         recompile(options)

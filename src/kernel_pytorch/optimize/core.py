@@ -23,14 +23,15 @@ from kernel_pytorch.benchmark.module import infer_device
 from kernel_pytorch.optimize import swap
 from kernel_pytorch.optimize.compile import CompileMode, compile_model
 from kernel_pytorch.optimize.compile_steps import tf32_step
+from kernel_pytorch.optimize.options import CompileOptions, typed
 from kernel_pytorch.optimize.report import CompileStep, OptimizeReport
 from kernel_pytorch.optimize.rules import Rule, default_rules
-from kernel_pytorch.validation import ValidationResult, validate_optimization
+from kernel_pytorch.validation import ValidationOptions, ValidationResult, validate_optimization
 
 
 def select_rules(components: Any) -> list[Rule]:
     """The rules `components` names: "auto"/True (all built-in), False/None/"none" (none), or a list
-    of rule names ("hf_rms_norm"), family names ("norms") and `Rule` objects."""
+    of rule names ("hf_rms_norm"), family names ("norm") and `Rule` objects."""
     if components in ("auto", True):
         return default_rules()
     if components in (False, None, "none"):
@@ -92,11 +93,11 @@ def optimize(
     components: Any = "auto",
     compile: CompileMode = "auto",
     validate: bool = True,
-    compile_options: dict[str, Any] | None = None,
+    compile_options: CompileOptions | None = None,
     extra_inputs: Sequence[Any] = (),
     tf32: bool = False,
     seeds: Sequence[int] = (0, 1),
-    validate_options: dict[str, Any] | None = None,
+    validate_options: ValidationOptions | None = None,
 ) -> tuple[nn.Module, OptimizeReport]:
     """Optimize `model` in place with kernel_pytorch's modules and compile fixes, validated.
 
@@ -110,7 +111,8 @@ def optimize(
             graphs, each kept where measured to help; timings on CUDA only), True (apply what the CPU
             cannot time, unmeasured), False (none).
         validate: compare outputs and gradients with the original on the inputs and revert failures.
-        compile_options: keyword arguments for each compiled block's `nn.Module.compile`.
+        compile_options: how each compiled block is compiled (`CompileOptions`: backend, mode ...);
+            default torch's.
         extra_inputs: more calls like `example_inputs` with other shapes (other batch sizes, sequence
             lengths): the dims that vary between them are checked for `mark_dynamic` and kept in
             `report.dynamic_dims` (and a saved model's manifest).
@@ -118,14 +120,19 @@ def optimize(
             process-wide state that stays set when kept); checked with TF32's tolerance, reported.
             False (default): the global matmul precision is never touched.
         seeds: validation seeds (the first uses the inputs as given; later ones redraw them).
-        validate_options: more keyword arguments for `validate_optimization` (e.g. `reference="none"`,
-            `check_performance=True`).
+        validate_options: what validation checks (`ValidationOptions`); default
+            `ValidationOptions.correctness_only()`: outputs and gradients on every seed, nothing timed.
     Returns:
         (model, report): the same model object with the kept changes; the report lists every change,
         kept, reverted or skipped, with reasons, and the final validation.
     Raises:
         ValueError: validate=True with no inputs to validate on.
+        TypeError: compile_options or validate_options not an options object (a dict names the call to
+            write instead).
     """
+    compile_options = typed(compile_options, CompileOptions, "compile_options")
+    validate_options = typed(validate_options, ValidationOptions, "validate_options") \
+        or ValidationOptions.correctness_only()
     report = OptimizeReport()
     rules = select_rules(components)
     inputs = as_inputs(example_inputs) if example_inputs is not None else None
@@ -157,11 +164,8 @@ def optimize(
     report.validated = True
     assert reference is not None and inputs is not None
     vinputs = _validation_inputs(model, inputs, report)
-    options = dict(check_performance=False, check_compile=False, check_determinism=False)
-    options.update(validate_options or {})
-
     def check() -> ValidationResult:
-        return validate_optimization(reference, model, vinputs, seeds=tuple(seeds), **options)
+        return validate_optimization(reference, model, vinputs, seeds=tuple(seeds), options=validate_options)
 
     result = check()
     if not result.passed and compiled.drop_graphs(f"failed validation: {_why(result)}"):

@@ -64,17 +64,6 @@ def check_gated_packed(gate_up: Tensor) -> None:
         )
 
 
-def check_grad(name: str, grad: Tensor, like: Tensor) -> None:
-    """An upstream gradient `grad` matching the forward's output `like` in shape, dtype and device."""
-    check_float(name, grad)
-    if grad.shape != like.shape:
-        raise ValueError(f"{name} must have shape {tuple(like.shape)} (got {tuple(grad.shape)})")
-    if grad.dtype != like.dtype:
-        raise TypeError(f"{name} must have dtype {like.dtype} (got {grad.dtype})")
-    if grad.device != like.device:
-        raise ValueError(f"{name} is on {grad.device} but the input is on {like.device}")
-
-
 def check_bias_act(x: Tensor, bias: Tensor | None) -> None:
     """x: a floating tensor (..., D); bias: None or (D,) of x's dtype and device."""
     check_float("x", x)

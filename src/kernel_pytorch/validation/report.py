@@ -1,6 +1,6 @@
 """What `validate_optimization` returns: the `ValidationResult` holding one record per part
-(correctness, timing, memory, compilation, determinism; the records are in `parts.py`, re-exported
-here), with `to_dict()` for JSON.
+(correctness, timing, memory, compilation, determinism; the records are in `parts.py`), with
+`to_dict()` for JSON.
 
 Text rendering lives in `render.py`; these types only hold the numbers and say what passed.
 """
@@ -11,15 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kernel_pytorch.validation.parts import (
-    CompilationReport,
-    CorrectnessReport,
-    DeterminismReport,
-    MemoryReport,
-    PassComparison,
-    PassMemory,
-    PerformanceReport,
-)
+from kernel_pytorch.validation import parts
 from kernel_pytorch.validation.render import render
 
 
@@ -27,11 +19,11 @@ from kernel_pytorch.validation.render import render
 class ValidationResult:
     """What `validate_optimization` found. `passed` is the correctness verdict."""
 
-    correctness_check: CorrectnessReport
-    performance_improvement: PerformanceReport | None
-    memory_efficiency: MemoryReport | None
-    compilation_success: CompilationReport | None
-    determinism: DeterminismReport | None
+    correctness_check: parts.CorrectnessReport
+    performance_improvement: parts.PerformanceReport | None
+    memory_efficiency: parts.MemoryReport | None
+    compilation_success: parts.CompilationReport | None
+    determinism: parts.DeterminismReport | None
     device: str
 
     @property
@@ -62,13 +54,4 @@ class ValidationResult:
         return self.summary()
 
 
-__all__ = [
-    "CompilationReport",
-    "CorrectnessReport",
-    "DeterminismReport",
-    "MemoryReport",
-    "PassComparison",
-    "PassMemory",
-    "PerformanceReport",
-    "ValidationResult",
-]
+__all__ = ["ValidationResult"]

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from kernel_pytorch._tree import bitwise_equal, call, flatten, map_tensors
 from kernel_pytorch.benchmark.module import upstream_gradients, with_input_grads
+from kernel_pytorch.validation.options import Reference
 
-Reference = Literal["auto", "fp64", "none"]
 InputsArg = Any  # tuple | list | dict | Tensor | Callable[[int], those]
 GradOutputs = list[tuple[str, torch.dtype]]  # (output name, dtype its upstream gradient is rounded to)
 

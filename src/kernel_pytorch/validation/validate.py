@@ -14,7 +14,7 @@ compilable and deterministic? One call, one result object with the four parts us
 The two modules are expected to hold the same weights (the optimized one is normally derived from the
 original); parameters are matched by name for the gradient comparison.
 
-The parts live next door: `report.py` (the result types, also importable from here), `inputs.py`
+The parts live next door: `options.py` (what to check: `ValidationOptions`), `report.py` (the result types), `inputs.py`
 (each seed's inputs), `runs.py` (running the models), `reference64.py` (the fp64 copy), `checks.py` (the
 four checks), `render.py` (the text summary).
 """
@@ -30,17 +30,10 @@ from kernel_pytorch._errors import short_error
 from kernel_pytorch.benchmark.ceilings import device_name
 from kernel_pytorch.benchmark.module import infer_device
 from kernel_pytorch.validation.checks import compilation, correctness, determinism, performance
-from kernel_pytorch.validation.report import (
-    CompilationReport,
-    CorrectnessReport,
-    DeterminismReport,
-    MemoryReport,
-    PassComparison,
-    PassMemory,
-    PerformanceReport,
-    ValidationResult,
-)
-from kernel_pytorch.validation.runs import InputsArg, Reference, Run, named, run_model
+from kernel_pytorch.validation.options import ValidationOptions
+from kernel_pytorch.validation.parts import DeterminismReport
+from kernel_pytorch.validation.report import ValidationResult
+from kernel_pytorch.validation.runs import InputsArg, Run, named, run_model
 
 
 def validate_optimization(
@@ -49,16 +42,8 @@ def validate_optimization(
     inputs: InputsArg,
     *,
     seeds: Sequence[int] = (0, 1, 2),
-    check_gradients: bool = True,
-    reference: Reference = "auto",
-    check_performance: bool = True,
-    check_compile: bool = True,
-    check_determinism: bool = True,
-    compile_backend: str = "inductor",
-    train: bool = False,
-    warmup_ms: float = 25.0,
-    rep_ms: float = 100.0,
-    cpu_min_run_time: float = 0.2,
+    options: ValidationOptions | None = None,
+    **fields: Any,
 ) -> ValidationResult:
     """Check that `optimized` computes what `original` does, and measure what it buys.
 
@@ -71,28 +56,24 @@ def validate_optimization(
             ids within range, ignored labels and masks kept), or the given ones where the original
             cannot run the drawn ones.
         seeds: random seeds for inputs and upstream gradients; correctness must hold for each.
-        check_gradients: also compare gradients of floating-point inputs and shared parameters,
-            with a fixed random upstream gradient per output.
-        reference: "auto" builds an fp64 copy of the original so a tensor failing the table may pass
-            the fp64-derived budget; "fp64" requires it; "none" uses the table alone.
-        check_performance: time both models (forward, and forward+backward with gradients) and
-            measure their peak memory.
-        check_compile: try torch.compile(optimized, fullgraph=True, backend=compile_backend).
-        check_determinism: run `optimized` twice and compare bit for bit.
-        compile_backend: "inductor" (default), or "aot_eager"/"eager" for a cheaper tracing check.
-        train: validate in training mode (dropout active: expect failures); default eval mode.
-        warmup_ms, rep_ms: CUDA timing budget per measurement; cpu_min_run_time: CPU's.
+        options: what to check beside correctness (`ValidationOptions`: gradients, the fp64 reference,
+            timing and memory, compilation, determinism, training mode, timing budgets); default all.
+        **fields: `ValidationOptions` fields (`check_performance=False`, `reference="none"` ...),
+            overriding `options`'.
     Returns:
         A `ValidationResult`; nothing here raises for a wrong, slow or uncompilable `optimized`.
+    Raises:
+        TypeError: a keyword that is not a `ValidationOptions` field (named in the message).
     """
+    opts = (options or ValidationOptions()).replace(**fields)
     if not seeds:
         raise ValueError("seeds must name at least one seed")
     modes = [(m, m.training) for mod in (original, optimized) for m in mod.modules()]
-    original.train(train)
-    optimized.train(train)
+    original.train(opts.train)
+    optimized.train(opts.train)
     try:
-        corr = correctness(original, optimized, inputs, seeds, check_gradients, reference)
-        with_grads = check_gradients and bool(corr.grad_outs)
+        corr = correctness(original, optimized, inputs, seeds, opts.check_gradients, opts.reference)
+        with_grads = opts.check_gradients and bool(corr.grad_outs)
         dev = infer_device(original, corr.inputs)
 
         def rerun(model: Callable[..., Any]) -> Run:
@@ -101,15 +82,15 @@ def validate_optimization(
                              seed=seeds[0], grad_outputs=corr.grad_outs)
 
         perf = mem = None
-        if check_performance:
+        if opts.check_performance:
             passes = ("fwd", "fwd+bwd") if with_grads else ("fwd",)
             perf, mem = performance(original, optimized, corr.inputs, passes, dict(
-                device=dev, warmup_ms=warmup_ms, rep_ms=rep_ms, cpu_min_run_time=cpu_min_run_time))
+                device=dev, warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms, cpu_min_run_time=opts.cpu_min_run_time))
         comp = None
-        if check_compile:
-            comp = compilation(optimized, corr.inputs, compile_backend, rerun, corr.cand, corr.hi)
+        if opts.check_compile:
+            comp = compilation(optimized, corr.inputs, opts.compile_backend, rerun, corr.cand, corr.hi)
         det = None
-        if check_determinism and corr.cand is not None:
+        if opts.check_determinism and corr.cand is not None:
             try:
                 det = determinism(corr.cand, rerun(optimized))
             except Exception as exc:
@@ -120,14 +101,4 @@ def validate_optimization(
             m.training = was_training
 
 
-__all__ = [
-    "CompilationReport",
-    "CorrectnessReport",
-    "DeterminismReport",
-    "MemoryReport",
-    "PassComparison",
-    "PassMemory",
-    "PerformanceReport",
-    "ValidationResult",
-    "validate_optimization",
-]
+__all__ = ["ValidationOptions", "ValidationResult", "validate_optimization"]

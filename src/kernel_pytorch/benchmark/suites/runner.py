@@ -13,7 +13,7 @@ ceilings measured in the same run.
 
 Large shapes: an op may gate at a smaller shape (`OpBench.gate_shape`; its rows say so) where the fp64
 reference of the full shape would not fit or would take minutes; the graph replays of a slow call are
-fewer (`timer.graph_plan`). On CUDA every pass's input copies, closures and graph, and every provider's
+fewer (`graph_timer.graph_plan`). On CUDA every pass's input copies, closures and graph, and every provider's
 gate outputs (eager's, the others' yardstick, excepted) are released before the next one starts, and
 the allocator's cache is emptied (`timer.free_device_memory`; Python's cycles are collected after a
 failure and between shapes): a row's leftovers must not make a later row run out of memory.
@@ -30,19 +30,14 @@ import torch
 from kernel_pytorch._env import recompile_headroom
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.benchmark.ceilings import Ceilings, device_name, measure_ceilings, roofline
+from kernel_pytorch.benchmark.graph_timer import time_cuda_graph
 from kernel_pytorch.benchmark.memory import peak_memory
 from kernel_pytorch.benchmark.module import pass_closure
 from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row
 from kernel_pytorch.benchmark.suites.gate import GateResult, gate
 from kernel_pytorch.benchmark.suites.providers import SAME, Impl, bind, resolve
 from kernel_pytorch.benchmark.suites.spec import OpBench, Shape, Suite
-from kernel_pytorch.benchmark.timer import (
-    free_device_memory,
-    resolve_device,
-    rotation_copies,
-    time_cuda_graph,
-    time_fn,
-)
+from kernel_pytorch.benchmark.timer import free_device_memory, resolve_device, rotation_copies, time_fn
 from kernel_pytorch.validation.compare import failures
 
 Progress = Callable[[int, int, str], None]  # (done, total, what is running)

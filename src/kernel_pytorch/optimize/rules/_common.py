@@ -1,5 +1,6 @@
 """Helpers every rule family uses: guards on what may be swapped, moving parameters into a
-replacement, and a quick behavioural probe that tells which computation a module does."""
+replacement, a quick behavioural probe that tells which computation a module does, and `DropInRule`,
+the shape of every rule that swaps a torch module for our subclass of it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.tolerances import TOLERANCES, compare
 
 
@@ -85,3 +87,46 @@ def projections_left_alone(module: nn.Module, projs: dict[str, nn.Linear]) -> st
     if [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
         return "holds parameters or buffers of its own, which the replacement would drop"
     return None
+
+
+class DropInRule:
+    """A torch module (`base`, or a subclass keeping its forward) -> our drop-in subclass `ours`, built on
+    the meta device around the module's own parameters (STYLE rule 4: same constructor, parameter names,
+    `state_dict` keys). A subclass overriding `forward`, or a module `left_alone` names a reason for, is
+    left alone with that reason. Subclasses say what to build and how to describe the swap."""
+
+    name: str
+    family: str
+    base: type[nn.Module]
+    ours: type[nn.Module]
+
+    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
+        if not isinstance(module, self.base) or isinstance(module, self.ours):
+            return None
+        kind = type(module).__name__
+        if type(module).forward is not self.base.forward:
+            return Match(None, f"{kind} overrides torch.nn.{self.base.__name__}.forward")
+        if (why := self.left_alone(module)) is not None:
+            return Match(None, why)
+        new = build_on_meta(lambda: self.build(module), module, self.parameters(module))
+        return Match(self.finish(new), self.describe(kind))
+
+    def left_alone(self, module: nn.Module) -> str | None:
+        """Why `module` must stay as it is whatever it computes (default: `blocked`), or None."""
+        return blocked(module)
+
+    def parameters(self, module: nn.Module) -> tuple[str, ...]:
+        """The names of `module`'s Parameters the replacement holds: its `weight` and `bias`, those it has."""
+        return tuple(n for n in ("weight", "bias") if getattr(module, n, None) is not None)
+
+    def build(self, module: nn.Module) -> nn.Module:
+        """The replacement, on the meta device, without parameters of its own to keep."""
+        raise NotImplementedError
+
+    def finish(self, new: nn.Module) -> nn.Module:
+        """The replacement once it holds the parameters (default: as it is)."""
+        return new
+
+    def describe(self, kind: str) -> str:
+        """The report's reason for swapping a `kind` module."""
+        return f"torch.nn.{self.base.__name__} -> kernel_pytorch.nn.{self.ours.__name__}"

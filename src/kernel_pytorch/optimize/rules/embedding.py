@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from kernel_pytorch import nn as kp_nn
 from kernel_pytorch.optimize.rules import Match
-from kernel_pytorch.optimize.rules._common import blocked, build_on_meta, run_probe
+from kernel_pytorch.optimize.rules._common import DropInRule, blocked, build_on_meta, run_probe
 
 
 def _left_alone(module: nn.Embedding) -> str | None:
@@ -46,26 +46,21 @@ def _table_options(module: nn.Embedding) -> dict:
     return {"padding_idx": module.padding_idx, "scale_grad_by_freq": module.scale_grad_by_freq, "device": "meta"}
 
 
-class TorchEmbeddingRule:
+class TorchEmbeddingRule(DropInRule):
     """torch.nn.Embedding (or a subclass keeping its forward) -> kernel_pytorch.nn.Embedding."""
 
     name = "torch_embedding"
     family = "embedding"
+    base, ours = nn.Embedding, kp_nn.Embedding
 
-    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
-        if not isinstance(module, nn.Embedding) or isinstance(module, kp_nn.Embedding):
-            return None
-        kind = type(module).__name__
-        if type(module).forward is not nn.Embedding.forward:
-            return Match(None, f"{kind} overrides torch.nn.Embedding.forward")
-        if (why := _left_alone(module)) is not None:
-            return Match(None, why)
-        new = build_on_meta(
-            lambda: kp_nn.Embedding(module.num_embeddings, module.embedding_dim, **_table_options(module)),
-            module,
-            ("weight",),
-        )
-        return Match(new, f"{kind} -> kernel_pytorch.nn.Embedding (deterministic backward in the table's dtype)")
+    def left_alone(self, module: nn.Module) -> str | None:
+        return _left_alone(module)
+
+    def build(self, module: nn.Module) -> nn.Module:
+        return kp_nn.Embedding(module.num_embeddings, module.embedding_dim, **_table_options(module))
+
+    def describe(self, kind: str) -> str:
+        return f"{kind} -> kernel_pytorch.nn.Embedding (deterministic backward in the table's dtype)"
 
 
 def _scale(module: nn.Module) -> float | Tensor | None:

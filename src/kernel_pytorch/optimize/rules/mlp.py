@@ -106,24 +106,20 @@ class HFGatedMLPRule:
 
     name = "hf_gated_mlp"
     family = "mlp"
+    projections = _GATED
 
     def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
-        if isinstance(module, kp_nn.GatedMLP) or (projs := _linears(module, _GATED)) is None:
+        if isinstance(module, kp_nn.GatedMLP) or (projs := _linears(module, self.projections)) is None:
             return None
         return _swap(module, projs, _gated, "GatedMLP")
 
 
-class PackedGatedMLPRule:
+class PackedGatedMLPRule(HFGatedMLPRule):
     """A Phi-3-style packed gated MLP (gate_up_proj/down_proj Linears, any class) -> kernel_pytorch.nn.GatedMLP
     with fuse_gate_up=True, holding the packed Parameter as it is."""
 
     name = "packed_gated_mlp"
-    family = "mlp"
-
-    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
-        if isinstance(module, kp_nn.GatedMLP) or (projs := _linears(module, _PACKED)) is None:
-            return None
-        return _swap(module, projs, _gated, "GatedMLP")
+    projections = _PACKED
 
 
 class FcMLPRule:

@@ -22,7 +22,14 @@ from torch import nn
 
 from kernel_pytorch import nn as kp_nn
 from kernel_pytorch.optimize.rules import Match
-from kernel_pytorch.optimize.rules._common import blocked, build_on_meta, probe_input, run_probe, same_output
+from kernel_pytorch.optimize.rules._common import (
+    DropInRule,
+    blocked,
+    build_on_meta,
+    probe_input,
+    run_probe,
+    same_output,
+)
 from kernel_pytorch.reference.rms_norm import rms_norm_rstd
 
 _EPS_ATTRS = ("variance_epsilon", "eps")
@@ -51,55 +58,31 @@ def _recomputing(norm: kp_nn.RMSNorm) -> kp_nn.RMSNorm:
     return norm
 
 
-def _own_forward(module: nn.Module, base: type[nn.Module]) -> bool:
-    """Whether `module`'s class computes something other than `base.forward` (a subclass overriding it)."""
-    return type(module).forward is not base.forward
-
-
-class TorchRMSNormRule:
+class TorchRMSNormRule(DropInRule):
     """torch.nn.RMSNorm (or a subclass keeping its forward) -> kernel_pytorch.nn.RMSNorm."""
 
     name = "torch_rms_norm"
-    family = "norms"
+    family = "norm"
+    base, ours = nn.RMSNorm, kp_nn.RMSNorm
 
-    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
-        if not isinstance(module, nn.RMSNorm) or isinstance(module, kp_nn.RMSNorm):
-            return None
-        if _own_forward(module, nn.RMSNorm):
-            return Match(None, f"{type(module).__name__} overrides torch.nn.RMSNorm.forward")
-        if (why := blocked(module)) is not None:
-            return Match(None, why)
-        options = rms_norm_options("torch")
-        new = _recomputing(build_on_meta(
-            lambda: kp_nn.RMSNorm(module.normalized_shape, eps=module.eps,
-                                  elementwise_affine=module.elementwise_affine, device="meta", **options),
-            module,
-            ("weight",) if module.elementwise_affine else (),
-        ))
-        return Match(new, "torch.nn.RMSNorm -> kernel_pytorch.nn.RMSNorm")
+    def build(self, module: nn.Module) -> nn.Module:
+        return kp_nn.RMSNorm(module.normalized_shape, eps=module.eps, elementwise_affine=module.elementwise_affine,
+                             device="meta", **rms_norm_options("torch"))
+
+    def finish(self, new: nn.Module) -> nn.Module:
+        return _recomputing(new)
 
 
-class TorchLayerNormRule:
+class TorchLayerNormRule(DropInRule):
     """torch.nn.LayerNorm (or a subclass keeping its forward) -> kernel_pytorch.nn.LayerNorm."""
 
     name = "torch_layer_norm"
-    family = "norms"
+    family = "norm"
+    base, ours = nn.LayerNorm, kp_nn.LayerNorm
 
-    def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
-        if not isinstance(module, nn.LayerNorm) or isinstance(module, kp_nn.LayerNorm):
-            return None
-        if _own_forward(module, nn.LayerNorm):
-            return Match(None, f"{type(module).__name__} overrides torch.nn.LayerNorm.forward")
-        if (why := blocked(module)) is not None:
-            return Match(None, why)
-        bias = module.bias is not None
-        new = build_on_meta(
-            lambda: kp_nn.LayerNorm(module.normalized_shape, eps=module.eps,
-                                    elementwise_affine=module.elementwise_affine, bias=bias, device="meta"),
-            module,
-            tuple(n for n, p in (("weight", module.weight), ("bias", module.bias)) if p is not None),
-        )
-        return Match(new, "torch.nn.LayerNorm -> kernel_pytorch.nn.LayerNorm")
+    def build(self, module: nn.Module) -> nn.Module:
+        return kp_nn.LayerNorm(module.normalized_shape, eps=module.eps, elementwise_affine=module.elementwise_affine,
+                               bias=module.bias is not None, device="meta")
 
 
 def _hf_rms_shape(module: nn.Module) -> tuple[int, float, str] | None:
@@ -126,7 +109,7 @@ class HFRMSNormRule:
     kernel_pytorch.nn.RMSNorm rounding as the original does."""
 
     name = "hf_rms_norm"
-    family = "norms"
+    family = "norm"
 
     def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
         found = _hf_rms_shape(module)

@@ -1,4 +1,4 @@
-"""Loss rule: the LM head + loss of a Hugging Face `*ForCausalLM` (ForCausalLMLoss) or of a T5-style
+"""Cross-entropy rule: the LM head + loss of a Hugging Face `*ForCausalLM` (ForCausalLMLoss) or of a T5-style
 encoder-decoder (cross-entropy over unshifted labels) to one fused linear cross-entropy
 (`kernel_pytorch.functional.fused_linear_cross_entropy`), which never holds the (B, T, vocab) logits.
 
@@ -312,7 +312,7 @@ class FusedLinearCrossEntropyRule:
     cross-entropy -> FusedLossLMHead and the fused forward."""
 
     name = "fused_linear_cross_entropy"
-    family = "loss"
+    family = "cross_entropy"
 
     def match(self, module: nn.Module, name: str, model: nn.Module) -> Match | None:
         if name != "lm_head" or isinstance(module, FusedLossLMHead) or not isinstance(module, nn.Linear):
@@ -367,6 +367,6 @@ def _reason(model: nn.Module, module: nn.Linear, kind: str, seq2seq: bool, route
             "(no logits and no KV cache in training with labels)")
 
 
-LOSS_RULES = (FusedLinearCrossEntropyRule(),)
+CROSS_ENTROPY_RULES = (FusedLinearCrossEntropyRule(),)
 
-__all__ = ["LOSS_RULES", "FusedLinearCrossEntropyRule", "FusedLossLMHead", "fused_causal_lm_loss"]
+__all__ = ["CROSS_ENTROPY_RULES", "FusedLinearCrossEntropyRule", "FusedLossLMHead", "fused_causal_lm_loss"]

@@ -1,4 +1,4 @@
-"""The "loss" rule: an HF *ForCausalLM's lm_head + ForCausalLMLoss becomes one fused linear
+"""The cross-entropy rule: an HF *ForCausalLM's lm_head + ForCausalLMLoss becomes one fused linear
 cross-entropy through a forward on the instance: the loss is transformers' (shift, ignore_index,
 num_items_in_batch, shift_labels), logits are None only in training with labels, the class is untouched.
 Gemma 2/3's soft-capping and the MoE router aux loss are computed as transformers does; T5 gets its loss
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernel_pytorch.optimize import optimize
-from kernel_pytorch.optimize.rules.loss import FusedLossLMHead, fused_causal_lm_loss
+from kernel_pytorch.optimize.rules.cross_entropy import FusedLossLMHead, fused_causal_lm_loss
 from kernel_pytorch.tolerances import compare, compare_reordered
 from tests.optimize import models
 
@@ -30,7 +30,7 @@ def tied() -> tuple[torch.nn.Module, torch.nn.Module, dict]:
     torch.manual_seed(0)
     model, inputs = models.llama(tie_word_embeddings=True)
     reference = copy.deepcopy(model)
-    _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    _, report = optimize(model, inputs, components="cross_entropy", seeds=(0,))
     assert report.passed and report.counts() == {"fused_linear_cross_entropy": 1}
     assert "tied to the input embedding" in report.applied()[0].reason
     return model, reference, inputs
@@ -105,7 +105,7 @@ def test_instance_forward_signs_as_the_class_and_detaches(tied: tuple) -> None:
 def test_optimizing_another_class_leaves_the_attached_forward_signed_as_its_own(tied: tuple) -> None:
     model = tied[0]
     other, inputs = models.qwen2_moe()  # its forward returns another output class
-    _, report = optimize(other, inputs, components="loss", seeds=(0,))
+    _, report = optimize(other, inputs, components="cross_entropy", seeds=(0,))
     assert report.counts() == {"fused_linear_cross_entropy": 1}
     for m in (model, other):
         assert inspect.signature(m.forward) == inspect.signature(type(m).forward.__get__(m))
@@ -157,7 +157,7 @@ def test_logit_softcapping_inside_the_fused_loss(family: str) -> None:
     # the tiny model's logits are ~0.1: a cap of 0.1 bends them (Gemma 2's 30 would not, at this scale)
     model, inputs = getattr(models, family)(final_logit_softcapping=0.1)
     reference = copy.deepcopy(model)
-    _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    _, report = optimize(model, inputs, components="cross_entropy", seeds=(0,))
     assert report.passed and report.counts() == {"fused_linear_cross_entropy": 1}
     assert "soft-capped at 0.1" in report.applied()[0].reason
     labels = inputs["labels"].clone()
@@ -177,7 +177,7 @@ def test_router_aux_loss_added_as_transformers(family: str) -> None:
     torch.manual_seed(0)
     model, inputs = getattr(models, family)()
     reference = copy.deepcopy(model)
-    _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    _, report = optimize(model, inputs, components="cross_entropy", seeds=(0,))
     assert report.passed and report.counts() == {"fused_linear_cross_entropy": 1}
     assert "router aux loss" in report.applied()[0].reason
     ours, theirs = _train_step(model, reference, {**inputs, "output_router_logits": True})
@@ -200,7 +200,7 @@ def test_t5_loss_over_unshifted_labels() -> None:
     model, inputs = models.t5(tie_word_embeddings=False)  # T5 v1.1: no d_model**-0.5 on the decoder output
     assert not model.config.scale_decoder_outputs
     reference = copy.deepcopy(model)
-    _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    _, report = optimize(model, inputs, components="cross_entropy", seeds=(0,))
     assert report.passed and report.counts() == {"fused_linear_cross_entropy": 1}
     assert "cross-entropy over the labels" in report.applied()[0].reason
     labels = inputs["labels"].clone()
@@ -222,7 +222,7 @@ def test_t5_bf16_loss_in_the_logits_dtype() -> None:
     model, inputs = models.t5()
     model.to(torch.bfloat16)
     reference = copy.deepcopy(model)
-    _, report = optimize(model, inputs, components="loss", seeds=(0,))
+    _, report = optimize(model, inputs, components="cross_entropy", seeds=(0,))
     assert report.passed and report.counts() == {"fused_linear_cross_entropy": 1}
     ours, theirs = model(**inputs), reference(**inputs)
     assert ours.loss.dtype == theirs.loss.dtype == torch.bfloat16  # T5's loss is in its logits' dtype
@@ -237,7 +237,7 @@ def test_other_encoder_decoders_left_alone() -> None:
                         decoder_ffn_dim=64, max_position_embeddings=64)
     model = BartForConditionalGeneration(config).eval()
     ids = torch.randint(3, models.VOCAB, (2, 8))
-    _, report = optimize(model, {"input_ids": ids, "labels": ids}, components="loss", seeds=(0,))
+    _, report = optimize(model, {"input_ids": ids, "labels": ids}, components="cross_entropy", seeds=(0,))
     assert report.counts() == {} and not isinstance(model.lm_head, FusedLossLMHead)
     assert "final_logits_bias beside lm_head" in report.skipped()[0].reason
     assert "forward" not in vars(model)

@@ -4,7 +4,7 @@ attention through `kernel_pytorch.functional.attention` and `apply_rotary`.
 
 Recognised by structure, not by class name: the projections (q_proj/k_proj/v_proj -> o_proj, Phi-3's
 packed qkv_proj, GPT-NeoX's and Falcon's packed query_key_value -> dense, in the layouts of
-attention_layouts.py), optional q_norm/k_norm on (B, T, H, D) (Qwen3, Gemma3) or q_layernorm/k_layernorm
+layouts.py), optional q_norm/k_norm on (B, T, H, D) (Qwen3, Gemma3) or q_layernorm/k_layernorm
 on (B, H, T, D) (StableLM's qk_layernorm), the `config`, `layer_idx` and `scaling` transformers'
 attention classes keep, and a forward taking `position_embeddings`. Partial rotary (GPT-NeoX's
 rotary_pct, StableLM's and Phi's partial_rotary_factor) rotates the first r features of each head, r
@@ -55,8 +55,8 @@ from kernel_pytorch.functional.rope import apply_rotary
 from kernel_pytorch.nn._recompute import recompute_norm_outputs
 from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.optimize.rules._common import projections_left_alone, same_output
-from kernel_pytorch.optimize.rules.attention_layouts import QKVLayout, qkv_layout, rotary_dims
-from kernel_pytorch.optimize.rules.norms import HFRMSNormRule
+from kernel_pytorch.optimize.rules.attention.layouts import QKVLayout, qkv_layout, rotary_dims
+from kernel_pytorch.optimize.rules.norm import HFRMSNormRule
 
 _NORMS = ("q_norm", "k_norm")  # on (B, T, H, D); RMSNorms, swapped by the norm rule
 _HEAD_NORMS = ("q_layernorm", "k_layernorm")  # on (B, H, T, D) (StableLM's per-head LayerNorms), kept

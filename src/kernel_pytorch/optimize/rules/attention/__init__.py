@@ -1,0 +1,7 @@
+"""The attention family's rule: Hugging Face decoder attention to `HFAttention` (`rule.py`), and where
+such a module's q, k and v come from, split or packed (`layouts.py`)."""
+
+from kernel_pytorch.optimize.rules.attention.layouts import QKVLayout, qkv_layout, rotary_dims
+from kernel_pytorch.optimize.rules.attention.rule import ATTENTION_RULES, AttentionRule, HFAttention, MaskHint
+
+__all__ = ["ATTENTION_RULES", "AttentionRule", "HFAttention", "MaskHint", "QKVLayout", "qkv_layout", "rotary_dims"]
