@@ -51,7 +51,7 @@ from kernel_pytorch.ops._common.row_view import Rows, contiguous_rows, row_view
 from kernel_pytorch.ops._common.scale import scale_grad_, scaled_grad
 from kernel_pytorch.ops._cross_entropy_kernels import _cross_entropy_bwd_kernel, _cross_entropy_fwd_kernel
 from kernel_pytorch.ops._cross_entropy_stats import cross_entropy_stats
-from kernel_pytorch.reference._math import acc, acc_dtype
+from kernel_pytorch.reference._math import acc
 from kernel_pytorch.reference.cross_entropy import cross_entropy, cross_entropy_backward, cross_entropy_rows
 from kernel_pytorch.reference.cross_entropy_extras import predicted_tokens
 
@@ -320,30 +320,14 @@ def _bwd_reference(dloss: Tensor, grad: Tensor) -> Tensor:
     return (acc(grad) * acc(dloss).unsqueeze(-1)).to(grad.dtype).contiguous()
 
 
-def _fwd_fake(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
-              label_smoothing: float, lse_square_scale: float, softcap: float, with_grad: bool,
-              token_scale: Tensor | None = None, argmax: bool = False,
-              ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    dtype = acc_dtype(logits.dtype)
-    loss = logits.new_empty(target.shape if reduction == "none" else (), dtype=dtype)
-    lse = logits.new_empty(target.numel(), dtype=dtype)
-    grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if with_grad else None
-    pred = logits.new_empty(target.numel(), dtype=torch.int64) if argmax else None
-    return loss, lse, grad, pred
-
-
-def _bwd_fake(dloss: Tensor, grad: Tensor) -> Tensor:
-    return torch.empty_like(grad, memory_format=torch.contiguous_format)
-
-
 # kernel_pytorch::cross_entropy_fwd (logits, target, weight?, ignore_index, reduction, label_smoothing,
 # lse_square_scale, softcap, with_grad, token_scale?, argmax) -> (loss, lse, grad, pred) and
 # cross_entropy_bwd (dloss, grad) -> dlogits;
 # cross_entropy_eager(...same arguments) -> loss
 cross_entropy_fwd_op, cross_entropy_bwd_op, cross_entropy_eager = register_op(
     "cross_entropy",
-    Impl(_fwd_launch, _fwd_reference, _fwd_fake, outputs=("loss", "lse", "grad", "pred")),
-    Impl(_bwd_launch, _bwd_reference, _bwd_fake, outputs=("dlogits",)),
+    Impl(_fwd_launch, _fwd_reference, "reference", outputs=("loss", "lse", "grad", "pred")),
+    Impl(_bwd_launch, _bwd_reference, "reference", outputs=("dlogits",)),
     differentiable=("loss",),
     save=("grad",),
     grads={"logits": "dlogits"},
