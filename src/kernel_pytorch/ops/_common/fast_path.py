@@ -71,8 +71,8 @@ def _from_environment() -> FastPath:
     return FastPath(enabled=value not in _OFF)
 
 
-# On unless KERNEL_PYTORCH_FAST_PATH=0: 30-50 us less host time per eager call on the CUDA hosts
-# (benchmarks/results/norms_host.log, H100, 2026-11-21) and the CPU gain measured in this module's docstring.
+# On unless KERNEL_PYTORCH_FAST_PATH=0: the host time it saves per eager call, measured on the CPU in
+# this module's docstring (2026-12-07), 30-50 us on the CUDA hosts (docs/architecture.md).
 DEFAULT = tuning.register("fast_path", _from_environment())
 
 
