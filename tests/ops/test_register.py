@@ -1,4 +1,4 @@
-"""ops/_register.register_op on toy ops: several outputs, an optional tensor input, float/int/bool/str
+"""ops/_common/register.register_op on toy ops: several outputs, an optional tensor input, float/int/bool/str
 arguments, an output that is not differentiated, a backward with gradients for some inputs only, one-tensor
 outputs, and a forward-only op. Each is checked with opcheck, autograd (gradcheck in fp64 through the
 reference kernel, and through the Triton launchers of the eager entry), torch.compile(fullgraph=True) and
