@@ -2,7 +2,8 @@
 transformers' eager code, torch.compile and a bare SDPA call; Liger-Kernel has no attention.
 
     python benchmarks/bench_attention.py            # a fresh bench-results/attention-<device>-<time>/
-    python benchmarks/bench_attention.py --out benchmarks/results --overwrite  # replace the committed results
+    python benchmarks/bench_attention.py --out DIR  # DIR/attention.{json,md} and plots; on a GPU, committed as
+                                                    #   benchmarks/results/attention_<device>.{json,md}
 
 The suite itself lives in kernel_pytorch.benchmark.suites.attention (also `kernel-pytorch bench attention`);
 this script only forwards its arguments to the CLI, which refuses to replace results already in --out

@@ -1,8 +1,9 @@
 """Cross-entropy and fused linear + cross-entropy vs eager, torch.compile and Liger-Kernel (time and
 peak memory).
 
-    python benchmarks/bench_cross_entropy.py        # a fresh bench-results/cross_entropy-<device>-<time>/
-    python benchmarks/bench_cross_entropy.py --out benchmarks/results --overwrite  # replace the committed results
+    python benchmarks/bench_cross_entropy.py            # a fresh bench-results/cross_entropy-<device>-<time>/
+    python benchmarks/bench_cross_entropy.py --out DIR  # DIR/cross_entropy.{json,md} and plots; on a GPU, committed as
+                                                        #   benchmarks/results/cross_entropy_<device>.{json,md}
 
 The suite itself lives in kernel_pytorch.benchmark.suites.cross_entropy (also `kernel-pytorch bench
 cross_entropy`);

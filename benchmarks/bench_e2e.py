@@ -22,8 +22,8 @@ the profiler's allocation trace of one step.
 
 Each provider runs in its own try/except, so one failure (or an out-of-memory) becomes a row with the
 reason and the others still run. The whole run stops starting new providers once `--budget-s` of wall time
-is spent (default 240 s on CUDA) and says which rows it skipped; the rows run in the order of what the
-issue compares first (the training providers, then the 16k row, then generation). Liger patches
+is spent (default 240 s on CUDA) and says which rows it skipped; the rows run in the order the target
+reads them (the training providers, then the 16k row, then generation). Liger patches
 transformers' classes for the whole process, so each Liger row runs in a child process of its own.
 """
 
@@ -69,7 +69,7 @@ INDUCTOR_NORMS = "+inorm"
 # (nn.RMSNorm.compiled_norm = "op"; the default hands their math to Inductor)
 OP_NORMS = "+opnorm"
 # an "ours" provider + "+twopass": the fused loss's forward runs the two-pass cross-entropy kernel where it
-# would run the one-read kernel (ops/fused_linear_cross_entropy.ONE_READ off for the row)
+# would run the one-read kernel (the tuning family fused_linear_cross_entropy's one_read off for the row)
 TWO_PASS = "+twopass"
 
 
@@ -312,14 +312,10 @@ def optimizer(provider: str, model: torch.nn.Module, dev: torch.device) -> torch
 def train_row(provider: str, size: Size, dev: torch.device, dtype: torch.dtype, batch: int, seq: int,
               steps: int, warmup: int, matmul_tflops: float | None, profile_to: Path | None = None) -> Row:
     """`_train_row` with the fused loss's one-read kernel off for a TWO_PASS provider."""
-    from kernel_pytorch.ops import fused_linear_cross_entropy as flce
+    from kernel_pytorch.ops import tuning
 
-    saved = flce.ONE_READ
-    flce.ONE_READ = TWO_PASS not in provider
-    try:
+    with tuning.changed("fused_linear_cross_entropy", one_read=TWO_PASS not in provider):
         return _train_row(provider, size, dev, dtype, batch, seq, steps, warmup, matmul_tflops, profile_to)
-    finally:
-        flce.ONE_READ = saved
 
 
 def _rates(row: Row, size: Size, batch: int, seq: int, matmul_tflops: float | None) -> str:
@@ -431,7 +427,7 @@ def paired_rows(pair: tuple[str, str], size: Size, dev: torch.device, dtype: tor
     both: a row each (no peak: both models are alive) and a note with the second's tokens/s over the first's,
     pooled and per round."""
     from kernel_pytorch.benchmark.paired import round_ratios, time_interleaved
-    from kernel_pytorch.ops import fused_linear_cross_entropy as flce
+    from kernel_pytorch.ops import tuning
 
     for p in pair:
         if p.startswith("liger") or optimizer_of(p)[0].endswith("-cg"):
@@ -439,16 +435,13 @@ def paired_rows(pair: tuple[str, str], size: Size, dev: torch.device, dtype: tor
                              "providers own their outputs between steps)")
     batch, seq = size.batch, size.seq
     steps = {}
-    saved = flce.ONE_READ
     for p in pair:
         step = training_step(p, size, dev, dtype, batch, seq)[2]
 
         def with_kernel(step: Callable[[], torch.Tensor] = step, one_read: bool = TWO_PASS not in p) -> None:
-            flce.ONE_READ = one_read  # "+twopass": the fused loss's two-pass kernel for this provider's steps
-            try:
+            # "+twopass": the fused loss's two-pass kernel for this provider's steps
+            with tuning.changed("fused_linear_cross_entropy", one_read=one_read):
                 step()
-            finally:
-                flce.ONE_READ = saved
 
         for _ in range(warmup):
             with_kernel()

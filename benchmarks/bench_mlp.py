@@ -1,7 +1,8 @@
 """SwiGLU, GEGLU, packed SwiGLU and the whole gated MLP vs eager, torch.compile and Liger-Kernel.
 
-    python benchmarks/bench_mlp.py                                      # a fresh bench-results/mlp-<device>-<time>/
-    python benchmarks/bench_mlp.py --out benchmarks/results --overwrite  # replace the committed results (on a GPU)
+    python benchmarks/bench_mlp.py            # a fresh bench-results/mlp-<device>-<time>/
+    python benchmarks/bench_mlp.py --out DIR  # DIR/mlp.{json,md} and plots; on a GPU, committed as
+                                              #   benchmarks/results/mlp_<device>.{json,md}
 
 The suite itself lives in kernel_pytorch.benchmark.suites.mlp (also `kernel-pytorch bench mlp`);
 this script only forwards its arguments to the CLI, which refuses to replace results already in --out

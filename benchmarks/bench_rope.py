@@ -1,8 +1,9 @@
 """RoPE (q and k together; rotate-half and interleaved) and the token embedding's deterministic backward vs eager,
 torch.compile and Liger-Kernel.
 
-    python benchmarks/bench_rope.py                                      # a fresh bench-results/rope-<device>-<time>/
-    python benchmarks/bench_rope.py --out benchmarks/results --overwrite  # replace the committed results (on a GPU)
+    python benchmarks/bench_rope.py            # a fresh bench-results/rope-<device>-<time>/
+    python benchmarks/bench_rope.py --out DIR  # DIR/rope.{json,md} and plots; on a GPU, committed as
+                                               #   benchmarks/results/rope_<device>.{json,md}
 
 The suite itself lives in kernel_pytorch.benchmark.suites.rope (also `kernel-pytorch bench rope`);
 this script only forwards its arguments to the CLI, which refuses to replace results already in --out

@@ -1,28 +1,28 @@
 #!/usr/bin/env bash
-# The GPU check, in steps that fit one device call each, everything packed into one file at the end.
+# The GPU check, in steps that each fit one run of at most ~10 minutes, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
-#   steps: tests tests_subset compile_check grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
-#   suite (a call of its own, 540 s): the test suite, unmarked and cuda tests, on the GPU with
+#   steps: tests tests_subset compile_check grid sweep norm attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
+#   suite (a run of its own, 540 s): the test suite, unmarked and cuda tests, on the GPU with
 #   KP_SUITE_WORKERS (default 6) pytest-xdist workers, over KP_SUITE_PATHS (default: tests); its full log is
-#   pytest_suite.log. Measured on the H100 (2026-12-07): 8 workers finished 41% of the whole suite in 560 s
-#   and tests/{ops,functional,nn,reference,optim} in 536 s, so the whole suite takes three calls, e.g.
+#   pytest_suite.log. Measured on the H100 (2026-12-07, benchmarks/results/probes/tests/): 8 workers finished 41% of the whole suite in 560 s
+#   and tests/{ops,functional,nn,reference,optim} in 536 s, so the whole suite takes three runs, e.g.
 #   KP_SUITE_PATHS="tests/ops tests/functional tests/nn tests/reference tests/optim", then the rest.
-#   verdict (opt-in, one call of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
+#   verdict (opt-in, one run of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
 #   opt-in: loss_curve; probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
 #   aoti_toolchain quant_decode e2e_norms e2e_memory adamw e2e_host
-#   host (opt-in, < 30 s): scripts/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
-#   KP_GPU_BUDGET_S (default 570): the whole call's limit in seconds; a step starts only with >= 20 s
+#   host (opt-in, < 30 s): benchmarks/probes/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
+#   KP_GPU_BUDGET_S (default 570): the whole run's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
 #   suite stopped that way still writes the rows it finished, marked PARTIAL.
 # Measured wall times on the H100 with Liger installed (2026-11-23): CUDA tests > 4 min; suites mlp
-# ~4 min, rope ~1.7 min, cross_entropy ~2 min, attention > 4 min: the full set takes two or three calls.
-# Liger-Kernel is measured when its wheel is in .whl/ (installed here first; see benchmarks/README.md).
-# Results: OUT_DIR/gpu_check.tgz (logs, results JSON/markdown/plots, device.txt), nothing else, since
-# a device call brings back at most 8 files.
+# ~4 min, rope ~1.7 min, cross_entropy ~2 min, attention > 4 min: the full set takes two or three runs.
+# Liger-Kernel is measured when its wheel is in .whl/ (installed here first, offline).
+# Results: OUT_DIR/gpu_check.tgz (logs, results JSON/markdown/plots, device.txt), nothing else: a remote run
+# brings back one file.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [STEP ...]}
 shift
-steps=${*:-tests grid sweep norms attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze}
+steps=${*:-tests grid sweep norm attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze}
 work="$out/gpu_check"
 mkdir -p "$work/results"
 T0=$(date +%s)
@@ -75,46 +75,47 @@ for s in $steps; do
     # unmarked grid tests that also run on the GPU when one is present: the backward schedules' tails,
     # the paired partial rows (repeated, to catch a race) and bitwise determinism
     grid) step 120 pytest_grid python3 -m pytest -q -p no:cacheprovider tests/ops -k "paired or tails or deterministic" ;;
-    sweep) step 120 sweep python3 scripts/probe_norms.py --sweep ;;
-    host) step 90 probe_host python3 scripts/probe_host.py --breakdown ;;
+    sweep) step 120 sweep python3 benchmarks/probes/probe_norms.py --sweep ;;
+    host) step 90 probe_host python3 benchmarks/probes/probe_host.py --breakdown ;;
     # how the RoPE tile kernel forms its pairs (decides PAIRS_* in ops/rope.py)
-    rope_pairs) step 90 probe_rope_pairs python3 scripts/probe_rope.py --sections pairs ;;
+    rope_pairs) step 90 probe_rope_pairs python3 benchmarks/probes/probe_rope.py --sections pairs ;;
     # the flat RoPE kernel's launch sweep beside torch.compile's kernels (decides ops/_rope_flat.py's knobs)
-    rope_flat) step 200 probe_rope_flat python3 scripts/probe_rope.py --sections flat ${KP_ROPE_FLAT_ARGS:-} ;;
+    rope_flat) step 200 probe_rope_flat python3 benchmarks/probes/probe_rope.py --sections flat ${KP_ROPE_FLAT_ARGS:-} ;;
     # the document mask's forward and backward against dense-mask SDPA, and their kernels under the profiler
-    flex_docs) step 150 probe_flex_docs python3 scripts/probe_flex_mask.py --passes build,fwd,bwd,profile ;;
+    flex_docs) step 150 probe_flex_docs python3 benchmarks/probes/probe_flex_mask.py --passes build,fwd,bwd,profile ;;
     # AOTInductor packages of small models, built and loaded on the GPU (a faulting one under gdb)
-    aoti) step 300 probe_aoti python3 scripts/probe_aoti.py --out /tmp/kp_aoti_probe --jobs 4 \
+    aoti) step 300 probe_aoti python3 benchmarks/probes/probe_aoti.py --out /tmp/kp_aoti_probe --jobs 4 \
             ${KP_AOTI_VARIANTS:+--variants "$KP_AOTI_VARIANTS"} ;;
     # where a faulting AOTInductor load faults: native backtrace, ldd, other aot_inductor settings, legacy loader
-    aoti_diagnose) step 300 probe_aoti_diagnose python3 scripts/probe_aoti.py --out /tmp/kp_aoti_diag \
+    aoti_diagnose) step 300 probe_aoti_diagnose python3 benchmarks/probes/probe_aoti.py --out /tmp/kp_aoti_diag \
                      --diagnose "${KP_AOTI_DIAGNOSE:-tiny-plain}" ;;
     # is the loader's fault a C++ runtime mismatch: compilers, libstdc++, a package linked against it
-    aoti_toolchain) step 260 probe_aoti_toolchain python3 scripts/probe_aoti.py --out /tmp/kp_aoti_tc --timeout 200 \
+    aoti_toolchain) step 260 probe_aoti_toolchain python3 benchmarks/probes/probe_aoti.py --out /tmp/kp_aoti_tc --timeout 200 \
                       --toolchain "${KP_AOTI_DIAGNOSE:-tiny-plain}" ;;
     # launch sweeps of the bandwidth-bound kernels (re-run when the chip's memory rate changes)
-    mlp_sweep) step 120 probe_mlp_sweep python3 scripts/probe_mlp.py --sweep ;;
-    ce_sweep) step 120 probe_ce_sweep python3 scripts/probe_cross_entropy.py --only ce --quick --no-check \
+    mlp_sweep) step 120 probe_mlp_sweep python3 benchmarks/probes/probe_mlp.py --sweep ;;
+    ce_sweep) step 120 probe_ce_sweep python3 benchmarks/probes/probe_cross_entropy.py --only ce --quick --no-check \
                 ${KP_CE_VARIANTS:+--variants "$KP_CE_VARIANTS"} ;;
     # the fused loss's one-read forward kernel at the e2e head: launch variants (KP_ONEPASS_VARIANTS) against
     # the two-pass kernel, and the fused forward with each
-    onepass) step 200 probe_onepass python3 scripts/probe_cross_entropy.py --only onepass \
+    onepass) step 200 probe_onepass python3 benchmarks/probes/probe_cross_entropy.py --only onepass \
                ${KP_ONEPASS_VARIANTS:+--onepass-variants "$KP_ONEPASS_VARIANTS"} ;;
     # fused linear CE chunk sizes at FLCE_SHAPES indices KP_FLCE_SHAPES (default 0,2: vocab 128256 and 262144)
-    flce_chunks) step 150 probe_flce_chunks python3 scripts/probe_cross_entropy.py --only flce --quick --no-check \
+    flce_chunks) step 150 probe_flce_chunks python3 benchmarks/probes/probe_cross_entropy.py --only flce --quick --no-check \
                    --shapes "${KP_FLCE_SHAPES:-0,2}" --chunks "${KP_FLCE_CHUNKS:-512,1024,2048}" ;;
     # does this torch's Inductor write a backward op's declared mutations over saved activations?
-    reinplace) step 90 probe_reinplace env TORCH_LOGS=output_code python3 scripts/probe_reinplace.py cuda ;;
+    reinplace) step 90 probe_reinplace env TORCH_LOGS=output_code python3 benchmarks/probes/probe_reinplace.py cuda ;;
     # the AdamW kernel on the GPU (its unmarked tests), then its step on the e2e Llama's parameters against
     # torch's fused and foreach AdamW at each launch variant (KP_ADAMW_VARIANTS)
     adamw) step 120 pytest_adamw python3 -m pytest -q -p no:cacheprovider -rf tests/ops/test_adamw.py tests/optim
-           step 150 probe_adamw python3 scripts/probe_adamw.py ${KP_ADAMW_VARIANTS:+--variants "$KP_ADAMW_VARIANTS"} ;;
-    norms | attention | rope | mlp | cross_entropy) bench 300 "$s" ;;
+           step 150 probe_adamw python3 benchmarks/probes/probe_adamw.py ${KP_ADAMW_VARIANTS:+--variants "$KP_ADAMW_VARIANTS"} ;;
+    norm | attention | rope | mlp | cross_entropy) bench 300 "$s" ;;
+    norms) bench 300 norm ;;  # the norm suite's former name
     # 50 AdamW steps of the built-in Llama, fused linear CE against the unfused loss (bf16)
     loss_curve) step 90 loss_curve python3 benchmarks/bench_loss_curve.py --out "$work/results" ;;
     # rows in the order the target reads them; the script writes after each row and stops starting rows
     # at --budget-s, so the step's limit leaves the last started row time to finish
-    # (KP_E2E_PROVIDERS, KP_E2E_BUDGET_S and KP_E2E_FLAGS narrow it to what a call has time for;
+    # (KP_E2E_PROVIDERS, KP_E2E_BUDGET_S and KP_E2E_FLAGS narrow it to what a run has time for;
     # KP_E2E_PROVIDERS= (set, empty) runs only the 16k-context and generate rows; KP_E2E_PROFILE, the
     # providers profiled; KP_E2E_GENERATE, the generate rows, e.g. "ours + static cache + compile + ref,...")
     e2e) step $((${KP_E2E_BUDGET_S:-250} + 90)) bench_e2e python3 benchmarks/bench_e2e.py --out "$work/results" \
@@ -124,7 +125,7 @@ for s in $steps; do
            --profile "${KP_E2E_PROFILE-torch.compile,ours+compile,ours}" ;;
     # every optimize() family on the e2e model under torch.compile, gradients against eager; a faulting set
     # is rerun synchronously with the generated code logged, and the faulting kernel named
-    compile_check) step 430 compile_check python3 scripts/probe_compile_components.py --sets auto --layers 8 \
+    compile_check) step 430 compile_check python3 benchmarks/probes/probe_compile_components.py --sets auto --layers 8 \
                      --timeout-s 200 --out "$work/results/compile_check" ;;
     # checkpoint files, the AOTInductor package vs torch.compile, quantized checkpoints (torchao from .whl/)
     # (KP_DEPLOY_BUDGET_S and KP_DEPLOY_ARGS, e.g. "--sections aoti,compile", widen or narrow it)
@@ -134,15 +135,15 @@ for s in $steps; do
     decode) step $((${KP_DECODE_BUDGET_S:-200} + 20)) bench_decode python3 benchmarks/bench_decode.py --out "$work/results" \
               --budget-s "${KP_DECODE_BUDGET_S:-200}" ${KP_DECODE_PROVIDERS:+--providers "$KP_DECODE_PROVIDERS"} ;;
     # the kernels of one quantized decode step (bf16, int8, fp8) under the decode bench's compile
-    quant_decode) step 180 probe_quant_decode python3 scripts/probe_quant_decode.py ;;
+    quant_decode) step 180 probe_quant_decode python3 benchmarks/probes/probe_quant_decode.py ;;
     # RMSNorm's launch variants at the e2e shapes beside torch.compile's (KP_NORM_SHAPES, KP_NORM_PASSES)
-    e2e_norms) step 200 probe_e2e_norms python3 scripts/probe_e2e_norms.py --shapes "${KP_NORM_SHAPES:-8192x2048,16384x4096}" \
+    e2e_norms) step 200 probe_e2e_norms python3 benchmarks/probes/probe_e2e_norms.py --shapes "${KP_NORM_SHAPES:-8192x2048,16384x4096}" \
                  --passes "${KP_NORM_PASSES:-fwd,bwd}" ;;
     # what is live at the e2e step's memory peak, by variant (up to about 2 min each: compile, steps, the trace)
-    e2e_memory) step 300 probe_e2e_memory python3 scripts/probe_e2e_memory.py \
+    e2e_memory) step 300 probe_e2e_memory python3 benchmarks/probes/probe_e2e_memory.py \
                   --variants "${KP_E2E_MEMORY_VARIANTS:-ours+compile,ours+compile@noreuse}" ;;
     # the e2e step's host side: lead-in before the first kernel, synchronising calls, chrome traces
-    e2e_host) step 300 probe_e2e_host python3 scripts/probe_e2e_host.py --out "$work/results/e2e_host" \
+    e2e_host) step 300 probe_e2e_host python3 benchmarks/probes/probe_e2e_host.py --out "$work/results/e2e_host" \
                 --providers "${KP_E2E_HOST_PROVIDERS:-torch.compile,ours+compile+adamw}" ;;
     corpus) step 300 corpus env KP_CORPUS_DEVICE=cuda python3 -m pytest tests/assistant/test_real_models.py \
               -q -p no:cacheprovider -rfxXs --durations=0 -s ;;

@@ -13,7 +13,7 @@ counted against the strict agreement rate.
 The corpus: the built-in models, Hugging Face families built from small configs at two sizes,
 torchvision models (when importable), and the KernelBench-style problems of benchmarks/verdict_corpus/.
 On CUDA, worker processes compile the next models (filling Inductor's on-disk caches) while one at a
-time, under a lock, is timed and analysed, so one device call covers the corpus; each model has a
+time, under a lock, is timed and analysed, so one GPU run covers the corpus; each model has a
 compile and a measurement budget, and is skipped with the reason past either or past --budget-s.
 
 usage: python scripts/verdict_agreement.py --out DIR [--device cuda|cpu] [--limit N] [--only a,b]

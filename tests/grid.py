@@ -7,7 +7,7 @@ import torch
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # (leading shape, row width): a single element row, odd widths, a power of two, a wide row that
-# takes the looping path once MAX_FUSED_COLS is lowered, several leading dims.
+# takes the looping path once the norm config's max_fused_cols is lowered, several leading dims.
 ROW_SHAPES = (
     ((1,), 1),
     ((3,), 7),

@@ -60,7 +60,7 @@ def test_no_import_runs_up(path: Path) -> None:
 
 
 def test_layer_lookup() -> None:
-    assert LAYERS[layer_of("kernel_pytorch.benchmark.suites.norms")] == ("benchmark.suites",)
+    assert LAYERS[layer_of("kernel_pytorch.benchmark.suites.norm")] == ("benchmark.suites",)
     assert LAYERS[layer_of("kernel_pytorch.benchmark.timer")] == ("benchmark",)
     assert layer_of("kernel_pytorch") is None
 

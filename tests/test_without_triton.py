@@ -129,12 +129,12 @@ CHECKS = textwrap.dedent(
     xa = torch.randn(2, 5, 16, requires_grad=True)
     attn(xa, attention_mask=torch.ones(2, 5)).sum().backward()
     assert xa.grad is not None and torch.isfinite(xa.grad).all()
-    # the loss family: scalar losses, gradients for an upstream gradient != 1
+    # the cross-entropy family: scalar losses, gradients for an upstream gradient != 1
     t = torch.tensor([[1, 0, -100], [15, 3, 7]])
     lw = torch.randn(16, 16, requires_grad=True)
     losses = {
         "cross_entropy": (lambda: kp.functional.cross_entropy(x, t, label_smoothing=0.1),
-                          lambda: R.cross_entropy(x, t, label_smoothing=0.1), (x,)),
+                          lambda: R.cross_entropy(x, t, None, R.CrossEntropyOptions(label_smoothing=0.1)), (x,)),
         "fused_linear_cross_entropy": (lambda: kp.functional.fused_linear_cross_entropy(x, lw, t),
                                        lambda: R.fused_linear_cross_entropy(x, lw, t), (x, lw)),
     }

@@ -147,15 +147,18 @@ def test_two_pass_suffix_turns_the_one_read_kernel_off_for_its_row(monkeypatch: 
     kernel off (and on again after); other rows keep it on."""
     import torch
 
-    from kernel_pytorch.ops import fused_linear_cross_entropy as flce
+    from kernel_pytorch.ops import tuning
+
+    def one_read() -> bool:
+        return tuning.current("fused_linear_cross_entropy").one_read
 
     bench = _bench()
     assert bench.optimizer_of("ours+compile+adamw+twopass") == ("ours+compile", True)
     seen = []
-    monkeypatch.setattr(bench, "_train_row", lambda provider, *args: seen.append((provider, flce.ONE_READ)))
+    monkeypatch.setattr(bench, "_train_row", lambda provider, *args: seen.append((provider, one_read())))
     for provider in ("ours+compile+adamw+twopass", "ours+compile+adamw"):
         bench.train_row(provider, bench.Size(), torch.device("cpu"), torch.float32, 1, 8, 1, 1, None)
-        assert flce.ONE_READ
+        assert one_read()
     assert seen == [("ours+compile+adamw+twopass", False), ("ours+compile+adamw", True)]
 
 
@@ -199,13 +202,13 @@ def test_generate_rows_and_reference_backends() -> None:
 
 
 def test_target_check_on_the_committed_run() -> None:
-    """The target note from benchmarks/results/e2e_h200_run4.json (H200, six providers in one run): each ours row's
-    tokens/s over torch.compile's and peak over Liger's; then the same rows made to pass, and a run
-    without Liger, which is not judged."""
+    """The target note from benchmarks/results/probes/e2e/adamw_h200.json (H200, 2026-11-29, six providers in one
+    run): each ours row's tokens/s over torch.compile's and peak over Liger's; then the same rows made to pass,
+    and a run without Liger, which is not judged."""
     import dataclasses
 
     bench = _bench()
-    results = BenchmarkResults.load(SCRIPT.parent / "results" / "e2e_h200_run4.json")
+    results = BenchmarkResults.load(SCRIPT.parent / "results" / "probes" / "e2e" / "adamw_h200.json")
     op = "train step 4x2048"
     notes = bench.target_check(results, op)
     assert len(notes) == 4 and all(n.endswith(": not met") for n in notes)

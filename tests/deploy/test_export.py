@@ -190,7 +190,7 @@ def test_aoti_package_on_the_gpu_carries_our_triton_kernels(tmp_path: Path) -> N
     # our Triton kernel is compiled into the package and launched by it (not an Inductor kernel)
     assert "rms_norm_fwd_kernel" in text or any("rms_norm_fwd_kernel" in n for n in names)
     # a fresh process first: a loader that faults (as torch's own did on the H200 host before
-    # load_package shared the process's libstdc++, probes/probe_aoti_toolchain_h200.log) fails the test
+    # load_package shared the process's libstdc++, probes/deploy/probe_aoti_toolchain_h200.log) fails the test
     # with its summary instead of ending the session
     fresh = try_package(path)
     assert fresh.ok, fresh.summary()

@@ -15,6 +15,7 @@ from kernel_pytorch import reference as R
 from kernel_pytorch.functional import _dispatch as dispatch_mod
 from kernel_pytorch.functional import activation
 from kernel_pytorch.functional import mlp as mlp_mod
+from kernel_pytorch.ops import tuning
 from tests.grid import device_under_test, randn
 from tests.ops.norm_helpers import assert_budget, assert_close
 
@@ -161,32 +162,30 @@ def test_op_path_with_multipliers_saves_x_gate_up_not_h() -> None:
 
 @pytest.mark.parametrize("align", [8, 16], ids=["even", "uneven"])
 @pytest.mark.parametrize("packed", [False, True], ids=["split", "packed"])
-def test_block_backward_in_dh_column_chunks(eager_path, monkeypatch: pytest.MonkeyPatch, packed: bool,
-                                            align: int) -> None:
+def test_block_backward_in_dh_column_chunks(eager_path, packed: bool, align: int) -> None:
     """dh made in column chunks (spans of 8 or 16 of I = 24 columns, the last one short) gives the
     reference's output and every gradient, bias and frozen W_down (no h recomputed) included."""
-    monkeypatch.setattr(mlp_mod, "DH_CHUNK_BYTES", N * 8 * 2)
-    monkeypatch.setattr(mlp_mod, "DH_CHUNK_ALIGN", align)
-    spans = mlp_mod.dh_column_spans(N, I, 2)
-    assert len(spans) > 1 and spans[0][0] == 0 and spans[-1][1] == I
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])) and all((b - a) % align == 0 for a, b in spans[:-1])
-    p = _params(torch.bfloat16, bias=True, packed=packed)
-    _assert_same_function(p, lambda: _ours(p), lambda: _reference(p), "chunked")
-    p32 = _params(bias=True, packed=packed)  # the multipliers in every chunk: fp32, by the table
-    _assert_same_function(p32, lambda: _ours(p32, **FALCON_H1), lambda: _reference(p32, **FALCON_H1),
-                          "chunked, multipliers")
-    # frozen W_down: the bf16 weight gradients sum rows with cancellation, so they are judged by the fp64
-    # budget (the GPU's GEMMs sum in another order than the reference's)
-    p["down_weight"].requires_grad_(False)
-    frozen = [n for n in p if n != "down_weight"]
-    wide = {n: t.detach().double().requires_grad_(n != "down_weight") for n, t in p.items()}
-    out, want, want64 = _ours(p), _reference(p), _reference(wide)
-    dy = randn(*out.shape, dtype=out.dtype, device=DEV)
-    got = torch.autograd.grad(out, [p[n] for n in frozen], dy)
-    eager = torch.autograd.grad(want, [p[n] for n in frozen], dy)
-    exact = torch.autograd.grad(want64, [wide[n] for n in frozen], dy.double())
-    for n, g, e, e64 in zip(frozen, got, eager, exact):
-        assert_budget(g, e, e64, f"chunked, frozen W_down: d{n}")
+    with tuning.changed("mlp", dh_chunk_bytes=N * 8 * 2, dh_chunk_align=align):
+        spans = mlp_mod.dh_column_spans(N, I, 2)
+        assert len(spans) > 1 and spans[0][0] == 0 and spans[-1][1] == I
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])) and all((b - a) % align == 0 for a, b in spans[:-1])
+        p = _params(torch.bfloat16, bias=True, packed=packed)
+        _assert_same_function(p, lambda: _ours(p), lambda: _reference(p), "chunked")
+        p32 = _params(bias=True, packed=packed)  # the multipliers in every chunk: fp32, by the table
+        _assert_same_function(p32, lambda: _ours(p32, **FALCON_H1), lambda: _reference(p32, **FALCON_H1),
+                              "chunked, multipliers")
+        # frozen W_down: the bf16 weight gradients sum rows with cancellation, so they are judged by the fp64
+        # budget (the GPU's GEMMs sum in another order than the reference's)
+        p["down_weight"].requires_grad_(False)
+        frozen = [n for n in p if n != "down_weight"]
+        wide = {n: t.detach().double().requires_grad_(n != "down_weight") for n, t in p.items()}
+        out, want, want64 = _ours(p), _reference(p), _reference(wide)
+        dy = randn(*out.shape, dtype=out.dtype, device=DEV)
+        got = torch.autograd.grad(out, [p[n] for n in frozen], dy)
+        eager = torch.autograd.grad(want, [p[n] for n in frozen], dy)
+        exact = torch.autograd.grad(want64, [wide[n] for n in frozen], dy.double())
+        for n, g, e, e64 in zip(frozen, got, eager, exact):
+            assert_budget(g, e, e64, f"chunked, frozen W_down: d{n}")
 
 
 def test_dh_column_spans_at_llama_3_8b() -> None:

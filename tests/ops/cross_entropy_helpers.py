@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernel_pytorch.ops import cross_entropy as ce_ops
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops.cross_entropy import FwdLaunch
 from tests.grid import randn
 
@@ -64,11 +64,11 @@ def eager_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
 
 
 @pytest.fixture(params=["one-block", "looped"])
-def block_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def block_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Rows in one block, or (looped) 16-column blocks: the online softmax across blocks, masked
     tails, and several backward column blocks per row."""
     if request.param == "looped":
-        monkeypatch.setattr(ce_ops, "FWD_LAUNCH", FwdLaunch(16, 1, 0, True, False))
-        monkeypatch.setattr(ce_ops, "LOSS_LAUNCH", None)
-        monkeypatch.setattr(ce_ops, "BWD_BLOCK", 16)
-    yield request.param
+        with tuning.changed("cross_entropy", fwd=FwdLaunch(16, 1, 0, True, False), loss=None, bwd_block=16):
+            yield request.param
+    else:
+        yield request.param

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernel_pytorch.ops import adam as K
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.reference.adam import adam_, adam_scalars
 from kernel_pytorch.tolerances import compare
 from tests import _sanitize
@@ -15,7 +16,8 @@ from tests.grid import DTYPES, device_under_test, randn
 
 DEV = device_under_test()
 # sizes around the block (a tensor of one element, a partial block, exactly one, one past, several)
-SIZES = ((1,), (33,), (K.BLOCK - 1,), (K.BLOCK,), (K.BLOCK + 1,), (3, K.BLOCK // 2 + 5))
+BLOCK = tuning.current("adam").block
+SIZES = ((1,), (33,), (BLOCK - 1,), (BLOCK,), (BLOCK + 1,), (3, BLOCK // 2 + 5))
 HYPER = {"lr": 1e-2, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
 # (decoupled, maximize, amsgrad): AdamW, Adam, and each option once
 VARIANTS = ((True, False, False), (False, False, False), (True, True, False), (False, False, True),
@@ -50,11 +52,10 @@ def _assert_same(actual, expected, what: str) -> None:
 @pytest.mark.parametrize("precise", [False, True], ids=["fast", "ieee"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("step,weight_decay", [(1.0, 0.0), (7.0, 0.1)])
-def test_kernel_matches_reference(dtype, step, weight_decay, precise, monkeypatch) -> None:
-    monkeypatch.setattr(K, "PRECISE_MATH", precise)
+def test_kernel_matches_reference(dtype, step, weight_decay, precise) -> None:
     state = _state(SIZES, dtype)
     expected = _clone(state)
-    with _sanitize.allow(*_tensors(state)):
+    with _sanitize.allow(*_tensors(state)), tuning.changed("adam", precise_math=precise):
         K.adam_step(*state, **HYPER, weight_decay=weight_decay, step=step)
     adam_(*expected, **HYPER, weight_decay=weight_decay, step=step)
     for name, a, e in zip(("param", "grad", "exp_avg", "exp_avg_sq"), state, expected):

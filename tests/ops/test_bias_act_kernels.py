@@ -9,6 +9,7 @@ import torch
 
 from kernel_pytorch import reference as R
 from kernel_pytorch.ops import bias_act as ba_ops
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops.bias_act import bias_act_bwd, bias_act_fwd
 from kernel_pytorch.reference import _act_checks as checks
 from tests.grid import DTYPES, ROW_SHAPES, Poisoned, device_under_test, randn, strided_rows
@@ -65,21 +66,13 @@ def test_every_activation(dtype, act, has_bias) -> None:
 def test_row_groups_and_tails(groups: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Several row groups of several tiles each, the last group and tile cut short, several column
     blocks: dbias from the partial rows within the budget, and bitwise-equal over runs."""
-    monkeypatch.setattr(ba_ops, "BWD_TILE_ELEMENTS", 32)
-    monkeypatch.setattr(ba_ops, "PROGRAMS_PER_SM", 1)
     monkeypatch.setattr(ba_ops, "device_programs", lambda device, per_sm: groups * 3)
-    from kernel_pytorch.ops import _activations
-
-    monkeypatch.setattr(_activations, "MAX_BLOCK_C", 16)
-    monkeypatch.setattr(_activations, "MIN_BLOCK_C", 16)
-    _activations.tiles.cache_clear()
-    try:
+    small = dict(bias_bwd_tile_elements=32, bias_bwd_programs_per_sm=1, max_block_c=16, min_block_c=16)
+    with tuning.changed("mlp", **small):
         x, bias, dy = _inputs((37,), 40, torch.bfloat16)  # 3 column blocks of 16, tiles of 2 rows
         with Poisoned():
             first = bias_act_bwd(dy, x, bias, "silu")
         second = bias_act_bwd(dy, x, bias, "silu")
-    finally:
-        _activations.tiles.cache_clear()
     _assert_backward(*first, dy, x, bias, "silu")
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
 

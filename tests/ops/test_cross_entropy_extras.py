@@ -9,9 +9,15 @@ import pytest
 import torch
 
 from kernel_pytorch import reference as R
-from kernel_pytorch.ops import _cross_entropy_onepass as onepass
-from kernel_pytorch.ops.cross_entropy import cross_entropy_bwd, cross_entropy_fwd
-from kernel_pytorch.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_bwd, fused_linear_cross_entropy_fwd
+from kernel_pytorch.ops.cross_entropy import (
+    FusedLinearArgs,
+    cross_entropy_bwd,
+    cross_entropy_fwd,
+    fused_linear_cross_entropy_bwd,
+    fused_linear_cross_entropy_fwd,
+    one_read,
+)
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions as O
 from kernel_pytorch.reference.cross_entropy_extras import predicted_tokens
 from tests.grid import Poisoned, device_under_test, randn
 from tests.ops.cross_entropy_helpers import CASES, IGNORE, block_path, case_inputs, eager_loss, upstream  # noqa: F401
@@ -48,15 +54,15 @@ def test_token_scale_and_argmax_match_reference(case: str, dtype: torch.dtype) -
     lead, v, reduction, options = CASES[case]
     logits, target, weight, opts = case_inputs(lead, v, options, dtype, DEV)
     u = _scales(target)
-    kw = dict(ignore_index=IGNORE, reduction=reduction, **opts)
+    o = O(ignore_index=IGNORE, reduction=reduction, **opts)
     dloss = upstream(reduction, target)
     with Poisoned():
-        out = cross_entropy_fwd(logits, target, weight, token_scale=u, argmax=True, **kw)
-        recomputed = cross_entropy_bwd(dloss, logits, target, out.lse, weight, stats=out.stats, token_scale=u, **kw)
-    assert_close(out.loss, R.cross_entropy(logits, target, weight, **kw, token_scale=u), "loss")
+        out = cross_entropy_fwd(logits, target, weight, o, token_scale=u, argmax=True)
+        recomputed = cross_entropy_bwd(dloss, logits, target, out, weight, o, token_scale=u)
+    assert_close(out.loss, R.cross_entropy(logits, target, weight, o, token_scale=u), "loss")
     ones = torch.ones_like(dloss)
-    assert_close(out.grad, R.cross_entropy_backward(ones, logits, target, weight, **kw, token_scale=u), "grad")
-    assert_close(recomputed, R.cross_entropy_backward(dloss, logits, target, weight, **kw, token_scale=u),
+    assert_close(out.grad, R.cross_entropy_backward(ones, logits, target, weight, o, token_scale=u), "grad")
+    assert_close(recomputed, R.cross_entropy_backward(dloss, logits, target, weight, o, token_scale=u),
                  "recomputed grad")
     assert torch.equal(out.pred, predicted_tokens(logits, target, IGNORE).reshape(-1))
 
@@ -68,10 +74,10 @@ def test_token_scaled_loss_within_the_fp64_budget(dtype: torch.dtype) -> None:
     logits, target, weight, opts = case_inputs((5,), 33, {"label_smoothing": 0.1, "ignore": (1,)}, dtype, DEV)
     u = _scales(target)
     dloss = upstream("sum", target)
-    out = cross_entropy_fwd(logits, target, weight, reduction="sum", token_scale=u, **opts)
+    out = cross_entropy_fwd(logits, target, weight, O(reduction="sum", **opts), token_scale=u)
     grad = out.grad.float() * dloss
     x64 = logits.double().requires_grad_()
-    loss64 = R.cross_entropy(x64, target, None, IGNORE, "sum", token_scale=u.double(), **opts)
+    loss64 = R.cross_entropy(x64, target, None, O(IGNORE, "sum", **opts), token_scale=u.double())
     (grad64,) = torch.autograd.grad(loss64, x64, dloss.double())
     xe = logits.detach().clone().requires_grad_()
     loss_e = (eager_loss(xe, target, None, "none", **opts) * u.to(xe.dtype)).sum()
@@ -91,7 +97,7 @@ def test_argmax_first_index_across_blocks() -> None:
     logits[3, 0] = 9.0
     logits[3, 16] = 9.0
     target = torch.tensor([1, 2, 3, IGNORE, 0], device=DEV)
-    out = cross_entropy_fwd(logits, target, reduction="none", with_grad=False, argmax=True)
+    out = cross_entropy_fwd(logits, target, None, O(reduction="none"), with_grad=False, argmax=True)
     assert out.pred.tolist()[:4] == [7, 17, 0, -1]
     assert torch.equal(out.pred, predicted_tokens(logits, target, IGNORE))
 
@@ -113,26 +119,27 @@ def test_fused_token_scale_and_argmax(case: str, dtype: torch.dtype, monkeypatch
     reduction, options = FUSED[case]
     opts = dict(options)
     calls: list[int] = []
-    launch = onepass.launch_onepass
-    monkeypatch.setattr(onepass, "launch_onepass", lambda *a, **k: calls.append(1) or launch(*a, **k))
+    launch = one_read.launch_one_read
+    monkeypatch.setattr(one_read, "launch_one_read", lambda *a, **k: calls.append(1) or launch(*a, **k))
     x = randn(N, H, dtype=dtype, device=DEV)
     w = randn(V, H, dtype=dtype, device=DEV, scale=H ** -0.5)
     ce_w = (torch.rand(V, device=DEV) + 0.5) if opts.pop("weighted", False) else None
     t = torch.randint(0, V, (N,), device=DEV)
     t[[1, -1]] = IGNORE
     u = _scales(t)
-    kw = dict(ce_weight=ce_w, ignore_index=IGNORE, reduction=reduction, **opts)
+    o = O(ignore_index=IGNORE, reduction=reduction, **opts)
+    args = FusedLinearArgs(w, t, None, ce_w, u)
     dloss = upstream(reduction, t)
     with Poisoned():
-        out = fused_linear_cross_entropy_fwd(x, w, t, chunk=CHUNK, token_scale=u, argmax=True, **kw)
+        out = fused_linear_cross_entropy_fwd(x, args, o, chunk=CHUNK, argmax=True)
         if reduction == "none":
-            grads = fused_linear_cross_entropy_bwd(dloss, x, w, t, out.lse, stats=out.stats, chunk=CHUNK,
-                                                   token_scale=u, **kw)
+            grads = fused_linear_cross_entropy_bwd(dloss, x, args, out.lse, o, chunk=CHUNK)
         else:
             grads = tuple(g.float() * dloss if g is not None else None for g in out[2:5])
     assert len(calls) == (3 if case.startswith("one-read") else 0)
-    assert_close(out.loss, R.fused_linear_cross_entropy(x, w, t, **kw, token_scale=u), "loss")
-    ref = R.fused_linear_cross_entropy_backward(dloss, x, w, t, **kw, token_scale=u)
+    kw = dict(ce_weight=ce_w, options=o, token_scale=u)
+    assert_close(out.loss, R.fused_linear_cross_entropy(x, w, t, **kw), "loss")
+    ref = R.fused_linear_cross_entropy_backward(dloss, x, w, t, **kw)
     for name, got, want in zip(("grad_x", "grad_w"), grads, ref):
         assert_close(got.to(want.dtype), want, name)
     _assert_argmax(out.pred, torch.nn.functional.linear(x, w), t)

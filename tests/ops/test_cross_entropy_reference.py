@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from kernel_pytorch import reference as R
 from kernel_pytorch.reference import cross_entropy_checks as C
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions as O
 from kernel_pytorch.reference.cross_entropy import cross_entropy_denominators
 from tests.grid import randn
 from tests.ops.norm_helpers import assert_close
@@ -35,7 +36,7 @@ def test_matches_torch_fp64(reduction: str, smoothing: float, weighted: bool) ->
     x = randn(7, V, dtype=torch.float64, scale=2.0)
     t = _targets(7, ignored=(1, 4))
     w = _weight() if weighted else None
-    ours = R.cross_entropy(x, t, w, IGNORE, reduction, smoothing)
+    ours = R.cross_entropy(x, t, w, O(IGNORE, reduction, smoothing))
     theirs = F.cross_entropy(x, t, w, ignore_index=IGNORE, reduction=reduction, label_smoothing=smoothing)
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
@@ -43,7 +44,7 @@ def test_matches_torch_fp64(reduction: str, smoothing: float, weighted: bool) ->
 def test_leading_dims_and_uint8_targets() -> None:
     x = randn(2, 3, V, dtype=torch.float64)
     t = torch.randint(0, V, (2, 3), dtype=torch.uint8)
-    ours = R.cross_entropy(x, t, reduction="none")
+    ours = R.cross_entropy(x, t, None, O(reduction="none"))
     assert ours.shape == (2, 3)
     torch.testing.assert_close(ours, F.cross_entropy(x.reshape(-1, V), t.reshape(-1), reduction="none").view(2, 3))
 
@@ -60,10 +61,10 @@ def test_backward_is_the_gradient_of_the_reference(reduction: str, options: dict
     w = _weight() if opts.pop("weighted", False) else None
     x = randn(6, V, dtype=torch.float64, scale=3.0).requires_grad_()
     t = _targets(6, ignored=(2,))
-    loss = R.cross_entropy(x, t, w, IGNORE, reduction, **opts)
+    loss = R.cross_entropy(x, t, w, O(IGNORE, reduction, **opts))
     dloss = torch.randn(loss.shape, dtype=torch.float64)
     (expected,) = torch.autograd.grad(loss, x, dloss)
-    got = R.cross_entropy_backward(dloss, x.detach(), t, w, IGNORE, reduction, **opts)
+    got = R.cross_entropy_backward(dloss, x.detach(), t, w, O(IGNORE, reduction, **opts))
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
     assert torch.equal(got[2], torch.zeros(V, dtype=torch.float64))
 
@@ -83,18 +84,19 @@ def test_bf16_is_transformers_causal_lm_loss() -> None:
     assert_close(R.cross_entropy_backward(torch.ones(()), logits.detach(), shifted), hf_grad, "grad")
     n_items = (shifted != IGNORE).sum()
     hf_sum = loss_utils.ForCausalLMLoss(logits.detach(), labels, V, num_items_in_batch=n_items)
-    torch.testing.assert_close(R.cross_entropy(logits.detach(), shifted, reduction="sum") / n_items, hf_sum)
+    torch.testing.assert_close(R.cross_entropy(logits.detach(), shifted, None, O(reduction="sum")) / n_items, hf_sum)
 
 
 def test_all_ignored_mean_is_nan_with_zero_gradient_like_torch() -> None:
     x = randn(4, V, dtype=torch.float64)
     t = torch.full((4,), IGNORE)
     for smoothing in (0.0, 0.1):
-        assert torch.isnan(R.cross_entropy(x, t, label_smoothing=smoothing))
+        assert torch.isnan(R.cross_entropy(x, t, None, O(label_smoothing=smoothing)))
         assert torch.isnan(F.cross_entropy(x, t, label_smoothing=smoothing))
-        grad = R.cross_entropy_backward(torch.ones((), dtype=torch.float64), x, t, label_smoothing=smoothing)
+        grad = R.cross_entropy_backward(torch.ones((), dtype=torch.float64), x, t, None,
+                                         O(label_smoothing=smoothing))
         assert torch.equal(grad, torch.zeros_like(x))
-    assert R.cross_entropy(x, t, reduction="sum") == 0
+    assert R.cross_entropy(x, t, None, O(reduction="sum")) == 0
 
 
 def test_zero_weight_mean_is_nan_like_torch() -> None:
@@ -121,12 +123,12 @@ def test_fused_linear_reference_matches_autograd() -> None:
     w = randn(V, 8, dtype=torch.float64, scale=0.5).requires_grad_()
     b = randn(V, dtype=torch.float64).requires_grad_()
     t = _targets(6).view(2, 3)
-    opts = dict(label_smoothing=0.1, lse_square_scale=1e-3, softcap=4.0, reduction="sum")
-    loss = R.fused_linear_cross_entropy(x, w, t, b, **opts)
-    torch.testing.assert_close(loss, R.cross_entropy(F.linear(x, w, b), t, **opts))
+    o = O(label_smoothing=0.1, lse_square_scale=1e-3, softcap=4.0, reduction="sum")
+    loss = R.fused_linear_cross_entropy(x, w, t, b, options=o)
+    torch.testing.assert_close(loss, R.cross_entropy(F.linear(x, w, b), t, None, o))
     expected = torch.autograd.grad(loss, (x, w, b), torch.tensor(0.5, dtype=torch.float64))
     got = R.fused_linear_cross_entropy_backward(torch.tensor(0.5, dtype=torch.float64), x.detach(), w.detach(),
-                                                t, b.detach(), **opts)
+                                                t, b.detach(), options=o)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
 
@@ -136,8 +138,8 @@ def test_fused_linear_reference_matches_autograd() -> None:
 
 def test_checks_accept_good_arguments() -> None:
     x = randn(2, 3, V)
-    C.check_cross_entropy_args(x, torch.zeros(2, 3, dtype=torch.long), _weight(dtype=torch.float32), "none",
-                               0.1, 1e-4, 30.0, IGNORE)
+    C.check_cross_entropy_args(x, torch.zeros(2, 3, dtype=torch.long), _weight(dtype=torch.float32),
+                               O(IGNORE, "none", 0.1, 1e-4, 30.0))
     C.check_linear_args(randn(4, 8), randn(V, 8), randn(V))
     C.check_target_range(torch.tensor([0, V - 1, IGNORE]), V, IGNORE)
     C.check_finite_loss(torch.ones(3))
@@ -151,11 +153,12 @@ BAD_ARGUMENTS = [
     (lambda x: C.check_target(torch.zeros(3, dtype=torch.long), x.shape[:-1], x.device), ValueError, "shape (4,)"),
     (lambda x: C.check_class_weight(torch.ones(V + 1), V, x.device), ValueError, "weight must have shape"),
     (lambda x: C.check_class_weight(torch.ones(V, dtype=torch.long), V, x.device), TypeError, "floating-point"),
-    (lambda x: C.check_options("avg", 0.0, 0.0, None, IGNORE), ValueError, "reduction"),
-    (lambda x: C.check_options("mean", 1.5, 0.0, None, IGNORE), ValueError, "label_smoothing"),
-    (lambda x: C.check_options("mean", 0.0, -1.0, None, IGNORE), ValueError, "lse_square_scale"),
-    (lambda x: C.check_options("mean", 0.0, 0.0, 0.0, IGNORE), ValueError, "softcap"),
-    (lambda x: C.check_options("mean", 0.0, 0.0, None, -100.0), TypeError, "ignore_index"),
+    (lambda x: C.check_options(O(IGNORE, "avg")), ValueError, "reduction"),
+    (lambda x: C.check_options(O(IGNORE, label_smoothing=1.5)), ValueError, "label_smoothing"),
+    (lambda x: C.check_options(O(IGNORE, lse_square_scale=-1.0)), ValueError, "lse_square_scale"),
+    (lambda x: C.check_options(O(IGNORE, softcap=0.0)), ValueError, "softcap"),
+    (lambda x: C.check_options(O(-100.0)), TypeError, "ignore_index"),
+    (lambda x: C.check_options(O(return_z_loss="yes")), TypeError, "return_z_loss"),
     (lambda x: C.check_linear_args(x, randn(V, 5), None), ValueError, "weight must have shape"),
     (lambda x: C.check_linear_args(x, randn(5, V, dtype=torch.float64), None), TypeError, "weight must have x's"),
     (lambda x: C.check_linear_args(x, randn(5, V), randn(4)), ValueError, "bias must have shape"),

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kernel_pytorch import reference as R
-from kernel_pytorch.ops.cross_entropy import cross_entropy_eager
-from kernel_pytorch.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_eager
+from kernel_pytorch.ops.cross_entropy import cross_entropy_eager, fused_linear_cross_entropy_eager
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions as O
 from tests.grid import compile_and_count_breaks, device_under_test, randn
 from tests.ops.cross_entropy_helpers import IGNORE, upstream
 from tests.ops.norm_helpers import assert_close
@@ -35,7 +35,7 @@ def _ce_args(logits, target, weight, reduction, eps, z, cap, with_grad=True):
 
 
 def _ref_ce(logits, target, weight, reduction, eps, z, cap):
-    return R.cross_entropy(logits, target, weight, IGNORE, reduction, eps, z, cap or None)
+    return R.cross_entropy(logits, target, weight, O(IGNORE, reduction, eps, z, cap or None))
 
 
 @pytest.mark.parametrize("options", OPCHECK, ids=[o[0] for o in OPCHECK])
@@ -109,7 +109,7 @@ def test_eager_entries_scale_saved_gradients_once() -> None:
     logits = randn(3, 20, device=DEV).requires_grad_()
     target = _targets(3, 20)
     loss = cross_entropy_eager(logits, target, None, IGNORE, "none", 0.1, 1e-3, 5.0, True)
-    want = R.cross_entropy(logits, target, None, IGNORE, "none", 0.1, 1e-3, 5.0)
+    want = R.cross_entropy(logits, target, None, O(IGNORE, "none", 0.1, 1e-3, 5.0))
     dloss = upstream("none", target)
     assert_close(loss, want, "loss")
     assert_close(torch.autograd.grad(loss, logits, dloss, retain_graph=True)[0],
@@ -125,3 +125,22 @@ def test_eager_entries_scale_saved_gradients_once() -> None:
     dloss = torch.tensor(0.75, device=DEV)
     for got, ref in zip(torch.autograd.grad(loss, (x, w, b), dloss), torch.autograd.grad(want, (x, w, b), dloss)):
         assert_close(got, ref, "flce grad")
+
+
+def test_options_flatten_into_the_op_schemas_once() -> None:
+    """The op schemas take CrossEntropyOptions.FLAT where the options go, in that order; `flat` and
+    `from_flat` round-trip (softcap None <-> 0.0); an OpSignature names a call's arguments back."""
+    from kernel_pytorch.ops.cross_entropy.register import FWD
+
+    names = [a.name for a in CE.default._schema.arguments]
+    flat = [name for name, _ in O.FLAT]
+    assert names[3:8] == flat
+    fl_names = [a.name for a in FLCE.default._schema.arguments]
+    assert fl_names[5:10] == flat
+    for o in (O(), O(7, "none", 0.1, 1e-3, 4.0)):
+        assert O.from_flat(*o.flat()) == o
+    assert O(softcap=None).flat()[-1] == 0.0
+    logits, target = randn(2, 5), torch.zeros(2, dtype=torch.long)
+    call = FWD.parse((logits, target, None, *O(3, "sum", softcap=2.0).flat(), False))
+    assert call.options == O(3, "sum", softcap=2.0) and call.with_grad is False
+    assert call.token_scale is None and call.argmax is False  # the trailing defaults

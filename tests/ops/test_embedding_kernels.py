@@ -4,10 +4,12 @@ runs; on the GPU the benchmark shape and run-to-run bitwise equality (torch's, f
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
-from kernel_pytorch.ops import embedding as emb_ops
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops.embedding import embedding_grad
 from kernel_pytorch.reference.embedding import embedding_backward
 from tests.grid import DTYPES, Poisoned, device_under_test, randn
@@ -18,11 +20,10 @@ MODES = ["rows", "segments"]
 
 
 @pytest.fixture
-def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+def small_blocks() -> Iterator[None]:
     """Several column blocks (the last one short) and row groups on small shapes."""
-    monkeypatch.setattr(emb_ops, "BLOCK_COLS", 16)
-    monkeypatch.setattr(emb_ops, "TOKENS_PER_STEP", 4)
-    monkeypatch.setattr(emb_ops, "VOCAB_ROWS_PER_PROGRAM", 3)
+    with tuning.changed("embedding", block_cols=16, tokens_per_step=4, vocab_rows_per_program=3):
+        yield
 
 
 def _indices(n: int, vocab: int, hot: int = 3, hot_count: int = 9) -> torch.Tensor:

@@ -9,15 +9,20 @@ import pytest
 import torch
 
 from kernel_pytorch import reference as R
-from kernel_pytorch.ops import _cross_entropy_onepass as onepass
-from kernel_pytorch.ops import fused_linear_cross_entropy as fl
+from kernel_pytorch.ops import tuning
+from kernel_pytorch.ops._common.gemm_into import fp32_accumulate_in_place
 from kernel_pytorch.ops._common.row_view import contiguous_rows
 from kernel_pytorch.ops._common.scale import scale_grad_
-from kernel_pytorch.ops.fused_linear_cross_entropy import (
+from kernel_pytorch.ops.cross_entropy import (
+    FusedLinearArgs,
+    OnePassLaunch,
     chunk_rows,
     fused_linear_cross_entropy_bwd,
     fused_linear_cross_entropy_fwd,
+    one_read,
 )
+from kernel_pytorch.ops.cross_entropy.launch import RowInputs, RowOutputs
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions as O
 from tests.grid import DTYPES, Poisoned, device_under_test, randn
 from tests.ops.cross_entropy_helpers import IGNORE, eager_loss, upstream
 from tests.ops.norm_helpers import assert_budget, assert_close
@@ -47,12 +52,13 @@ def _inputs(dtype: torch.dtype, options: dict, device: str = DEV, n: int = N, h:
 
 def _grads(x, w, b, t, ce_w, reduction, opts, dloss, **kw):
     """Our (loss, grads) for upstream gradient dloss, the way phase 2's autograd function calls us."""
-    kw = dict(ce_weight=ce_w, ignore_index=IGNORE, reduction=reduction, **opts, **kw)
+    o = O(ignore_index=IGNORE, reduction=reduction, **opts)
+    args = FusedLinearArgs(w, t, b, ce_w)
     with Poisoned():
-        out = fused_linear_cross_entropy_fwd(x, w, t, b, **kw)
+        out = fused_linear_cross_entropy_fwd(x, args, o, **kw)
         if reduction == "none":
             assert out.grad_x is None and out.grad_w is None
-            grads = fused_linear_cross_entropy_bwd(dloss, x, w, t, out.lse, b, stats=out.stats, **kw)
+            grads = fused_linear_cross_entropy_bwd(dloss, x, args, out.lse, o, **kw)
         else:
             grads = tuple(scale_grad_(g, dloss) if g is not None else None for g in out[2:5])
     return out.loss, grads
@@ -61,7 +67,7 @@ def _grads(x, w, b, t, ce_w, reduction, opts, dloss, **kw):
 def _check(x, w, b, t, ce_w, reduction, opts, **kw) -> None:
     dloss = upstream(reduction, t)
     loss, grads = _grads(x, w, b, t, ce_w, reduction, opts, dloss, **kw)
-    ref_kw = dict(ce_weight=ce_w, ignore_index=IGNORE, reduction=reduction, **opts)
+    ref_kw = dict(ce_weight=ce_w, options=O(ignore_index=IGNORE, reduction=reduction, **opts))
     assert_close(loss, R.fused_linear_cross_entropy(x, w, t, b, **ref_kw), "loss")
     ref = R.fused_linear_cross_entropy_backward(dloss, x, w, t, b, **ref_kw)
     names = ("grad_x", "grad_w", "grad_b")
@@ -106,17 +112,17 @@ def test_strided_input_and_weight() -> None:
 
 def test_needs_select_the_gradients() -> None:
     x, w, b, t, ce_w, opts = _inputs(torch.float32, OPTIONS["mean"])
-    out = fused_linear_cross_entropy_fwd(x, w, t, b, needs=(False, True, False), chunk=CHUNK)
+    out = fused_linear_cross_entropy_fwd(x, FusedLinearArgs(w, t, b), needs=(False, True, False), chunk=CHUNK)
     assert out.grad_x is None and out.grad_b is None and out.grad_w.shape == w.shape
-    none = fused_linear_cross_entropy_bwd(torch.ones(N, device=DEV), x, w, t, out.lse, None, needs=(True, False, True),
-                                          chunk=CHUNK, reduction="none")
+    none = fused_linear_cross_entropy_bwd(torch.ones(N, device=DEV), x, FusedLinearArgs(w, t), out.lse,
+                                          O(reduction="none"), needs=(True, False, True), chunk=CHUNK)
     assert none[0].shape == x.shape and none[1] is None and none[2] is None
 
 
 def test_all_ignored_mean_is_nan_and_gradients_zero() -> None:
     x, w, b, _, _, _ = _inputs(torch.float32, {"bias": True})
     t = torch.full((N,), IGNORE, device=DEV)
-    out = fused_linear_cross_entropy_fwd(x, w, t, b, chunk=CHUNK)
+    out = fused_linear_cross_entropy_fwd(x, FusedLinearArgs(w, t, b), chunk=CHUNK)
     assert torch.isnan(out.loss)
     for g in out[2:5]:
         assert torch.equal(g, torch.zeros_like(g))
@@ -125,12 +131,12 @@ def test_all_ignored_mean_is_nan_and_gradients_zero() -> None:
 def test_empty_input() -> None:
     x, w, b, _, _, _ = _inputs(torch.float32, {"bias": True}, n=0)
     t = torch.zeros(0, dtype=torch.long, device=DEV)
-    out = fused_linear_cross_entropy_fwd(x, w, t, b, reduction="sum")
+    out = fused_linear_cross_entropy_fwd(x, FusedLinearArgs(w, t, b), O(reduction="sum"))
     assert out.loss == 0 and out.grad_x.shape == (0, H)
     assert torch.equal(out.grad_w, torch.zeros_like(w)) and torch.equal(out.grad_b, torch.zeros_like(b))
 
 
-# the losses whose gradient the one-read kernel computes (ops/_cross_entropy_onepass.py)
+# the losses whose gradient the one-read kernel computes (ops/cross_entropy/one_read.py)
 ONE_READ = {
     "mean": ("mean", {}),
     "weighted-mean": ("mean", {"weighted": True}),
@@ -143,13 +149,13 @@ ONE_READ = {
 def one_read_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the one-read kernel's launches (one per chunk where it applies)."""
     calls: list[int] = []
-    launch = onepass.launch_onepass
+    launch = one_read.launch_one_read
 
     def spy(*args, **kwargs):
         calls.append(1)
         return launch(*args, **kwargs)
 
-    monkeypatch.setattr(onepass, "launch_onepass", spy)
+    monkeypatch.setattr(one_read, "launch_one_read", spy)
     return calls
 
 
@@ -166,18 +172,18 @@ def test_one_read_only_where_its_algebra_holds(one_read_calls: list[int]) -> Non
     """Smoothing, z-loss and a bias gradient keep the two-pass kernel; a frozen bias does not."""
     x, w, b, t, _, _ = _inputs(torch.float32, {"bias": True})
     for kw in ({"label_smoothing": 0.1}, {"lse_square_scale": 1e-3}, {}):
-        fused_linear_cross_entropy_fwd(x, w, t, b, chunk=CHUNK, **kw)
+        fused_linear_cross_entropy_fwd(x, FusedLinearArgs(w, t, b), O(**kw), chunk=CHUNK)
     assert not one_read_calls
-    fused_linear_cross_entropy_fwd(x, w, t, b, chunk=CHUNK, needs=(True, True, False))
+    fused_linear_cross_entropy_fwd(x, FusedLinearArgs(w, t, b), chunk=CHUNK, needs=(True, True, False))
     assert len(one_read_calls) == 3
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_one_read_moves_its_reference(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_read_moves_its_reference(dtype: torch.dtype) -> None:
     """8-column blocks over rows whose later blocks exceed the first block's maximum by far more than
-    SWITCH (the written blocks are rescaled), a first block of -inf, a row of -inf, an ignored row
-    and an out-of-range target: q s against the reference gradient, loss and lse against it too."""
-    monkeypatch.setattr(onepass, "LAUNCH", onepass.OnePassLaunch(block=8, num_warps=1, prefetch=True))
+    the config's switch (the written blocks are rescaled), a first block of -inf, a row of -inf, an
+    ignored row and an out-of-range target: q s against the reference gradient, loss and lse against
+    it too."""
     n, v, h = 6, 29, 5
     logits = randn(n, v, dtype=torch.float32, device=DEV, scale=2.0)
     logits[0, 8:16] += 45.0  # a second block 45 above the first
@@ -191,8 +197,10 @@ def test_one_read_moves_its_reference(dtype: torch.dtype, monkeypatch: pytest.Mo
     q = logits.clone()
     loss_rows, lse, s = (torch.empty(n, device=DEV) for _ in range(3))
     xs = torch.empty(n, h, dtype=dtype, device=DEV)
-    onepass.launch_onepass(contiguous_rows(q), t, None, None, loss_rows, lse, s, x, xs, ignore_index=IGNORE,
-                           mean=False, softcap=None)
+    launch = OnePassLaunch(block=8, num_warps=1, prefetch=True)
+    with tuning.changed("fused_linear_cross_entropy", one_read_launch=launch):
+        one_read.launch_one_read(contiguous_rows(q), RowInputs(t, None, None, None), RowOutputs(loss_rows, lse), s, x,
+                                 xs, O(IGNORE, "sum"))
     ok = [0, 1, 4]  # valid rows; row 2 (all -inf): lse -inf, loss NaN, as the two-pass kernel; 5: out of range
     ref_lse = torch.logsumexp(logits.double()[ok], -1)
     assert_close(lse[ok], ref_lse.float(), "lse")
@@ -206,10 +214,10 @@ def test_one_read_moves_its_reference(dtype: torch.dtype, monkeypatch: pytest.Mo
     assert torch.isnan(lse[5]) and torch.isnan(loss_rows[5]) and torch.isnan(s[5])
 
 
-def test_chunk_rows_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fl, "CHUNK_BYTES", 256 * 2**20)
+def test_chunk_rows_rule() -> None:
+    assert tuning.default("fused_linear_cross_entropy").chunk_bytes == 256 * 2**20
     assert chunk_rows(8192, 128256, 2) == 1024  # 256 MiB of bf16 logits
-    assert chunk_rows(8192, 262144, 2) == 1024  # the MIN_ROWS floor over the 256 MiB cap's 512
+    assert chunk_rows(8192, 262144, 2) == 1024  # the min_rows floor over the 256 MiB cap's 512
     assert chunk_rows(8192, 128256, 2, max_bytes=64 * 2**20) == 256  # Liger-Kernel's chunk there
     assert chunk_rows(8192, 128256, 2, free_bytes=2**28) == 512  # half the free memory
     assert chunk_rows(8192, 2**20, 4) == 1024  # the floor
@@ -234,11 +242,11 @@ def test_cuda_real_head(grad_w_fp32: bool, one_read: bool) -> None:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    out = fused_linear_cross_entropy_fwd(x, w, t, chunk=512, grad_w_fp32=grad_w_fp32, **opts)
+    out = fused_linear_cross_entropy_fwd(x, FusedLinearArgs(w, t), O(**opts), chunk=512, grad_w_fp32=grad_w_fp32)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     outputs = sum(g.numel() * g.element_size() for g in out[2:4])
-    fp32_temps = 1 if fl.fp32_accumulate_in_place(x.device) else 2  # the accumulator (and a product)
+    fp32_temps = 1 if fp32_accumulate_in_place(x.device) else 2  # the accumulator (and a product)
     allowed = outputs + 512 * 32000 * 2 + (fp32_temps * w.numel() * 4 if grad_w_fp32 else 0) + 2**22 \
         + (512 * 4096 * 2 if one_read else 0)
     assert peak <= allowed, (peak, allowed)
@@ -247,7 +255,7 @@ def test_cuda_real_head(grad_w_fp32: bool, one_read: bool) -> None:
 @pytest.mark.cuda
 def test_cuda_bitwise_deterministic() -> None:
     x, w, b, t, ce_w, opts = _inputs(torch.bfloat16, OPTIONS["mean"], device="cuda", n=1000, h=512, v=50257)
-    a = fused_linear_cross_entropy_fwd(x, w, t, b, ce_weight=ce_w, chunk=256, **opts)
-    c = fused_linear_cross_entropy_fwd(x, w, t, b, ce_weight=ce_w, chunk=256, **opts)
+    a = fused_linear_cross_entropy_fwd(x, FusedLinearArgs(w, t, b, ce_w), O(**opts), chunk=256)
+    c = fused_linear_cross_entropy_fwd(x, FusedLinearArgs(w, t, b, ce_w), O(**opts), chunk=256)
     for u, v in zip(a[:5], c[:5]):
         assert torch.equal(u, v)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernel_pytorch import reference as R
-from kernel_pytorch.ops import _activations
+from kernel_pytorch.ops import _activations, tuning
 from kernel_pytorch.ops.gated_act import (
     gated_act_bwd,
     gated_act_fwd,
@@ -34,18 +34,14 @@ BF16 = torch.bfloat16
 
 
 @pytest.fixture(params=["whole", "small_tiles"])
-def tile_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def tile_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run a test with the committed tiles and with tiles small enough that the grid's shapes take
     several column blocks per row, several rows per tile and the masked-column choice of wide rows.
     (The interpreter truncates fp32 to bf16 where the GPU rounds to nearest: bf16 is held to the
     tolerance table here, bitwise to eager on the GPU only.)"""
-    if request.param == "small_tiles":
-        monkeypatch.setattr(_activations, "TILE_ELEMENTS", 32)
-        monkeypatch.setattr(_activations, "MAX_BLOCK_C", 16)
-        monkeypatch.setattr(_activations, "MIN_BLOCK_C", 4)
-    _activations.tiles.cache_clear()
-    yield request.param
-    _activations.tiles.cache_clear()
+    small = dict(tile_elements=32, max_block_c=16, min_block_c=4) if request.param == "small_tiles" else {}
+    with tuning.changed("mlp", **small):
+        yield request.param
 
 
 def _assert_matches_reference(h, grads, dh, gate, up, act: str) -> None:
@@ -190,12 +186,11 @@ def test_out_buffer_that_needs_a_copy_is_refused() -> None:
 
 @pytest.mark.parametrize("cols", [1, 2, 4096 + 1, 14336])
 def test_tile_choice(cols: int) -> None:
-    """Whole rows up to MAX_BLOCK_C; wider rows in the widest block that masks the fewest columns
-    (14336, Llama-3-8B's intermediate size, in 2048-wide blocks: none masked)."""
-    _activations.tiles.cache_clear()
+    """Whole rows up to the config's max_block_c; wider rows in the widest block that masks the fewest
+    columns (14336, Llama-3-8B's intermediate size, in 2048-wide blocks: none masked)."""
     t = _activations.tiles(64, cols)
     assert t.block_c * t.col_tiles >= cols and t.block_r * t.row_tiles >= 64
-    assert t.block_r * t.block_c <= _activations.TILE_ELEMENTS
+    assert t.block_r * t.block_c <= tuning.current("mlp").tile_elements
     if cols == 14336:
         assert t.block_c == 2048 and t.col_tiles == 7
 

@@ -8,6 +8,7 @@ import torch
 
 from kernel_pytorch import reference as R
 from kernel_pytorch.ops import layer_norm as ln_ops
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common.launch import device_programs
 from kernel_pytorch.ops._common.partials import partial_slots
 from kernel_pytorch.ops.layer_norm import layer_norm_bwd, layer_norm_fwd
@@ -144,7 +145,8 @@ def test_paired_partials(case: str, rows: int, has_w: bool, has_b: bool, monkeyp
     alone), gradients within the budget and bitwise-equal over repeated runs (a pair whose second
     program read the slot before the first had written it would differ, or be NaN under Poisoned)."""
     cols = 48
-    assert ln_ops.BWD_TILING.programs_per_sm == 2 and ln_ops.BWD_TILING.tile == 1
+    tiling = tuning.current("norm").layer_norm.bwd_tiling
+    assert tiling.programs_per_sm == 2 and tiling.tile == 1
     slots_seen: list[int] = []
     real_parts = ln_ops._parts
 

@@ -4,6 +4,8 @@ casting argument, determinism, and a hypothesis fuzz."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -207,26 +209,27 @@ def test_backward_schedules_cover_tails(many_programs: str, casting: str) -> Non
 
 
 @pytest.mark.parametrize("block", [1024, 2048, 4096, 8192])
-def test_backward_tilings_by_width(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each width's tiling in BWD_TILINGS is the one the backward launches for rows of that block, and
-    it covers every row: applied to a small row (so the interpreter runs it) on more rows than its
-    programs take in one pass, against the reference."""
-    from kernel_pytorch.ops import rms_norm as rms_mod
+def test_backward_tilings_by_width(block: int) -> None:
+    """Each width's tiling in the config's `bwd_tilings` is the one the backward launches for rows of
+    that block, and it covers every row: applied to a small row (so the interpreter runs it) on more
+    rows than its programs take in one pass, against the reference."""
+    from kernel_pytorch.ops import tuning
     from kernel_pytorch.ops._common import rows as _rows
 
-    tiling = rms_mod.bwd_tiling(block)
-    assert tiling is rms_mod.BWD_TILINGS[block]
-    assert rms_mod.bwd_tiling(512) is rms_mod.bwd_tiling(16384) is rms_mod.BWD_TILING  # widths not measured
+    cfg = tuning.current("norm")
+    op = cfg.rms_norm
+    tiling = op.tiling(block)
+    assert tiling == dict(op.bwd_tilings)[block]
+    assert op.tiling(512) == op.tiling(16384) == op.bwd_tiling  # widths not measured
     rows, cols = many_rows() * 2 + 1, 37
-    launch = _rows.row_launch(cols, 2, 8)
-    monkeypatch.setattr(rms_mod, "BWD_TILINGS", {launch.block: tiling})
-    plan = _rows.row_schedule(rows, torch.device(DEV), launch, tiling)
+    launch = _rows.row_launch(cols, 2, op.bwd_elements_per_thread, cfg.rows)
+    plan = _rows.row_schedule(rows, torch.device(DEV), launch, tiling, cfg.rows)
     assert -(-rows // plan.tile) > plan.programs  # programs walk more than one tile each
     x = randn(rows, cols, dtype=torch.bfloat16, device=DEV)
     w = randn(cols, dtype=torch.bfloat16, device=DEV, offset=1.0)
     dy = randn(rows, cols, dtype=torch.bfloat16, device=DEV)
     _, rstd, _ = rms_norm_fwd(x, w, EPS, 0.0)
-    with Poisoned():
+    with tuning.changed("norm", rms_norm=replace(op, bwd_tilings=((launch.block, tiling),))), Poisoned():
         dx, dw = rms_norm_bwd(dy, x, w, rstd, 0.0)
     _assert_backward(dx, dw, dy, x, w, rstd)
 

@@ -1,7 +1,7 @@
 """The one results schema every benchmark writes: JSON on disk, a markdown table beside it.
 
     {
-      "schema": 1, "name": "norms", "date": "...", "device": "NVIDIA H100 80GB HBM3",
+      "schema": 1, "name": "norm", "date": "...", "device": "NVIDIA H100 80GB HBM3",
       "torch": "2.11.0", "triton": "3.6.0", "python": "3.12.3", "cuda": "13.0",
       "ceilings": {... Ceilings.to_dict() ...},
       "smoke": false,   # true for a --quick run: one small shape, short timing; not speed data

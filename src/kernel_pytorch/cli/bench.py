@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from kernel_pytorch.benchmark.suites import output_paths, run_suite, suite_names
+from kernel_pytorch.benchmark.suites import ALIASES, output_paths, run_suite, suite_names
 from kernel_pytorch.benchmark.timer import resolve_device
 
 DEFAULT_ROOT = "bench-results"
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(suite_names()))
         return 0
-    names = args.suites or suite_names()
+    names = [ALIASES.get(n, n) for n in args.suites] or suite_names()
     unknown = [n for n in names if n not in suite_names()]
     if unknown:
         print(f"unknown suite(s): {', '.join(unknown)}; known: {', '.join(suite_names())}", file=sys.stderr)

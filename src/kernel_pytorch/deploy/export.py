@@ -307,7 +307,7 @@ def share_cxx_runtime() -> bool:
     system paths, as CXX=/opt/gcc/bin/g++ on our H200 host) then lists no libstdc++ and resolves each
     C++ runtime symbol on its own: some to its static copy, some to the process's. Two halves of
     std::locale meet in the package's first std::regex (AOTInductorModel's device-string parse) and the
-    process faults (SIGSEGV in std::__detail::_Compiler, benchmarks/results/probes/
+    process faults (SIGSEGV in std::__detail::_Compiler, benchmarks/results/probes/deploy/
     probe_aoti_toolchain_h200.log). With the process's libstdc++ global, every such symbol binds to it,
     as with LD_PRELOAD of it, and the package loads. RTLD_NOLOAD: only a libstdc++ already loaded is
     promoted, never another one loaded."""

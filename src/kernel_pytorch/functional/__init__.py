@@ -1,5 +1,5 @@
 """Functional entry points, one module per family (norm.py, activation.py, mlp.py, linears.py, rope.py, embedding.py,
-attention.py, loss.py): validate the arguments once (eager only), pick a backend, dispatch.
+attention.py, cross_entropy.py): validate the arguments once (eager only), pick a backend, dispatch.
 
 backend:
     "auto"      Triton kernels on CUDA; on CPU the registered op's reference kernel; the pure-torch
@@ -39,9 +39,9 @@ from kernel_pytorch.functional.activation import (
     swiglu_packed,
 )
 from kernel_pytorch.functional.attention import AttentionBackend, attention, prepare_mask, seq_ids_from_cu_seqlens
+from kernel_pytorch.functional.cross_entropy import LossOutput, cross_entropy, fused_linear_cross_entropy
 from kernel_pytorch.functional.embedding import embedding
 from kernel_pytorch.functional.linears import shared_input_linears
-from kernel_pytorch.functional.loss import LossOutput, cross_entropy, fused_linear_cross_entropy
 from kernel_pytorch.functional.mlp import bias_act_mlp, gated_mlp, gated_mlp_packed
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
 from kernel_pytorch.functional.rope import apply_rotary

@@ -17,10 +17,11 @@ buffer; split: two (N, I)). Its backward
 recomputes h instead of keeping it, and writes the activation's gradients over buffers it owns: the
 gate/up outputs exist only inside this function (nothing else holds them), and dh is made by the
 backward itself. So what lives from forward to backward is x and gate/up alone, where eager keeps
-gate, up, act(gate) and h. A large dh is made in column chunks (`dh_column_spans`: at most
-DH_CHUNK_BYTES each), each chunk's part of the three lines above done before the next, so the
-backward's peak adds at most one chunk to gate/up instead of a whole (N, I) buffer. A second backward
-through the same graph raises (the saved buffers' versions are bumped after the write).
+gate, up, act(gate) and h. A large dh is made in column chunks (`dh_column_spans`: at most the "mlp"
+tuning config's `dh_chunk_bytes` each, ops/_activations.MlpConfig), each chunk's part of the three
+lines above done before the next, so the backward's peak adds at most one chunk to gate/up instead of
+a whole (N, I) buffer. A second backward through the same graph raises (the saved buffers' versions
+are bumped after the write).
 
 The registered-op path (CPU, and torch.compile anywhere), recording gradients with x and the
 parameters of one dtype and device, no autocast: gate/up come from torch's GEMMs (functional/linears.py:
@@ -41,7 +42,7 @@ of two; its gradient written over fc1's bias-free output, which this call owns).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,9 @@ from kernel_pytorch.functional.activation import bias_act, gated_act, gated_act_
 from kernel_pytorch.functional.linears import shared_input_linears
 from kernel_pytorch.reference._act_checks import check_activation, check_multiplier
 
+if TYPE_CHECKING:  # kernel_pytorch.ops imports Triton: loaded on first use (kernels())
+    from kernel_pytorch.ops._activations import MlpConfig
+
 _increment_version = torch.autograd.graph.increment_version
 
 
@@ -71,22 +75,16 @@ class _Act(NamedTuple):
     down_multiplier: float
 
 
-# The backward's dh = dy @ W_down (N, I) is the one buffer it adds to what the forward saved (gate/up,
-# 2 N I elements). Past DH_CHUNK_BYTES it is made in column chunks of at most that size (at most
-# MAX_DH_CHUNKS, widths a multiple of DH_CHUNK_ALIGN columns): each chunk's activation gradient is
-# written over the gate/up columns it covers and W_down's gradient over its columns, so every GEMM
-# still reduces over all N rows (no partial sums rounded into a low-precision gradient). At Llama-3-8B's
-# MLP (16384 tokens x 14336, bf16) that is 4 chunks of 112 MiB in place of one 448 MiB buffer.
-DH_CHUNK_BYTES = 128 << 20
-MAX_DH_CHUNKS = 8
-DH_CHUNK_ALIGN = 128
-
-
-def dh_column_spans(n_rows: int, inter: int, element_size: int) -> list[tuple[int, int]]:
-    """The [start, stop) column spans of dh (n_rows, inter) that the backward makes one at a time."""
-    chunks = min(MAX_DH_CHUNKS, -(-n_rows * inter * element_size // DH_CHUNK_BYTES))
+def dh_column_spans(
+    n_rows: int, inter: int, element_size: int, config: MlpConfig | None = None
+) -> list[tuple[int, int]]:
+    """The [start, stop) column spans of dh (n_rows, inter) that the backward makes one at a time: one
+    span, or column chunks of at most `config.dh_chunk_bytes` (None: the "mlp" config in force;
+    ops/_activations.MlpConfig says why)."""
+    cfg = config or kernels().tuning.current("mlp")
+    chunks = min(cfg.max_dh_chunks, -(-n_rows * inter * element_size // cfg.dh_chunk_bytes))
     width = -(-inter // max(chunks, 1))
-    width = -(-width // DH_CHUNK_ALIGN) * DH_CHUNK_ALIGN
+    width = -(-width // cfg.dh_chunk_align) * cfg.dh_chunk_align
     if chunks <= 1 or width >= inter:
         return [(0, inter)]
     return [(start, min(start + width, inter)) for start in range(0, inter, width)]
@@ -94,7 +92,7 @@ def dh_column_spans(n_rows: int, inter: int, element_size: int) -> list[tuple[in
 
 def _chunked_act_backward(k, act: _Act, dy2: Tensor, w_down: Tensor, acts: tuple[Tensor, ...],
                           spans: list[tuple[int, int]], want_h: bool) -> tuple[tuple[Tensor, ...], Tensor | None]:
-    """dh span by span (`dh_column_spans`: one span, or column chunks of at most DH_CHUNK_BYTES): d_gate,
+    """dh span by span (`dh_column_spans`: one span, or column chunks of at most dh_chunk_bytes): d_gate,
     d_up written over gate, up, and dW_down's columns from each span's recomputed h. Returns (the
     activation gradients, as the whole-dh path returns them: (gate_up,) or (gate, up); dW_down or None)."""
     inter = w_down.shape[1]

@@ -9,7 +9,7 @@ ATEN_LAYER_NORM_MAX_NUMEL elements and a kernel dtype (fp32/bf16/fp16), with wei
 given) of x's dtype, runs ATen's fused layer_norm, whether or not the Triton path is active. There the
 call is host-bound: ATen's single C++ autograd node costs ~90 us of host time per fwd+bwd on our GPU
 host, our Python autograd.Function and its launches ~210 us, against tens of microseconds of GPU work
-(benchmarks/NOTES.md, v6). The route is decided before the argument checks, which run only when ATen
+(docs/performance.md). The route is decided before the argument checks, which run only when ATen
 refuses the arguments: they then raise our error naming the argument (where they pass, ATen's error
 stands).
 """
@@ -34,7 +34,7 @@ from kernel_pytorch.functional._dispatch import (
 from kernel_pytorch.reference.rms_norm import Casting, rounds_normed
 
 # Elements up to which backend="auto" hands an eager, gradient-recording LayerNorm to ATen (measured
-# crossover on the H100 host: ATen faster at 8192x2048, ours at 16384x2048; benchmarks/NOTES.md).
+# crossover on the H100 host: ATen faster at 8192x2048, ours at 16384x2048; docs/performance.md).
 ATEN_LAYER_NORM_MAX_NUMEL = 1 << 24
 # A constant, so the once-only check is one dict lookup in log_once's cache.
 _ATEN_LAYER_NORM_LOG = (

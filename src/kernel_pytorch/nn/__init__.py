@@ -8,6 +8,7 @@ from kernel_pytorch.nn.attention import (
     StandardAttention,
     StaticKVCache,
 )
+from kernel_pytorch.nn.cross_entropy import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from kernel_pytorch.nn.embedding import (
     ALiBi,
     Embedding,
@@ -15,7 +16,6 @@ from kernel_pytorch.nn.embedding import (
     ScaledEmbedding,
     SinusoidalPositionalEmbedding,
 )
-from kernel_pytorch.nn.loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from kernel_pytorch.nn.mlp import MLP, GatedMLP
 from kernel_pytorch.nn.norm import FusedAddRMSNorm, LayerNorm, RMSNorm
 from kernel_pytorch.nn.rope import RotaryEmbedding

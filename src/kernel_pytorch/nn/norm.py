@@ -59,7 +59,7 @@ class RMSNorm(torch.nn.RMSNorm):
     # Under torch.compile, training, with recompute_output: "inductor" hands the norm's math (the reference,
     # plain torch ops) to Inductor, which fuses it with the residual add before it and, in the backward, the
     # output's recompute and the gradient add after it; "op" keeps our registered op, which Inductor cannot
-    # fuse with anything. On the e2e training step (H200, 2026-11-29, benchmarks/NOTES.md) "inductor"
+    # fuse with anything. On the e2e training step (H200, 2026-11-29, docs/performance.md) "inductor"
     # ran 1.9 ms less kernel time a step and the step took 61.55 against 62.33 ms. A backend set on the
     # instance ("triton", "reference") is kept as given.
     compiled_norm: str = "inductor"

@@ -11,7 +11,6 @@ from kernel_pytorch.ops import (  # noqa: F401  (registration)
     bias_act,
     cross_entropy,
     embedding,
-    fused_linear_cross_entropy,
     gated_act,
     gated_act_packed,
     gated_down,
@@ -22,9 +21,9 @@ from kernel_pytorch.ops import (  # noqa: F401  (registration)
 )
 from kernel_pytorch.ops.add_rms_norm import add_rms_norm_eager
 from kernel_pytorch.ops.bias_act import bias_act_bwd, bias_act_eager, bias_act_fwd
-from kernel_pytorch.ops.cross_entropy import cross_entropy_eager
+from kernel_pytorch.ops.cross_entropy import cross_entropy_eager, fused_linear_cross_entropy_eager
+from kernel_pytorch.ops.cross_entropy import fused_linear as fused_linear_cross_entropy
 from kernel_pytorch.ops.embedding import embedding_eager
-from kernel_pytorch.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_eager
 from kernel_pytorch.ops.gated_act import (
     gated_act_bwd,
     gated_act_eager,

@@ -1,6 +1,8 @@
 """Shared pieces of the elementwise activation kernels (ops/gated_act.py, ops/bias_act.py): the
-activations and their derivatives as Triton device functions, the 2-D views the kernels address, and
-the tile choice. No op math beyond the activations themselves.
+activations and their derivatives as Triton device functions, the 2-D views the kernels address, the
+tile choice, and two tuning configs: "mlp" (`MlpConfig`, the MLP kernels' tiles and schedules) and
+"math" (`MathConfig`, which fp32 math the activation and cross-entropy kernels use). No op math beyond
+the activations themselves.
 
 The activations follow reference/_activations.py in fp32, in torch's own order of operations. Without
 libdevice (Triton's interpreter has none) GELU-tanh uses 1 + tanh(u) = 2 * sigmoid(2u) and
@@ -19,12 +21,13 @@ import triton.language as tl
 
 try:  # triton >= 3.0: the backend-dispatching libdevice
     from triton.language.extra import libdevice
-except ImportError:  # pragma: no cover - older layouts: the CUDA one, or none (PRECISE_MATH off)
+except ImportError:  # pragma: no cover - older layouts: the CUDA one, or none (MathConfig.precise off)
     try:
         from triton.language.extra.cuda import libdevice
     except ImportError:
         libdevice = None
 
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common.launch import next_power_of_2
 
 # constexpr: Triton compiles a kernel that reads a plain Python global as an error (the interpreter
@@ -34,21 +37,35 @@ _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 _KAPPA = tl.constexpr(0.044715)
 
-# On the GPU, exp and tanh come from libdevice (the CUDA math library torch's kernels call) and
-# divisions are IEEE-rounded (Triton's `/` is approximate), so the fp32 activation, hence its rounding
-# to bf16, agrees with eager torch more often; the interpreter has no libdevice and uses the tanh-free
-# forms. Tunables: the probe measures what they cost. For bf16 tensors the fast forms run
-# (PRECISE_BF16 off): a bf16 result keeps 8 bits, so a 2-ulp fp32 error changes its rounding about once
-# in 2^15 elements, while on an H200 the precise forms made the SwiGLU forward compute-bound: 89.0% of
-# the copy bandwidth against 100.4% with the fast forms, the backward level at ~99%
-# (benchmarks/results/probes/probe_mlp_sweep_h200.log, 16384 x 14336).
-PRECISE_MATH = libdevice is not None
-PRECISE_BF16 = False
+
+@dataclass(frozen=True)
+class MathConfig:
+    """Which fp32 math the activation and cross-entropy kernels use on the GPU (the "math" family).
+
+    Fields:
+        precise: exp, log and tanh from libdevice (the CUDA math library torch's kernels call) and
+            IEEE-rounded divisions (Triton's `/` is approximate), so the fp32 result, hence its rounding
+            to bf16, agrees with eager torch more often. On by default where libdevice exists (the
+            interpreter has none and uses the tanh-free forms).
+        precise_bf16: the precise forms for bf16 tensors too. Off: a bf16 result keeps 8 bits, so a
+            2-ulp fp32 error changes its rounding about once in 2^15 elements, while on an H200 the
+            precise forms made the SwiGLU forward compute-bound: 89.0% of the copy bandwidth against
+            100.4% with the fast forms, the backward level at ~99%
+            (benchmarks/results/probes/mlp/probe_mlp_sweep_h200.log, 16384 x 14336).
+    """
+
+    precise: bool = libdevice is not None
+    precise_bf16: bool = False
 
 
-def precise_math(t: torch.Tensor) -> bool:
-    """The PRECISE constexpr for a launch on t (its device and dtype)."""
-    return PRECISE_MATH and t.is_cuda and (PRECISE_BF16 or t.dtype != torch.bfloat16)
+tuning.register("math", MathConfig())
+
+
+def precise_math(t: torch.Tensor, config: MathConfig | None = None) -> bool:
+    """The PRECISE constexpr for a launch on t (its device and dtype) under `config` (None: the one in
+    force, `tuning.current("math")`)."""
+    cfg = config or tuning.current("math")
+    return cfg.precise and t.is_cuda and (cfg.precise_bf16 or t.dtype != torch.bfloat16)
 
 
 @triton.jit
@@ -87,7 +104,7 @@ def _div(a, b, PRECISE: tl.constexpr):
     the data. On an H100 (2026-11-23) the in-place backward, timed on inputs that earlier iterations had
     overwritten with gradients (by then mostly zeros, denormals and NaN), ran at half the bandwidth of the
     same kernel on fresh inputs, while Liger's approximate sigmoid kept full speed; that slow path is
-    the one data-dependent cost in these kernels (benchmarks/NOTES.md). So the IEEE quotient is formed
+    the one data-dependent cost in these kernels (docs/performance.md). So the IEEE quotient is formed
     here without branches, as the fast path of CUDA's own division does: the approximate reciprocal,
     one Newton step on it and two on the quotient, with selects where a step would turn an exact answer
     into NaN (b = inf, whose quotient is +-0; a = +-inf) or lose the sign of a zero.
@@ -189,14 +206,56 @@ def dense(*ts: torch.Tensor) -> bool:
     return True
 
 
-# Elements per program tile, and per thread. Tunables (scripts/probe_mlp.py sweeps them): 4096-element
-# tiles at 16 elements per thread are 8 warps, two 16-byte vectors per thread per bf16 stream.
-TILE_ELEMENTS = 4096
-ELEMENTS_PER_THREAD = 16
-# Widest column block; wider rows take several. A row of 14336 (Llama-3-8B's intermediate size) splits
-# into 2048-wide blocks with no masked column.
-MAX_BLOCK_C = 4096
-MIN_BLOCK_C = 512
+@dataclass(frozen=True)
+class MlpConfig:
+    """The MLP kernels' launch knobs (the "mlp" family: gated activation, gated down projection, bias +
+    activation). Sweeps: benchmarks/probes/probe_mlp.py --sweep.
+
+    Fields:
+        tile_elements, elements_per_thread: elements per program tile and per thread of the forward
+            passes: 4096-element tiles at 16 elements per thread are 8 warps, two 16-byte vectors per
+            thread per bf16 stream. In the H200 sweep (benchmarks/results/probes/mlp/
+            probe_mlp_sweep_h200.log, 16384 x 14336 bf16) the forward ran at 100.3-101.8% of copy with
+            every tile, warp and column-block variant tried: on the ceiling with any of them.
+        max_block_c, min_block_c: the widest column block (wider rows take several) and the narrowest
+            one tried for a wide row. A row of 14336 (Llama-3-8B's intermediate size) splits into
+            2048-wide blocks with no masked column.
+        unhinted_size: the size a symbolic dim without a hint (data-dependent) is tiled for.
+        gated_bwd_tile_elements: elements per tile of the gated activation's backward, which streams
+            five operands to the forward's three. H200 sweep, flat tiles, 16384 x 14336 bf16, % of
+            copy with 2048-element tiles (4 warps) against 4096 (8 warps), in the same run
+            (benchmarks/results/probes/mlp/probe_mlp_sweep_h200.log): SwiGLU 100.8 vs 99.5, packed 100.9
+            vs 101.1, GEGLU-tanh 100.6 vs 101.2, packed 100.7 vs 98.6; 4096 x 3072 SwiGLU 81.4 vs
+            79.7. The sweep before it (git history of that log) had 2048 ahead in all four backward rows.
+        bias_bwd_tile_elements: elements per tile of the bias + activation backward ([rows, block_c]
+            per stream).
+        bias_bwd_programs_per_sm: that backward's programs per SM (column blocks x row groups): enough
+            loads in flight per SM with the in-loop prefetch, few enough partial rows. These two have
+            no committed result; benchmarks/probes/probe_mlp.py --bias prints the variants beside them.
+        dh_chunk_bytes, max_dh_chunks, dh_chunk_align: the whole-block gated MLP's backward
+            (functional/mlp.py) makes dh = dy @ W_down (N, I), the one buffer it adds to what the forward
+            saved (gate/up, 2 N I elements), in column chunks of at most `dh_chunk_bytes` once it is
+            larger (at most `max_dh_chunks`, widths a multiple of `dh_chunk_align` columns): each
+            chunk's activation gradient is written over the gate/up columns it covers and W_down's
+            gradient over its columns, so every GEMM still reduces over all N rows (no partial sums
+            rounded into a low-precision gradient). At Llama-3-8B's MLP (16384 tokens x 14336, bf16)
+            that is 4 chunks of 112 MiB in place of one 448 MiB buffer.
+    """
+
+    tile_elements: int = 4096
+    elements_per_thread: int = 16
+    max_block_c: int = 4096
+    min_block_c: int = 512
+    unhinted_size: int = 8192
+    gated_bwd_tile_elements: int = 2048
+    bias_bwd_tile_elements: int = 2048
+    bias_bwd_programs_per_sm: int = 4
+    dh_chunk_bytes: int = 128 << 20
+    max_dh_chunks: int = 8
+    dh_chunk_align: int = 128
+
+
+tuning.register("mlp", MlpConfig())
 
 
 @dataclass(frozen=True)
@@ -210,49 +269,42 @@ class Tiles:
     num_warps: int
 
 
-def tiles(n_rows: int | torch.SymInt, n_cols: int | torch.SymInt, tile: int | None = None,
-          per_thread: int | None = None) -> Tiles:
-    """Tile shape for an elementwise pass over (n_rows, n_cols); `tile` and `per_thread` default to
-    TILE_ELEMENTS and ELEMENTS_PER_THREAD (read at call time, so a sweep can change them after
-    clearing this cache with `tiles.cache_clear()`).
+def tiles(n_rows: int | torch.SymInt, n_cols: int | torch.SymInt, config: MlpConfig | None = None,
+          tile: int | None = None) -> Tiles:
+    """Tile shape for an elementwise pass over (n_rows, n_cols) under `config` (None: the one in
+    force, `tuning.current("mlp")`); `tile` elements per tile (default `config.tile_elements`).
 
     Symbolic sizes (torch.export, AOTInductor, compile with dynamic shapes trace the launch with
     SymInts): the block and warps are chosen from the sizes' hints, since they are compile-time
     constants of the kernel, and the tile counts stay symbolic so the grid follows the real size. Any
     block is correct at any size: the kernels mask their last row and column tiles."""
+    cfg = config or tuning.current("mlp")
     if isinstance(n_rows, torch.SymInt) or isinstance(n_cols, torch.SymInt):
-        t = _tiles(_hint(n_rows), _hint(n_cols), tile, per_thread)
+        t = _tiles(_hint(n_rows, cfg), _hint(n_cols, cfg), tile, cfg)
         return Tiles(t.block_r, t.block_c, (n_rows + t.block_r - 1) // t.block_r,
                      (n_cols + t.block_c - 1) // t.block_c, t.num_warps)
-    return _tiles(n_rows, n_cols, tile, per_thread)
+    return _tiles(n_rows, n_cols, tile, cfg)
 
 
-# the size a symbolic dim without a hint (data-dependent) is tiled for
-UNHINTED_SIZE = 8192
-
-
-def _hint(n: int | torch.SymInt) -> int:
+def _hint(n: int | torch.SymInt, cfg: MlpConfig) -> int:
     """A size's concrete value: itself, or a SymInt's hint (the example input's size)."""
     if not isinstance(n, torch.SymInt):
         return int(n)
     node = n.node
-    return int(node.hint) if node.has_hint() else UNHINTED_SIZE
+    return int(node.hint) if node.has_hint() else cfg.unhinted_size
 
 
 @functools.lru_cache(maxsize=1024)
-def _tiles(n_rows: int, n_cols: int, tile: int | None, per_thread: int | None) -> Tiles:
-    tile = tile or TILE_ELEMENTS
-    per_thread = per_thread or ELEMENTS_PER_THREAD
-    max_c = min(MAX_BLOCK_C, tile)
+def _tiles(n_rows: int, n_cols: int, tile: int | None, cfg: MlpConfig) -> Tiles:
+    # memoised (keyed on the config too): it runs on every eager call
+    tile = tile or cfg.tile_elements
+    max_c = min(cfg.max_block_c, tile)
     if n_cols <= max_c:
         block_c = next_power_of_2(n_cols)
     else:
         # the widest power-of-two block with the fewest masked columns in the row's last block
-        candidates = [c for c in (max_c >> i for i in range(8)) if c >= min(MIN_BLOCK_C, max_c)]
+        candidates = [c for c in (max_c >> i for i in range(8)) if c >= min(cfg.min_block_c, max_c)]
         block_c = min(candidates, key=lambda c: (triton.cdiv(n_cols, c) * c - n_cols, -c))
     block_r = max(1, min(next_power_of_2(n_rows), tile // block_c))
-    warps = next_power_of_2(min(8, max(1, block_r * block_c // (32 * per_thread))))
+    warps = next_power_of_2(min(8, max(1, block_r * block_c // (32 * cfg.elements_per_thread))))
     return Tiles(block_r, block_c, triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c), warps)
-
-
-tiles.cache_clear = _tiles.cache_clear  # type: ignore[attr-defined]  # sweeps change the defaults

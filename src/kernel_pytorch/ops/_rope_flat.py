@@ -9,8 +9,8 @@ ids) comes from its index by integer division by the layout's sizes, once per ro
 loads every feature's partner (j + r/2 mod r) a second time from the same cache lines; interleaved
 splits one load into even/odd lanes. The math is the tile kernel's (ops/_rope_math.py: `_partner_outputs`,
 `_pair_outputs`). This is the shape of torch.compile's pointwise kernel, which reached ~95% of the copy
-bandwidth on an H200 where the tile kernel reached ~78% (benchmarks/results/probes/
-probe_rope_variants_h200.log). Measured on the H200 (benchmarks/results/rope.md), q + k fwd+bwd in
+bandwidth on an H200 where the tile kernel reached ~78% (benchmarks/results/probes/rope/
+probe_rope_variants_h200.log). Measured on the H200 (benchmarks/results/rope_h200.md), q + k fwd+bwd in
 graph replay: rotate-half 92.7% of copy (torch.compile 91.4%), interleaved 95.1% (compile 73.7%);
 rotate-half's forward alone (90.4% against compile's 95.4%) is where it still trails.
 """
@@ -25,7 +25,7 @@ from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._rope_math import _cos_sin_rows, _cs, _pair_outputs, _partner_outputs
 
 # Elements per program: 2 KiB of bf16, 4 warps x 32 threads x one 16-byte vector. The same-run sweep
-# on the H200 (benchmarks/results/probes/probe_rope_flat_h200.log, q + k at the train shape, one cos/sin
+# on the H200 (benchmarks/results/probes/rope/probe_rope_flat_h200.log, q + k at the train shape, one cos/sin
 # table) put 1024 x 4 warps first in both memory orders: (B, T, H, D) fwd / bwd 86.0 / 85.8% of copy
 # against 82.6 / 82.8 for 2048 and torch.compile's 87.8 / 81.2; 8192 fell to 65%.
 BLOCK_ELEMENTS = 1024

@@ -1,5 +1,5 @@
 """The per-token rotary-embedding kernel, one program per token (measured on an H100 on 2026-11-23:
-benchmarks/results/probes/probe_rope.log); interleaved pairs run it where the flat kernel does not apply
+benchmarks/results/probes/rope/probe_rope_h100.log); interleaved pairs run it where the flat kernel does not apply
 (ops/rope.py's FALLBACK);
 `rope.SCHEDULE = "token"` forces it for both conventions (same arguments, same results as the tile kernel).
 
@@ -7,7 +7,7 @@ One program per (batch, token) reads that token's cos/sin row once and rotates a
 with it, BLOCK_H heads at a time ([BLOCK_H, r/2] tiles, a loop over head tiles for wide models).
 Rotate-half loads each head's two halves as two half-row vectors; interleaved loads the rotary
 features contiguously and splits even/odd in registers. Measured on the H100 (benchmarks/results/
-probes/probe_rope.log): fwd+bwd 86.2% of copy rotate-half, 90.1% interleaved, (B, H, T, D) layout.
+probes/rope/probe_rope_h100.log): fwd+bwd 86.2% of copy rotate-half, 90.1% interleaved, (B, H, T, D) layout.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ amsgrad) and numel, and a block table (B, 2) int32 names the tensor and block of
 covers every tensor, each program one BLOCK of one tensor, unmasked except a tensor's last block. torch's
 fused AdamW runs multi_tensor_apply instead: a few hundred 64K-element chunks per launch, 44 launches for the 0.9B
 parameters of the e2e Llama, on the H200 at 52% of copy inside the e2e step (e2e_profile_*.txt) and 65%
-alone, where this kernel runs at 99% (benchmarks/results/probes/probe_adamw_h200.log).
+alone, where this kernel runs at 99% (benchmarks/results/probes/adam/probe_adamw_h200.log).
 
 The op is a `torch.library.custom_op`, opaque to torch.compile: the kernel reads addresses, which a
 traced (fake) tensor does not have, so there is no `triton_op` body to trace. Its non-CUDA kernel is
@@ -23,20 +23,38 @@ the reference.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.reference.adam import adam_, adam_scalars
 
-# Elements per program and warps (scripts/probe_adamw.py sweeps both on the e2e Llama's parameters).
-BLOCK = 1024
-NUM_WARPS = 4
-# IEEE square root and divisions (torch's fused kernel's) or the fast fp32 forms (<= 2 ulp of the update
-# term, below one rounding of a bf16 or fp16 parameter): the IEEE ones are instruction sequences with a
-# slow path, several per element, and bound the kernel by its arithmetic (probes/probe_adamw_h200.log)
-PRECISE_MATH = False
+
+@dataclass(frozen=True)
+class AdamConfig:
+    """The Adam kernel's launch knobs (the "adam" tuning family; benchmarks/probes/probe_adamw.py sweeps them on
+    the e2e Llama's parameters).
+
+    Fields:
+        block, num_warps: elements per program and its warps. 1024 x 4 ran the kernels of a step at
+            99.1% of copy, against 98.4% for 2048 x 8 and at most 88.2% for larger blocks (H200,
+            2026-11-29, benchmarks/results/probes/adam/probe_adamw_h200.log, run 2).
+        precise_math: IEEE square root and divisions (torch's fused kernel's) rather than the fast fp32
+            forms (<= 2 ulp of the update term, below one rounding of a bf16 or fp16 parameter). Off: the
+            IEEE ones are instruction sequences with a slow path, several per element, and bound the
+            kernel by its arithmetic (2048 x 8 at 82.2% of copy against 98.4%, the same run).
+    """
+
+    block: int = 1024
+    num_warps: int = 4
+    precise_math: bool = False
+
+
+tuning.register("adam", AdamConfig())
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -94,7 +112,7 @@ def _adam_kernel(table, blocks, lr_wd, wd, sign, step_size, bc2_sqrt, beta1, bet
                      beta2, eps, MASKED=True, DECOUPLED=DECOUPLED, AMSGRAD=AMSGRAD, PRECISE=PRECISE)
 
 
-# (numels, BLOCK, device) -> the block table: the same parameters give the same table every step (a few
+# (numels, config block, device) -> the block table: the same parameters give the same table every step (a few
 # sets at once: an optimizer's dtype groups, or two optimizers, each keep theirs)
 _BLOCK_TABLES: dict[tuple, Tensor] = {}
 _MAX_TABLES = 8
@@ -150,7 +168,7 @@ def _check(lists: tuple[list[Tensor], ...]) -> None:
 def adam_step(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
               max_exp_avg_sqs: list[Tensor] | None, lr: float, beta1: float, beta2: float, eps: float,
               weight_decay: float, step: float, decoupled: bool = True, maximize: bool = False, *,
-              check: bool = True) -> None:
+              check: bool = True, config: AdamConfig | None = None) -> None:
     """One launch of the update over every tensor (the module docstring); in place.
 
     Args:
@@ -160,6 +178,7 @@ def adam_step(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
         step: the update's step count (>= 1), the same for every tensor.
         decoupled: AdamW's weight decay (True) or Adam's, through the gradient (False).
         check: check the lists (False: the caller has; optim.Adam checks each tensor as it groups them).
+        config: the launch config (None: the one in force, `tuning.current("adam")`).
     """
     if not params:
         return
@@ -173,14 +192,15 @@ def adam_step(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
             for p, g, m, v, w in zip(params, grads, exp_avgs, exp_avg_sqs, maxes)]
     dtypes = [_TL_DTYPES[ts[0].dtype] for ts in lists]
     numels = tuple(r[5] for r in rows)
-    blocks = _block_table(numels, BLOCK, device)
+    cfg = config or tuning.current("adam")
+    blocks = _block_table(numels, cfg.block, device)
     table = _address_table(rows, device)
     step_size, bc2_sqrt = adam_scalars(lr, beta1, beta2, step)
     _adam_kernel[(blocks.shape[0],)](
         table, blocks, lr * weight_decay, weight_decay, -1.0 if maximize else 1.0, step_size, bc2_sqrt, beta1,
         beta2, eps, P_DTYPE=dtypes[0], G_DTYPE=dtypes[1], M_DTYPE=dtypes[2], V_DTYPE=dtypes[3],
-        VMAX_DTYPE=dtypes[4] if amsgrad else dtypes[3], BLOCK=BLOCK, DECOUPLED=decoupled, AMSGRAD=amsgrad,
-        PRECISE=PRECISE_MATH, num_warps=NUM_WARPS,
+        VMAX_DTYPE=dtypes[4] if amsgrad else dtypes[3], BLOCK=cfg.block, DECOUPLED=decoupled, AMSGRAD=amsgrad,
+        PRECISE=cfg.precise_math, num_warps=cfg.num_warps,
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops.norm_config import NormConfig
 from kernel_pytorch.ops.rms_norm import rms_norm_bwd, rms_norm_fwd
 from kernel_pytorch.reference.add_rms_norm import add_residual, add_rms_norm_backward
 from kernel_pytorch.reference.rms_norm import rms_norm_from_rstd, rms_norm_rstd
@@ -22,20 +23,21 @@ from kernel_pytorch.reference.rms_norm import rms_norm_from_rstd, rms_norm_rstd
 
 def add_rms_norm_fwd(
     x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama",
-    *, eager: bool = False,
+    *, eager: bool = False, config: NormConfig | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Launch the fused forward. Returns y, h (both x's shape and dtype, contiguous), rstd (fp32)."""
-    y, rstd, h = rms_norm_fwd(x, weight, eps, offset, casting, residual=residual, eager=eager)
+    """Launch the fused forward (RMSNorm's launch choices, `config.rms_norm`). Returns y, h (both x's
+    shape and dtype, contiguous), rstd (fp32)."""
+    y, rstd, h = rms_norm_fwd(x, weight, eps, offset, casting, residual=residual, eager=eager, config=config)
     assert h is not None
     return y, h, rstd
 
 
 def add_rms_norm_bwd(
     dy: Tensor, dh: Tensor, h: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama",
-    *, eager: bool = False,
+    *, eager: bool = False, config: NormConfig | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Launch the fused backward. Returns d_sum (h's shape and dtype) and dweight."""
-    return rms_norm_bwd(dy, h, weight, rstd, offset, casting, dres=dh, eager=eager)
+    return rms_norm_bwd(dy, h, weight, rstd, offset, casting, dres=dh, eager=eager, config=config)
 
 
 def _fwd_reference(

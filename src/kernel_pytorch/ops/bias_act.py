@@ -11,7 +11,8 @@ Backward: dy and x in, dx out, plus the bias gradient, a reduction over rows. A 
 tile's loads before this tile's math, so two tiles of traffic are in flight), and writes one fp32
 partial row of dbias for its group. The partials (groups x D, a few MiB at most) are then summed in a
 fixed order by ops/_partials.sum_partials: no float atomics, bitwise-reproducible. Groups are chosen
-so that column blocks x groups fill the device (PROGRAMS_PER_SM). Only x is saved for the backward
+so that column blocks x groups fill the device (the "mlp" tuning config's `bias_bwd_programs_per_sm`,
+ops/_activations.MlpConfig). Only x is saved for the backward
 (z is recomputed from x and bias), as eager saves its pre-activation.
 
 Registered as `kernel_pytorch::bias_act_fwd` (x, bias?, act) -> y and `bias_act_bwd` (dy, x, bias?,
@@ -28,7 +29,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._activations import (
+    MlpConfig,
     act_fwd,
     act_fwd_grad,
     as_2d,
@@ -41,12 +44,6 @@ from kernel_pytorch.ops._common.launch import Launcher, device_programs
 from kernel_pytorch.ops._common.partials import sum_partials
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.reference.bias_act import bias_act, bias_act_backward
-
-# Backward programs per SM (column blocks x row groups): enough loads in flight per SM with the
-# in-loop prefetch, few enough partial rows. A tunable (scripts/probe_mlp.py --sweep).
-PROGRAMS_PER_SM = 4
-# Rows per backward tile: with BLOCK_C columns, a [BWD_TILE_ROWS, BLOCK_C] tile per stream.
-BWD_TILE_ELEMENTS = 2048
 
 
 @triton.jit
@@ -118,7 +115,8 @@ _bwd_kernel = Launcher(_bias_act_bwd_kernel)
 
 
 def bias_act_fwd(
-    x: Tensor, bias: Tensor | None, act: str, *, out: Tensor | None = None, eager: bool = False
+    x: Tensor, bias: Tensor | None, act: str, *, out: Tensor | None = None, eager: bool = False,
+    config: MlpConfig | None = None,
 ) -> Tensor:
     """Launch the forward kernel.
 
@@ -128,6 +126,7 @@ def bias_act_fwd(
         act: "silu", "gelu", "gelu_tanh" or "relu".
         out: optional (..., D) buffer for y (may be x itself: each element is read before written).
         eager: launch directly (the eager autograd.Function) rather than through wrap_triton.
+        config: the launch config (None: the one in force, `tuning.current("mlp")`).
     Returns:
         y of x's shape and dtype (contiguous unless `out` is given).
     """
@@ -137,7 +136,7 @@ def bias_act_fwd(
     if n_rows == 0 or n_cols == 0:
         return y
     b = bias.contiguous() if bias is not None else x2  # stand-in pointer, never read
-    t = tiles(n_rows, n_cols)
+    t = tiles(n_rows, n_cols, config)
     _fwd_kernel(
         (t.row_tiles * t.col_tiles,), x2, b, y2, n_rows, n_cols, t.col_tiles, *strides(x2), *strides(y2),
         ACT=act, PRECISE=precise_math(x2), HAS_BIAS=bias is not None, BLOCK_R=t.block_r, BLOCK_C=t.block_c,
@@ -147,7 +146,8 @@ def bias_act_fwd(
 
 
 def bias_act_bwd(
-    dy: Tensor, x: Tensor, bias: Tensor | None, act: str, *, out: Tensor | None = None, eager: bool = False
+    dy: Tensor, x: Tensor, bias: Tensor | None, act: str, *, out: Tensor | None = None, eager: bool = False,
+    config: MlpConfig | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Launch the backward kernel and sum the bias-gradient partials in a fixed order.
 
@@ -155,6 +155,7 @@ def bias_act_bwd(
         dy, x: (..., D), one dtype, any strides; bias: (D,) or None.
         out: optional (..., D) buffer for dx (may be dy or x: each element is read before written).
         eager: launch directly rather than through wrap_triton.
+        config: the launch config (None: the one in force, `tuning.current("mlp")`).
     Returns:
         dx of x's shape and dtype; dbias (D,) of bias's dtype, or None without a bias.
     """
@@ -163,9 +164,11 @@ def bias_act_bwd(
     n_rows, n_cols = x2.shape
     if n_rows == 0 or n_cols == 0:
         return dx, (torch.zeros_like(bias) if bias is not None else None)
-    t = tiles(n_rows, n_cols, BWD_TILE_ELEMENTS)
+    cfg = config or tuning.current("mlp")
+    t = tiles(n_rows, n_cols, cfg, cfg.bias_bwd_tile_elements)
     # row groups: enough programs to fill the device, each at least one tile of rows
-    groups = max(1, min(t.row_tiles, triton.cdiv(device_programs(x.device, PROGRAMS_PER_SM), t.col_tiles)))
+    programs = device_programs(x.device, cfg.bias_bwd_programs_per_sm)
+    groups = max(1, min(t.row_tiles, triton.cdiv(programs, t.col_tiles)))
     rows_per_group = triton.cdiv(t.row_tiles, groups) * t.block_r
     groups = triton.cdiv(n_rows, rows_per_group)
     parts = torch.empty((groups, n_cols), dtype=torch.float32, device=x.device) if bias is not None else dx2

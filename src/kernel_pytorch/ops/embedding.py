@@ -15,33 +15,55 @@ gradient row exactly once:
       into a [ROWS, BLOCK] fp32 accumulator (ROWS loads in flight: a frequent token's long run is not
       one dependent load after another), reduces it with a fixed tree and stores the row -- zeros for
       rows no token hit, so no separate memset. Fixed order, fixed tree: bitwise-reproducible.
-  "segments" (MODE, the default): zero the gradient (memset), then one program per sorted token
-      position; the first position of each run sums the run and stores its row, the others store
-      nothing. Writes ~N rows after the memset rather than looping over all V rows.
-Measured on the H100 at V = 128256, H = 4096, N = 16384 bf16 (benchmarks/results/probes/probe_rope.log,
+  "segments" (the default, EmbeddingConfig.mode): zero the gradient (memset), then one program per
+      sorted token position; the first position of each run sums the run and stores its row, the
+      others store nothing. Writes ~N rows after the memset rather than looping over all V rows.
+Measured on the H100 at V = 128256, H = 4096, N = 16384 bf16 (benchmarks/results/probes/rope/probe_rope_h100.log,
 graph replay): uniform ids rows 586 us, segments 631 us, torch 1345 us; Zipf ids (one id 1427 times)
 rows 1680 us, segments 876 us, torch 1045 us. "segments" is the default: it never lost to torch there,
 "rows" did on skewed ids. torch's own backward was bitwise reproducible across reruns in that run too.
+The launch knobs are the "embedding" tuning config (`EmbeddingConfig`).
 Bytes: dy read once (N*H), the gradient written once (V*H) -- plus the memset's V*H in "segments".
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.reference.embedding import embedding, embedding_backward
 
-MODE = "segments"
-# Columns per program, tokens summed per step, vocabulary rows per program (the probe sweeps these).
-BLOCK_COLS = 1024
-TOKENS_PER_STEP = 8
-VOCAB_ROWS_PER_PROGRAM = 4
-NUM_WARPS = 4
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """The embedding backward's launch knobs (the "embedding" tuning family; the embedding section of
+    benchmarks/probes/probe_rope.py sweeps them).
+
+    Fields:
+        mode: "segments" or "rows" (module docstring: "segments" never lost to torch on the H100,
+            benchmarks/results/probes/rope/probe_rope_h100.log).
+        block_cols: columns per program; 256 ran 4.4 ("segments") to 32 ("rows") times slower than 1024
+            at H = 4096 (the same log).
+        tokens_per_step: tokens summed per step (loads in flight along a run).
+        vocab_rows_per_program: vocabulary rows per program in "rows" mode.
+        num_warps: warps per program.
+    """
+
+    mode: str = "segments"
+    block_cols: int = 1024
+    tokens_per_step: int = 8
+    vocab_rows_per_program: int = 4
+    num_warps: int = 4
+
+
+tuning.register("embedding", EmbeddingConfig())
 
 
 @triton.jit
@@ -107,7 +129,7 @@ _segments_kernel = Launcher(_embedding_bwd_segments_kernel)
 def embedding_grad(
     dy: Tensor, indices: Tensor, num_embeddings: int, padding_idx: int | None = None,
     scale_grad_by_freq: bool = False, out_dtype: torch.dtype | None = None,
-    *, mode: str | None = None, eager: bool = False,
+    *, mode: str | None = None, eager: bool = False, config: EmbeddingConfig | None = None,
 ) -> Tensor:
     """Deterministic gradient of an embedding lookup with respect to its weight.
 
@@ -119,12 +141,14 @@ def embedding_grad(
         scale_grad_by_freq: divide each row by its token count.
         out_dtype: the gradient's dtype (default dy's; fp32 for fp32 master gradients).
         mode: "rows" (every row written by the kernel) or "segments" (memset, then the hit rows);
-            None: MODE.
+            None: the config's.
         eager: launch directly rather than through wrap_triton.
+        config: the launch config (None: the one in force, `tuning.current("embedding")`).
     Returns:
         (num_embeddings, H) gradient, each row summed in fp32 in the same order on every run.
     """
-    mode = MODE if mode is None else mode
+    cfg = config or tuning.current("embedding")
+    mode = cfg.mode if mode is None else mode
     h = dy.shape[-1]
     dy2 = dy.reshape(-1, h)
     if dy2.stride(-1) != 1:
@@ -133,7 +157,7 @@ def embedding_grad(
     out_dtype = out_dtype or dy.dtype
     has_pad = padding_idx is not None
     pad = padding_idx % num_embeddings if has_pad else 0
-    block = min(BLOCK_COLS, next_power_of_2(h))
+    block = min(cfg.block_cols, next_power_of_2(h))
     col_blocks = triton.cdiv(h, block)
     stride = dy2.stride(0) if dy2.shape[0] > 1 else h
     sorted_idx, order = torch.sort(flat, stable=True)
@@ -144,8 +168,8 @@ def embedding_grad(
         ends = torch.searchsorted(sorted_idx, sorted_idx, right=True)
         _segments_kernel(
             (flat.numel(), col_blocks), dy2, order, sorted_idx, ends, dw, stride, h, pad,
-            BLOCK=block, ROWS=TOKENS_PER_STEP, HAS_PADDING=has_pad, SCALE_BY_FREQ=scale_grad_by_freq,
-            num_warps=NUM_WARPS, eager=eager,
+            BLOCK=block, ROWS=cfg.tokens_per_step, HAS_PADDING=has_pad, SCALE_BY_FREQ=scale_grad_by_freq,
+            num_warps=cfg.num_warps, eager=eager,
         )
         return dw
     if mode != "rows":
@@ -156,10 +180,10 @@ def embedding_grad(
     queries = torch.arange(num_embeddings + 1, device=dy.device, dtype=sorted_idx.dtype)
     bounds = torch.searchsorted(sorted_idx, queries)
     _rows_kernel(
-        (triton.cdiv(num_embeddings, VOCAB_ROWS_PER_PROGRAM), col_blocks), dy2, order, bounds, dw,
+        (triton.cdiv(num_embeddings, cfg.vocab_rows_per_program), col_blocks), dy2, order, bounds, dw,
         stride, num_embeddings, h, pad,
-        BLOCK=block, ROWS=TOKENS_PER_STEP, VROWS=VOCAB_ROWS_PER_PROGRAM, HAS_PADDING=has_pad,
-        SCALE_BY_FREQ=scale_grad_by_freq, num_warps=NUM_WARPS, eager=eager,
+        BLOCK=block, ROWS=cfg.tokens_per_step, VROWS=cfg.vocab_rows_per_program, HAS_PADDING=has_pad,
+        SCALE_BY_FREQ=scale_grad_by_freq, num_warps=cfg.num_warps, eager=eager,
     )
     return dw
 
@@ -172,11 +196,12 @@ def embedding_fwd(indices: Tensor, weight: Tensor, padding_idx: int, scale_grad_
 
 
 def embedding_bwd(dy: Tensor, indices: Tensor, weight: Tensor, padding_idx: int, scale_grad_by_freq: bool, *,
-                  eager: bool = False) -> Tensor:
-    """The weight's gradient (`embedding_grad` in MODE): weight.shape, weight's dtype; padding_idx is a
-    row in [0, V) or -1 for none."""
+                  eager: bool = False, config: EmbeddingConfig | None = None) -> Tensor:
+    """The weight's gradient (`embedding_grad` in the config's mode): weight.shape, weight's dtype;
+    padding_idx is a row in [0, V) or -1 for none."""
     pad = padding_idx if padding_idx >= 0 else None
-    return embedding_grad(dy, indices, weight.shape[0], pad, scale_grad_by_freq, weight.dtype, eager=eager)
+    return embedding_grad(dy, indices, weight.shape[0], pad, scale_grad_by_freq, weight.dtype, eager=eager,
+                          config=config)
 
 
 def _fwd_reference(indices: Tensor, weight: Tensor, padding_idx: int, scale_grad_by_freq: bool) -> Tensor:

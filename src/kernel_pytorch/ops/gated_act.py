@@ -11,7 +11,7 @@ The activation is rounded to the input dtype before the multiply, as Hugging Fac
 (act_fn(gate_proj(x)) is a bf16 tensor), and d_up uses that rounded activation, as eager autograd
 does: the forward then matches eager bit-for-bit wherever our fp32 activation rounds like torch's
 (on the GPU the activation uses libdevice's exp/tanh and IEEE division, torch's own math; see
-ops/_activations.PRECISE_MATH). Liger-Kernel 0.8.5 rounds silu(gate) the same way in its forward but
+ops/_activations.MathConfig). Liger-Kernel 0.8.5 rounds silu(gate) the same way in its forward but
 forms d_up from the unrounded fp32 silu; its older releases kept fp32 in the forward too.
 
 Layouts. Split: gate and up are two (..., I) tensors with any strides. Packed: one (..., 2I) tensor
@@ -21,7 +21,8 @@ two strided views of itself (no copy), its gradient written as one (..., 2I) ten
 Kernel design: a memory-bound stream, no reduction. The forward reads gate and up and writes h (3 bytes
 per element of I per byte of dtype); the backward reads dh, gate and up and writes d_gate and d_up (5),
 recomputing the activation from gate (only the inputs are saved for the backward: nothing of size I
-besides them). One program per [BLOCK_R, BLOCK_C] tile of a 1-D grid (ops/_activations.tiles);
+besides them). One program per [BLOCK_R, BLOCK_C] tile of a 1-D grid (ops/_activations.tiles, under
+the "mlp" tuning config, ops/_activations.MlpConfig);
 operands that are all contiguous are streamed as one flat row, so odd widths mask nothing but the last
 tile. Every operand has its own row and column strides; a unit column stride is specialised by Triton
 and the loads vectorise to 16 bytes.
@@ -50,7 +51,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._activations import (
+    MlpConfig,
     act_fwd,
     act_fwd_grad,
     as_2d,
@@ -118,21 +121,12 @@ def _gated_act_bwd_kernel(
 _fwd_kernel = Launcher(_gated_act_fwd_kernel)
 _bwd_kernel = Launcher(_gated_act_bwd_kernel)
 
-# Elements per backward tile (the forward's is ops/_activations.TILE_ELEMENTS). The backward streams five
-# operands to the forward's three. H200 sweep, flat tiles, 16384x14336 bf16, % of copy with 2048-element
-# tiles (4 warps) against 4096 (8 warps), in the same run (benchmarks/results/probes/
-# probe_mlp_sweep_h200.log): SwiGLU 100.8 vs 99.5, packed 100.9 vs 101.1, GEGLU-tanh 100.6 vs 101.2,
-# packed 100.7 vs 98.6; 4096x3072 SwiGLU 81.4 vs 79.7. The sweep before it (git history of that log)
-# had 2048 ahead in all four backward rows. A tunable (scripts/probe_mlp.py --sweep).
-BWD_TILE_ELEMENTS = 2048
-
-
 def _launch_fwd(g: Tensor, u: Tensor, h: Tensor, n_rows: int, n_cols: int, st: tuple[int, ...], act: str,
-                gate_mul: float, eager: bool) -> None:
+                gate_mul: float, eager: bool, config: MlpConfig | None) -> None:
     """One launch over (n_rows, n_cols) elements; `st` holds each operand's (row, column) strides."""
     if n_rows == 0 or n_cols == 0:
         return
-    t = tiles(n_rows, n_cols)
+    t = tiles(n_rows, n_cols, config)
     _fwd_kernel(
         (t.row_tiles * t.col_tiles,), g, u, h, n_rows, n_cols, t.col_tiles, gate_mul, *st,
         ACT=act, PRECISE=precise_math(g), BLOCK_R=t.block_r, BLOCK_C=t.block_c, num_warps=t.num_warps, eager=eager,
@@ -141,12 +135,13 @@ def _launch_fwd(g: Tensor, u: Tensor, h: Tensor, n_rows: int, n_cols: int, st: t
 
 def _launch_bwd(
     dh: Tensor, g: Tensor, u: Tensor, dg: Tensor, du: Tensor, h: Tensor | None, n_rows: int, n_cols: int,
-    st: tuple[int, ...], act: str, gate_mul: float, eager: bool,
+    st: tuple[int, ...], act: str, gate_mul: float, eager: bool, config: MlpConfig | None,
 ) -> None:
     """One launch; `st` holds (row, column) strides of dh, g, u, dg, du and h (dg's where h is None)."""
     if n_rows == 0 or n_cols == 0:
         return
-    t = tiles(n_rows, n_cols, BWD_TILE_ELEMENTS)
+    cfg = config or tuning.current("mlp")
+    t = tiles(n_rows, n_cols, cfg, cfg.gated_bwd_tile_elements)
     _bwd_kernel(
         (t.row_tiles * t.col_tiles,), dh, g, u, dg, du, h if h is not None else dg, n_rows, n_cols, t.col_tiles,
         gate_mul, *st, ACT=act, PRECISE=precise_math(g), HAS_H=h is not None, BLOCK_R=t.block_r, BLOCK_C=t.block_c,
@@ -160,7 +155,7 @@ def _flat(n: int, operands: int) -> tuple[int, ...]:
 
 
 def gated_act_fwd(gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1.0, *, out: Tensor | None = None,
-                  eager: bool = False) -> Tensor:
+                  eager: bool = False, config: MlpConfig | None = None) -> Tensor:
     """Launch the forward on the split layout: one allocation (h, unless `out` is given), one launch.
 
     Args:
@@ -170,23 +165,25 @@ def gated_act_fwd(gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1
         gate_multiplier: m in act((gate * m).to(dtype)), a finite float.
         out: optional (..., I) buffer for h, any strides.
         eager: launch directly (the eager autograd.Function) rather than through wrap_triton.
+        config: the launch config (None: the one in force, `tuning.current("mlp")`).
     Returns:
         h of gate's shape and dtype (contiguous unless `out` is given).
     """
     h = torch.empty_like(gate, memory_format=torch.contiguous_format) if out is None else out
     if dense(gate, up, h):
         n = gate.numel()
-        _launch_fwd(gate, up, h, 1, n, _flat(n, 3), act, gate_multiplier, eager)
+        _launch_fwd(gate, up, h, 1, n, _flat(n, 3), act, gate_multiplier, eager, config)
     else:
         g2, u2, h2 = as_2d(gate), as_2d(up), as_2d_out(h, "out")
-        _launch_fwd(g2, u2, h2, *g2.shape, (*strides(g2), *strides(u2), *strides(h2)), act, gate_multiplier, eager)
+        _launch_fwd(g2, u2, h2, *g2.shape, (*strides(g2), *strides(u2), *strides(h2)), act, gate_multiplier, eager,
+                    config)
     return h
 
 
 def gated_act_bwd(
     dh: Tensor, gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1.0, *,
     d_gate: Tensor | None = None, d_up: Tensor | None = None, h: Tensor | None = None,
-    with_h: bool = False, eager: bool = False,
+    with_h: bool = False, eager: bool = False, config: MlpConfig | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the backward on the split layout: one launch; allocations only for outputs not given.
 
@@ -196,6 +193,7 @@ def gated_act_bwd(
             (e.g. d_gate=gate, d_up=up, h=dh: see the module docstring for when that is safe).
         with_h: also recompute h = act(gate).to(dtype) * up (into `h` if given).
         eager: launch directly rather than through wrap_triton.
+        config: the launch config (None: the one in force, `tuning.current("mlp")`).
     Returns:
         (d_gate, d_up, h or None), of gate's shape and dtype.
     """
@@ -209,12 +207,12 @@ def gated_act_bwd(
         h = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if dense(dh, gate, up, d_gate, d_up) and (h is None or h.is_contiguous()):
         n = gate.numel()
-        _launch_bwd(dh, gate, up, d_gate, d_up, h, 1, n, _flat(n, 6), act, gate_multiplier, eager)
+        _launch_bwd(dh, gate, up, d_gate, d_up, h, 1, n, _flat(n, 6), act, gate_multiplier, eager, config)
     else:
         views = (as_2d(dh), as_2d(gate), as_2d(up), as_2d_out(d_gate, "d_gate"), as_2d_out(d_up, "d_up"))
         h2 = as_2d_out(h, "h") if h is not None else None
         st = tuple(s for v in (*views, h2 if h2 is not None else views[3]) for s in strides(v))
-        _launch_bwd(*views, h2, *views[1].shape, st, act, gate_multiplier, eager)
+        _launch_bwd(*views, h2, *views[1].shape, st, act, gate_multiplier, eager, config)
     return d_gate, d_up, h
 
 
@@ -230,12 +228,12 @@ def _packed_views(gate_up: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
 
 
 def gated_act_packed_fwd(gate_up: Tensor, act: str, gate_multiplier: float = 1.0, *, out: Tensor | None = None,
-                         eager: bool = False) -> Tensor:
+                         eager: bool = False, config: MlpConfig | None = None) -> Tensor:
     """Launch the forward on the packed layout: one allocation (h, unless `out` is given), one launch.
 
     Args:
         gate_up: (..., 2I) tensor [gate | up], any strides.
-        act, gate_multiplier, out, eager: as in `gated_act_fwd` (out is (..., I)).
+        act, gate_multiplier, out, eager, config: as in `gated_act_fwd` (out is (..., I)).
     Returns:
         h of shape (..., I) and gate_up's dtype.
     """
@@ -243,20 +241,20 @@ def gated_act_packed_fwd(gate_up: Tensor, act: str, gate_multiplier: float = 1.0
     h = torch.empty(shape, dtype=gate_up.dtype, device=gate_up.device) if out is None else out
     g2, u2, st = _packed_views(gate_up)
     h2 = as_2d_out(h, "out")
-    _launch_fwd(g2, u2, h2, *g2.shape, (*st, *strides(h2)), act, gate_multiplier, eager)
+    _launch_fwd(g2, u2, h2, *g2.shape, (*st, *strides(h2)), act, gate_multiplier, eager, config)
     return h
 
 
 def gated_act_packed_bwd(
     dh: Tensor, gate_up: Tensor, act: str, gate_multiplier: float = 1.0, *, out: Tensor | None = None,
-    h: Tensor | None = None, with_h: bool = False, eager: bool = False,
+    h: Tensor | None = None, with_h: bool = False, eager: bool = False, config: MlpConfig | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Launch the backward on the packed layout: one launch; allocations only for outputs not given.
 
     Args:
         dh: (..., I); gate_up: (..., 2I) [gate | up]; act, gate_multiplier: the forward's.
         out: optional (..., 2I) buffer for [d_gate | d_up]; may be gate_up itself (in place).
-        h, with_h: as in `gated_act_bwd`.
+        h, with_h, config: as in `gated_act_bwd`.
     Returns:
         ([d_gate | d_up] of gate_up's shape and dtype, h or None).
     """
@@ -270,7 +268,7 @@ def gated_act_packed_bwd(
     dg2, du2 = _halves(as_2d_out(d, "out"))
     h2 = as_2d_out(h, "h") if h is not None else None
     st = (*strides(dh2), *st, *strides(dg2), *strides(du2), *strides(h2 if h2 is not None else dg2))
-    _launch_bwd(dh2, g2, u2, dg2, du2, h2, *g2.shape, st, act, gate_multiplier, eager)
+    _launch_bwd(dh2, g2, u2, dg2, du2, h2, *g2.shape, st, act, gate_multiplier, eager, config)
     return d, h
 
 

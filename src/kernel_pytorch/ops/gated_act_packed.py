@@ -15,15 +15,16 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from kernel_pytorch.ops._activations import MlpConfig
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops.gated_act import gated_act_packed_bwd, gated_act_packed_fwd
 from kernel_pytorch.reference.gated_act import gated_act_packed, gated_act_packed_backward
 
 
 def gated_act_packed_grad(dh: Tensor, gate_up: Tensor, act: str, gate_multiplier: float = 1.0, *,
-                          eager: bool = False) -> Tensor:
+                          eager: bool = False, config: MlpConfig | None = None) -> Tensor:
     """Launch the packed backward (out of place) and return [d_gate | d_up] alone: (..., 2I)."""
-    return gated_act_packed_bwd(dh, gate_up, act, gate_multiplier, eager=eager)[0]
+    return gated_act_packed_bwd(dh, gate_up, act, gate_multiplier, eager=eager, config=config)[0]
 
 
 def _fwd_reference(gate_up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:

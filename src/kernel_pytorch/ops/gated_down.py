@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernel_pytorch.ops._activations import MlpConfig
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops.gated_act import gated_act_bwd, gated_act_fwd, gated_act_packed_bwd, gated_act_packed_fwd
 from kernel_pytorch.reference.gated_down import gated_down, gated_down_backward
@@ -47,7 +48,8 @@ def _scaled_dy(dy: Tensor, multiplier: float) -> Tensor:
 
 
 def gated_down_fwd(gate: Tensor, up: Tensor, weight: Tensor, bias: Tensor | None, act: str,
-                   gate_multiplier: float = 1.0, down_multiplier: float = 1.0, *, eager: bool = False) -> Tensor:
+                   gate_multiplier: float = 1.0, down_multiplier: float = 1.0, *, eager: bool = False,
+                   config: MlpConfig | None = None) -> Tensor:
     """Launch the gated activation, then the down projection; h is a temporary of this call.
 
     Args:
@@ -56,45 +58,48 @@ def gated_down_fwd(gate: Tensor, up: Tensor, weight: Tensor, bias: Tensor | None
         act: "silu", "gelu", "gelu_tanh" or "relu".
         gate_multiplier, down_multiplier: m_g and m_d (module docstring), finite floats.
         eager: launch directly (the eager entry) rather than through wrap_triton.
+        config: the activation kernel's launch config (None: the one in force, `tuning.current("mlp")`).
     Returns:
         y (..., H_out) of gate's dtype.
     """
-    y = F.linear(gated_act_fwd(gate, up, act, gate_multiplier, eager=eager), weight, bias)
+    y = F.linear(gated_act_fwd(gate, up, act, gate_multiplier, eager=eager, config=config), weight, bias)
     return _scaled_(y, down_multiplier)
 
 
 def gated_down_bwd(dy: Tensor, gate: Tensor, up: Tensor, weight: Tensor, act: str, gate_multiplier: float,
-                   down_multiplier: float, has_bias: bool, *,
-                   eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+                   down_multiplier: float, has_bias: bool, *, eager: bool = False,
+                   config: MlpConfig | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """The backward: two GEMMs around one gated-activation kernel that also rewrites h.
 
     Args:
-        dy: (..., H_out); gate, up, weight, act, the multipliers: the forward's; has_bias: whether it had
-            a bias.
+        dy: (..., H_out); gate, up, weight, act, the multipliers, config: the forward's; has_bias: whether
+            it had a bias.
     Returns:
         (d_gate, d_up) of gate's shape, d_weight (H_out, I), d_bias (H_out,) or None.
     """
     dy2 = _scaled_dy(dy, down_multiplier)
     dh = (dy2 @ weight).view(gate.shape)
-    d_gate, d_up, h = gated_act_bwd(dh, gate, up, act, gate_multiplier, h=dh, with_h=True, eager=eager)
+    d_gate, d_up, h = gated_act_bwd(dh, gate, up, act, gate_multiplier, h=dh, with_h=True, eager=eager,
+                                    config=config)
     return (d_gate, d_up, *_weight_grads(dy2, h, has_bias))
 
 
 def gated_down_packed_fwd(gate_up: Tensor, weight: Tensor, bias: Tensor | None, act: str,
                           gate_multiplier: float = 1.0, down_multiplier: float = 1.0, *,
-                          eager: bool = False) -> Tensor:
+                          eager: bool = False, config: MlpConfig | None = None) -> Tensor:
     """`gated_down_fwd` on the packed layout: gate_up (..., 2I) = [gate | up] -> y (..., H_out)."""
-    y = F.linear(gated_act_packed_fwd(gate_up, act, gate_multiplier, eager=eager), weight, bias)
+    y = F.linear(gated_act_packed_fwd(gate_up, act, gate_multiplier, eager=eager, config=config), weight, bias)
     return _scaled_(y, down_multiplier)
 
 
 def gated_down_packed_bwd(dy: Tensor, gate_up: Tensor, weight: Tensor, act: str, gate_multiplier: float,
-                          down_multiplier: float, has_bias: bool, *,
-                          eager: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+                          down_multiplier: float, has_bias: bool, *, eager: bool = False,
+                          config: MlpConfig | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """`gated_down_bwd` on the packed layout: ([d_gate | d_up] (..., 2I), d_weight, d_bias or None)."""
     dy2 = _scaled_dy(dy, down_multiplier)
     dh = (dy2 @ weight).view(*gate_up.shape[:-1], weight.shape[1])
-    d_gate_up, h = gated_act_packed_bwd(dh, gate_up, act, gate_multiplier, h=dh, with_h=True, eager=eager)
+    d_gate_up, h = gated_act_packed_bwd(dh, gate_up, act, gate_multiplier, h=dh, with_h=True, eager=eager,
+                                        config=config)
     return (d_gate_up, *_weight_grads(dy2, h, has_bias))
 
 

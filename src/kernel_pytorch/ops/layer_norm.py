@@ -12,6 +12,7 @@ Backward: row mode or split mode, as in ops/rms_norm.py (the split statistics pa
 sums); dweight and dbias partials are summed in a fixed order afterwards (ops/_common/partials.py): no float
 atomics, bitwise-reproducible. Row mode runs two programs per SM, which share partial rows in pairs
 (ops/_partials.store_partials), so the partials stay at one fp32 row per SM per parameter.
+Launch choices: the "norm" tuning config, ops/norm_config.py.
 """
 
 from __future__ import annotations
@@ -21,25 +22,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._common.partials import partial_slots, store_partials, sum_partials
 from kernel_pytorch.ops._common.register import Impl, register_op
-from kernel_pytorch.ops._common.rows import RowTiling, as_rows, row_launch, row_schedule, row_stride, split_schedule
+from kernel_pytorch.ops._common.rows import as_rows, row_launch, row_schedule, row_stride, split_schedule
 from kernel_pytorch.ops._common.tiles import load_dy_x, load_rows, tile_rows
+from kernel_pytorch.ops.norm_config import NormConfig
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.layer_norm import layer_norm_backward, layer_norm_from_stats, layer_norm_stats
-
-# Elements per thread, measured on H200 (benchmarks/NOTES.md): the forward holds one row, the backward
-# dy, x, weight and accumulators.
-_FWD_ELEMENTS_PER_THREAD = 16
-_BWD_ELEMENTS_PER_THREAD = 16
-# Rows wider than this take the column loop in the backward: holding dy, x, weight and two
-# accumulators for a 16K row spills registers (measured 20% of copy bandwidth, benchmarks/NOTES.md).
-_BWD_MAX_FUSED_COLS = 8192
-_FWD_MAX_FUSED_COLS = 16384
-# Row-mode backward: one-row tiles, two programs per SM, sharing partial rows in pairs. One two-row
-# program per SM (one partial row each, no pairing) measured 86% of copy against 90% (benchmarks/NOTES.md, v5).
-BWD_TILING = RowTiling(tile=1, programs_per_sm=2)
 
 
 @triton.jit
@@ -238,7 +229,8 @@ _bwd_cols_kernel = Launcher(_layer_norm_bwd_cols_kernel)
 
 
 def layer_norm_fwd(
-    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, *, eager: bool = False
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, *, eager: bool = False,
+    config: NormConfig | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the forward kernel.
 
@@ -246,6 +238,7 @@ def layer_norm_fwd(
         x: (..., D) CUDA tensor (or CPU under TRITON_INTERPRET=1), fp32/bf16/fp16, any strides.
         weight, bias: (D,) tensors on x's device, or None.
         eager: launch directly (the eager autograd.Function) rather than through wrap_triton.
+        config: the launch config (None: the one in force, `tuning.current("norm")`).
     Returns:
         y of x's shape and dtype (contiguous), mean and rstd fp32 of shape x.shape[:-1].
     """
@@ -258,7 +251,9 @@ def layer_norm_fwd(
         return y, mean, rstd
     w = weight.contiguous() if weight is not None else x2  # placeholder pointer, never read
     b = bias.contiguous() if bias is not None else x2
-    launch = row_launch(n_cols, x.element_size(), _FWD_ELEMENTS_PER_THREAD, _FWD_MAX_FUSED_COLS)
+    cfg = config or tuning.current("norm")
+    launch = row_launch(n_cols, x.element_size(), cfg.layer_norm.fwd_elements_per_thread, cfg.rows,
+                        cfg.layer_norm.fwd_max_fused_cols)
     _fwd_kernel(
         (n_rows,), x2, w, b, y, mean, rstd,
         row_stride(x2), n_cols, n_cols, eps,
@@ -278,13 +273,14 @@ def _parts(n_bufs: int, n_rows: int, n_cols: int, like: Tensor) -> Tensor:
 
 def layer_norm_bwd(
     dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, has_bias: bool,
-    *, eager: bool = False,
+    *, eager: bool = False, config: NormConfig | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Launch the backward kernel and reduce the per-program partials.
 
     Args:
         dy, x: (..., D); weight: (D,) or None; mean, rstd: fp32 x.shape[:-1]; has_bias: whether to
-        return a bias gradient; eager: launch directly rather than through wrap_triton.
+        return a bias gradient; eager: launch directly rather than through wrap_triton; config: the
+        launch config (None: the one in force, `tuning.current("norm")`).
     Returns:
         dx (x's shape and dtype), dweight (weight's dtype) or None, dbias or None (weight's dtype when
         there is a weight, else x's).
@@ -298,7 +294,9 @@ def layer_norm_bwd(
         dw = torch.zeros_like(weight) if weight is not None else None
         db = torch.zeros(n_cols, dtype=param_dtype, device=x.device) if has_bias else None
         return dx, dw, db
-    launch = row_launch(n_cols, x.element_size(), _BWD_ELEMENTS_PER_THREAD, _BWD_MAX_FUSED_COLS)
+    cfg = config or tuning.current("norm")
+    launch = row_launch(n_cols, x.element_size(), cfg.layer_norm.bwd_elements_per_thread, cfg.rows,
+                        cfg.layer_norm.bwd_max_fused_cols)
     w = weight.contiguous() if weight is not None else rstd  # rstd: never-read stand-in
     mean, rstd = mean.contiguous(), rstd.contiguous()
     strides = (row_stride(dy2), row_stride(x2), n_cols)
@@ -306,8 +304,9 @@ def layer_norm_bwd(
     # the weight's and the bias's partial rows in one buffer, reduced by one launch
     n_bufs = (weight is not None) + has_bias
     if launch.single_pass:
-        plan = row_schedule(n_rows, x.device, launch, BWD_TILING)
-        slots, paired = partial_slots(plan.programs, x.device) if n_bufs else (plan.programs, False)
+        plan = row_schedule(n_rows, x.device, launch, cfg.layer_norm.tiling(launch.block), cfg.rows)
+        pairs = n_bufs and cfg.layer_norm.paired_partials
+        slots, paired = partial_slots(plan.programs, x.device) if pairs else (plan.programs, False)
         parts = _parts(n_bufs, slots, n_cols, rstd)
         # the pairs' tickets (ops/_partials.store_partials); unpaired, rstd stands in, never read
         tickets = torch.zeros(slots, dtype=torch.int32, device=x.device) if paired else rstd
@@ -317,7 +316,7 @@ def layer_norm_bwd(
             PAIRED=paired, num_warps=launch.num_warps, eager=eager, **flags,
         )
     else:
-        split = split_schedule(n_rows, n_cols, x.device, launch)
+        split = split_schedule(n_rows, n_cols, x.device, launch, cfg.rows)
         stats = torch.empty((2, n_rows, split.chunks), dtype=torch.float32, device=x.device)
         _bwd_stats_kernel(
             (n_rows, split.chunks), dy2, x2, w, mean, rstd, stats, strides[0], strides[1], n_rows, n_cols,

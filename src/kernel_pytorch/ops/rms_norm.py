@@ -7,7 +7,7 @@ Math (see reference/rms_norm.py, the specification), for x (rows, D) and weight 
 casting="llama" rounds x_hat to x's dtype before the weight (and dweight sees it so rounded);
 "gemma" and "torch" round y once at the end; "none" rounds rstd, x_hat, offset + w and y to x's dtype
 (the constexpr IN_DTYPE). The kernels take it as the constexpr ROUND_NORMED, which
-changes nothing else: the llama kernels are the ones measured in benchmarks/NOTES.md.
+changes nothing else: the llama kernels are the ones measured in docs/performance.md.
 
 Forward: one program per row; rstd (fp32, one per row) is saved for the backward.
 Backward, row mode (the row fits in registers): a persistent grid of one program per SM walks
@@ -16,6 +16,8 @@ Backward, split mode (wider rows): a statistics pass writes each row's sum of g 
 chunk, then a column pass gives each program a column block of a group of rows, so the partials are
 one row per group. Either way the partials are summed in a second, fixed-order reduction
 (ops/_common/partials.py): no atomics, bitwise-reproducible.
+Launch choices (elements per thread, backward tilings, the row schedules' limits): the "norm" tuning
+config, ops/norm_config.py.
 """
 
 from __future__ import annotations
@@ -25,38 +27,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._common.partials import sum_partials
 from kernel_pytorch.ops._common.register import Impl, register_op
-from kernel_pytorch.ops._common.rows import RowTiling, as_rows, row_launch, row_schedule, row_stride, split_schedule
+from kernel_pytorch.ops._common.rows import as_rows, row_launch, row_schedule, row_stride, split_schedule
 from kernel_pytorch.ops._common.tiles import load_dy_x, load_rows, tile_rows
+from kernel_pytorch.ops.norm_config import NormConfig
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm_backward, rms_norm_from_rstd, rms_norm_rstd, rounds_normed
-
-# Elements per thread, measured on H200 (benchmarks/NOTES.md): the forward holds one row, the backward
-# dy, x, weight and accumulators.
-_FWD_ELEMENTS_PER_THREAD = 16
-_BWD_ELEMENTS_PER_THREAD = 8
-# Row-mode backward: two-row tiles, one program per SM, so one fp32 partial row per SM (as many as
-# Liger-Kernel keeps) at 91% of copy, as fast as two one-row programs per SM (H100: benchmarks/NOTES.md,
-# v5). On the H200's faster memory that keeps too little in flight: BWD_TILINGS, by the row's block,
-# holds the tiling the H200 measured fastest at each width from 1024 to 8192 (probes/
-# probe_e2e_norms_h200.log, bf16 backward in graph replay, against (2, 1)): 1024 four-row tiles two per
-# SM, 27.1 us against 36.8 (8192 rows); 2048 two-row tiles two per SM, 39.8 against 46.9 (8192 rows);
-# 4096 one row, two programs per SM, 113.0 against 131.9 (16384 rows); 8192 the same, 75.5 against
-# 86.4 (4096 rows). Other widths were not measured there and keep BWD_TILING.
-BWD_TILING = RowTiling(tile=2, programs_per_sm=1)
-BWD_TILINGS = {
-    1024: RowTiling(tile=4, programs_per_sm=2),
-    2048: RowTiling(tile=2, programs_per_sm=2),
-    4096: RowTiling(tile=1, programs_per_sm=2),
-    8192: RowTiling(tile=1, programs_per_sm=2),
-}
-
-
-def bwd_tiling(block: int) -> RowTiling:
-    """The row-mode backward's tiling for rows of `block` columns (BWD_TILINGS, else BWD_TILING)."""
-    return BWD_TILINGS.get(block, BWD_TILING)
 
 
 @triton.jit
@@ -249,7 +228,7 @@ _bwd_cols_kernel = Launcher(_rms_norm_bwd_cols_kernel)
 
 def rms_norm_fwd(
     x: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama",
-    residual: Tensor | None = None, *, eager: bool = False,
+    residual: Tensor | None = None, *, eager: bool = False, config: NormConfig | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the forward kernel.
 
@@ -259,6 +238,7 @@ def rms_norm_fwd(
         casting: where y rounds to x's dtype: "llama", "gemma", "torch" or "none" (reference/rms_norm.py).
         residual: optional (..., D) tensor added to x first (fused add + norm).
         eager: launch directly (the eager autograd.Function) rather than through wrap_triton.
+        config: the launch config (None: the one in force, `tuning.current("norm")`).
     Returns:
         y of x's shape and dtype (contiguous), rstd fp32 of shape x.shape[:-1], and h = x + residual
         (contiguous) when a residual is given, else None.
@@ -273,7 +253,8 @@ def rms_norm_fwd(
         return y, rstd, h
     r2 = as_rows(residual) if residual is not None else x2
     weight = weight.contiguous()
-    launch = row_launch(n_cols, x.element_size(), _FWD_ELEMENTS_PER_THREAD)
+    cfg = config or tuning.current("norm")
+    launch = row_launch(n_cols, x.element_size(), cfg.rms_norm.fwd_elements_per_thread, cfg.rows)
     _fwd_kernel(
         (n_rows,), x2, r2, h if h is not None else y, weight, y, rstd,
         row_stride(x2), row_stride(r2), n_cols, n_cols, eps, offset,
@@ -285,7 +266,7 @@ def rms_norm_fwd(
 
 def rms_norm_bwd(
     dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama",
-    dres: Tensor | None = None, *, eager: bool = False,
+    dres: Tensor | None = None, *, eager: bool = False, config: NormConfig | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Launch the backward kernel and reduce the per-program weight-gradient partials.
 
@@ -294,6 +275,7 @@ def rms_norm_bwd(
         rstd: x.shape[:-1]; casting: the forward's (it decides the x_hat that dweight sums);
         dres: optional (..., D) gradient added to dx (the residual stream's).
         eager: launch directly rather than through wrap_triton.
+        config: the launch config (None: the one in force, `tuning.current("norm")`).
     Returns:
         dx of x's shape and dtype, dweight of weight's shape and dtype.
     """
@@ -306,10 +288,11 @@ def rms_norm_bwd(
     if n_rows == 0:
         return dx, torch.zeros_like(weight)
     weight, rstd = weight.contiguous(), rstd.contiguous()
-    launch = row_launch(n_cols, x.element_size(), _BWD_ELEMENTS_PER_THREAD)
+    cfg = config or tuning.current("norm")
+    launch = row_launch(n_cols, x.element_size(), cfg.rms_norm.bwd_elements_per_thread, cfg.rows)
     strides = (row_stride(dy2), row_stride(x2), row_stride(dres2), n_cols)
     if launch.single_pass:
-        plan = row_schedule(n_rows, x.device, launch, bwd_tiling(launch.block))
+        plan = row_schedule(n_rows, x.device, launch, cfg.rms_norm.tiling(launch.block), cfg.rows)
         dw_part = torch.empty((plan.programs, n_cols), dtype=torch.float32, device=x.device)
         _bwd_kernel(
             (plan.programs,), dy2, x2, weight, rstd, dres2, dx, dw_part, *strides, n_rows, n_cols, offset,
@@ -317,7 +300,7 @@ def rms_norm_bwd(
             ROUND_NORMED=round_normed, IN_DTYPE=casting == "none", num_warps=launch.num_warps, eager=eager,
         )
     else:
-        split = split_schedule(n_rows, n_cols, x.device, launch)
+        split = split_schedule(n_rows, n_cols, x.device, launch, cfg.rows)
         stats = torch.empty((n_rows, split.chunks), dtype=torch.float32, device=x.device)
         _bwd_stats_kernel(
             (n_rows, split.chunks), dy2, x2, weight, rstd, stats, strides[0], strides[1], n_cols,

@@ -35,12 +35,12 @@ kernel.
 
 Which kernel runs (SCHEDULES, by convention): the flat kernel wherever it applies, else FALLBACK (the
 tile kernel for rotate-half pairs, the per-token kernel for interleaved ones). Measured on an H200
-(benchmarks/results/probes/probe_rope_pairs_h200.log; q (4, 32, 4096, 128) + k (4, 8, 4096, 128)
+(benchmarks/results/probes/rope/probe_rope_pairs_h200.log; q (4, 32, 4096, 128) + k (4, 8, 4096, 128)
 bf16, graph replay, fwd / bwd % of copy): rotate-half (B, H, T, D) flat 81.6 / 83.3 against the tile
 kernel's 75.1 / 77.8 (its best pairs, 78.5 / 77.9 split); interleaved (B, T, H, D) flat 88.1 / 86.2
 against the per-token kernel's 84.6 / 84.6; the flat kernel leads in three of the four layouts and is
 within 1.4 points of the best tile form (halves) in the fourth. The H100's first round had measured
-the per-token kernel only (interleaved 90.1% fwd+bwd, rotate-half 86.2%; probes/probe_rope.log).
+the per-token kernel only (interleaved 90.1% fwd+bwd, rotate-half 86.2%; probes/rope/probe_rope_h100.log).
 
 Traffic is q and k read once and written once (the copy bound); an out-of-range
 position id gives NaN rows instead of reading outside the table.

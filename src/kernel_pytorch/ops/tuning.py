@@ -13,15 +13,18 @@ Benchmarks, probes and tests change a config only through `override`:
     with tuning.changed("rope", schedule="tile"):   # the same, shorter
         ...
 
-Overrides live in a context variable, so they end with the `with` block, nest, and do not leak into
-other threads. Nothing in `src/` assigns to a module attribute to tune a kernel.
+Overrides are process-wide, as the module constants they replace were: the nodes of a CUDA backward run
+on the autograd engine's device threads, and an override around `loss.backward()` must reach them. They
+end with their `with` block and nest; they are for benchmarks, probes and tests, not for threads that
+want different configs at the same time. Nothing in `src/` assigns to a module attribute to tune a
+kernel.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
+import threading
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
@@ -30,9 +33,9 @@ C = TypeVar("C")
 
 _DEFAULTS: dict[str, Any] = {}  # family -> default config; written once per family, at import
 _NO_OVERRIDES: Mapping[str, Any] = types.MappingProxyType({})
-_OVERRIDES: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
-    "kernel_pytorch_tuning", default=_NO_OVERRIDES
-)
+# the overrides in force: replaced, never mutated, by `override` (readers need no lock)
+_overrides: Mapping[str, Any] = _NO_OVERRIDES
+_LOCK = threading.Lock()
 
 
 def register(family: str, default: C) -> C:
@@ -62,7 +65,7 @@ def default(family: str) -> Any:
 
 def current(family: str) -> Any:
     """The config of `family` in force here: the innermost `override` of it, else its default."""
-    over = _OVERRIDES.get()
+    over = _overrides
     if family in over:
         return over[family]
     return default(family)
@@ -85,11 +88,15 @@ def override(**configs: Any) -> Iterator[None]:
             raise TypeError(
                 f"tuning.override: {family}= needs a {type(base).__name__}, got {type(config).__name__}"
             )
-    token = _OVERRIDES.set({**_OVERRIDES.get(), **configs})
+    global _overrides
+    with _LOCK:
+        previous = _overrides
+        _overrides = types.MappingProxyType({**previous, **configs})
     try:
         yield
     finally:
-        _OVERRIDES.reset(token)
+        with _LOCK:
+            _overrides = previous
 
 
 def changed(family: str, **fields: Any) -> contextlib.AbstractContextManager[None]:

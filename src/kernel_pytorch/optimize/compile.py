@@ -47,9 +47,10 @@ CompileMode = Literal["auto"] | bool
 # holding it for a later buffer of the same size. A compiled training step's backward otherwise keeps the
 # last layer's MLP gradients ((N, I) buffers, held for the next layer's) alive through its attention
 # backward, where the step's memory peaks. The e2e step (HF Llama, 8 layers, 4 x 2048 tokens, H200):
-# peak 9203 -> 8982 MiB (benchmarks/results/probes/probe_e2e_memory_h200.txt); the freed blocks go back
+# peak 9203 -> 8982 MiB (benchmarks/results/probes/e2e/probe_e2e_memory_h200.txt); the freed blocks go back
 # to the caching allocator, which hands them to the next allocation of any size. Same run, reuse on and
-# off (benchmarks/results/e2e_h200_run3.md): 64.95 against 65.47 ms a step (+0.8%; the q20-q80 bands overlap).
+# off (benchmarks/results/probes/e2e/buffer_reuse_h200.md): 64.95 against 65.47 ms a step (+0.8%; the q20-q80
+# bands overlap).
 # Not for mode="reduce-overhead" (torch.compile takes a mode or options, not both). Pass a copy to
 # change it: torch.compile keeps the dict it is given.
 INDUCTOR_OPTIONS: dict[str, Any] = {"allow_buffer_reuse": False}

@@ -3,7 +3,7 @@
 from kernel_pytorch.reference.add_rms_norm import add_rms_norm, add_rms_norm_backward
 from kernel_pytorch.reference.attention import attention
 from kernel_pytorch.reference.bias_act import bias_act, bias_act_backward
-from kernel_pytorch.reference.cross_entropy import cross_entropy, cross_entropy_backward
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions, cross_entropy, cross_entropy_backward
 from kernel_pytorch.reference.embedding import embedding, embedding_backward
 from kernel_pytorch.reference.fused_linear_cross_entropy import (
     fused_linear_cross_entropy,
@@ -55,6 +55,7 @@ __all__ = [
     "bloom_alibi",
     "cos_sin",
     "cos_sin_table",
+    "CrossEntropyOptions",
     "cross_entropy",
     "cross_entropy_backward",
     "embedding",

@@ -39,12 +39,67 @@ applies it in the logits' dtype (three roundings) before the loss: ours is the u
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
 from kernel_pytorch.reference._math import acc, acc_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
+
+
+@dataclass(frozen=True)
+class CrossEntropyOptions:
+    """Every option of a cross-entropy call, written once: the reference, the ops, functional and nn
+    all take this object (functional's keyword arguments build it at the boundary).
+
+    ignore_index: the target value of rows to skip; reduction: one of REDUCTIONS; label_smoothing: eps
+    in [0, 1]; lse_square_scale: the z-loss scale s; softcap: c, or None for no cap (module docstring).
+    return_z_loss, return_token_accuracy, return_predicted_tokens: what a call returns beside the loss
+    (Liger-Kernel's names; reference/cross_entropy_extras.py gives their values).
+    """
+
+    ignore_index: int = -100
+    reduction: str = "mean"
+    label_smoothing: float = 0.0
+    lse_square_scale: float = 0.0
+    softcap: float | None = None
+    return_z_loss: bool = False
+    return_token_accuracy: bool = False
+    return_predicted_tokens: bool = False
+
+    # The options as the registered ops take them, in this order (an op schema takes plain values:
+    # softcap 0.0 stands for no cap; the return_* flags stay with the caller, which asks for `argmax`).
+    FLAT: ClassVar[tuple[tuple[str, type], ...]] = (
+        ("ignore_index", int), ("reduction", str), ("label_smoothing", float), ("lse_square_scale", float),
+        ("softcap", float),
+    )
+
+    def flat(self) -> tuple[int, str, float, float, float]:
+        """The options in FLAT's order, as the ops take them."""
+        return (int(self.ignore_index), self.reduction, float(self.label_smoothing), float(self.lse_square_scale),
+                float(self.softcap or 0.0))
+
+    @classmethod
+    def from_flat(cls, ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float,
+                  softcap: float) -> CrossEntropyOptions:
+        """`flat`'s inverse (the return_* flags at their defaults)."""
+        return cls(ignore_index, reduction, label_smoothing, lse_square_scale, softcap or None)
+
+    @property
+    def extras(self) -> bool:
+        """Whether anything beside the loss is asked for (a call then returns a LossOutput)."""
+        return self.return_z_loss or self.return_token_accuracy or self.return_predicted_tokens
+
+    @property
+    def argmax(self) -> bool:
+        """Whether the loss's pass must find each row's argmax (for the accuracy or the tokens)."""
+        return self.return_token_accuracy or self.return_predicted_tokens
+
+
+DEFAULT_OPTIONS = CrossEntropyOptions()
 
 
 def apply_softcap(x: Tensor, cap: float | None) -> Tensor:
@@ -68,38 +123,32 @@ def token_scales(token_scale: Tensor | None, n: int, like: Tensor) -> Tensor:
 
 
 def cross_entropy_rows(
-    logits: Tensor,
-    target: Tensor,
-    weight: Tensor | None = None,
-    ignore_index: int = -100,
-    label_smoothing: float = 0.0,
-    lse_square_scale: float = 0.0,
-    softcap: float | None = None,
+    logits: Tensor, target: Tensor, weight: Tensor | None = None, options: CrossEntropyOptions = DEFAULT_OPTIONS,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Unreduced per-row terms, rows flattened.
+    """Unreduced per-row terms, rows flattened (the reduction is not read).
 
     Args:
         logits: (..., V) float tensor.
-        target: (...) integer class indices (ignore_index marks rows to skip).
+        target: (...) integer class indices (options.ignore_index marks rows to skip).
         weight: (V,) class weights or None.
     Returns:
         ce (N,), zl (N,) and lse (N,) in the accumulation dtype (0 for ce and zl on ignored rows).
     """
-    v = logits.shape[-1]
-    z = apply_softcap(acc(logits).reshape(-1, v), softcap)
+    v, eps = logits.shape[-1], options.label_smoothing
+    z = apply_softcap(acc(logits).reshape(-1, v), options.softcap)
     t = target.reshape(-1).long()
-    valid = t != ignore_index
+    valid = t != options.ignore_index
     t_safe = torch.where(valid, t, 0)
     w = class_weights(weight, v, z)
     lse = torch.logsumexp(z, dim=-1)
     logp = z - lse.unsqueeze(-1)
     nll = -logp.gather(1, t_safe.unsqueeze(1)).squeeze(1) * w[t_safe]
-    ce = (1.0 - label_smoothing) * nll
-    if label_smoothing:
-        ce = ce + label_smoothing / v * -(logp * w).sum(-1)
+    ce = (1.0 - eps) * nll
+    if eps:
+        ce = ce + eps / v * -(logp * w).sum(-1)
     zero = torch.zeros((), dtype=z.dtype, device=z.device)
     ce = torch.where(valid, ce, zero)
-    zl = torch.where(valid, lse_square_scale * lse * lse, zero)
+    zl = torch.where(valid, options.lse_square_scale * lse * lse, zero)
     return ce, zl, lse
 
 
@@ -117,28 +166,19 @@ def cross_entropy_denominators(
 
 
 def cross_entropy(
-    logits: Tensor,
-    target: Tensor,
-    weight: Tensor | None = None,
-    ignore_index: int = -100,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
-    lse_square_scale: float = 0.0,
-    softcap: float | None = None,
+    logits: Tensor, target: Tensor, weight: Tensor | None = None, options: CrossEntropyOptions = DEFAULT_OPTIONS,
     token_scale: Tensor | None = None,
 ) -> Tensor:
-    """The loss (module docstring), in fp32 (fp64 for fp64 logits).
+    """The loss (module docstring), in fp32 (fp64 for fp64 logits); the return_* options are not read.
 
     Args:
         logits: (..., V) float tensor; target: (...) integer class indices; weight: (V,) or None.
-        reduction: "mean", "sum" or "none".
-        label_smoothing: eps in [0, 1]; lse_square_scale: the z-loss scale s; softcap: c or None.
         token_scale: (...) of target's shape, u: each row's factor, or None.
     Returns:
         0-d tensor for "mean" / "sum", target's shape for "none".
     """
-    ce, zl, _ = cross_entropy_rows(logits, target, weight, ignore_index, label_smoothing, lse_square_scale,
-                                   softcap)
+    reduction = options.reduction
+    ce, zl, _ = cross_entropy_rows(logits, target, weight, options)
     if token_scale is not None:
         u = token_scales(token_scale, ce.numel(), ce)
         ce, zl = ce * u, zl * u
@@ -148,38 +188,30 @@ def cross_entropy(
         return ce.sum() + zl.sum()
     if reduction != "mean":
         raise ValueError(f"reduction must be one of {REDUCTIONS} (got {reduction!r})")
-    wden, count = cross_entropy_denominators(target, weight, ignore_index, ce.dtype)
+    wden, count = cross_entropy_denominators(target, weight, options.ignore_index, ce.dtype)
     return ce.sum() / wden + zl.sum() / count
 
 
 def row_scales(
-    dloss: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str, dtype: torch.dtype,
+    dloss: Tensor, target: Tensor, weight: Tensor | None, options: CrossEntropyOptions, dtype: torch.dtype,
     token_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(r, q) of the module docstring for every row, each (N,) of `dtype`: how the upstream gradient
     reaches the cross-entropy and the z-loss terms of each row."""
     n = target.numel()
     g = acc(dloss).to(dtype)
-    g = g.reshape(-1).expand(n) if reduction == "none" else g.reshape(()).expand(n)
+    g = g.reshape(-1).expand(n) if options.reduction == "none" else g.reshape(()).expand(n)
     if token_scale is not None:
         g = g * token_scales(token_scale, n, g)
-    if reduction != "mean":
+    if options.reduction != "mean":
         return g, g
-    wden, count = cross_entropy_denominators(target, weight, ignore_index, dtype)
+    wden, count = cross_entropy_denominators(target, weight, options.ignore_index, dtype)
     return g / wden, g / count
 
 
 def cross_entropy_backward(
-    dloss: Tensor,
-    logits: Tensor,
-    target: Tensor,
-    weight: Tensor | None = None,
-    ignore_index: int = -100,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
-    lse_square_scale: float = 0.0,
-    softcap: float | None = None,
-    token_scale: Tensor | None = None,
+    dloss: Tensor, logits: Tensor, target: Tensor, weight: Tensor | None = None,
+    options: CrossEntropyOptions = DEFAULT_OPTIONS, token_scale: Tensor | None = None,
 ) -> Tensor:
     """The gradient of `cross_entropy` with respect to the logits (the formula the kernels implement).
 
@@ -189,21 +221,21 @@ def cross_entropy_backward(
     Returns:
         logits' shape and dtype; zero rows where the target is ignore_index.
     """
-    v = logits.shape[-1]
+    v, softcap = logits.shape[-1], options.softcap
     x = acc(logits).reshape(-1, v)
     z = apply_softcap(x, softcap)
     t = target.reshape(-1).long()
-    valid = t != ignore_index
+    valid = t != options.ignore_index
     t_safe = torch.where(valid, t, 0)
     w = class_weights(weight, v, z)
     lse = torch.logsumexp(z, dim=-1, keepdim=True)
     p = torch.exp(z - lse)
-    r, q = row_scales(dloss, target, weight, ignore_index, reduction, z.dtype, token_scale)
-    eps = label_smoothing
+    r, q = row_scales(dloss, target, weight, options, z.dtype, token_scale)
+    eps = options.label_smoothing
     w_t = w[t_safe].unsqueeze(1)
     dce = ((1.0 - eps) * w_t + eps * w.sum() / v) * p - eps / v * w
     dce = dce - torch.nn.functional.one_hot(t_safe, v).to(z.dtype) * (1.0 - eps) * w_t
-    grad = r.unsqueeze(1) * dce + q.unsqueeze(1) * (2.0 * lse_square_scale) * lse * p
+    grad = r.unsqueeze(1) * dce + q.unsqueeze(1) * (2.0 * options.lse_square_scale) * lse * p
     if softcap is not None:
         grad = grad * (1.0 - (z / softcap) ** 2)
     grad = torch.where(valid.unsqueeze(1), grad, torch.zeros((), dtype=z.dtype, device=z.device))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_pytorch.reference.cross_entropy import REDUCTIONS
+from kernel_pytorch.reference.cross_entropy import REDUCTIONS, CrossEntropyOptions
 
 # torch.nn.functional.cross_entropy takes class indices as int64 ("Long") or uint8 ("Byte").
 TARGET_DTYPES = (torch.int64, torch.uint8)
@@ -60,32 +60,33 @@ def check_class_weight(weight: Tensor | None, n_classes: int, device: torch.devi
         raise ValueError(f"{name} is on {weight.device} but the logits are on {device}; move them together")
 
 
-def check_options(
-    reduction: str, label_smoothing: float, lse_square_scale: float, softcap: float | None, ignore_index: int
-) -> None:
+def check_options(options: CrossEntropyOptions) -> None:
     """reduction in REDUCTIONS, label_smoothing in [0, 1] (torch's rule), lse_square_scale >= 0 and
-    finite, softcap None or > 0 and finite, ignore_index an int."""
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS} (got {reduction!r})")
-    if not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ValueError(f"label_smoothing must be between 0.0 and 1.0 (got {label_smoothing})")
-    if not 0.0 <= float(lse_square_scale) < float("inf"):
-        raise ValueError(f"lse_square_scale must be finite and >= 0 (got {lse_square_scale})")
-    if softcap is not None and not 0.0 < float(softcap) < float("inf"):
-        raise ValueError(f"softcap must be None or finite and > 0 (got {softcap})")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an int (got {type(ignore_index).__name__})")
+    finite, softcap None or > 0 and finite, ignore_index an int, each return_* flag a bool (a tensor or
+    a string there is a misplaced argument)."""
+    o = options
+    if o.reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS} (got {o.reduction!r})")
+    if not 0.0 <= float(o.label_smoothing) <= 1.0:
+        raise ValueError(f"label_smoothing must be between 0.0 and 1.0 (got {o.label_smoothing})")
+    if not 0.0 <= float(o.lse_square_scale) < float("inf"):
+        raise ValueError(f"lse_square_scale must be finite and >= 0 (got {o.lse_square_scale})")
+    if o.softcap is not None and not 0.0 < float(o.softcap) < float("inf"):
+        raise ValueError(f"softcap must be None or finite and > 0 (got {o.softcap})")
+    if isinstance(o.ignore_index, bool) or not isinstance(o.ignore_index, int):
+        raise TypeError(f"ignore_index must be an int (got {type(o.ignore_index).__name__})")
+    for name in ("return_z_loss", "return_token_accuracy", "return_predicted_tokens"):
+        if not isinstance(getattr(o, name), bool):
+            raise TypeError(f"{name} must be True or False (got {type(getattr(o, name)).__name__})")
 
 
-def check_cross_entropy_args(
-    logits: Tensor, target: Tensor, weight: Tensor | None, reduction: str, label_smoothing: float,
-    lse_square_scale: float, softcap: float | None, ignore_index: int,
-) -> None:
+def check_cross_entropy_args(logits: Tensor, target: Tensor, weight: Tensor | None,
+                             options: CrossEntropyOptions) -> None:
     """Every metadata check of a cross-entropy call (no host sync)."""
     check_logits(logits)
     check_target(target, logits.shape[:-1], logits.device)
     check_class_weight(weight, logits.shape[-1], logits.device)
-    check_options(reduction, label_smoothing, lse_square_scale, softcap, ignore_index)
+    check_options(options)
 
 
 def check_token_scale(token_scale: Tensor | None, target: Tensor, name: str = "token_scale") -> None:
@@ -100,13 +101,6 @@ def check_token_scale(token_scale: Tensor | None, target: Tensor, name: str = "t
                          f"(got {tuple(token_scale.shape)})")
     if token_scale.device != target.device:
         raise ValueError(f"{name} is on {token_scale.device} but the target is on {target.device}; move them together")
-
-
-def check_flags(**flags: object) -> None:
-    """Each return_* flag is a bool (a tensor or a string here is a misplaced argument)."""
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False (got {type(value).__name__})")
 
 
 def check_linear_args(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:

@@ -20,13 +20,12 @@ Shapes: per-row values have the target's shape; reductions are 0-d fp32 (fp64 fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from kernel_pytorch.reference.cross_entropy import token_scales
+from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions, token_scales
 
 
 class LossOutput(NamedTuple):
@@ -39,41 +38,22 @@ class LossOutput(NamedTuple):
     predicted_tokens: Tensor | None = None
 
 
-@dataclass(frozen=True)
-class LossExtras:
-    """Which of LossOutput's extras a call asks for (the functions' return_* flags, as Liger names them)."""
-
-    z_loss: bool = False
-    token_accuracy: bool = False
-    predicted_tokens: bool = False
-
-    @property
-    def any(self) -> bool:
-        """Whether anything beside the loss is asked for (the call then returns a LossOutput)."""
-        return self.z_loss or self.token_accuracy or self.predicted_tokens
-
-    @property
-    def argmax(self) -> bool:
-        """Whether the loss's pass must find each row's argmax."""
-        return self.token_accuracy or self.predicted_tokens
-
-
 def predicted_tokens(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
     """argmax over the class dim of logits (..., V), -1 where target (...) is ignore_index: target's shape."""
     pred = logits.detach().argmax(-1).reshape(target.shape)
     return torch.where(target != ignore_index, pred, -1)
 
 
-def z_loss(lse: Tensor, target: Tensor, ignore_index: int, reduction: str, lse_square_scale: float,
-           token_scale: Tensor | None = None) -> Tensor:
+def z_loss(lse: Tensor, target: Tensor, options: CrossEntropyOptions, token_scale: Tensor | None = None) -> Tensor:
     """The z-loss term of the loss from each row's lse (N,) (module docstring), detached."""
     lse = lse.detach().reshape(-1)
-    valid = target.reshape(-1) != ignore_index
+    valid = target.reshape(-1) != options.ignore_index
     zero = torch.zeros((), dtype=lse.dtype, device=lse.device)
-    rows = torch.where(valid, lse_square_scale * lse * lse * token_scales(token_scale, lse.numel(), lse), zero)
-    if reduction == "none":
+    u = token_scales(token_scale, lse.numel(), lse)
+    rows = torch.where(valid, options.lse_square_scale * lse * lse * u, zero)
+    if options.reduction == "none":
         return rows.reshape(target.shape)
-    if reduction == "sum":
+    if options.reduction == "sum":
         return rows.sum()
     return rows.sum() / valid.sum().to(rows.dtype)
 
@@ -89,16 +69,15 @@ def token_accuracy(pred: Tensor, target: Tensor, ignore_index: int, reduction: s
     return hit.sum() / valid.sum().to(dtype)
 
 
-def loss_output(loss: Tensor, lse: Tensor | None, pred: Tensor | None, target: Tensor, extras: LossExtras, *,
-                ignore_index: int, reduction: str, lse_square_scale: float,
-                token_scale: Tensor | None = None) -> LossOutput:
-    """LossOutput from the loss, its rows' lse (N,) (with extras.z_loss) and their predicted tokens
-    (target's shape or (N,), -1 on ignored rows; with extras.argmax)."""
+def loss_output(loss: Tensor, lse: Tensor | None, pred: Tensor | None, target: Tensor,
+                options: CrossEntropyOptions, token_scale: Tensor | None = None) -> LossOutput:
+    """LossOutput from the loss, its rows' lse (N,) (with options.return_z_loss) and their predicted
+    tokens (target's shape or (N,), -1 on ignored rows; with options.argmax)."""
     zl = acc = None
-    if extras.z_loss:
-        zl = z_loss(lse, target, ignore_index, reduction, lse_square_scale, token_scale)
+    if options.return_z_loss:
+        zl = z_loss(lse, target, options, token_scale)
     if pred is not None:
         pred = pred.reshape(target.shape)
-    if extras.token_accuracy:
-        acc = token_accuracy(pred, target, ignore_index, reduction, loss.dtype)
-    return LossOutput(loss, zl, acc, pred if extras.predicted_tokens else None)
+    if options.return_token_accuracy:
+        acc = token_accuracy(pred, target, options.ignore_index, options.reduction, loss.dtype)
+    return LossOutput(loss, zl, acc, pred if options.return_predicted_tokens else None)

@@ -11,7 +11,7 @@ the contiguous run order[bounds[v]:bounds[v + 1]] of the sorted tokens, and sum 
 That is what the kernel does (ops/embedding.py), one program per row, no atomics. Accumulating with
 index_add_ or float atomics instead (index_add_ on CUDA does) makes low-precision gradients differ
 between runs; whether torch's own CUDA embedding backward is bitwise-reproducible at the benchmark
-shape is measured by scripts/probe_rope.py (section embedding).
+shape is measured by benchmarks/probes/probe_rope.py (section embedding).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Backward, with g = d loss / d logits rounded to the logits' dtype (reference/cro
     dx = g @ weight;  dweight = g.T @ x;  dbias = sum over rows of g     (each product rounded once)
 
 The fused kernels never hold all the logits; they compute the same quantities chunk by chunk over rows
-(ops/fused_linear_cross_entropy.py).
+(ops/cross_entropy/fused_linear.py).
 """
 
 from __future__ import annotations
@@ -20,51 +20,34 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch.reference._math import acc
-from kernel_pytorch.reference.cross_entropy import cross_entropy, cross_entropy_backward
+from kernel_pytorch.reference.cross_entropy import (
+    DEFAULT_OPTIONS,
+    CrossEntropyOptions,
+    cross_entropy,
+    cross_entropy_backward,
+)
 
 
 def fused_linear_cross_entropy(
-    x: Tensor,
-    weight: Tensor,
-    target: Tensor,
-    bias: Tensor | None = None,
-    *,
-    ce_weight: Tensor | None = None,
-    ignore_index: int = -100,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
-    lse_square_scale: float = 0.0,
-    softcap: float | None = None,
-    token_scale: Tensor | None = None,
+    x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None, *, ce_weight: Tensor | None = None,
+    options: CrossEntropyOptions = DEFAULT_OPTIONS, token_scale: Tensor | None = None,
 ) -> Tensor:
     """cross_entropy(x @ weight.T + bias, target) with the logits in x's dtype.
 
     Args:
         x: (..., H); weight: (V, H), x's dtype; target: (...) class indices; bias: (V,) or None.
         ce_weight: (V,) class weights of the cross-entropy (torch's `weight`).
-        token_scale: (...) of target's shape, each row's factor, or None.
-        (the rest as in reference.cross_entropy)
+        options, token_scale: as in reference.cross_entropy.
     Returns:
         fp32 (fp64 for fp64) loss: 0-d, or target's shape for "none".
     """
     logits = torch.nn.functional.linear(x, weight, bias)
-    return cross_entropy(logits, target, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale,
-                         softcap, token_scale)
+    return cross_entropy(logits, target, ce_weight, options, token_scale)
 
 
 def fused_linear_cross_entropy_backward(
-    dloss: Tensor,
-    x: Tensor,
-    weight: Tensor,
-    target: Tensor,
-    bias: Tensor | None = None,
-    *,
-    ce_weight: Tensor | None = None,
-    ignore_index: int = -100,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
-    lse_square_scale: float = 0.0,
-    softcap: float | None = None,
+    dloss: Tensor, x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None, *,
+    ce_weight: Tensor | None = None, options: CrossEntropyOptions = DEFAULT_OPTIONS,
     token_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Gradients of `fused_linear_cross_entropy` for the upstream gradient `dloss`.
@@ -74,8 +57,7 @@ def fused_linear_cross_entropy_backward(
     """
     h = x.shape[-1]
     logits = torch.nn.functional.linear(x, weight, bias)
-    g = cross_entropy_backward(dloss, logits, target, ce_weight, ignore_index, reduction, label_smoothing,
-                               lse_square_scale, softcap, token_scale).reshape(-1, weight.shape[0])
+    g = cross_entropy_backward(dloss, logits, target, ce_weight, options, token_scale).reshape(-1, weight.shape[0])
     x2 = x.reshape(-1, h)
     dx = (g @ weight).reshape(x.shape)
     dw = g.t() @ x2

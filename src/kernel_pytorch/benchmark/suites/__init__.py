@@ -22,12 +22,15 @@ from kernel_pytorch.benchmark.results import BenchmarkResults
 
 # name -> module implementing it (defines SUITE)
 SUITES: dict[str, str] = {
-    "norms": "kernel_pytorch.benchmark.suites.norms",
+    "norm": "kernel_pytorch.benchmark.suites.norm",
     "attention": "kernel_pytorch.benchmark.suites.attention",
     "rope": "kernel_pytorch.benchmark.suites.rope",
     "mlp": "kernel_pytorch.benchmark.suites.mlp",
     "cross_entropy": "kernel_pytorch.benchmark.suites.cross_entropy",
 }
+
+# former names a command line may still use -> the suite's name
+ALIASES: dict[str, str] = {"norms": "norm"}
 
 
 def suite_names() -> list[str]:
@@ -36,9 +39,9 @@ def suite_names() -> list[str]:
 
 
 def get_suite(name: str) -> ModuleType:
-    """The module of suite `name`; ValueError listing the known names otherwise."""
+    """The module of suite `name` (or of its former name in ALIASES); ValueError listing the known names otherwise."""
     try:
-        return importlib.import_module(SUITES[name])
+        return importlib.import_module(SUITES[ALIASES.get(name, name)])
     except KeyError:
         raise ValueError(f"unknown benchmark suite {name!r}; known: {', '.join(SUITES)}") from None
 

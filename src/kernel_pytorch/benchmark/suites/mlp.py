@@ -6,7 +6,7 @@ Providers (suites/providers.py; the runner is suites/runner.py):
     ours-inplace  the activations with inplace_backward=True (gradients written over gate/up: Liger's
                   memory); CUDA only. Its timed calls reuse their inputs, so from the second call on
                   they read the gradients the previous call wrote: the row also shows that the
-                  kernels' cost does not depend on the data (benchmarks/NOTES.md; H100, 2026-11-23).
+                  kernels' cost does not depend on the data (docs/performance.md; H100, 2026-11-23).
     eager         the code as Hugging Face transformers writes it (LlamaMLP's `act_fn(gate) * up`,
                   Phi3MLP's chunk, GemmaMLP with gelu_pytorch_tanh; the block as LlamaMLP.forward).
     compile       torch.compile(fullgraph=True, dynamic=False) of that eager code.

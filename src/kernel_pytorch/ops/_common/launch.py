@@ -82,7 +82,7 @@ class Launcher:
     the compiled binary found on the first launch of each specialisation is kept and later launches
     call it directly. Triton's `JITFunction.run` re-derives the specialisation, cache key, device and
     stream on every call: 16.0 us per launch on our H100 host against 11.5 us here, most of which is
-    Triton's own launcher (scripts/probe_norms.py --sweep).
+    Triton's own launcher (benchmarks/probes/probe_norms.py --sweep).
 
     The binaries are found in two steps: a launch whose arguments repeat an earlier call's (the same
     shapes and strides, `_call_key`) finds it in one lookup; a new one builds Triton's specialisation

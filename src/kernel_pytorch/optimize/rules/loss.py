@@ -58,7 +58,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kernel_pytorch.functional.loss import fused_linear_cross_entropy
+from kernel_pytorch.functional.cross_entropy import fused_linear_cross_entropy
 from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.optimize.rules._common import blocked, build_on_meta, same_output
 from kernel_pytorch.reference.cross_entropy import apply_softcap
