@@ -1,4 +1,4 @@
-"""ops/_register.register_op on toy ops: several outputs, an optional tensor input, float/int/bool/str
+"""ops/_common/register.register_op on toy ops: several outputs, an optional tensor input, float/int/bool/str
 arguments, an output that is not differentiated, a backward with gradients for some inputs only, one-tensor
 outputs, and a forward-only op. Each is checked with opcheck, autograd (gradcheck in fp64 through the
 reference kernel, and through the Triton launchers of the eager entry), torch.compile(fullgraph=True) and
@@ -149,6 +149,8 @@ scale_fwd_op, scale_bwd_op, scale_eager = register_op(
 scale_only_fwd_op, no_bwd, scale_only_eager = register_op(
     "scale_only", Impl(scale_fwd, _scale_reference, _scale_fake, outputs=("out",)), namespace=NS
 )
+# the same, its fake derived from the reference run on meta tensors
+register_op("scale_meta", Impl(scale_fwd, _scale_reference, "reference", outputs=("out",)), namespace=NS)
 
 OPS = getattr(torch.ops, NS)
 MODES = ["add", "sub"]
@@ -308,6 +310,19 @@ def test_descriptions_that_do_not_fit_the_backward_are_refused(changes: dict, me
             Impl(scaled_add_bwd, _bwd_reference, _bwd_fake, outputs=("dx", "dy")),
             **_describe(**changes),
         )
+
+
+def test_fake_from_the_reference() -> None:
+    x = randn(3, 5, 16, device=DEV)
+    torch.library.opcheck(OPS.scale_meta_fwd.default, (x, 3, True))
+    # the fake follows the reference's strides (this toy's launcher writes contiguous outputs, so only
+    # contiguous inputs are opchecked on CUDA)
+    xt = x.transpose(0, 2)
+    with torch._subclasses.FakeTensorMode() as mode:
+        out = OPS.scale_meta_fwd(mode.from_tensor(xt), 2, False)
+    assert out.shape == xt.shape and out.stride() == xt.stride() and out.device == x.device
+    with pytest.raises(ValueError, match='fake is a function or "reference"'):
+        register_op("refused", Impl(scale_fwd, _scale_reference, "ref", outputs=("out",)), namespace=NS)
 
 
 def test_a_launcher_without_an_eager_keyword_is_refused() -> None:

@@ -12,15 +12,13 @@ costs no extra pass over memory in either direction.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops.norm_config import NormConfig
 from kernel_pytorch.ops.rms_norm import rms_norm_bwd, rms_norm_fwd
-from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.add_rms_norm import add_residual, add_rms_norm_backward
-from kernel_pytorch.reference.rms_norm import rms_norm_from_rstd, rms_norm_rstd, rounds_normed
+from kernel_pytorch.reference.rms_norm import rms_norm_from_rstd, rms_norm_rstd
 
 
 def add_rms_norm_fwd(
@@ -57,28 +55,14 @@ def _bwd_reference(
     return d_sum.contiguous(), dw
 
 
-def _fwd_fake(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama"
-) -> tuple[Tensor, Tensor, Tensor]:
-    rounds_normed(casting)  # an unknown casting fails under compile and export too
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    return y, torch.empty_like(y), x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
-
-
-def _bwd_fake(
-    dy: Tensor, dh: Tensor, h: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama"
-) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(h, memory_format=torch.contiguous_format), torch.empty_like(weight)
-
-
 # kernel_pytorch::add_rms_norm_fwd (x, residual, weight, eps, offset, casting="llama") -> (y, h, rstd) and
 # add_rms_norm_bwd (dy, dh, h, weight, rstd, offset, casting="llama") -> (d_sum, dweight), d_sum the
 # gradient of both x and residual; add_rms_norm_eager(x, residual, weight, eps, offset, casting="llama")
 # -> (y, h), differentiable
 add_rms_norm_fwd_op, add_rms_norm_bwd_op, add_rms_norm_eager = register_op(
     "add_rms_norm",
-    Impl(add_rms_norm_fwd, _fwd_reference, _fwd_fake, outputs=("y", "h", "rstd")),
-    Impl(add_rms_norm_bwd, _bwd_reference, _bwd_fake, outputs=("d_sum", "dweight")),
+    Impl(add_rms_norm_fwd, _fwd_reference, "reference", outputs=("y", "h", "rstd")),
+    Impl(add_rms_norm_bwd, _bwd_reference, "reference", outputs=("d_sum", "dweight")),
     differentiable=("y", "h"),
     save=("h", "weight", "rstd"),
     keep=("offset", "casting"),

@@ -193,21 +193,12 @@ def _bwd_reference(dy: Tensor, x: Tensor, bias: Tensor | None, act: str) -> tupl
     return dx.contiguous(), dbias
 
 
-def _fwd_fake(x: Tensor, bias: Tensor | None, act: str) -> Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _bwd_fake(dy: Tensor, x: Tensor, bias: Tensor | None, act: str) -> tuple[Tensor, Tensor | None]:
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            torch.empty_like(bias) if bias is not None else None)
-
-
 # kernel_pytorch::bias_act_fwd (x, bias?, act) -> y and bias_act_bwd (dy, x, bias?, act) -> (dx, dbias);
 # bias_act_eager(x, bias, act) -> y, differentiable, saving x and bias
 bias_act_fwd_op, bias_act_bwd_op, bias_act_eager = register_op(
     "bias_act",
-    Impl(bias_act_fwd, _fwd_reference, _fwd_fake, outputs=("y",)),
-    Impl(bias_act_bwd, _bwd_reference, _bwd_fake, outputs=("dx", "dbias")),
+    Impl(bias_act_fwd, _fwd_reference, "reference", outputs=("y",)),
+    Impl(bias_act_bwd, _bwd_reference, "reference", outputs=("dx", "dbias")),
     differentiable=("y",),
     save=("x", "bias"),
     keep=("act",),

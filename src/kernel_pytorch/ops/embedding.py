@@ -213,10 +213,6 @@ def _bwd_reference(dy: Tensor, indices: Tensor, weight: Tensor, padding_idx: int
     return embedding_backward(dy, indices, weight.shape[0], pad, scale_grad_by_freq, weight.dtype)
 
 
-def _fwd_fake(indices: Tensor, weight: Tensor, padding_idx: int, scale_grad_by_freq: bool) -> Tensor:
-    return weight.new_empty((*indices.shape, weight.shape[-1]))
-
-
 def _bwd_fake(dy: Tensor, indices: Tensor, weight: Tensor, padding_idx: int, scale_grad_by_freq: bool) -> Tensor:
     return torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
 
@@ -226,7 +222,7 @@ def _bwd_fake(dy: Tensor, indices: Tensor, weight: Tensor, padding_idx: int, sca
 # dtype only (no copy); embedding_eager(same arguments as embedding_fwd) -> y
 embedding_fwd_op, embedding_bwd_op, embedding_eager = register_op(
     "embedding",
-    Impl(embedding_fwd, _fwd_reference, _fwd_fake, outputs=("y",)),
+    Impl(embedding_fwd, _fwd_reference, "reference", outputs=("y",)),
     Impl(embedding_bwd, _bwd_reference, _bwd_fake, outputs=("dweight",)),
     differentiable=("y",),
     save=("indices", "weight"),

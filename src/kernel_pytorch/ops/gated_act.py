@@ -282,23 +282,14 @@ def _bwd_reference(dh: Tensor, gate: Tensor, up: Tensor, act: str,
     return d_gate.contiguous(), d_up.contiguous()
 
 
-def _fwd_fake(gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
-    return torch.empty_like(gate, memory_format=torch.contiguous_format)
-
-
-def _bwd_fake(dh: Tensor, gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1.0) -> tuple[Tensor, Tensor]:
-    return (torch.empty_like(gate, memory_format=torch.contiguous_format),
-            torch.empty_like(gate, memory_format=torch.contiguous_format))
-
-
 # kernel_pytorch::gated_act_fwd (gate, up, act, gate_multiplier=1.0) -> h and gated_act_bwd (dh, gate, up,
 # act, gate_multiplier=1.0) -> (d_gate, d_up), both out of place (the in-place gradient is an eager-only
 # variant in functional/activation.py); gated_act_eager(gate, up, act[, gate_multiplier]) -> h,
 # differentiable, saving gate and up only
 gated_act_fwd_op, gated_act_bwd_op, gated_act_eager = register_op(
     "gated_act",
-    Impl(gated_act_fwd, _fwd_reference, _fwd_fake, outputs=("h",)),
-    Impl(gated_act_bwd, _bwd_reference, _bwd_fake, outputs=("d_gate", "d_up")),
+    Impl(gated_act_fwd, _fwd_reference, "reference", outputs=("h",)),
+    Impl(gated_act_bwd, _bwd_reference, "reference", outputs=("d_gate", "d_up")),
     differentiable=("h",),
     save=("gate", "up"),
     keep=("act", "gate_multiplier"),

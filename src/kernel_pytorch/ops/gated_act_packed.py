@@ -13,7 +13,6 @@ Only gate_up is saved for the backward.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from kernel_pytorch.ops._activations import MlpConfig
@@ -36,22 +35,13 @@ def _bwd_reference(dh: Tensor, gate_up: Tensor, act: str, gate_multiplier: float
     return gated_act_packed_backward(dh, gate_up, act, gate_multiplier).contiguous()
 
 
-def _fwd_fake(gate_up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
-    shape = gate_up.shape[:-1] + (gate_up.shape[-1] // 2,)
-    return torch.empty(shape, dtype=gate_up.dtype, device=gate_up.device)
-
-
-def _bwd_fake(dh: Tensor, gate_up: Tensor, act: str, gate_multiplier: float = 1.0) -> Tensor:
-    return torch.empty_like(gate_up, memory_format=torch.contiguous_format)
-
-
 # kernel_pytorch::gated_act_packed_fwd (gate_up, act, gate_multiplier=1.0) -> h and gated_act_packed_bwd
 # (dh, gate_up, act, gate_multiplier=1.0) -> d_gate_up; gated_act_packed_eager(gate_up, act[,
 # gate_multiplier]) -> h, differentiable, saving gate_up only
 gated_act_packed_fwd_op, gated_act_packed_bwd_op, gated_act_packed_eager = register_op(
     "gated_act_packed",
-    Impl(gated_act_packed_fwd, _fwd_reference, _fwd_fake, outputs=("h",)),
-    Impl(gated_act_packed_grad, _bwd_reference, _bwd_fake, outputs=("d_gate_up",)),
+    Impl(gated_act_packed_fwd, _fwd_reference, "reference", outputs=("h",)),
+    Impl(gated_act_packed_grad, _bwd_reference, "reference", outputs=("d_gate_up",)),
     differentiable=("h",),
     save=("gate_up",),
     keep=("act", "gate_multiplier"),

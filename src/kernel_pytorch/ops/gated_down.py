@@ -22,7 +22,6 @@ torch.compile Inductor sees the body (triton_op) and schedules it with the rest 
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -104,27 +103,14 @@ def gated_down_packed_bwd(dy: Tensor, gate_up: Tensor, weight: Tensor, act: str,
     return (d_gate_up, *_weight_grads(dy2, h, has_bias))
 
 
-def _fwd_fake(gate: Tensor, up: Tensor, weight: Tensor, bias: Tensor | None, act: str,
-              gate_multiplier: float = 1.0, down_multiplier: float = 1.0) -> Tensor:
-    return gate.new_empty((*gate.shape[:-1], weight.shape[0]))
-
-
-def _bwd_fake(dy: Tensor, gate: Tensor, up: Tensor, weight: Tensor, act: str, gate_multiplier: float,
-              down_multiplier: float, has_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    return (torch.empty(gate.shape, dtype=gate.dtype, device=gate.device),
-            torch.empty(gate.shape, dtype=gate.dtype, device=gate.device),
-            torch.empty_like(weight, memory_format=torch.contiguous_format),
-            weight.new_empty(weight.shape[0]) if has_bias else None)
-
-
 # kernel_pytorch::gated_down_fwd (gate, up, weight, bias, act, gate_multiplier=1.0, down_multiplier=1.0)
 # -> y and gated_down_bwd (dy, gate, up, weight, act, gate_multiplier, down_multiplier, has_bias) ->
 # (d_gate, d_up, d_weight, d_bias) (the registration passes kept values before presence flags);
 # gated_down_eager, differentiable, saving gate, up and weight only
 gated_down_fwd_op, gated_down_bwd_op, gated_down_eager = register_op(
     "gated_down",
-    Impl(gated_down_fwd, gated_down, _fwd_fake, outputs=("y",)),
-    Impl(gated_down_bwd, gated_down_backward, _bwd_fake, outputs=("d_gate", "d_up", "d_weight", "d_bias")),
+    Impl(gated_down_fwd, gated_down, "reference", outputs=("y",)),
+    Impl(gated_down_bwd, gated_down_backward, "reference", outputs=("d_gate", "d_up", "d_weight", "d_bias")),
     differentiable=("y",),
     save=("gate", "up", "weight"),
     keep=("act", "gate_multiplier", "down_multiplier"),

@@ -6,25 +6,9 @@ ops/gated_down.py's; the math reference/gated_down.py's. Only gate_up and W are 
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
-
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops.gated_down import gated_down_packed_bwd, gated_down_packed_fwd
 from kernel_pytorch.reference.gated_down import gated_down_packed, gated_down_packed_backward
-
-
-def _fwd_fake(gate_up: Tensor, weight: Tensor, bias: Tensor | None, act: str, gate_multiplier: float = 1.0,
-              down_multiplier: float = 1.0) -> Tensor:
-    return gate_up.new_empty((*gate_up.shape[:-1], weight.shape[0]))
-
-
-def _bwd_fake(dy: Tensor, gate_up: Tensor, weight: Tensor, act: str, gate_multiplier: float, down_multiplier: float,
-              has_bias: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-    return (torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device),
-            torch.empty_like(weight, memory_format=torch.contiguous_format),
-            weight.new_empty(weight.shape[0]) if has_bias else None)
-
 
 # kernel_pytorch::gated_down_packed_fwd (gate_up, weight, bias, act, gate_multiplier=1.0,
 # down_multiplier=1.0) -> y and gated_down_packed_bwd (dy, gate_up, weight, act, gate_multiplier,
@@ -32,8 +16,8 @@ def _bwd_fake(dy: Tensor, gate_up: Tensor, weight: Tensor, act: str, gate_multip
 # weight only
 gated_down_packed_fwd_op, gated_down_packed_bwd_op, gated_down_packed_eager = register_op(
     "gated_down_packed",
-    Impl(gated_down_packed_fwd, gated_down_packed, _fwd_fake, outputs=("y",)),
-    Impl(gated_down_packed_bwd, gated_down_packed_backward, _bwd_fake, outputs=("d_gate_up", "d_weight", "d_bias")),
+    Impl(gated_down_packed_fwd, gated_down_packed, "reference", outputs=("y",)),
+    Impl(gated_down_packed_bwd, gated_down_packed_backward, "reference", outputs=("d_gate_up", "d_weight", "d_bias")),
     differentiable=("y",),
     save=("gate_up", "weight"),
     keep=("act", "gate_multiplier", "down_multiplier"),

@@ -353,27 +353,13 @@ def _bwd_reference(
     return dx.contiguous(), dw, db
 
 
-def _fwd_fake(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    stats = x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
-    return torch.empty_like(x, memory_format=torch.contiguous_format), stats, torch.empty_like(stats)
-
-
-def _bwd_fake(
-    dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, has_bias: bool
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    param_dtype = weight.dtype if weight is not None else x.dtype
-    dw = torch.empty_like(weight) if weight is not None else None
-    db = x.new_empty(x.shape[-1], dtype=param_dtype) if has_bias else None
-    return torch.empty_like(x, memory_format=torch.contiguous_format), dw, db
-
-
 # kernel_pytorch::layer_norm_fwd (x, weight?, bias?, eps) -> (y, mean, rstd) and layer_norm_bwd (dy, x,
 # weight?, mean, rstd, has_bias) -> (dx, dweight, dbias), an absent parameter's gradient an empty tensor
 # (op schemas cannot return None; autograd gets None); layer_norm_eager(x, weight, bias, eps) -> y
 layer_norm_fwd_op, layer_norm_bwd_op, layer_norm_eager = register_op(
     "layer_norm",
-    Impl(layer_norm_fwd, _fwd_reference, _fwd_fake, outputs=("y", "mean", "rstd")),
-    Impl(layer_norm_bwd, _bwd_reference, _bwd_fake, outputs=("dx", "dweight", "dbias")),
+    Impl(layer_norm_fwd, _fwd_reference, "reference", outputs=("y", "mean", "rstd")),
+    Impl(layer_norm_bwd, _bwd_reference, "reference", outputs=("dx", "dweight", "dbias")),
     differentiable=("y",),
     save=("x", "weight", "mean", "rstd"),
     present=("bias",),

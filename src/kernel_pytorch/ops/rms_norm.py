@@ -332,27 +332,13 @@ def _bwd_reference(
     return dx.contiguous(), dw
 
 
-def _fwd_fake(
-    x: Tensor, weight: Tensor, eps: float, offset: float, casting: str = "llama"
-) -> tuple[Tensor, Tensor]:
-    rounds_normed(casting)  # an unknown casting fails under compile and export too
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    return y, x.new_empty(x.shape[:-1], dtype=acc_dtype(x.dtype))
-
-
-def _bwd_fake(
-    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting: str = "llama"
-) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
-
-
 # kernel_pytorch::rms_norm_fwd (x, weight, eps, offset, casting="llama") -> (y, rstd) and rms_norm_bwd
 # (dy, x, weight, rstd, offset, casting="llama") -> (dx, dweight); rms_norm_eager(x, weight, eps, offset,
 # casting="llama") -> y, differentiable. casting defaults to "llama", the rounding before it existed.
 rms_norm_fwd_op, rms_norm_bwd_op, rms_norm_eager = register_op(
     "rms_norm",
-    Impl(rms_norm_fwd, _fwd_reference, _fwd_fake, outputs=("y", "rstd")),
-    Impl(rms_norm_bwd, _bwd_reference, _bwd_fake, outputs=("dx", "dweight")),
+    Impl(rms_norm_fwd, _fwd_reference, "reference", outputs=("y", "rstd")),
+    Impl(rms_norm_bwd, _bwd_reference, "reference", outputs=("dx", "dweight")),
     differentiable=("y",),
     save=("x", "weight", "rstd"),
     keep=("offset", "casting"),

@@ -20,7 +20,7 @@ from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops._common.scale import scale_grad_, scaled_grad
 from kernel_pytorch.ops.cross_entropy.launch import cross_entropy_fwd
 from kernel_pytorch.ops.cross_entropy.schema import OPTIONS, OpSignature
-from kernel_pytorch.reference._math import acc, acc_dtype
+from kernel_pytorch.reference._math import acc
 from kernel_pytorch.reference.cross_entropy import cross_entropy, cross_entropy_backward, cross_entropy_rows
 from kernel_pytorch.reference.cross_entropy_extras import predicted_tokens
 
@@ -56,18 +56,6 @@ def _fwd_reference(*args: object) -> tuple[Tensor, Tensor, Tensor | None, Tensor
     return loss, lse, grad, pred
 
 
-@FWD
-def _fwd_fake(*args: object) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    a = FWD.parse(args)
-    logits, target = a.logits, a.target
-    dtype = acc_dtype(logits.dtype)
-    loss = logits.new_empty(target.shape if a.options.reduction == "none" else (), dtype=dtype)
-    lse = logits.new_empty(target.numel(), dtype=dtype)
-    grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if a.with_grad else None
-    pred = logits.new_empty(target.numel(), dtype=torch.int64) if a.argmax else None
-    return loss, lse, grad, pred
-
-
 def _bwd_launch(dloss: Tensor, grad: Tensor, *, eager: bool = False) -> Tensor:
     if eager:  # the saved gradient is this backward's alone (module docstring): scale it where it is
         scale_grad_(grad, dloss, eager=True)
@@ -80,16 +68,12 @@ def _bwd_reference(dloss: Tensor, grad: Tensor) -> Tensor:
     return (acc(grad) * acc(dloss).unsqueeze(-1)).to(grad.dtype).contiguous()
 
 
-def _bwd_fake(dloss: Tensor, grad: Tensor) -> Tensor:
-    return torch.empty_like(grad, memory_format=torch.contiguous_format)
-
-
 # kernel_pytorch::cross_entropy_fwd (FWD) -> (loss, lse, grad, pred) and cross_entropy_bwd (dloss, grad)
 # -> dlogits; cross_entropy_eager(...FWD's arguments) -> loss
 cross_entropy_fwd_op, cross_entropy_bwd_op, cross_entropy_eager = register_op(
     "cross_entropy",
-    Impl(_fwd_launch, _fwd_reference, _fwd_fake, outputs=("loss", "lse", "grad", "pred")),
-    Impl(_bwd_launch, _bwd_reference, _bwd_fake, outputs=("dlogits",)),
+    Impl(_fwd_launch, _fwd_reference, "reference", outputs=("loss", "lse", "grad", "pred")),
+    Impl(_bwd_launch, _bwd_reference, "reference", outputs=("dlogits",)),
     differentiable=("loss",),
     save=("grad",),
     grads={"logits": "dlogits"},
