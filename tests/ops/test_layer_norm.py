@@ -82,8 +82,11 @@ def test_eps_inside_the_square_root(scale: float, eps: float, row_path) -> None:
     assert_close(y, R.layer_norm(x, w, b, eps), "y")
     grads = layer_norm_bwd(dy, x, w, mean, rstd, True)
     refs = R.layer_norm_backward(dy, x, w, *layer_norm_stats(x, eps), True)
-    for name, got, ref in zip(("dx", "dweight", "dbias"), grads, refs):
-        assert_close(got, ref, name)
+    refs64 = R.layer_norm_backward(dy.double(), x64, w.double(), *layer_norm_stats(x64, eps), True)
+    # every gradient is a reduction (dx over the row, amplified here by rstd ~ 1e4; dweight and dbias over
+    # the rows): judged by the fp64-derived budget, as the GPU's fused multiply-adds reorder the rounding
+    for name, got, ref, ref64 in zip(("dx", "dweight", "dbias"), grads, refs, refs64):
+        assert_budget(got, ref, ref64, name)
 
 
 def test_reference_backward_is_the_gradient_of_the_reference() -> None:
