@@ -420,11 +420,14 @@ def main(argv: list[str] | None = None) -> int:
                         "live at its memory peak by allocating line, e2e_memory_<provider>.txt)")
     args = parser.parse_args(argv)
     # every provider parses before anything runs: a misspelt one costs no device time
-    providers, profile = parse_list(args.providers), parse_list(args.profile)
-    paired = parse_list(args.paired or "")
+    try:
+        providers, profile = parse_list(args.providers), parse_list(args.profile)
+        paired = parse_list(args.paired or "")
+        generate = generate_rows(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     if paired and len(paired) != 2:
-        raise ValueError(f"--paired takes two providers, got {len(paired)}: {args.paired!r}")
-    generate = generate_rows(args)
+        parser.error(f"--paired takes two providers, got {len(paired)}: {args.paired!r}")
     rounds, per_round = (int(v) for v in args.paired_rounds.split("x"))
     dev = resolve_device(args.device)
     size = QUICK if args.quick else Size()

@@ -165,6 +165,15 @@ def test_every_variant_parses_to_its_fields_and_label() -> None:
     assert all(name in help_text for name in (*VARIANT_FIELDS, *providers.TRAIN_BASES, *providers.GENERATE_BASES))
 
 
+def test_the_docs_table_lists_every_variant() -> None:
+    """docs/benchmarks.md's variant table has one row per named variant, with the Variant field it sets."""
+    import re
+
+    doc = (SCRIPT.parents[1] / "docs" / "benchmarks.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| [^|]+ \| `([^`]+)` \|", doc, re.M))
+    assert rows == {v.name: ", ".join(f"{k}={val!r}".replace("'", '"') for k, val in v.fields) for v in VARIANTS}
+
+
 @pytest.mark.parametrize(("text", "kind", "match"), [
     ("bogus", "train", "unknown training provider 'bogus'"),
     ("ours+compile+fast", "train", "unknown variant 'fast'"),
@@ -188,10 +197,12 @@ def test_bad_providers_are_errors_naming_the_right_spelling(text: str, kind: str
         parse(text, kind)
 
 
-def test_bad_provider_stops_the_run_before_any_row(tmp_path: Path) -> None:
+def test_bad_provider_stops_the_run_before_any_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A provider that does not parse is a usage error (exit status 2) naming the new spelling; no row runs."""
     bench = _bench()
-    with pytest.raises(ValueError, match="former name"):
+    with pytest.raises(SystemExit) as exit_:
         bench.main(["--quick", "--device", "cpu", "--providers", "eager,ours+twopass", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "'ours+two_pass_ce'" in capsys.readouterr().err
     assert not (tmp_path / "e2e.json").exists()
 
 
@@ -261,7 +272,7 @@ def test_train_row_runs_under_its_providers_configs(monkeypatch: pytest.MonkeyPa
     assert seen == [("ours+compile+adamw+two_pass_ce", False), ("ours+compile+adamw", True)]
 
 
-def test_paired_providers_step_in_turns(tmp_path: Path) -> None:
+def test_paired_providers_step_in_turns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--paired: two providers in one process, a row each with the pooled steps, and the ratio note; Liger and
     a third provider are refused."""
     bench = _bench()
@@ -272,8 +283,9 @@ def test_paired_providers_step_in_turns(tmp_path: Path) -> None:
     assert set(rows) == {"eager", "ours"} and all(r.status == "ok" and r.reps == 2 for r in rows.values())
     assert "in turns with ours, 2 rounds of 1 steps" in rows["eager"].note
     assert any(n.startswith("paired (eager and ours in one process, in turns): ours ") for n in results.notes)
-    with pytest.raises(ValueError, match="two providers"):
+    with pytest.raises(SystemExit):
         bench.main(["--quick", "--device", "cpu", "--paired", "eager,ours,liger", "--out", str(tmp_path)])
+    assert "--paired takes two providers" in capsys.readouterr().err
     with pytest.raises(ValueError, match="cannot be paired"):
         bench.paired_rows((parse("eager"), parse("liger")), models.QUICK, bench.resolve_device("cpu"), None, 1, 1, 0,
                           None)
