@@ -116,8 +116,10 @@ for s in $steps; do
     # rows in the order the target reads them; the script writes after each row and stops starting rows
     # at --budget-s, so the step's limit leaves the last started row time to finish
     # (KP_E2E_PROVIDERS, KP_E2E_BUDGET_S and KP_E2E_FLAGS narrow it to what a run has time for;
-    # KP_E2E_PROVIDERS= (set, empty) runs only the 16k-context and generate rows; KP_E2E_PROFILE, the
-    # providers profiled; KP_E2E_GENERATE, the generate rows, e.g. "ours + static cache + compile + ref,...")
+    # KP_E2E_PROVIDERS= (set, empty) runs only the 16k-context and generate rows; providers are
+    # BASE[+VARIANT...], e.g. "torch.compile,ours+compile+adamw+two_pass_ce" (bench_e2e.py --help lists
+    # them); KP_E2E_PROFILE, the providers profiled; KP_E2E_GENERATE, the generate rows, e.g.
+    # "ours + static cache + compile+reference,...")
     e2e) step $((${KP_E2E_BUDGET_S:-250} + 90)) bench_e2e python3 benchmarks/bench_e2e.py --out "$work/results" \
            --budget-s "${KP_E2E_BUDGET_S:-250}" ${KP_E2E_FLAGS:-} \
            --providers "${KP_E2E_PROVIDERS-eager,torch.compile,ours+compile,liger,ours,liger+compile,builtin}" \

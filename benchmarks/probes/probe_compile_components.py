@@ -53,7 +53,7 @@ def _flce_variant(variant: str) -> None:
 
 def one(families: str, layers: int, batch: int, seq: int) -> None:
     import torch
-    from bench_e2e import Size, hf_model
+    from e2e.models import Size, hf_model
 
     from kernel_pytorch.optimize import optimize
     from kernel_pytorch.tolerances import compare_reordered

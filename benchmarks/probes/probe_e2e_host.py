@@ -32,21 +32,21 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
 
-import bench_e2e  # noqa: E402
+from e2e import models, profiling  # noqa: E402
 
 # runtime calls that block the host until the device (or a stream) is done, or may
 WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemGetInfo", "cudaMemcpy",
          "cudaMalloc", "cudaFree", "cudaHostAlloc", "cuMemGetInfo")
 
 
-def make_step(provider: str, size: bench_e2e.Size, dev: torch.device, dtype: torch.dtype) -> Any:
-    model = bench_e2e.build(provider, size, dev, dtype)
-    opt = bench_e2e.optimizer(provider, model, dev)
+def make_step(provider: str, size: models.Size, dev: torch.device, dtype: torch.dtype) -> Any:
+    model = models.build(provider, size, dev, dtype)
+    opt = models.make_optimizer(provider, model, dev)
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=g).to(dev)
 
     def step() -> torch.Tensor:
-        loss = bench_e2e._loss(model, ids)
+        loss = models.loss_of(model, ids)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -109,7 +109,7 @@ def breakdown(kernels: list[tuple[float, float, str]]) -> list[str]:
     ranked = sorted(total.items(), key=lambda kv: -kv[1][0])
     lines = [f"    {ms / 1e3:8.3f} ms {n:5d}  {cat}" for cat, (ms, n) in ranked]
     gaps = {"< 5 us": 0.0, "5-20 us": 0.0, ">= 20 us": 0.0}
-    for gap, _, _ in bench_e2e.kernel_gaps(kernels)[2]:
+    for gap, _, _ in profiling.kernel_gaps(kernels)[2]:
         gaps["< 5 us" if gap < 5 else "5-20 us" if gap < 20 else ">= 20 us"] += gap
     lines.append("    idle between kernels: " + ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in gaps.items()))
     return lines
@@ -131,13 +131,13 @@ def profiled(step: Any, dev: torch.device, out: Path, tag: str) -> str:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=acts) as prof:
         for i in range(2):
-            bench_e2e._sync(dev)
+            models.sync(dev)
             with record_function(f"probe_step_{i}"):
                 step()
-                bench_e2e._sync(dev)
+                models.sync(dev)
     events = prof.events()
     lines = []
-    kernels = sorted(bench_e2e._kernel_intervals(prof))
+    kernels = sorted(profiling.kernel_intervals(prof))
     cpu = [e for e in events if getattr(e, "device_type", None) == DeviceType.CPU]
     for i in range(2):
         mark = next(e for e in cpu if e.name == f"probe_step_{i}")
@@ -181,24 +181,24 @@ def main(argv: list[str] | None = None) -> int:
     from kernel_pytorch.benchmark.timer import resolve_device
 
     dev = resolve_device(args.device)
-    size = bench_e2e.QUICK if args.quick else bench_e2e.Size()
+    size = models.QUICK if args.quick else models.Size()
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     args.out.mkdir(parents=True, exist_ok=True)
     for provider in args.providers.split(","):
         step = make_step(provider, size, dev, dtype)
         for _ in range(4):
             step()
-        bench_e2e._sync(dev)
+        models.sync(dev)
         samples = []
         for _ in range(args.steps):
             t = time.perf_counter()
             step()
-            bench_e2e._sync(dev)
+            models.sync(dev)
             samples.append((time.perf_counter() - t) * 1e3)
         t = time.perf_counter()
         for _ in range(args.steps):
             step()
-        bench_e2e._sync(dev)
+        models.sync(dev)
         b2b = (time.perf_counter() - t) * 1e3 / args.steps
         report = (f"== {provider}: synchronised step median {statistics.median(samples):.2f} ms "
                   f"(q20-q80 {statistics.quantiles(samples, n=5)[0]:.2f}-{statistics.quantiles(samples, n=5)[3]:.2f}); "
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report, flush=True)
         (args.out / f"host_{provider.replace('+', '_')}.txt").write_text(report)
         del step
-        bench_e2e._free(dev)
+        models.free(dev)
     return 0
 
 

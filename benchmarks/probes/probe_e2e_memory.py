@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
 
-import bench_e2e  # noqa: E402
+from e2e import models  # noqa: E402
 
 from kernel_pytorch.benchmark.memory_peak import record_peak  # noqa: E402
 
@@ -49,7 +49,7 @@ def source_of(frame: str) -> str:
 def run(variant: str, dev: torch.device) -> str:
     """One variant's report (the model and optimizer are freed when it returns)."""
     provider, *opts = variant.split("@")
-    size = bench_e2e.Size()
+    size = models.Size()
     amb, reuse = None, True
     for opt in opts:
         key, _, value = opt.partition("=")
@@ -68,15 +68,15 @@ def run(variant: str, dev: torch.device) -> str:
     torch._inductor.config.allow_buffer_reuse = reuse
     try:
         if provider.endswith("+compile"):  # compiled here, so that reuse on and off are both explicit
-            model = torch.compile(bench_e2e.build(provider.removesuffix("+compile"), size, dev, torch.bfloat16),
+            model = torch.compile(models.build(provider.removesuffix("+compile"), size, dev, torch.bfloat16),
                                   options={"allow_buffer_reuse": reuse})
         else:
-            model = bench_e2e.build(provider, size, dev, torch.bfloat16)
+            model = models.build(provider, size, dev, torch.bfloat16)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
         ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(0)).to(dev)
 
         def step() -> None:
-            bench_e2e._loss(model, ids).backward()
+            models.loss_of(model, ids).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 

@@ -1,5 +1,7 @@
 """benchmarks/bench_e2e.py --quick on CPU: every row kind is written to e2e.{json,md}, a failing or
-missing provider becomes a row with its reason, and the time budget skips rows rather than overrunning."""
+missing provider becomes a row with its reason, and the time budget skips rows rather than overrunning;
+the provider syntax (benchmarks/e2e/providers.py): every variant parses and maps onto its config, and a
+misspelt or replaced name is an error naming the right one."""
 
 from __future__ import annotations
 
@@ -13,6 +15,10 @@ from kernel_pytorch.benchmark.results import BenchmarkResults
 
 pytest.importorskip("transformers")
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_e2e.py"
+sys.path.insert(0, str(SCRIPT.parent))  # the e2e helpers, as the script imports them
+
+from e2e import models, profiling, providers  # noqa: E402
+from e2e.providers import VARIANTS, Provider, Variant, parse  # noqa: E402
 
 
 def _bench():  # noqa: ANN202 (the script as a module)
@@ -23,15 +29,25 @@ def _bench():  # noqa: ANN202 (the script as a module)
     return module
 
 
-def test_quick_cpu_run(tmp_path: Path) -> None:
+def test_quick_cpu_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bench = _bench()
-    assert bench.main(["--quick", "--device", "cpu", "--providers", "eager,ours,liger,bogus", "--no-long",
-                       "--steps", "1", "--profile", "ours", "--out", str(tmp_path)]) == 0
+    real_build = bench.build
+
+    def build(provider: Provider, *args: object) -> object:
+        if provider.label == "eager+no_cache":
+            raise RuntimeError("a failing provider")
+        return real_build(provider, *args)
+
+    monkeypatch.setattr(bench, "build", build)
+    trained = "eager,ours,liger,eager+no_cache,ours+two_pass_ce+adamw"
+    assert bench.main(["--quick", "--device", "cpu", "--providers", trained, "--no-long", "--steps", "1",
+                       "--profile", "ours", "--out", str(tmp_path)]) == 0
     results = BenchmarkResults.load(tmp_path / "e2e.json")
     assert results.smoke and (tmp_path / "e2e.md").is_file()
     status = {(r.op.split()[0], r.provider): r.status for r in results.rows}
     assert status[("train", "eager")] == status[("train", "ours")] == "ok"
-    assert status[("train", "bogus")] == "error"  # one failure, the other rows still run
+    assert status[("train", "eager+no_cache")] == "error"  # one failure, the other rows still run
+    assert status[("train", "ours+adamw+two_pass_ce")] == "ok"  # labelled with the variants in the table's order
     assert status[("train", "liger")] in ("not installed", "ok")
     assert status[("generate", "ours")] == status[("generate", "hf static cache + compile")] == "ok"
     ours = results.find(provider="ours", pass_name="fwd+bwd+adamw")[0]
@@ -50,13 +66,12 @@ def test_time_budget_skips_rows(tmp_path: Path) -> None:
 def test_idle_summary_merges_overlaps_and_names_the_gaps() -> None:
     """Kernels at 0-10, 5-20 (overlapping), 50-60, 61-70: a span of 70 us, 39 us busy, 31 us idle in a
     30 us gap after the second kernel and a 1 us one."""
-    bench = _bench()
-    text = bench.idle_summary([(50.0, 60.0, "c"), (0.0, 10.0, "a"), (5.0, 20.0, "b"), (61.0, 70.0, "d")])
+    text = profiling.idle_summary([(50.0, 60.0, "c"), (0.0, 10.0, "a"), (5.0, 20.0, "b"), (61.0, 70.0, "d")])
     first = text.splitlines()[0]
     assert "span 0.07 ms" in first and "kernels running 0.04 ms" in first and "idle 0.03 ms" in first
     assert "2 gaps" in first and "0.03 ms in gaps of 20 us or more" in first
     assert text.splitlines()[2].split() == ["30.0", "b", "->", "c"]
-    assert "no kernels" in bench.idle_summary([])
+    assert "no kernels" in profiling.idle_summary([])
 
 
 def test_host_phases_times_each_phase_and_the_back_to_back_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,9 +82,8 @@ def test_host_phases_times_each_phase_and_the_back_to_back_step(monkeypatch: pyt
 
     import torch
 
-    bench = _bench()
     now = [0.0]
-    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(profiling, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     calls = {"fwd": 0, "upd": 0}
     x = torch.ones(3, requires_grad=True)
 
@@ -88,7 +102,7 @@ def test_host_phases_times_each_phase_and_the_back_to_back_step(monkeypatch: pyt
         update()
         return loss.detach()
 
-    text = bench.host_phases(forward, update, step, torch.device("cpu"), reps=3)
+    text = profiling.host_phases(forward, update, step, torch.device("cpu"), reps=3)
     assert text.splitlines() == [
         "host per synchronised step (median of 3, ms): issuing forward 20.00, backward 0.00, optimizer 4.00; "
         "then waiting for the device 0.00; step 24.00",
@@ -104,47 +118,144 @@ def test_ours_compile_takes_the_recommended_inductor_options(monkeypatch: pytest
 
     from kernel_pytorch.optimize import INDUCTOR_OPTIONS
 
-    bench = _bench()
     calls: list[dict] = []
 
     def record(model: torch.nn.Module, **kwargs: object) -> torch.nn.Module:
         calls.append(kwargs)
         return model
 
-    monkeypatch.setattr(bench, "hf_model", lambda size, dev, dtype: torch.nn.Linear(2, 2))
-    monkeypatch.setattr(bench, "ours", lambda model, size, dev: model)
+    monkeypatch.setattr(models, "hf_model", lambda size, dev, dtype: torch.nn.Linear(2, 2))
+    monkeypatch.setattr(models, "ours", lambda model, size, dev: model)
     monkeypatch.setattr(torch, "compile", record)
-    size, dev = bench.Size(), torch.device("cpu")
+    size, dev = models.Size(), torch.device("cpu")
     for provider in ("ours+compile", "ours+compile-reuse", "torch.compile"):
-        bench.build(provider, size, dev, torch.float32)
+        models.build(provider, size, dev, torch.float32)
     assert calls == [{"options": INDUCTOR_OPTIONS}, {}, {}]
 
 
-def test_provider_suffixes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """'+adamw' picks our optimizer; '+nocache', '+inorm' and '+opnorm' leave the model's provider as it is, and
-    the norm suffixes set the optimized model's RMSNorms (reference math everywhere, or our op under compile)."""
+# every named variant, the Variant it makes, and a base it applies to
+VARIANT_FIELDS = {
+    "adamw": ("torch.compile", Variant(optimizer="kernel_pytorch")),
+    "no_cache": ("torch.compile", Variant(use_cache=False)),
+    "reference_norms": ("ours+compile", Variant(norms="reference")),
+    "op_norms": ("ours+compile", Variant(norms="op")),
+    "reference": ("ours", Variant(reference=True)),
+    "two_pass_ce": ("ours+compile", Variant(ce_kernel="two_pass")),
+}
+
+
+def test_every_variant_parses_to_its_fields_and_label() -> None:
+    """Each named variant sets its fields of `Variant`; the label is the base and the variants in the table's
+    order whatever order they were written in, and parses back to the same provider; no variant name is also
+    a piece of a base's name."""
+    assert set(VARIANT_FIELDS) == {v.name for v in VARIANTS}
+    for name, (base, variant) in VARIANT_FIELDS.items():
+        provider = parse(f"{base}+{name}")
+        assert provider == Provider(base, (name,)) and provider.variant == variant
+        assert parse(provider.label) == provider
+    both = parse("ours+compile+two_pass_ce+adamw")
+    assert both.label == "ours+compile+adamw+two_pass_ce" and both.base == "ours+compile"
+    assert both.variant == Variant(optimizer="kernel_pytorch", ce_kernel="two_pass")
+    assert parse("ours+compile+adamw").label == "ours+compile+adamw"  # the committed results' label
+    assert parse("ours+compile-reuse+adamw").base == "ours+compile-reuse"
+    assert parse("ours + static cache + compile+reference", "generate").base == "ours + static cache + compile"
+    pieces = {piece for base in providers.TRAIN_BASES for piece in base.replace("-", "+").split("+")}
+    assert not pieces & set(VARIANT_FIELDS)
+    help_text = providers.describe()
+    assert all(name in help_text for name in (*VARIANT_FIELDS, *providers.TRAIN_BASES, *providers.GENERATE_BASES))
+
+
+def test_the_docs_table_lists_every_variant() -> None:
+    """docs/benchmarks.md's variant table has one row per named variant, with the Variant field it sets."""
+    import re
+
+    doc = (SCRIPT.parents[1] / "docs" / "benchmarks.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| [^|]+ \| `([^`]+)` \|", doc, re.M))
+    assert rows == {v.name: ", ".join(f"{k}={val!r}".replace("'", '"') for k, val in v.fields) for v in VARIANTS}
+
+
+@pytest.mark.parametrize(("text", "kind", "match"), [
+    ("bogus", "train", "unknown training provider 'bogus'"),
+    ("ours+compile+fast", "train", "unknown variant 'fast'"),
+    ("ours+compile+twopass", "train",
+     r"'\+twopass' is the former name of '\+two_pass_ce': 'ours\+compile\+two_pass_ce'"),
+    ("ours+compile+adamw+inorm", "train", r"'ours\+compile\+adamw\+reference_norms'"),
+    ("ours+compile+opnorm", "train", r"'\+op_norms'"),
+    ("torch.compile+nocache", "train", r"'\+no_cache'"),
+    ("ours + static cache + compile + ref", "generate", r"former name of '\+reference' \(no spaces\)"),
+    ("ours + static cache + compile + inorm", "generate", r"'\+reference_norms'"),
+    ("ours+compile + adamw", "train", r"write '\+adamw' \(no spaces\)"),
+    ("torch.compile+two_pass_ce", "train", "not optimized"),
+    ("hf static cache + compile+reference", "generate", "not optimized"),
+    ("ours+adamw", "generate", "applies to train rows only"),
+    ("ours+compile+reference_norms+op_norms", "train", "set the same field"),
+    ("ours+compile+adamw+adamw", "train", "'adamw' is given twice"),
+    ("ours+compile+reference+op_norms", "train", "contradicts"),
+])
+def test_bad_providers_are_errors_naming_the_right_spelling(text: str, kind: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse(text, kind)
+
+
+def test_bad_provider_stops_the_run_before_any_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A provider that does not parse is a usage error (exit status 2) naming the new spelling; no row runs."""
+    bench = _bench()
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--quick", "--device", "cpu", "--providers", "eager,ours+twopass", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "'ours+two_pass_ce'" in capsys.readouterr().err
+    assert not (tmp_path / "e2e.json").exists()
+
+
+def test_variants_map_onto_the_tuning_configs() -> None:
+    """`two_pass_ce` turns the fused loss's one-read kernel off while its `tuning()` block runs, and on again
+    after; the other variants leave every kernel config as it is."""
+    from kernel_pytorch.ops import tuning
+
+    before = tuning.families()
+    assert parse("ours+compile+two_pass_ce").variant.tuning_changes() == {
+        "fused_linear_cross_entropy": {"one_read": False}}
+    with parse("ours+compile+two_pass_ce").variant.tuning():
+        assert tuning.current("fused_linear_cross_entropy").one_read is False
+        assert tuning.current("cross_entropy") == before["cross_entropy"]
+    assert tuning.families() == before
+    for name, (base, _) in VARIANT_FIELDS.items():
+        if name != "two_pass_ce":
+            variant = parse(f"{base}+{name}").variant
+            assert variant.tuning_changes() == {}
+            with variant.tuning():
+                assert tuning.families() == before
+
+
+def test_variants_set_the_models_modules_call_and_optimizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`adamw` picks our optimizer, `no_cache` passes use_cache=False to every call, the norm variants set the
+    optimized model's RMSNorms (reference math everywhere, or our op under compile), `reference` every module
+    with a backend; a base's model is built the same with or without them."""
     import torch
 
     import kernel_pytorch as kp
 
-    bench = _bench()
-    assert bench.optimizer_of("ours+compile+adamw+opnorm") == ("ours+compile", True)
-    assert bench.optimizer_of("torch.compile+nocache") == ("torch.compile", False)
-    assert bench.optimizer_of("ours+compile+adamw+inorm") == ("ours+compile", True)
-    monkeypatch.setattr(bench, "hf_model", lambda size, dev, dtype: torch.nn.Sequential(kp.nn.RMSNorm(4)))
-    monkeypatch.setattr(bench, "ours", lambda model, size, dev: model)
+    monkeypatch.setattr(models, "hf_model", lambda size, dev, dtype: torch.nn.Sequential(
+        kp.nn.RMSNorm(4), kp.nn.GatedMLP(4, 8)))
+    monkeypatch.setattr(models, "ours", lambda model, size, dev: model)
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
-    size, dev = bench.Size(), torch.device("cpu")
-    default = bench.build("ours+compile+adamw", size, dev, torch.float32)[0]
-    assert (default.backend, default.compiled_norm) == ("auto", "inductor")
-    inorm = bench.build("ours+compile+adamw+inorm", size, dev, torch.float32)[0]
-    opnorm = bench.build("ours+compile+opnorm", size, dev, torch.float32)[0]
-    assert inorm.backend == "reference" and (opnorm.backend, opnorm.compiled_norm) == ("auto", "op")
+    size, dev = models.Size(), torch.device("cpu")
+    default = models.build("ours+compile+adamw", size, dev, torch.float32)
+    assert (default[0].backend, default[0].compiled_norm, default[1].backend) == ("auto", "inductor", "auto")
+    inorm = models.build("ours+compile+adamw+reference_norms", size, dev, torch.float32)
+    opnorm = models.build("ours+compile+op_norms", size, dev, torch.float32)
+    ref = models.build("ours+reference", size, dev, torch.float32)
+    assert (inorm[0].backend, inorm[1].backend) == ("reference", "auto")
+    assert (opnorm[0].backend, opnorm[0].compiled_norm) == ("auto", "op")
+    assert (ref[0].backend, ref[1].backend) == ("reference", "reference")
+    assert isinstance(models.make_optimizer("ours+adamw", default, dev), kp.optim.AdamW)
+    assert type(models.make_optimizer("ours", default, dev)) is torch.optim.AdamW
+    assert parse("torch.compile+no_cache").variant.call_kwargs() == {"use_cache": False}
+    assert parse("torch.compile+adamw").variant.call_kwargs() == {}
 
 
-def test_two_pass_suffix_turns_the_one_read_kernel_off_for_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    """'+twopass' is dropped from the model's provider and runs its row with the fused loss's one-read
-    kernel off (and on again after); other rows keep it on."""
+def test_train_row_runs_under_its_providers_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `two_pass_ce` row runs with the fused loss's one-read kernel off (and on again after); other rows
+    keep it on."""
     import torch
 
     from kernel_pytorch.ops import tuning
@@ -153,16 +264,15 @@ def test_two_pass_suffix_turns_the_one_read_kernel_off_for_its_row(monkeypatch: 
         return tuning.current("fused_linear_cross_entropy").one_read
 
     bench = _bench()
-    assert bench.optimizer_of("ours+compile+adamw+twopass") == ("ours+compile", True)
     seen = []
-    monkeypatch.setattr(bench, "_train_row", lambda provider, *args: seen.append((provider, one_read())))
-    for provider in ("ours+compile+adamw+twopass", "ours+compile+adamw"):
-        bench.train_row(provider, bench.Size(), torch.device("cpu"), torch.float32, 1, 8, 1, 1, None)
+    monkeypatch.setattr(bench, "_train_row", lambda provider, *args: seen.append((provider.label, one_read())))
+    for text in ("ours+compile+adamw+two_pass_ce", "ours+compile+adamw"):
+        bench.train_row(parse(text), models.Size(), torch.device("cpu"), torch.float32, 1, 8, 1, 1, None)
         assert one_read()
-    assert seen == [("ours+compile+adamw+twopass", False), ("ours+compile+adamw", True)]
+    assert seen == [("ours+compile+adamw+two_pass_ce", False), ("ours+compile+adamw", True)]
 
 
-def test_paired_providers_step_in_turns(tmp_path: Path) -> None:
+def test_paired_providers_step_in_turns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--paired: two providers in one process, a row each with the pooled steps, and the ratio note; Liger and
     a third provider are refused."""
     bench = _bench()
@@ -173,15 +283,17 @@ def test_paired_providers_step_in_turns(tmp_path: Path) -> None:
     assert set(rows) == {"eager", "ours"} and all(r.status == "ok" and r.reps == 2 for r in rows.values())
     assert "in turns with ours, 2 rounds of 1 steps" in rows["eager"].note
     assert any(n.startswith("paired (eager and ours in one process, in turns): ours ") for n in results.notes)
-    with pytest.raises(ValueError, match="two providers"):
+    with pytest.raises(SystemExit):
         bench.main(["--quick", "--device", "cpu", "--paired", "eager,ours,liger", "--out", str(tmp_path)])
+    assert "--paired takes two providers" in capsys.readouterr().err
     with pytest.raises(ValueError, match="cannot be paired"):
-        bench.paired_rows(("eager", "liger"), bench.QUICK, bench.resolve_device("cpu"), None, 1, 1, 0, None)
+        bench.paired_rows((parse("eager"), parse("liger")), models.QUICK, bench.resolve_device("cpu"), None, 1, 1, 0,
+                          None)
 
 
 def test_generate_rows_and_reference_backends() -> None:
-    """--generate-providers picks rows, an 'ours' one may end in ' + inorm' or ' + ref', anything else is an
-    error naming the known rows; reference_backends sets every module that has a backend, or those of kinds."""
+    """--generate-providers picks rows, an 'ours' one may take +reference_norms or +reference, anything else is
+    an error naming the known rows; reference_backends sets every module that has a backend, or those of kinds."""
     import argparse
 
     import torch
@@ -190,15 +302,16 @@ def test_generate_rows_and_reference_backends() -> None:
 
     bench = _bench()
     args = argparse.Namespace(generate_providers=None, static_generate_only=True)
-    assert bench.generate_rows(args) == bench.GENERATE_PROVIDERS[1:]
-    args.generate_providers = "ours + static cache + compile + ref, hf static cache + compile"
-    assert bench.generate_rows(args) == ("ours + static cache + compile + ref", "hf static cache + compile")
-    args.generate_providers = "hf static cache + compile + ref"
+    assert [p.label for p in bench.generate_rows(args)] == list(providers.GENERATE_PROVIDERS[1:])
+    args.generate_providers = "ours + static cache + compile+reference, hf static cache + compile"
+    assert [p.label for p in bench.generate_rows(args)] == ["ours + static cache + compile+reference",
+                                                            "hf static cache + compile"]
+    args.generate_providers = "hf static cache"
     with pytest.raises(ValueError, match="unknown generate provider"):
         bench.generate_rows(args)
     model = torch.nn.Sequential(kp.nn.RMSNorm(4), kp.nn.GatedMLP(4, 8), torch.nn.Linear(4, 4))
-    assert bench.reference_backends(model, (kp.nn.RMSNorm,)) == 1 and model[1].backend == "auto"
-    assert bench.reference_backends(model) == 2 and model[1].backend == "reference"
+    assert providers.reference_backends(model, (kp.nn.RMSNorm,)) == 1 and model[1].backend == "auto"
+    assert providers.reference_backends(model) == 2 and model[1].backend == "reference"
 
 
 def test_target_check_on_the_committed_run() -> None:
