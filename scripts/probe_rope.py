@@ -41,7 +41,7 @@ from kernel_pytorch.ops.rope import tile as rope_tile
 from kernel_pytorch.reference.rope import rope as rope_ref
 from kernel_pytorch.reference.rope import rope_backward as rope_ref_bwd
 from kernel_pytorch.reference.rope import rotate_half, rotate_pairs
-from kernel_pytorch.reference.rotary_tables import cos_sin, cos_sin_table, default_inv_freq
+from kernel_pytorch.reference.rope_tables import cos_sin, cos_sin_table, default_inv_freq
 from kernel_pytorch.tolerances import tolerance_for
 
 TRAIN = (4, 4096, 32, 8, 128)  # B, T, Hq, Hk, D

@@ -14,12 +14,13 @@ Percentages below are of the copy bandwidth measured in the same run, q (4, 32, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from kernel_pytorch.ops import tuning
 
 KERNELS = ("flat", "tile", "token")  # the names `schedule` takes
-PAIR_METHODS = ("halves", "split", "partner")  # how the tile kernel forms pairs (tile.py's docstring)
+# How the tile kernel forms pairs (tile.py's docstring); the index is the kernel's PAIRS constexpr.
+PAIR_METHODS = ("halves", "split", "partner")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,12 @@ class RopeConfig:
         for name in ("fallback_rotate_half", "fallback_interleaved"):
             if getattr(self, name) not in ("tile", "token"):
                 raise ValueError(f"RopeConfig.{name} must be 'tile' or 'token', got {getattr(self, name)!r}")
+        # Every eager launch hashes the config (the plan cache's key): once here rather than per call,
+        # where the generated hash of the nested dataclasses costs about 2 us of Python.
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
 
     def fallback(self, interleaved: bool) -> str:
         """The kernel for strides the flat kernel does not take."""

@@ -22,10 +22,8 @@ import triton
 import triton.language as tl
 
 from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
-from kernel_pytorch.ops.rope.config import TileConfig
+from kernel_pytorch.ops.rope.config import PAIR_METHODS, TileConfig
 from kernel_pytorch.ops.rope.math import _cos_sin_rows, _cs, _pair_outputs, _partner_outputs
-
-_PAIRS = {"halves": 0, "split": 1, "partner": 2}  # TileConfig's pair methods as the kernel's PAIRS
 
 
 @triton.jit
@@ -174,7 +172,7 @@ def plan(
     grid = (batch * triton.cdiv(seq_len, block_t), q_blocks + triton.cdiv(heads_k, block_hk))
     meta = dict(
         BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_R2=block_r2,
-        BLOCK_P=next_power_of_2(n_pass) if copy_pass else 1, PAIRS=_PAIRS[pairs], INTERLEAVED=interleaved,
+        BLOCK_P=next_power_of_2(n_pass) if copy_pass else 1, PAIRS=PAIR_METHODS.index(pairs), INTERLEAVED=interleaved,
         HAS_POS=has_pos, COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding,
         num_warps=config.num_warps,
     )
