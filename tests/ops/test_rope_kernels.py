@@ -193,6 +193,21 @@ def test_default_config_follows_the_probes() -> None:
     assert hash(config) == hash(RopeConfig())  # the plan cache's key
 
 
+def test_the_knobs_live_in_the_config() -> None:
+    """No module of ops/rope/ holds a launch knob: its UPPERCASE names are immutable constants, and the
+    eager plan cache keys on the config object (plan.py)."""
+    import importlib
+    import pkgutil
+
+    import kernel_pytorch.ops.rope as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            if name.isupper() and not name.startswith("__") and (info.name, name) != ("plan", "_PLANS"):
+                assert isinstance(value, (int, str, tuple, RopeConfig)), f"{info.name}.{name} = {value!r}"
+
+
 def test_bad_configs_are_refused() -> None:
     with pytest.raises(ValueError, match="no pair method 'halves' for interleaved"):
         TileConfig(pairs_interleaved="halves")
