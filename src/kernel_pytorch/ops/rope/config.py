@@ -105,9 +105,11 @@ class RopeConfig:
     # 84.6) and was within 1.4 points of the best tile form in the fourth. "tile" or "token" runs that
     # kernel for every layout.
     schedule: str = "flat"
-    # Where the flat kernel does not apply (views of a fused QKV projection, sliced rows): the tile
-    # kernel for rotate-half pairs, the per-token kernel for interleaved ones, which measured 83.2 / 83.1%
-    # against the tile kernel's 78.9 / 79.0 on interleaved (B, H, T, D) in the same H200 probe.
+    # Where the flat kernel does not apply (views of a fused QKV projection, sliced rows). Interleaved:
+    # the per-token kernel, 83.2 / 83.1% against the tile kernel's 78.9 / 79.0 on (B, H, T, D) in the
+    # same H200 probe. Rotate-half: the tile kernel, whose best pair form led the per-token kernel in both
+    # layouts there ("split" 78.5 / 77.9 against 77.0 / 76.6 on (B, H, T, D), "halves" 82.4 / 84.2
+    # against 79.8 / 79.6 on (B, T, H, D)); TileConfig's default pair form is neither (see there).
     fallback_rotate_half: str = "tile"
     fallback_interleaved: str = "token"
     tile: TileConfig = field(default_factory=TileConfig)
