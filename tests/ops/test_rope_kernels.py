@@ -194,8 +194,8 @@ def test_default_config_follows_the_probes() -> None:
 
 
 def test_the_knobs_live_in_the_config() -> None:
-    """No module of ops/rope/ holds a launch knob: its UPPERCASE names are immutable constants, and the
-    eager plan cache keys on the config object (plan.py)."""
+    """No module of ops/rope/ holds a launch knob: none of its UPPERCASE names is a mutable container
+    or a mutable dataclass, and the eager plan cache keys on the config object (plan.py)."""
     import importlib
     import pkgutil
 
@@ -205,7 +205,9 @@ def test_the_knobs_live_in_the_config() -> None:
         module = importlib.import_module(f"{package.__name__}.{info.name}")
         for name, value in vars(module).items():
             if name.isupper() and not name.startswith("__") and (info.name, name) != ("plan", "_PLANS"):
-                assert isinstance(value, (int, str, tuple, RopeConfig)), f"{info.name}.{name} = {value!r}"
+                mutable = isinstance(value, (dict, list, set, bytearray)) or (
+                    dataclasses.is_dataclass(value) and not type(value).__dataclass_params__.frozen)
+                assert not mutable, f"{info.name}.{name} = {value!r}"
 
 
 def test_bad_configs_are_refused() -> None:
