@@ -77,9 +77,9 @@ for s in $steps; do
     grid) step 120 pytest_grid python3 -m pytest -q -p no:cacheprovider tests/ops -k "paired or tails or deterministic" ;;
     sweep) step 120 sweep python3 benchmarks/probes/probe_norms.py --sweep ;;
     host) step 90 probe_host python3 benchmarks/probes/probe_host.py --breakdown ;;
-    # how the RoPE tile kernel forms its pairs (decides PAIRS_* in ops/rope.py)
+    # how the RoPE tile kernel forms its pairs (decides TileConfig.pairs_* in ops/rope/config.py)
     rope_pairs) step 90 probe_rope_pairs python3 benchmarks/probes/probe_rope.py --sections pairs ;;
-    # the flat RoPE kernel's launch sweep beside torch.compile's kernels (decides ops/_rope_flat.py's knobs)
+    # the flat RoPE kernel's launch sweep beside torch.compile's kernels (decides FlatConfig in ops/rope/config.py)
     rope_flat) step 200 probe_rope_flat python3 benchmarks/probes/probe_rope.py --sections flat ${KP_ROPE_FLAT_ARGS:-} ;;
     # the document mask's forward and backward against dense-mask SDPA, and their kernels under the profiler
     flex_docs) step 150 probe_flex_docs python3 benchmarks/probes/probe_flex_mask.py --passes build,fwd,bwd,profile ;;

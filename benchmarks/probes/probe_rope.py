@@ -11,13 +11,12 @@ Usage: PYTHONPATH=src python3 benchmarks/probes/probe_rope.py [--sections check,
   decode     B=32, one token, 32/8 heads: eager host time decides (target: ours <= eager median)
   variants   launch-parameter sweep of our kernel (heads per tile x warps), in place, table form,
              graph replay, plus registers/spills of the binaries
-  pairs      how the tile kernel forms its pairs (PAIRS_ROTATE_HALF / PAIRS_INTERLEAVED), the per-token
-             kernel (SCHEDULE="token") and the flat kernel (SCHEDULE="flat"; the defaults are ops/rope.py's
-             SCHEDULES), fwd and bwd
-             in graph replay: the data that picks the defaults
-  flat       the flat kernel's launch sweep (ops/_rope_flat.py: BLOCK_ELEMENTS x warps x PARTNER x
-             EVICT_TABLES), fwd and bwd in graph replay, beside torch.compile's forward and backward kernels
-             of the eager formula in the same run (the target the flat kernel is chasing)
+  pairs      how the tile kernel forms its pairs (TileConfig.pairs_rotate_half / pairs_interleaved), the
+             per-token kernel (RopeConfig.schedule="token") and the flat kernel (schedule="flat", the
+             default; ops/rope/config.py), fwd and bwd in graph replay: the data that picks the defaults
+  flat       the flat kernel's launch sweep (ops/rope/config.py's FlatConfig: elements x warps x partner
+             x evict_tables), fwd and bwd in graph replay, beside torch.compile's forward and backward
+             kernels of the eager formula in the same run
   embedding  vocab 128256 x hidden 4096, 16384 tokens, bf16: ours (rows/segments, variants) vs torch's
              embedding backward, uniform and Zipf token streams, bitwise reruns
 Every measurement fails soft: an error prints one line and the rest runs. A summary table ends the run.
@@ -26,6 +25,7 @@ Every measurement fails soft: an error prints one line and the rest runs. A summ
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
@@ -33,15 +33,15 @@ from triton.testing import do_bench
 
 from kernel_pytorch.benchmark.ceilings import measure_copy_gbps
 from kernel_pytorch.benchmark.memory import peak_memory
-from kernel_pytorch.ops import _rope_flat
 from kernel_pytorch.ops import embedding as emb_ops
-from kernel_pytorch.ops import rope as rope_ops
+from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops.embedding import embedding_grad
-from kernel_pytorch.ops.rope import rope_bwd, rope_fwd
+from kernel_pytorch.ops.rope import FlatConfig, rope_bwd, rope_fwd
+from kernel_pytorch.ops.rope import tile as rope_tile
 from kernel_pytorch.reference.rope import rope as rope_ref
 from kernel_pytorch.reference.rope import rope_backward as rope_ref_bwd
 from kernel_pytorch.reference.rope import rotate_half, rotate_pairs
-from kernel_pytorch.reference.rotary_tables import cos_sin, cos_sin_table, default_inv_freq
+from kernel_pytorch.reference.rope_tables import cos_sin, cos_sin_table, default_inv_freq
 from kernel_pytorch.tolerances import tolerance_for
 
 TRAIN = (4, 4096, 32, 8, 128)  # B, T, Hq, Hk, D
@@ -123,7 +123,7 @@ def eager_rope(q, k, cos, sin, interleaved=False, unsqueeze_dim=1):
 
 
 class OursRope(torch.autograd.Function):
-    """A minimal differentiable wrapper for the probe (the library's comes in phase 2)."""
+    """A minimal differentiable wrapper for the probe (the library's is functional/rope.py's)."""
 
     @staticmethod
     def forward(ctx, q, k, cos, sin, interleaved, unsqueeze_dim, bwd_inplace):
@@ -285,12 +285,12 @@ def decode(args) -> None:
 
 
 def variants(args) -> None:
-    print("\n== variants: our kernel, graph replay, train shape (TILE_ELEMENTS x NUM_WARPS x TOKENS_PER_TILE)")
+    print("\n== variants: our kernel, graph replay, train shape (tile elements x warps x tokens per tile)")
     ceil = args.ceiling
     tiles = args.tiles or ((4096,) if args.quick else (1024, 2048, 4096, 8192))
     warps = args.warps or ((4, 8) if args.quick else (2, 4, 8))
-    tokens = args.tokens or (rope_ops.TOKENS_PER_TILE,)
-    saved = (rope_ops.TILE_ELEMENTS, rope_ops.NUM_WARPS, rope_ops.TOKENS_PER_TILE)
+    base = tuning.current("rope")
+    tokens = args.tokens or (base.tile.tokens,)
     for layout, il in args.layouts or [(lo, il) for lo in ("bhtd", "bthd") for il in (False, True)]:
         ud = 1 if layout == "bhtd" else 2
         q, k, cos, sin, pos = make_inputs(TRAIN, layout, il)
@@ -298,19 +298,22 @@ def variants(args) -> None:
         nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
         kw = dict(interleaved=il, unsqueeze_dim=ud)
         for tile, w, tpt in ((a, b, c) for a in tiles for b in warps for c in tokens):
-            rope_ops.TILE_ELEMENTS, rope_ops.NUM_WARPS, rope_ops.TOKENS_PER_TILE = tile, w, tpt
+            # the tile's size and tokens; the warps of every kernel (whichever the schedule runs)
+            config = dataclasses.replace(
+                base, tile=dataclasses.replace(base.tile, elements=tile, tokens=tpt, num_warps=w),
+                token=dataclasses.replace(base.token, num_warps=w), flat=dataclasses.replace(base.flat, num_warps=w))
             cells = []
             for key, fn in (("fwd", lambda: rope_fwd(q, k, cos, sin, **kw)),
                             ("fwd inplace", lambda: rope_fwd(q, k, cos, sin, inplace=True, **kw)),
                             ("fwd table", lambda: rope_fwd(q, k, tc, ts, pos, **kw)),
                             ("bwd", lambda: rope_bwd(q, k, cos, sin, **kw))):
-                ms = soft(f"{layout} {tile} {w} {key}", graph_ms, fn)
+                with tuning.override(rope=config):
+                    ms = soft(f"{layout} {tile} {w} {key}", graph_ms, fn)
                 cells.append(f"{key} " + ("--" if ms is None else
                                           f"{ms * 1e3:6.1f}us {nbytes / ms / 1e6 / ceil * 100:5.1f}%"))
             print(f"  {layout} {'il' if il else 'half'} tile {tile:5d} warps {w:2d} tokens {tpt:3d}: "
                   + " | ".join(cells))
-    rope_ops.TILE_ELEMENTS, rope_ops.NUM_WARPS, rope_ops.TOKENS_PER_TILE = saved
-    fn = rope_ops._rope_kernel
+    fn = rope_tile._rope_kernel
     for cache in getattr(fn, "device_caches", {}).values():
         for key, compiled in cache[0].items():
             try:
@@ -321,11 +324,11 @@ def variants(args) -> None:
 
 
 def pairs(args) -> None:
-    """How a tile forms its pairs (ops/rope.py's PAIRS_*), and the per-token and flat kernels (SCHEDULE),
-    at the train shape in graph replay: the data that picks the defaults."""
-    print("\n== pairs: how tiles form pairs (PAIRS_*) and SCHEDULE, graph replay, train shape")
+    """How a tile forms its pairs (TileConfig.pairs_*), and the per-token and flat kernels (RopeConfig's
+    schedule), at the train shape in graph replay: the data that picks the defaults."""
+    print("\n== pairs: how tiles form pairs and which kernel runs, graph replay, train shape")
     ceil = args.ceiling
-    saved = (rope_ops.PAIRS_ROTATE_HALF, rope_ops.PAIRS_INTERLEAVED, rope_ops.SCHEDULE)
+    base = tuning.current("rope")
     for layout in ("bhtd", "bthd"):
         for il in (False, True):
             ud = 1 if layout == "bhtd" else 2
@@ -334,19 +337,20 @@ def pairs(args) -> None:
             kw = dict(interleaved=il, unsqueeze_dim=ud)
             methods = ("split", "partner") if il else ("halves", "split", "partner")
             for schedule, method in [("tile", m) for m in methods] + [("token", "-"), ("flat", "-")]:
-                rope_ops.SCHEDULE = schedule
+                config = dataclasses.replace(base, schedule=schedule)
                 if method != "-":
-                    setattr(rope_ops, "PAIRS_INTERLEAVED" if il else "PAIRS_ROTATE_HALF", method)
+                    pairs_field = "pairs_interleaved" if il else "pairs_rotate_half"
+                    config = dataclasses.replace(config, tile=dataclasses.replace(base.tile, **{pairs_field: method}))
                 cells = []
                 for key, fn in (("fwd", lambda: rope_fwd(q, k, cos, sin, **kw)),
                                 ("bwd", lambda: rope_bwd(q, k, cos, sin, **kw))):
-                    ms = soft(f"{layout} {schedule} {method} {key}", graph_ms, fn)
+                    with tuning.override(rope=config):
+                        ms = soft(f"{layout} {schedule} {method} {key}", graph_ms, fn)
                     cells.append(f"{key} " + ("--" if ms is None else
                                               f"{ms * 1e3:6.1f}us {nbytes / ms / 1e6 / ceil * 100:5.1f}%"))
                 label = f"{layout} {'il' if il else 'half'} {schedule} {method}"
                 print(f"  {label:28s}: " + " | ".join(cells))
                 SUMMARY.append(f"pairs {label}: " + " | ".join(cells))
-            rope_ops.PAIRS_ROTATE_HALF, rope_ops.PAIRS_INTERLEAVED, rope_ops.SCHEDULE = saved
 
 
 def embedding(args) -> None:
@@ -401,13 +405,11 @@ def _print_emb(stream, label, ms, gms, nbytes, ceil, extra) -> None:
 
 def flat(args) -> None:
     """The flat kernel's launch parameters, in graph replay at the train shape, against torch.compile."""
-    print("\n== flat: BLOCK_ELEMENTS x warps x PARTNER x EVICT_TABLES, graph replay, train shape")
+    print("\n== flat: elements x warps x partner x evict_tables, graph replay, train shape")
     ceil = args.ceiling
     blocks = args.tiles or (2048, 4096, 8192)
     warps = args.warps or (4, 8)
-    saved = (rope_ops.SCHEDULE, _rope_flat.BLOCK_ELEMENTS, _rope_flat.NUM_WARPS, _rope_flat.PARTNER,
-             _rope_flat.EVICT_TABLES)
-    rope_ops.SCHEDULE = "flat"
+    base = dataclasses.replace(tuning.current("rope"), schedule="flat")
     compiled = torch.compile(eager_rope)
     for layout, il in args.layouts or [("bhtd", False), ("bthd", False)]:
         ud = 1 if layout == "bhtd" else 2
@@ -430,16 +432,15 @@ def flat(args) -> None:
             forms = [tuple((f.split(":") + [""])[:2]) for f in args.forms.split(",")]
         for partner, evict in [f for f in forms if f[0] == "wrap"] if il else forms:  # interleaved: no partner
             for block, w in ((a, b) for a in blocks for b in warps):
-                (_rope_flat.BLOCK_ELEMENTS, _rope_flat.NUM_WARPS, _rope_flat.PARTNER,
-                 _rope_flat.EVICT_TABLES) = block, w, partner, evict
+                config = dataclasses.replace(
+                    base, flat=FlatConfig(elements=block, num_warps=w, partner=partner, evict_tables=evict))
                 label = f"{tag} {partner:6s} {evict or '-':10s} {block:5d} x {w}w"
-                fwd = soft(f"{label} fwd", graph_ms, lambda: rope_fwd(q.detach(), k.detach(), cos, sin, **kw))
-                bwd = soft(f"{label} bwd", graph_ms, lambda: rope_bwd(dq, dk, cos, sin, **kw))
+                with tuning.override(rope=config):
+                    fwd = soft(f"{label} fwd", graph_ms, lambda: rope_fwd(q.detach(), k.detach(), cos, sin, **kw))
+                    bwd = soft(f"{label} bwd", graph_ms, lambda: rope_bwd(dq, dk, cos, sin, **kw))
                 line = f"  {label:36s}: fwd {pct(fwd)} | bwd {pct(bwd)}"
                 print(line)
                 SUMMARY.append("flat " + line.strip())
-    (rope_ops.SCHEDULE, _rope_flat.BLOCK_ELEMENTS, _rope_flat.NUM_WARPS, _rope_flat.PARTNER,
-     _rope_flat.EVICT_TABLES) = saved
 
 
 SECTIONS = {"check": check, "rope": rope_timing, "decode": decode, "variants": variants, "pairs": pairs,
@@ -451,13 +452,14 @@ def main() -> None:
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
     parser.add_argument("--quick", action="store_true", help="fewer layouts and variants")
     ints = lambda v: tuple(int(x) for x in v.split(","))
-    parser.add_argument("--tiles", type=ints, help="variants: TILE_ELEMENTS values, comma-separated")
-    parser.add_argument("--warps", type=ints, help="variants: NUM_WARPS values")
-    parser.add_argument("--tokens", type=ints, help="variants: TOKENS_PER_TILE values")
+    parser.add_argument("--tiles", type=ints, help="variants: TileConfig.elements values, comma-separated "
+                        "(flat: FlatConfig.elements)")
+    parser.add_argument("--warps", type=ints, help="variants, flat: num_warps values")
+    parser.add_argument("--tokens", type=ints, help="variants: TileConfig.tokens values")
     parser.add_argument("--layouts", type=lambda v: [(x.split(":")[0], x.endswith(":il")) for x in v.split(",")],
                         help="variants: bhtd, bthd, bhtd:il, bthd:il (comma-separated; default all four)")
     parser.add_argument("--shared-table", action="store_true", help="flat: cos/sin (1, T, D), one table for all rows")
-    parser.add_argument("--forms", help="flat: PARTNER:EVICT_TABLES pairs, e.g. wrap:,wrap:evict_last")
+    parser.add_argument("--forms", help="flat: partner:evict_tables pairs, e.g. wrap:,wrap:evict_last")
     args = parser.parse_args()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
     args.ceiling = measure_copy_gbps("cuda")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernel_pytorch.reference.rotary_tables import cos_sin, cos_sin_table, default_inv_freq
+from kernel_pytorch.reference.rope_tables import cos_sin, cos_sin_table, default_inv_freq
 from tests.grid import randn
 
 

@@ -11,9 +11,10 @@ import torch
 from kernel_pytorch import functional as F
 from kernel_pytorch import reference as R
 from kernel_pytorch.functional import rope as rope_functional
-from kernel_pytorch.ops import gated_act_eager, rms_norm_eager
+from kernel_pytorch.ops import gated_act_eager, rms_norm_eager, tuning
 from kernel_pytorch.ops import rope as rope_ops
 from kernel_pytorch.ops._common import launch as _launch
+from kernel_pytorch.ops.rope import plan as rope_plan
 from tests.grid import device_under_test, randn
 from tests.ops.norm_helpers import assert_close
 
@@ -83,31 +84,31 @@ def _rope_args(layout: str) -> tuple[torch.Tensor, ...]:
 
 
 @pytest.mark.parametrize("layout", ["bhtd", "bthd-view"])
-def test_rope_plans_are_reused_and_keyed_on_layout_and_tunables(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rope_ops, "_PLANS", {})
+def test_rope_plans_are_reused_and_keyed_on_layout_and_config(layout: str) -> None:
+    rope_plan._PLANS.clear()
     q, k, cos, sin = _rope_args(layout)
     want = R.rope(q, k, cos, sin)
     for _ in range(2):
         got = rope_ops.rope_fwd(q, k, cos, sin, eager=True)
         for g, e in zip(got, want):
             assert_close(g, e, "rope")
-    assert len(rope_ops._PLANS) == 1
+    assert len(rope_plan._PLANS) == 1
     rope_ops.rope_fwd(q, k, cos, sin)  # a traced launch (eager=False) plans without the cache
-    assert len(rope_ops._PLANS) == 1
-    monkeypatch.setattr(rope_ops, "TILE_ELEMENTS", 64)
-    got = rope_ops.rope_fwd(q, k, cos, sin, eager=True)
-    assert len(rope_ops._PLANS) == 2
+    assert len(rope_plan._PLANS) == 1
+    with tuning.changed("rope", schedule="tile"):
+        got = rope_ops.rope_fwd(q, k, cos, sin, eager=True)
+    assert len(rope_plan._PLANS) == 2
     for g, e in zip(got, want):
         assert_close(g, e, "rope")
     dq, dk = rope_ops.rope_bwd(*want, cos, sin, eager=True)
-    assert len(rope_ops._PLANS) == 3
+    assert len(rope_plan._PLANS) == 3
     want_dq, want_dk = R.rope_backward(*want, cos, sin)
     assert_close(dq, want_dq, "rope bwd")
     assert_close(dk, want_dk, "rope bwd")
 
 
-def test_rope_check_cache_stores_successes_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rope_functional, "_CHECKED", {})
+def test_rope_check_cache_stores_successes_only() -> None:
+    rope_functional._CHECKED.clear()
     q, k, cos, sin = _rope_args("bhtd")
     F.apply_rotary(q, k, cos, sin)
     F.apply_rotary(q, k, cos, sin)

@@ -6,12 +6,15 @@ shapes, bitwise parity with transformers and determinism."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
+
 import pytest
 import torch
 
-from kernel_pytorch.ops import _rope_flat, _rope_token
-from kernel_pytorch.ops import rope as rope_ops
-from kernel_pytorch.ops.rope import rope_bwd, rope_fwd
+from kernel_pytorch.ops import tuning
+from kernel_pytorch.ops.rope import FlatConfig, RopeConfig, TileConfig, TokenConfig, flat, rope_bwd, rope_fwd, token
+from kernel_pytorch.ops.rope.tile import tile_shape
 from kernel_pytorch.reference.rope import rope, rope_backward
 from tests.grid import DTYPES, Poisoned, device_under_test, randn
 from tests.ops.norm_helpers import assert_close
@@ -19,31 +22,25 @@ from tests.ops.rope_helpers import RopeCase, make_heads, make_rows, rotation_row
 
 DEV = device_under_test()
 
-# (schedule, rotate-half pairs, interleaved pairs, the flat kernel's (PARTNER, EVICT_TABLES))
+# Every kernel and pair method: the schedule, the tile kernel's pair methods, the flat kernel's partner
+# load and cos/sin eviction policy
 VARIANTS = {
-    "tile": ("tile", "partner", "split", ("wrap", "")),
-    "tile-split-partner": ("tile", "split", "partner", ("wrap", "")),
-    "tile-halves": ("tile", "halves", "split", ("wrap", "")),
-    "token": ("token", "partner", "split", ("wrap", "")),
-    "flat": ("flat", "partner", "split", ("wrap", "")),  # dense q/k only: other strides run the fallback
-    "flat-halves": ("flat", "partner", "split", ("halves", "evict_last")),
+    "tile": RopeConfig(schedule="tile"),
+    "tile-split-partner": RopeConfig(schedule="tile", tile=TileConfig(pairs_rotate_half="split",
+                                                                      pairs_interleaved="partner")),
+    "tile-halves": RopeConfig(schedule="tile", tile=TileConfig(pairs_rotate_half="halves")),
+    "token": RopeConfig(schedule="token"),
+    "flat": RopeConfig(schedule="flat"),  # dense q/k only: other strides run the fallback
+    "flat-halves": RopeConfig(schedule="flat", flat=FlatConfig(partner="halves", evict_tables="evict_last")),
 }
 
 
-def _use(monkeypatch: pytest.MonkeyPatch, schedule: str, half: str, interleaved: str, flat: tuple) -> None:
-    monkeypatch.setattr(rope_ops, "SCHEDULE", schedule)
-    monkeypatch.setattr(rope_ops, "PAIRS_ROTATE_HALF", half)
-    monkeypatch.setattr(rope_ops, "PAIRS_INTERLEAVED", interleaved)
-    monkeypatch.setattr(_rope_flat, "PARTNER", flat[0])
-    monkeypatch.setattr(_rope_flat, "EVICT_TABLES", flat[1])
-
-
 @pytest.fixture(params=list(VARIANTS))
-def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test on each kernel variant (ops/rope.py's SCHEDULE and PAIRS_*, ops/_rope_flat.py's
-    PARTNER and EVICT_TABLES)."""
-    _use(monkeypatch, *VARIANTS[request.param])
-    return request.param
+def variant(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a test on each kernel variant (RopeConfig's schedule, TileConfig's pair methods, FlatConfig's
+    partner load and eviction policy)."""
+    with tuning.override(rope=VARIANTS[request.param]):
+        yield request.param
 
 
 CASES = (
@@ -117,83 +114,113 @@ def test_fused_qkv_views_in_place(interleaved: bool, variant: str) -> None:
     assert_close(dk, ref_dk, "dk in place")
 
 
-@pytest.mark.parametrize("schedule", [None, "flat"], ids=["default", "flat"])
-def test_in_place_leaves_the_pass_through_features(schedule: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rope_ops, "SCHEDULE", schedule)
+@pytest.mark.parametrize("schedule", ["flat", "tile", "token"])
+def test_in_place_leaves_the_pass_through_features(schedule: str) -> None:
     case = RopeCase(1, 2, 2, 1, 12, 4, "bhtd")
     q, k = make_heads(case, 2, torch.float16, DEV), make_heads(case, 1, torch.float16, DEV)
     cos, sin = make_rows(case, torch.float16, DEV)
-    _check(q, k, cos, sin, None, False, 1, inplace=True)
+    with tuning.changed("rope", schedule=schedule):
+        _check(q, k, cos, sin, None, False, 1, inplace=True)
 
 
 @pytest.mark.parametrize("layout", ["bhtd", "bthd"])
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
-def test_tiles_cut_short(layout: str, interleaved: bool, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tiles_cut_short(layout: str, interleaved: bool, variant: str) -> None:
     """Small tiles on a small shape: several token blocks (the last one short) and head blocks (the last
-    one short) for the tile kernel; a loop over head tiles, the last one short, for the per-token one."""
-    monkeypatch.setattr(rope_ops, "TILE_ELEMENTS", 32)
-    monkeypatch.setattr(rope_ops, "TOKENS_PER_TILE", 2)
-    monkeypatch.setattr(_rope_token, "TILE_ELEMENTS", 16)
-    monkeypatch.setattr(_rope_flat, "BLOCK_ELEMENTS", 16)  # two rows a program: the last q and k ones short
+    one short) for the tile kernel; a loop over head tiles, the last one short, for the per-token one;
+    two rows a program for the flat one, the last q and k programs short."""
+    base = tuning.current("rope")
+    small = dataclasses.replace(
+        base, tile=dataclasses.replace(base.tile, elements=32, tokens=2),
+        token=TokenConfig(elements=16), flat=dataclasses.replace(base.flat, elements=16),
+    )
     case = RopeCase(2, 5, 5, 3, 8, 8, layout)
-    bt, bhq, bhk = rope_ops.tile_shape(case.t, case.hq, case.hk, 8, layout == "bthd")
+    bt, bhq, bhk = tile_shape(case.t, case.hq, case.hk, 8, layout == "bthd", small.tile)
     assert (case.t % bt, case.hq % bhq, case.hk % bhk) != (0, 0, 0) and bt < case.t and bhq < case.hq
-    assert _rope_token.heads_per_tile(case.hq, case.r // 2) == 2
+    assert token.heads_per_tile(case.hq, case.r // 2, small.token) == 2
     q, k = make_heads(case, 5, torch.float32, DEV), make_heads(case, 3, torch.float32, DEV)
     cos, sin = make_rows(case, torch.float32, DEV)
-    _check(q, k, cos, sin, None, interleaved, case.unsqueeze_dim)
+    with tuning.override(rope=small):
+        _check(q, k, cos, sin, None, interleaved, case.unsqueeze_dim)
 
 
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
-def test_flat_takes_dense_layouts_and_falls_back(interleaved: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SCHEDULE = "flat" plans the flat kernel for q/k dense in (B, H, T, D) or (B, T, H, D) order (also
-    seen through a transpose), and nothing for views of a fused QKV projection or a sliced q, which then
-    run the default schedule and still give the reference's values."""
-    monkeypatch.setattr(rope_ops, "SCHEDULE", "flat")
+def test_flat_takes_dense_layouts_and_falls_back(interleaved: bool) -> None:
+    """The flat kernel plans for q/k dense in (B, H, T, D) or (B, T, H, D) order (also seen through a
+    transpose), and nothing for views of a fused QKV projection or a sliced q, which then run the
+    config's fallback and still give the reference's values."""
+    flags = dict(interleaved=interleaved, has_pos=False, copy_pass=False, backward=False, hf_rounding=False,
+                 config=FlatConfig())
     for layout in ("bhtd", "bthd", "bthd_as_bhtd"):
         case = RopeCase(2, 3, 2, 1, 8, 8, layout)
         q, k = make_heads(case, 2, torch.float32, DEV), make_heads(case, 1, torch.float32, DEV)
-        flat = _rope_flat.plan(q, k, torch.empty_like(q), torch.empty_like(k), case.unsqueeze_dim, 4, (0,) * 6, 0,
-                               interleaved=interleaved, has_pos=False, copy_pass=False, backward=False,
-                               hf_rounding=False, num_warps=4)
-        assert flat is not None, layout
+        planned = flat.plan(q, k, torch.empty_like(q), torch.empty_like(k), case.unsqueeze_dim, 4, (0,) * 6, 0,
+                            **flags)
+        assert planned is not None, layout
     b, t, hq, hk, d = 2, 3, 2, 1, 8
     qkv = randn(b, t, hq + 2 * hk, d, dtype=torch.bfloat16, device=DEV)
     q, k = qkv[:, :, :hq], qkv[:, :, hq:hq + hk]
     sliced = randn(b, t, hq, d + 4, dtype=torch.bfloat16, device=DEV)[..., :d]  # rows not contiguous
     dense_k = randn(b, t, hk, d, dtype=torch.bfloat16, device=DEV)
-    assert _rope_flat.row_divisor(q, 2) is None and _rope_flat.row_divisor(k, 2) is None
-    assert _rope_flat.row_divisor(sliced, 2) is None and _rope_flat.row_divisor(dense_k, 2) == hk
+    assert flat.row_divisor(q, 2) is None and flat.row_divisor(k, 2) is None
+    assert flat.row_divisor(sliced, 2) is None and flat.row_divisor(dense_k, 2) == hk
     cos, sin = rotation_rows(torch.arange(t, device=DEV)[None], d, torch.bfloat16, interleaved)
+    assert tuning.current("rope").schedule == "flat"
     for qq, kk in ((q, k), (sliced, dense_k)):
-        assert _rope_flat.plan(qq, kk, qq, kk, 2, d // 2, (0,) * 6, 0, interleaved=interleaved, has_pos=False,
-                               copy_pass=False, backward=False, hf_rounding=False, num_warps=4) is None
+        assert flat.plan(qq, kk, qq, kk, 2, d // 2, (0,) * 6, 0, **flags) is None
         _check(qq, kk, cos, sin, None, interleaved, 2)  # in place: test_fused_qkv_views_in_place[flat-*]
 
 
-def test_tile_shape_follows_the_layout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """(B, H, T, D): tokens first, TOKENS_PER_TILE of them; (B, T, H, D): a token's heads first; one token
-    (decoding): every head it can hold; about TILE_ELEMENTS elements either way."""
-    assert rope_ops.tile_shape(4096, 32, 8, 128, False) == (8, 4, 4)
-    assert rope_ops.tile_shape(4096, 32, 8, 128, True) == (1, 32, 8)
-    assert rope_ops.tile_shape(1, 32, 8, 128, False) == (1, 32, 8)
-    assert rope_ops.tile_shape(4096, 1, 1, 64, False) == (64, 1, 1)  # one head: all tokens
-    assert rope_ops.tile_shape(3, 2, 1, 128, True) == (4, 2, 1)
+def test_tile_shape_follows_the_layout() -> None:
+    """(B, H, T, D): tokens first, TileConfig.tokens of them; (B, T, H, D): a token's heads first; one
+    token (decoding): every head it can hold; about TileConfig.elements elements either way."""
+    config = TileConfig()
+    assert tile_shape(4096, 32, 8, 128, False, config) == (8, 4, 4)
+    assert tile_shape(4096, 32, 8, 128, True, config) == (1, 32, 8)
+    assert tile_shape(1, 32, 8, 128, False, config) == (1, 32, 8)
+    assert tile_shape(4096, 1, 1, 64, False, config) == (64, 1, 1)  # one head: all tokens
+    assert tile_shape(3, 2, 1, 128, True, config) == (4, 2, 1)
 
 
-def test_default_schedules_follow_the_probe() -> None:
+def test_default_config_follows_the_probes() -> None:
     """The flat kernel wherever q/k are dense, the tile (rotate-half) or per-token (interleaved) kernel
-    elsewhere (ops/rope.py's docstring: the H200 probe)."""
-    assert rope_ops.SCHEDULE is None and rope_ops.SCHEDULES == {False: "flat", True: "flat"}
-    assert rope_ops.FALLBACK == {False: "tile", True: "token"}
+    elsewhere (config.py names the measurements); "rope" is registered with that default."""
+    config = RopeConfig()
+    assert tuning.default("rope") == config and tuning.current("rope") == config
+    assert config.schedule == "flat" and (config.fallback(False), config.fallback(True)) == ("tile", "token")
+    assert (config.tile, config.token, config.flat) == (
+        TileConfig(4096, 8, 4, "partner", "split"), TokenConfig(4096, 4), FlatConfig(1024, 4, "wrap", ""))
+    assert hash(config) == hash(RopeConfig())  # the plan cache's key
 
 
-def test_unknown_pair_method(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rope_ops, "SCHEDULE", "tile")
-    monkeypatch.setattr(rope_ops, "PAIRS_INTERLEAVED", "halves")
-    q, k = randn(1, 1, 2, 4, device=DEV), randn(1, 1, 2, 4, device=DEV)
+def test_the_knobs_live_in_the_config() -> None:
+    """No module of ops/rope/ holds a launch knob: none of its UPPERCASE names is a mutable container
+    or a mutable dataclass, and the eager plan cache keys on the config object (plan.py)."""
+    import importlib
+    import pkgutil
+
+    import kernel_pytorch.ops.rope as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            if name.isupper() and not name.startswith("__") and (info.name, name) != ("plan", "_PLANS"):
+                mutable = isinstance(value, (dict, list, set, bytearray)) or (
+                    dataclasses.is_dataclass(value) and not type(value).__dataclass_params__.frozen)
+                assert not mutable, f"{info.name}.{name} = {value!r}"
+
+
+def test_bad_configs_are_refused() -> None:
     with pytest.raises(ValueError, match="no pair method 'halves' for interleaved"):
-        rope_fwd(q, k, randn(1, 2, 4, device=DEV), randn(1, 2, 4, device=DEV), interleaved=True)
+        TileConfig(pairs_interleaved="halves")
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        RopeConfig(schedule="flatt")
+    with pytest.raises(ValueError, match="fallback_interleaved must be 'tile' or 'token'"):
+        RopeConfig(fallback_interleaved="flat")
+    with pytest.raises(ValueError, match="partner must be"):
+        FlatConfig(partner="mod")
+    with pytest.raises(ValueError, match="elements must be a positive int"):
+        TokenConfig(elements=0)
 
 
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
@@ -293,7 +320,7 @@ def test_cuda_benchmark_shapes(shape, layout: str, interleaved: bool) -> None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("layout", ["bhtd", "bthd"])
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
-def test_cuda_variants_agree_at_the_train_shape(layout: str, interleaved: bool, monkeypatch) -> None:
+def test_cuda_variants_agree_at_the_train_shape(layout: str, interleaved: bool) -> None:
     """Every kernel variant gives the default's values at the benchmark's train shape (the products may
     round differently where one variant fuses an FMA another does not: the table, not bitwise)."""
     b, t, hq, hk, d = BENCH[0]
@@ -302,9 +329,9 @@ def test_cuda_variants_agree_at_the_train_shape(layout: str, interleaved: bool, 
     cos, sin = rotation_rows(torch.arange(t, device="cuda")[None], d, torch.bfloat16, interleaved)
     kw = dict(interleaved=interleaved, unsqueeze_dim=case.unsqueeze_dim)
     expected = (*rope_fwd(q, k, cos, sin, **kw), *rope_bwd(q, k, cos, sin, **kw))
-    for name, chosen in list(VARIANTS.items())[1:]:
-        _use(monkeypatch, *chosen)
-        got = (*rope_fwd(q, k, cos, sin, **kw), *rope_bwd(q, k, cos, sin, **kw))
+    for name, chosen in VARIANTS.items():
+        with tuning.override(rope=chosen):
+            got = (*rope_fwd(q, k, cos, sin, **kw), *rope_bwd(q, k, cos, sin, **kw))
         for a, e in zip(got, expected):
             assert_close(a, e, name)
 
@@ -313,7 +340,7 @@ def test_cuda_variants_agree_at_the_train_shape(layout: str, interleaved: bool, 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_cuda_hf_rounding_is_bitwise_transformers(dtype: torch.dtype, variant: str) -> None:
     """hf_rounding=True: bitwise transformers' eager forward and autograd backward on the GPU, fp32
-    included (no product fused into an FMA; see ops/rope.py's _products)."""
+    included (no product fused into an FMA; see ops/rope/math.py's _products)."""
     pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 

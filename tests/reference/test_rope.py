@@ -8,7 +8,7 @@ import torch
 
 from kernel_pytorch.reference.rope import rope, rope_backward, rotate_half, rotate_pairs
 from kernel_pytorch.reference.rope_checks import check_dtypes, check_position_range, check_rope_args
-from kernel_pytorch.reference.rotary_tables import cos_sin, default_inv_freq
+from kernel_pytorch.reference.rope_tables import cos_sin, default_inv_freq
 from kernel_pytorch.tolerances import compare, fp64_budget
 from tests.grid import DTYPES, randn
 

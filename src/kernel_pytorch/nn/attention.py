@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from kernel_pytorch import reference
 from kernel_pytorch.functional.attention import AttentionBackend, attention, prepare_mask
 from kernel_pytorch.functional.rope import apply_rotary
-from kernel_pytorch.reference.rotary_tables import RotaryConfig, inv_freq_and_scaling, rotary_config
+from kernel_pytorch.reference.rope_tables import RotaryConfig, inv_freq_and_scaling, rotary_config
 
 _SPLIT = ("q_proj", "k_proj", "v_proj")
 

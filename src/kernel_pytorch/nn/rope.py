@@ -2,7 +2,7 @@
 
 `forward(x, position_ids)` has the call shape and results of transformers' rotary modules
 (`LlamaRotaryEmbedding` and the like): cos/sin rows (B, T, r) in x's dtype, bit for bit the same for
-the schemes none/linear/dynamic NTK/Llama-3/YaRN/LongRoPE (reference/rotary_tables.py is the
+the schemes none/linear/dynamic NTK/Llama-3/YaRN/LongRoPE (reference/rope_tables.py is the
 arithmetic; tests/nn/test_rope.py compares with transformers' modules). `table(n_positions, ...)`
 returns (P, r) tables cached per (device, dtype), the form `functional.apply_rotary(...,
 position_ids=...)` reads: no per-step cos/sin computation, one table shared by every layer.
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernel_pytorch.reference.rotary_tables import (
+from kernel_pytorch.reference.rope_tables import (
     RotaryConfig,
     cos_sin,
     cos_sin_table,

@@ -35,7 +35,7 @@ from kernel_pytorch.reference.positions import (
 )
 from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward
 from kernel_pytorch.reference.rope import rope, rope_backward
-from kernel_pytorch.reference.rotary_tables import (
+from kernel_pytorch.reference.rope_tables import (
     RotaryConfig,
     cos_sin,
     cos_sin_table,

@@ -1,7 +1,7 @@
 """Argument checks for the rotary embedding, each raising an error that names the argument.
 
-The reference (reference/rope.py) calls `check_rope_args`; the functional entry point (phase 2's
-functional/rope.py) calls it once in eager mode before dispatching, plus `check_dtypes` with the kernel
+The reference (reference/rope.py) calls `check_rope_args`; the functional entry point
+(functional/rope.py) calls it once in eager mode before dispatching, plus `check_dtypes` with the kernel
 dtypes and, where a host sync is acceptable, `check_position_range`. Shape checks read only metadata.
 """
 

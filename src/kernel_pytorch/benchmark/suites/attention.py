@@ -62,7 +62,7 @@ from kernel_pytorch import functional as kpf
 from kernel_pytorch import reference
 from kernel_pytorch.benchmark.suites.spec import ExtraProvider, OpBench, Shape, Suite, generator
 from kernel_pytorch.nn.attention import cache_mask
-from kernel_pytorch.reference.rotary_tables import default_inv_freq
+from kernel_pytorch.reference.rope_tables import default_inv_freq
 
 NAME = "attention"
 DOC_LEN = 512

@@ -36,7 +36,7 @@ from torch import Tensor
 from kernel_pytorch import functional as kpf
 from kernel_pytorch import reference
 from kernel_pytorch.benchmark.suites.spec import ModulePeer, OpBench, Shape, Suite, generator
-from kernel_pytorch.reference.rotary_tables import cos_sin, default_inv_freq
+from kernel_pytorch.reference.rope_tables import cos_sin, default_inv_freq
 
 NAME = "rope"
 THETA = 500000.0  # Llama-3's rope_theta

@@ -1,13 +1,13 @@
-"""The per-token rotary-embedding kernel, one program per token (measured on an H100 on 2026-11-23:
-benchmarks/results/probes/rope/probe_rope_h100.log); interleaved pairs run it where the flat kernel does not apply
-(ops/rope.py's FALLBACK);
-`rope.SCHEDULE = "token"` forces it for both conventions (same arguments, same results as the tile kernel).
+"""The per-token kernel for rotary embeddings: one program per (batch, token), at any strides. It runs
+interleaved pairs where the flat kernel (flat.py) does not apply (RopeConfig.fallback_interleaved), and
+every layout under schedule="token" (same arguments, same results as the tile kernel).
 
-One program per (batch, token) reads that token's cos/sin row once and rotates all Hq + Hk heads
-with it, BLOCK_H heads at a time ([BLOCK_H, r/2] tiles, a loop over head tiles for wide models).
-Rotate-half loads each head's two halves as two half-row vectors; interleaved loads the rotary
-features contiguously and splits even/odd in registers. Measured on the H100 (benchmarks/results/
-probes/rope/probe_rope_h100.log): fwd+bwd 86.2% of copy rotate-half, 90.1% interleaved, (B, H, T, D) layout.
+A program reads its token's cos/sin row once and rotates all Hq + Hk heads with it, BLOCK_H heads at a
+time ([BLOCK_H, r/2] tiles, a loop over head tiles for wide models; TokenConfig.elements bounds a
+tile). Rotate-half loads each head's two halves as two half-row vectors; interleaved loads the rotary
+features contiguously and splits even/odd in registers. Measured on an H100
+(benchmarks/results/probes/rope/probe_rope_h100.log, 2026-11-23): fwd+bwd 86.2% of copy rotate-half, 90.1%
+interleaved, (B, H, T, D) layout.
 """
 
 from __future__ import annotations
@@ -16,15 +16,13 @@ import triton
 import triton.language as tl
 
 from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
-
-# Elements of q/k a program holds per head block (both halves): 32 heads of 128 in one tile.
-TILE_ELEMENTS = 4096
+from kernel_pytorch.ops.rope.config import TokenConfig
 
 
 @triton.jit
 def _rotate_pair(x1, x2, c1, c2, s1, s2, z, DTYPE: tl.constexpr, HF_ROUNDING: tl.constexpr):
     # (y1, y2) = (x1 c1 - x2 s1, x2 c2 + x1 s2) in fp32; HF_ROUNDING rounds each product to DTYPE
-    # first (fma with the run-time -0.0 `z`: see ops/rope.py's _products)
+    # first (fma with the run-time -0.0 `z`: see math.py's _products)
     if HF_ROUNDING:
         y1 = tl.fma(x1, c1, z).to(DTYPE).to(tl.float32) + tl.fma(-x2, s1, z).to(DTYPE).to(tl.float32)
         y2 = tl.fma(x2, c2, z).to(DTYPE).to(tl.float32) + tl.fma(x1, s2, z).to(DTYPE).to(tl.float32)
@@ -121,23 +119,23 @@ def _rope_token_kernel(
 _kernel = Launcher(_rope_token_kernel)
 
 
-def heads_per_tile(heads: int, block_r2: int) -> int:
-    """Heads a program rotates at once: all of them up to TILE_ELEMENTS elements, a power of two."""
-    return max(1, min(next_power_of_2(heads), next_power_of_2(max(1, TILE_ELEMENTS // (2 * block_r2)))))
+def heads_per_tile(heads: int, block_r2: int, config: TokenConfig) -> int:
+    """Heads a program rotates at once: all of them up to `config.elements` elements, a power of two."""
+    return max(1, min(next_power_of_2(heads), next_power_of_2(max(1, config.elements // (2 * block_r2)))))
 
 
 def plan(
     batch: int, seq_len: int, heads_q: int, heads_k: int, half: int, n_pass: int, n_positions: int, *,
-    interleaved: bool, has_pos: bool, copy_pass: bool, backward: bool, hf_rounding: bool, num_warps: int,
+    interleaved: bool, has_pos: bool, copy_pass: bool, backward: bool, hf_rounding: bool, config: TokenConfig,
 ) -> tuple[Launcher, tuple[int, ...], tuple, dict]:
-    """The per-token kernel's launch for ops/rope.py: (kernel, grid, the scalar arguments after the
+    """The per-token kernel's launch for plan.py: (kernel, grid, the scalar arguments after the
     strides, the constexprs and warps)."""
     block_r2 = next_power_of_2(half)
     meta = dict(
         BLOCK_R2=block_r2, BLOCK_P=next_power_of_2(n_pass) if copy_pass else 1,
-        BLOCK_HQ=heads_per_tile(heads_q, block_r2), BLOCK_HK=heads_per_tile(heads_k, block_r2),
+        BLOCK_HQ=heads_per_tile(heads_q, block_r2, config), BLOCK_HK=heads_per_tile(heads_k, block_r2, config),
         INTERLEAVED=interleaved, HAS_POS=has_pos, COPY_PASS=copy_pass, BACKWARD=backward,
-        HF_ROUNDING=hf_rounding, num_warps=num_warps,
+        HF_ROUNDING=hf_rounding, num_warps=config.num_warps,
     )
     return _kernel, (batch * seq_len,), (seq_len, heads_q, heads_k, half, n_pass, n_positions, -0.0), meta
 

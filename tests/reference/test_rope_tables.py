@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_pytorch.reference.rotary_tables import (
+from kernel_pytorch.reference.rope_tables import (
     RotaryConfig,
     cos_sin,
     cos_sin_table,

@@ -1,7 +1,6 @@
-"""What the rotary-embedding kernels share (ops/rope.py's tile kernel, ops/_rope_flat.py): the cos/sin
-rows of a block of tokens, and fp32 products of a feature and its partner with cos/sin, optionally
-rounded as transformers' eager code rounds them. @triton.jit helpers only; the math is in ops/rope.py's
-docstring."""
+"""What the tile and flat rotary kernels share (tile.py, flat.py): the cos/sin rows of a block of tokens,
+and fp32 products of a feature and its partner with cos/sin, optionally rounded as transformers' eager
+code rounds them. @triton.jit helpers only; the math is in the package docstring."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ def _products(a, n, c, e, z, DTYPE: tl.constexpr, HF_ROUNDING: tl.constexpr):
     # transformers does. Each product is then fma(., ., z) with z = -0.0 given at run time: the
     # product rounded to fp32 (exact for bf16/fp16 operands), and an addend the compiler cannot see
     # stops it from narrowing the product to DTYPE and fusing it with the sum into one FMA, which
-    # skips the product's rounding (the first kernel's plain `(a * c).to(DTYPE)` was not bitwise
-    # eager on the GPU for that reason)
+    # skips the product's rounding (a plain `(a * c).to(DTYPE)` is not bitwise eager on the GPU for
+    # that reason)
     if HF_ROUNDING:
         y = tl.fma(a, c, z).to(DTYPE).to(tl.float32) + tl.fma(n, e, z).to(DTYPE).to(tl.float32)
     else:

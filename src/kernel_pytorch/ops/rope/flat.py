@@ -1,18 +1,19 @@
-"""The flat rotary-embedding kernel (ops/rope.py's default schedule): a 1-D grid over the rows (one
+"""The flat kernel for rotary embeddings (RopeConfig.schedule's default): a 1-D grid over the rows (one
 head of one token, D features) of q and then of k, for q, k and their outputs each a dense tensor in
-(B, H, T, D) or (B, T, H, D) memory order; `plan` returns None for any other strides (ops/rope.py then
-runs its FALLBACK schedule).
+(B, H, T, D) or (B, T, H, D) memory order; `plan` returns None for any other strides (plan.py then runs
+the config's fallback kernel).
 
-Each program rotates ROWS = BLOCK_ELEMENTS / D consecutive rows: one contiguous run of memory, loaded
-and stored as wide vectors. A row's token t (and batch b, for cos/sin rows with a batch dim or position
-ids) comes from its index by integer division by the layout's sizes, once per row. Pairs: rotate-half
-loads every feature's partner (j + r/2 mod r) a second time from the same cache lines; interleaved
-splits one load into even/odd lanes. The math is the tile kernel's (ops/_rope_math.py: `_partner_outputs`,
-`_pair_outputs`). This is the shape of torch.compile's pointwise kernel, which reached ~95% of the copy
-bandwidth on an H200 where the tile kernel reached ~78% (benchmarks/results/probes/rope/
-probe_rope_variants_h200.log). Measured on the H200 (benchmarks/results/rope_h200.md), q + k fwd+bwd in
-graph replay: rotate-half 92.7% of copy (torch.compile 91.4%), interleaved 95.1% (compile 73.7%);
-rotate-half's forward alone (90.4% against compile's 95.4%) is where it still trails.
+Each program rotates ROWS = FlatConfig.elements / D consecutive rows: one contiguous run of memory,
+loaded and stored as wide vectors. A row's token t (and batch b, for cos/sin rows with a batch dim or
+position ids) comes from its index by integer division by the layout's sizes, once per row. Pairs:
+rotate-half loads every feature's partner (j + r/2 mod r) a second time from the same cache lines
+(FlatConfig.partner); interleaved splits one load into even/odd lanes. The math is math.py's
+(`_partner_outputs`, `_pair_outputs`). This is the shape of torch.compile's pointwise kernel, which
+reached ~95% of the copy bandwidth on an H200 where the tile kernel reached ~78%
+(benchmarks/results/probes/rope/probe_rope_variants_h200.log). Measured on the H200
+(benchmarks/results/rope_h200.md, 2026-11-28), q + k fwd+bwd in graph replay: rotate-half 92.7% of copy
+(torch.compile 91.4%), interleaved 95.1% (compile 73.7%); rotate-half's forward alone (90.4% against
+compile's 95.4%) is where it trails.
 """
 
 from __future__ import annotations
@@ -22,19 +23,8 @@ import triton.language as tl
 from torch import Tensor
 
 from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
-from kernel_pytorch.ops._rope_math import _cos_sin_rows, _cs, _pair_outputs, _partner_outputs
-
-# Elements per program: 2 KiB of bf16, 4 warps x 32 threads x one 16-byte vector. The same-run sweep
-# on the H200 (benchmarks/results/probes/rope/probe_rope_flat_h200.log, q + k at the train shape, one cos/sin
-# table) put 1024 x 4 warps first in both memory orders: (B, T, H, D) fwd / bwd 86.0 / 85.8% of copy
-# against 82.6 / 82.8 for 2048 and torch.compile's 87.8 / 81.2; 8192 fell to 65%.
-BLOCK_ELEMENTS = 1024
-# How rotate-half reads each feature's partner: "wrap", one load at (j + r/2) mod r; "halves", two loads
-# masked to the row's halves (j + r/2 for the first, j - r/2 for the second). The sweep had "halves"
-# 0-6 points behind "wrap" everywhere, and "evict_last" on cos/sin within 1 point of "" at 1024.
-PARTNER = "wrap"
-EVICT_TABLES = ""  # the eviction policy of the cos/sin loads ("" or "evict_last": reused by every head)
-NUM_WARPS: int | None = None  # None: ops/rope.py's NUM_WARPS
+from kernel_pytorch.ops.rope.config import FlatConfig
+from kernel_pytorch.ops.rope.math import _cos_sin_rows, _cs, _pair_outputs, _partner_outputs
 
 
 @triton.jit
@@ -134,9 +124,9 @@ def row_divisor(x: Tensor, unsqueeze_dim: int) -> int | None:
 def plan(
     q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, unsqueeze_dim: int, half: int, strides: tuple[int, ...],
     n_positions: int, *, interleaved: bool, has_pos: bool, copy_pass: bool, backward: bool, hf_rounding: bool,
-    num_warps: int,
+    config: FlatConfig,
 ) -> tuple[Launcher, tuple[int, ...], tuple, dict] | None:
-    """The flat kernel's launch for ops/rope.py: (kernel, grid, the scalar arguments after the tensors,
+    """The flat kernel's launch for plan.py: (kernel, grid, the scalar arguments after the tensors,
     the constexprs and warps), or None where q, k or an output is not dense in one of the two orders
     (or an output's order differs from its input's).
 
@@ -155,12 +145,12 @@ def plan(
     if rows_q + rows_k >= 2**31:  # row indices are int32
         return None
     block_d = next_power_of_2(d)
-    rows = max(1, BLOCK_ELEMENTS // block_d)
+    rows = max(1, config.elements // block_d)
     q_programs = triton.cdiv(rows_q, rows)
     grid = (q_programs + triton.cdiv(rows_k, rows),)
     meta = dict(D=d, HALF=half, ROWS=rows, BLOCK_D=block_d, INTERLEAVED=interleaved, HAS_POS=has_pos,
-                COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding, HALVES=PARTNER == "halves",
-                EVICT=EVICT_TABLES, num_warps=NUM_WARPS or num_warps)
+                COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding, HALVES=config.partner == "halves",
+                EVICT=config.evict_tables, num_warps=config.num_warps)
     scalars = (rows_q, rows_k, div_q, div_k, heads_q * seq_len, heads_k * seq_len, seq_len, *strides,
                n_positions, -0.0, q_programs)
     return _kernel, grid, scalars, meta
