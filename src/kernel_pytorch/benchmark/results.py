@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from kernel_pytorch._env import triton_version
+from kernel_pytorch._tree import record
 from kernel_pytorch.benchmark.ceilings import Ceilings, RooflinePoint, _now
 from kernel_pytorch.benchmark.timer import Timing
 
@@ -115,20 +116,7 @@ class BenchmarkResults:
         return any(n.startswith(PARTIAL_NOTE) for n in self.notes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": self.schema,
-            "name": self.name,
-            "date": self.date,
-            "device": self.device,
-            "torch": self.torch,
-            "triton": self.triton,
-            "python": self.python,
-            "cuda": self.cuda,
-            "ceilings": self.ceilings.to_dict() if self.ceilings else None,
-            "smoke": self.smoke,
-            "notes": list(self.notes),
-            "rows": [r.to_dict() for r in self.rows],
-        }
+        return {"schema": self.schema, **record(self)}  # schema first: readers check it before the rest
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BenchmarkResults:
