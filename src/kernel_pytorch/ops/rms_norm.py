@@ -32,7 +32,15 @@ from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._common.partials import sum_partials
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops._common.rows import as_rows, row_launch, row_schedule, row_stride, split_schedule
-from kernel_pytorch.ops._common.tiles import chunk_dy_x, chunk_sums, first_loads, load_rows, row_step, split_block, split_step
+from kernel_pytorch.ops._common.tiles import (
+    chunk_dy_x,
+    chunk_sums,
+    first_loads,
+    load_rows,
+    row_step,
+    split_block,
+    split_step,
+)
 from kernel_pytorch.ops.norm_config import NormConfig
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm_backward, rms_norm_from_rstd, rms_norm_rstd, rounds_normed
