@@ -91,20 +91,21 @@ class Row:
 
 @dataclass
 class BenchmarkResults:
-    """A whole benchmark run: environment, ceilings and rows."""
+    """A whole benchmark run: environment, ceilings and rows (fields in the order the JSON lists them,
+    the rows last)."""
 
     name: str
     device: str
+    date: str = field(default_factory=_now)
     torch: str = field(default_factory=lambda: torch.__version__)
     triton: str | None = field(default_factory=triton_version)
     python: str = field(default_factory=platform.python_version)
     cuda: str | None = field(default_factory=lambda: torch.version.cuda)
-    date: str = field(default_factory=_now)
     ceilings: Ceilings | None = None
-    rows: list[Row] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    schema: int = SCHEMA_VERSION
     smoke: bool = False  # a smoke run (--quick): checks the pipeline, says nothing about speed
+    notes: list[str] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    schema: int = SCHEMA_VERSION
 
     def add(self, row: Row) -> Row:
         self.rows.append(row)
