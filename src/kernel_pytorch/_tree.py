@@ -2,7 +2,8 @@
 namedtuples and dataclasses, down to tensors and plain values.
 
 Names read like Python access paths, so a report can say `output['logits']` or
-`output.hidden_states[3]` and a user can paste it. Imports only torch; any layer may use it.
+`output.hidden_states[3]` and a user can paste it. `record` writes a dataclass record (a benchmark or
+validation result) as a JSON-ready dict. Imports only torch; any layer may use it.
 """
 
 from __future__ import annotations
