@@ -2,7 +2,8 @@
 namedtuples and dataclasses, down to tensors and plain values.
 
 Names read like Python access paths, so a report can say `output['logits']` or
-`output.hidden_states[3]` and a user can paste it. Imports only torch; any layer may use it.
+`output.hidden_states[3]` and a user can paste it. `record` writes a dataclass record (a benchmark or
+validation result) as a JSON-ready dict. Imports only torch; any layer may use it.
 """
 
 from __future__ import annotations
@@ -139,7 +140,27 @@ def devices(obj: Any) -> set[torch.device]:
     return {t.device for t in tensors(obj)}
 
 
+def record(obj: Any, **rename: str) -> dict[str, Any]:
+    """A dataclass's fields as a JSON-ready dict, in field order.
+
+    A value with a `to_dict()` goes through it, as do the values of a dict and the items of a list of
+    such; everything else is kept as it is. `rename` maps field names to keys, e.g. `pass_name="pass"`.
+    """
+    return {rename.get(f.name, f.name): _recorded(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+
+
+def _recorded(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, dict):
+        return {k: _recorded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_recorded(v) for v in value]
+    return value
+
+
 __all__ = [
     "Inputs", "as_inputs", "bitwise_equal", "call", "children", "clone_detached", "devices", "flatten", "map_tensors",
-    "move", "nbytes", "split_inputs", "tensors",
+    "move", "nbytes", "record", "split_inputs", "tensors",
 ]
+

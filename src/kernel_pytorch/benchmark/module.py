@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kernel_pytorch._tree import as_inputs, call, clone_detached, devices, map_tensors, nbytes, tensors
+from kernel_pytorch._tree import as_inputs, call, clone_detached, devices, map_tensors, nbytes, record, tensors
 from kernel_pytorch.benchmark.ceilings import Ceilings, RooflinePoint, device_name, roofline
 from kernel_pytorch.benchmark.graph_timer import time_cuda_graph
 from kernel_pytorch.benchmark.memory import MemoryMeasurement, peak_memory
@@ -137,15 +137,7 @@ class PassResult:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pass": self.pass_name,
-            "timing": self.timing.to_dict() if self.timing else None,
-            "graph_timing": self.graph_timing.to_dict() if self.graph_timing else None,
-            "graph_error": self.graph_error,
-            "memory": self.memory.to_dict() if self.memory else None,
-            "roofline": self.roofline.to_dict() if self.roofline else None,
-            "error": self.error,
-        }
+        return record(self, pass_name="pass")
 
 
 @dataclass
@@ -157,8 +149,7 @@ class ModuleBenchmark:
     passes: dict[str, PassResult] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "device": self.device,
-                "passes": {k: v.to_dict() for k, v in self.passes.items()}}
+        return record(self)
 
     def __str__(self) -> str:
         lines = [f"{self.name} on {self.device}"]

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from kernel_pytorch._env import triton_version
+from kernel_pytorch._tree import record
 from kernel_pytorch.benchmark.ceilings import Ceilings, RooflinePoint, _now
 from kernel_pytorch.benchmark.timer import Timing
 
@@ -90,20 +91,21 @@ class Row:
 
 @dataclass
 class BenchmarkResults:
-    """A whole benchmark run: environment, ceilings and rows."""
+    """A whole benchmark run: environment, ceilings and rows (fields in the order the JSON lists them,
+    the rows last)."""
 
     name: str
     device: str
+    date: str = field(default_factory=_now)
     torch: str = field(default_factory=lambda: torch.__version__)
     triton: str | None = field(default_factory=triton_version)
     python: str = field(default_factory=platform.python_version)
     cuda: str | None = field(default_factory=lambda: torch.version.cuda)
-    date: str = field(default_factory=_now)
     ceilings: Ceilings | None = None
-    rows: list[Row] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    schema: int = SCHEMA_VERSION
     smoke: bool = False  # a smoke run (--quick): checks the pipeline, says nothing about speed
+    notes: list[str] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    schema: int = SCHEMA_VERSION
 
     def add(self, row: Row) -> Row:
         self.rows.append(row)
@@ -115,20 +117,7 @@ class BenchmarkResults:
         return any(n.startswith(PARTIAL_NOTE) for n in self.notes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": self.schema,
-            "name": self.name,
-            "date": self.date,
-            "device": self.device,
-            "torch": self.torch,
-            "triton": self.triton,
-            "python": self.python,
-            "cuda": self.cuda,
-            "ceilings": self.ceilings.to_dict() if self.ceilings else None,
-            "smoke": self.smoke,
-            "notes": list(self.notes),
-            "rows": [r.to_dict() for r in self.rows],
-        }
+        return {"schema": self.schema, **record(self)}  # schema first: readers check it before the rest
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BenchmarkResults:

@@ -190,10 +190,17 @@ def _check_x(x: Tensor) -> None:
         raise ValueError("x must have at least one dimension (got a scalar)")
 
 
-def _gated_checks(x: Tensor, gate_multiplier: float, down_multiplier: float) -> tuple[float, float]:
-    """The gated block's eager checks of x and the two multipliers; returns the multipliers as floats."""
+def _gated_args(
+    x: Tensor, activation: str, gate_multiplier: float, down_multiplier: float, compiling: bool
+) -> tuple[str, float, float]:
+    """The gated block's activation name and multipliers; in eager, x and the multipliers are checked and
+    the multipliers returned as floats."""
+    act = check_activation(activation)
+    if compiling:
+        return act, gate_multiplier, down_multiplier
     _check_x(x)
-    return check_multiplier("gate_multiplier", gate_multiplier), check_multiplier("down_multiplier", down_multiplier)
+    gate_multiplier = check_multiplier("gate_multiplier", gate_multiplier)
+    return act, gate_multiplier, check_multiplier("down_multiplier", down_multiplier)
 
 
 def _down(h: Tensor, down_weight: Tensor, down_bias: Tensor | None, down_multiplier: float) -> Tensor:
@@ -221,21 +228,20 @@ def gated_mlp(
     Returns:
         (..., H_out) tensor of x's dtype.
     """
-    act = check_activation(activation)
     compiling = torch.compiler.is_compiling()
+    act, gate_multiplier, down_multiplier = _gated_args(x, activation, gate_multiplier, down_multiplier, compiling)
     if not compiling:
-        gate_multiplier, down_multiplier = _gated_checks(x, gate_multiplier, down_multiplier)
         inter = _check_linear("gate_weight", gate_weight, gate_bias, x.shape[-1], x)
         if _check_linear("up_weight", up_weight, up_bias, x.shape[-1], x) != inter:
             raise ValueError(f"up_weight must have gate_weight's shape {tuple(gate_weight.shape)} "
                              f"(got {tuple(up_weight.shape)})")
         _check_linear("down_weight", down_weight, down_bias, inter, x)
-    path = _resolve(backend, "gated_mlp", x, compiling)
     params = (down_weight, down_bias, gate_weight, gate_bias, up_weight, up_bias)
-    if path == "eager" and _block(x, params):
+    route = _gated_route(backend, x, params, compiling)
+    if route == "block":
         return _GatedMLPBlock.apply(_Act(act, gate_multiplier, down_multiplier), x, *params)
     gate, up = shared_input_linears(x, (gate_weight, up_weight), (gate_bias, up_bias))  # dx: one GEMM sum
-    if path == "op" and _recompute_h(x, params):
+    if route == "gated_down":
         return torch.ops.kernel_pytorch.gated_down_fwd(gate, up, down_weight, down_bias, act, gate_multiplier,
                                                        down_multiplier)
     # gate and up are this call's own: their gradient may be written over them
@@ -258,24 +264,34 @@ def gated_mlp_packed(
     Returns:
         (..., H_out) tensor of x's dtype.
     """
-    act = check_activation(activation)
     compiling = torch.compiler.is_compiling()
+    act, gate_multiplier, down_multiplier = _gated_args(x, activation, gate_multiplier, down_multiplier, compiling)
     if not compiling:
-        gate_multiplier, down_multiplier = _gated_checks(x, gate_multiplier, down_multiplier)
         inter2 = _check_linear("gate_up_weight", gate_up_weight, gate_up_bias, x.shape[-1], x)
         if inter2 % 2:
             raise ValueError(f"gate_up_weight holds [gate; up] rows, so an even number of them (got {inter2})")
         _check_linear("down_weight", down_weight, down_bias, inter2 // 2, x)
-    path = _resolve(backend, "gated_mlp", x, compiling)
     params = (down_weight, down_bias, gate_up_weight, gate_up_bias)
-    if path == "eager" and _block(x, params):
+    route = _gated_route(backend, x, params, compiling)
+    if route == "block":
         return _GatedMLPBlock.apply(_Act(act, gate_multiplier, down_multiplier), x, *params)
     gate_up = F.linear(x, gate_up_weight, gate_up_bias)
-    if path == "op" and _recompute_h(x, params):
+    if route == "gated_down":
         return torch.ops.kernel_pytorch.gated_down_packed_fwd(gate_up, down_weight, down_bias, act, gate_multiplier,
                                                               down_multiplier)
     h = gated_act_packed(gate_up, act, gate_multiplier=gate_multiplier, inplace_backward=True, backend=backend)
     return _down(h, down_weight, down_bias, down_multiplier)
+
+
+def _gated_route(backend: str, x: Tensor, params: tuple[Tensor | None, ...], compiling: bool) -> str:
+    """How a gated MLP call runs: "block" (the eager whole-block function, `_block`), "gated_down" (the
+    gated_down op, `_recompute_h`) or "composed" (the projections, then `gated_act` on `backend`)."""
+    path = _resolve(backend, "gated_mlp", x, compiling)
+    if path == "eager" and _block(x, params):
+        return "block"
+    if path == "op" and _recompute_h(x, params):
+        return "gated_down"
+    return "composed"
 
 
 def _block(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:

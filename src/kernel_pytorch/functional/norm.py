@@ -51,6 +51,21 @@ def _check_layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> 
     _check_same_device("x", x, weight=weight, bias=bias)
 
 
+def _check_rms_norm(x: Tensor, weight: Tensor, casting: str, residual: Tensor | None = None) -> None:
+    """rms_norm's and add_rms_norm's eager checks, in order: x, the residual (x's shape and dtype),
+    weight, one device for all, a known casting."""
+    _check_rows(x)
+    if residual is not None:
+        _check_float("residual", residual)
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have x's shape {tuple(x.shape)} (got {tuple(residual.shape)})")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"residual must have x's dtype {x.dtype} (got {residual.dtype})")
+    _check_param("weight", weight, x)
+    _check_same_device("x", x, residual=residual, weight=weight)
+    rounds_normed(casting)  # ValueError naming the values for an unknown casting
+
+
 def _aten_layer_norm_route(
     x: Tensor, weight: Tensor | None, bias: Tensor | None, backend: str, compiling: bool
 ) -> bool:
@@ -111,10 +126,7 @@ def rms_norm(
     """
     compiling = torch.compiler.is_compiling()
     if not compiling:
-        _check_rows(x)
-        _check_param("weight", weight, x)
-        _check_same_device("x", x, weight=weight)
-        rounds_normed(casting)  # ValueError naming the values for an unknown casting
+        _check_rms_norm(x, weight, casting)
     path = _resolve(backend, "rms_norm", x, compiling)
     if path == "eager":
         return kernels().rms_norm_eager(x, weight, float(eps), float(offset), casting)
@@ -146,15 +158,7 @@ def add_rms_norm(
     """
     compiling = torch.compiler.is_compiling()
     if not compiling:
-        _check_rows(x)
-        _check_float("residual", residual)
-        if residual.shape != x.shape:
-            raise ValueError(f"residual must have x's shape {tuple(x.shape)} (got {tuple(residual.shape)})")
-        if residual.dtype != x.dtype:
-            raise TypeError(f"residual must have x's dtype {x.dtype} (got {residual.dtype})")
-        _check_param("weight", weight, x)
-        _check_same_device("x", x, residual=residual, weight=weight)
-        rounds_normed(casting)
+        _check_rms_norm(x, weight, casting, residual)
     path = _resolve(backend, "add_rms_norm", x, compiling)
     if path == "eager":
         return kernels().add_rms_norm_eager(x, residual, weight, float(eps), float(offset), casting)

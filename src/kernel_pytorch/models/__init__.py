@@ -186,12 +186,11 @@ def build_model(
     name: str,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
-    batch_size: int | None = None,
-    seq_len: int | None = None,
-    seed: int = 0,
     *,
+    seed: int = 0,
     train: bool = False,
     config: ModelConfig | None = None,
+    **sizes: int | None,
 ) -> tuple[nn.Module, tuple[Tensor, ...]]:
     """Build a registry model and example inputs for it.
 
@@ -202,12 +201,12 @@ def build_model(
     Args:
         name: registry name (see `list_models()`).
         device, dtype: of the parameters (and of image inputs).
-        batch_size, seq_len: example input sizes; see `example_inputs`.
         seed: weights and inputs are deterministic by seed (weights per device type: CUDA and CPU
             generators draw different streams).
         train: the module's mode. Default False, eval mode: BatchNorm uses its running statistics and
             repeated calls have no side effects. Gradients flow either way.
         config: overrides the preset's config, e.g. `dataclasses.replace(MODELS[name].config, n_layers=4)`.
+        sizes: the example inputs' `batch_size`, `seq_len` or `image_size`, as `example_inputs` takes them.
     Returns:
         (model, inputs) with `model(*inputs)` -> logits: (B, T, vocab_size) for language models,
         (B, num_classes) for image models.
@@ -216,9 +215,10 @@ def build_model(
     config = spec.config if config is None else config
     if not isinstance(config, type(spec.config)):
         raise TypeError(f"{name} needs a {type(spec.config).__name__}, got {type(config).__name__}")
+    # inputs first: sizes the model cannot take fail before a large preset is allocated
+    inputs = example_inputs(name, device, dtype, seed=seed, config=config, **sizes)
     model = materialize(lambda: _module_for(config), device, dtype, seed)
     model.train(train)
-    inputs = example_inputs(name, device, dtype, batch_size, seq_len, seed, config=config)
     return model, inputs
 
 

@@ -1,4 +1,5 @@
-"""Construction helpers shared by the built-in models: build on the meta device, then materialise.
+"""Pieces shared by the built-in models: build on the meta device then materialise, the config head
+split, the pre-norm residual block, the causal-LM loss.
 
 Building on `meta` first means a preset never allocates at its full fp32 size on the host: the dtype is
 changed while the tensors are still shapes only, and memory is allocated once, on the target device.
@@ -7,13 +8,65 @@ changed while the tensors are still shapes only, and memory is allocated once, o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 M = TypeVar("M", bound=nn.Module)
+C = TypeVar("C")
+
+
+class HeadSplit:
+    """Mixin for the transformer configs (frozen dataclasses with `dim` and `n_heads` fields)."""
+
+    dim: int
+    n_heads: int
+
+    def check_heads(self) -> None:
+        """Raise ValueError unless `dim` splits evenly over `n_heads` heads."""
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        """Dh = dim / n_heads."""
+        return self.dim // self.n_heads
+
+    @classmethod
+    def tiny(cls: type[C]) -> C:
+        """The defaults: the CPU demo size, forward + backward in milliseconds."""
+        return cls()
+
+
+class PreNormBlock(nn.Module):
+    """Pre-norm residual block: x = x + attn(attn_norm(x), *context), then x + mlp(mlp_norm(x)).
+
+    Subclasses register the four parts under their checkpoint's names and list those names in `parts`
+    (attention norm, attention, MLP norm, MLP), so state_dict keys stay the checkpoint's. `context` is
+    what the attention takes besides x (Llama's rotary cos/sin). x (B, T, D) -> (B, T, D).
+    """
+
+    parts: ClassVar[tuple[str, str, str, str]]
+
+    def forward(self, x: Tensor, *context: Any) -> Tensor:
+        attn_norm, attn, mlp_norm, mlp = (getattr(self, name) for name in self.parts)
+        x = x + attn(attn_norm(x), *context)
+        return x + mlp(mlp_norm(x))
+
+
+class LayerNormBlock(PreNormBlock):
+    """PreNormBlock with LayerNorm(dim, eps) for both norms (GPT-2, ViT).
+
+    Registers norm, attn, norm, mlp in that order under the names in `parts`.
+    """
+
+    def __init__(self, dim: int, eps: float, attn: nn.Module, mlp: nn.Module) -> None:
+        super().__init__()
+        modules = (nn.LayerNorm(dim, eps=eps), attn, nn.LayerNorm(dim, eps=eps), mlp)
+        for name, module in zip(self.parts, modules):
+            self.add_module(name, module)
 
 
 def materialize(make: Callable[[], M], device: torch.device | str, dtype: torch.dtype, seed: int) -> M:

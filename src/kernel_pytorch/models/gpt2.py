@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernel_pytorch.models._common import causal_lm_loss, zero_
+from kernel_pytorch.models._common import HeadSplit, LayerNormBlock, causal_lm_loss, zero_
 
 
 @dataclass(frozen=True)
-class GPT2Config:
+class GPT2Config(HeadSplit):
     """Sizes of a GPT-2-style decoder. Defaults are the `tiny` CPU preset."""
 
     vocab_size: int = 512
@@ -37,18 +37,7 @@ class GPT2Config:
     initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
-
-    @property
-    def head_dim(self) -> int:
-        """dim / n_heads."""
-        return self.dim // self.n_heads
-
-    @classmethod
-    def tiny(cls) -> GPT2Config:
-        """CPU demo size."""
-        return cls()
+        self.check_heads()
 
     @classmethod
     def gpt2_small(cls) -> GPT2Config:
@@ -90,19 +79,13 @@ class GPT2MLP(nn.Module):
         return self.c_proj(self.act(self.c_fc(x)))
 
 
-class GPT2Block(nn.Module):
+class GPT2Block(LayerNormBlock):
     """Pre-norm block: x + attn(ln_1(x)), then + mlp(ln_2(.)). x (B, T, D) -> (B, T, D)."""
 
-    def __init__(self, config: GPT2Config) -> None:
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(config.dim, eps=config.norm_eps)
-        self.attn = GPT2Attention(config)
-        self.ln_2 = nn.LayerNorm(config.dim, eps=config.norm_eps)
-        self.mlp = GPT2MLP(config)
+    parts = ("ln_1", "attn", "ln_2", "mlp")
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__(config.dim, config.norm_eps, GPT2Attention(config), GPT2MLP(config))
 
 
 class GPT2Model(nn.Module):

@@ -13,17 +13,17 @@ loads unchanged and the modules are the ones later optimisations swap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernel_pytorch.models._common import causal_lm_loss, zero_
+from kernel_pytorch.models._common import HeadSplit, PreNormBlock, causal_lm_loss, zero_
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(HeadSplit):
     """Sizes of a Llama-style decoder. Defaults are the `tiny` CPU preset."""
 
     vocab_size: int = 512
@@ -39,35 +39,11 @@ class LlamaConfig:
     initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
+        self.check_heads()
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
-
-    @property
-    def head_dim(self) -> int:
-        """Dh = dim / n_heads."""
-        return self.dim // self.n_heads
-
-    @classmethod
-    def tiny(cls) -> LlamaConfig:
-        """CPU demo size: forward + backward in milliseconds."""
-        return cls()
-
-    @classmethod
-    def llama_8layer_2048(cls) -> LlamaConfig:
-        """8 Llama-3 layers at hidden 2048 with the full Llama-3 vocabulary (~1.03B parameters)."""
-        return cls(
-            vocab_size=128256,
-            dim=2048,
-            n_layers=8,
-            n_heads=16,
-            n_kv_heads=8,
-            intermediate_size=8192,
-            max_seq_len=8192,
-        )
 
     @classmethod
     def llama3_8b(cls) -> LlamaConfig:
@@ -81,6 +57,11 @@ class LlamaConfig:
             intermediate_size=14336,
             max_seq_len=8192,
         )
+
+    @classmethod
+    def llama_8layer_2048(cls) -> LlamaConfig:
+        """8 Llama-3 layers at hidden 2048 with the full Llama-3 vocabulary (~1.03B parameters)."""
+        return replace(cls.llama3_8b(), dim=2048, n_layers=8, n_heads=16, intermediate_size=8192)
 
 
 class LlamaRMSNorm(nn.Module):
@@ -198,11 +179,13 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
-class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)).
+class LlamaDecoderLayer(PreNormBlock):
+    """Pre-norm block: x + self_attn(input_layernorm(x), cos/sin), then + mlp(post_attention_layernorm(.)).
 
     forward: hidden_states (B, T, D), position_embeddings (cos, sin) -> (B, T, D).
     """
+
+    parts = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -210,14 +193,6 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
         self.input_layernorm = LlamaRMSNorm(config.dim, eps=config.norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.dim, eps=config.norm_eps)
-
-    def forward(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor]) -> Tensor:
-        residual = hidden_states
-        hidden_states = self.self_attn(self.input_layernorm(hidden_states), position_embeddings)
-        hidden_states = residual + hidden_states
-        residual = hidden_states
-        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
-        return residual + hidden_states
 
 
 class LlamaModel(nn.Module):

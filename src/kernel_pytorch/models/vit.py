@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernel_pytorch.models._common import zero_
+from kernel_pytorch.models._common import HeadSplit, LayerNormBlock, zero_
 
 
 @dataclass(frozen=True)
-class ViTConfig:
+class ViTConfig(HeadSplit):
     """Sizes of a ViT classifier. Defaults are the `tiny` CPU preset."""
 
     image_size: int = 32
@@ -40,18 +40,12 @@ class ViTConfig:
     def __post_init__(self) -> None:
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch {self.patch_size}")
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
+        self.check_heads()
 
     @property
     def num_patches(self) -> int:
         """N = (image_size / patch_size)^2."""
         return (self.image_size // self.patch_size) ** 2
-
-    @classmethod
-    def tiny(cls) -> ViTConfig:
-        """CPU demo size: 32x32 images, 16 patches."""
-        return cls()
 
     @classmethod
     def vit_b16(cls) -> ViTConfig:
@@ -84,7 +78,7 @@ class ViTAttention(nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         self.num_heads = config.n_heads
-        self.head_dim = config.dim // config.n_heads
+        self.head_dim = config.head_dim
         self.qkv = nn.Linear(config.dim, 3 * config.dim)
         self.proj = nn.Linear(config.dim, config.dim)
 
@@ -109,19 +103,13 @@ class ViTMLP(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-class ViTBlock(nn.Module):
+class ViTBlock(LayerNormBlock):
     """Pre-norm block: x + attn(norm1(x)), then + mlp(norm2(.)). x (B, N, D) -> (B, N, D)."""
 
-    def __init__(self, config: ViTConfig) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(config.dim, eps=config.norm_eps)
-        self.attn = ViTAttention(config)
-        self.norm2 = nn.LayerNorm(config.dim, eps=config.norm_eps)
-        self.mlp = ViTMLP(config)
+    parts = ("norm1", "attn", "norm2", "mlp")
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__(config.dim, config.norm_eps, ViTAttention(config), ViTMLP(config))
 
 
 class VisionTransformer(nn.Module):

@@ -27,7 +27,7 @@ from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._common.partials import partial_slots, store_partials, sum_partials
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops._common.rows import as_rows, row_launch, row_schedule, row_stride, split_schedule
-from kernel_pytorch.ops._common.tiles import load_dy_x, load_rows, tile_rows
+from kernel_pytorch.ops._common.tiles import chunk_dy_x, chunk_sums, first_loads, row_step, split_block, split_step
 from kernel_pytorch.ops.norm_config import NormConfig
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.layer_norm import layer_norm_backward, layer_norm_from_stats, layer_norm_stats
@@ -112,18 +112,11 @@ def _layer_norm_bwd_kernel(
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     db_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-    if PREFETCH:
-        nxt, _ = tile_rows(pid * ROWS, ROWS, n_rows)
-        dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
+    dy_next, x_next = first_loads(DY, X, pid * ROWS, n_rows, stride_dy, stride_x, cols, col_ok, ROWS, PREFETCH)
     for tile in range(pid, tl.cdiv(n_rows, ROWS), n_progs):
-        rows, row_ok = tile_rows(tile * ROWS, ROWS, n_rows)
-        if PREFETCH:
-            dy, x = dy_next, x_next
-            nxt, _ = tile_rows((tile + n_progs) * ROWS, ROWS, n_rows)
-            dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
-        else:
-            dy, x = load_dy_x(DY, X, rows, stride_dy, stride_x, cols, col_ok)
-        dy, x = dy.to(tl.float32), x.to(tl.float32)
+        rows, row_ok, dy, x, dy_next, x_next = row_step(
+            DY, X, tile, n_progs, n_rows, dy_next, x_next, stride_dy, stride_x, cols, col_ok, ROWS, PREFETCH,
+        )
         mean = tl.load(MEAN + rows)[:, None]
         rstd = tl.load(RSTD + rows)[:, None]
         # EVEN (BLOCK == n_cols): no padding columns whose x_hat would have to be zeroed
@@ -156,17 +149,12 @@ def _layer_norm_bwd_stats_kernel(
 ):
     # Split mode, first pass: STATS[0, row, chunk] = sum of g * x_hat, STATS[1, row, chunk] = sum of g
     # over the chunk's columns
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    cols = chunk * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < n_cols
-    g = tl.load(DY + row * stride_dy + cols, mask=ok, other=0.0).to(tl.float32)
-    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    row, cols, ok, g, x = chunk_dy_x(DY, X, stride_dy, stride_x, n_cols, BLOCK)
     if HAS_W:
         g = g * tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
     x_hat = tl.where(ok, (x - tl.load(MEAN + row)) * tl.load(RSTD + row), 0.0)
     s1, s2 = tl.reduce((g * x_hat, g), 0, _add_pair)
-    out = STATS + row * n_chunks + chunk
+    out = STATS + row * n_chunks + tl.program_id(1)
     tl.store(out, s1)
     tl.store(out + n_rows * n_chunks, s2)
 
@@ -179,29 +167,21 @@ def _layer_norm_bwd_cols_kernel(
     HAS_B: tl.constexpr,
 ):
     # Split mode, second pass, as in ops/rms_norm.py; PART is (HAS_W + HAS_B, groups, n_cols)
-    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    col_ok = cols < n_cols
-    group = tl.program_id(1)
-    start = group * rows_per_group
-    end = tl.minimum(start + rows_per_group, n_rows)
-    chunk = tl.arange(0, CHUNKS)
-    chunk_ok = chunk < n_chunks
+    cols, col_ok, start, end = split_block(n_rows, n_cols, rows_per_group, BLOCK)
     if HAS_W:
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     db_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-    nxt, _ = tile_rows(start, ROWS, end)
-    dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
+    dy_next, x_next = first_loads(DY, X, start, end, stride_dy, stride_x, cols, col_ok, ROWS, True)
     for first in range(start, end, ROWS):
-        rows, row_ok = tile_rows(first, ROWS, end)
-        dy, x = dy_next.to(tl.float32), x_next.to(tl.float32)
-        nxt, _ = tile_rows(first + ROWS, ROWS, end)
-        dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
+        rows, row_ok, dy, x, dy_next, x_next = split_step(
+            DY, X, first, end, dy_next, x_next, stride_dy, stride_x, cols, col_ok, ROWS,
+        )
         mean = tl.load(MEAN + rows)[:, None]
         rstd = tl.load(RSTD + rows)[:, None]
-        # each row's two sums from its chunks, added in a fixed order
-        c1 = tl.sum(load_rows(STATS, rows, n_chunks, chunk, chunk_ok), axis=1)[:, None] / n_cols
-        c2 = tl.sum(load_rows(STATS + n_rows * n_chunks, rows, n_chunks, chunk, chunk_ok), axis=1)[:, None]
+        # each row's two sums from its chunks
+        c1 = chunk_sums(STATS, rows, n_chunks, CHUNKS) / n_cols
+        c2 = chunk_sums(STATS + n_rows * n_chunks, rows, n_chunks, CHUNKS)
         x_hat = (x - mean) * rstd
         real = row_ok[:, None]
         if HAS_W:
@@ -214,7 +194,7 @@ def _layer_norm_bwd_cols_kernel(
         dx = (g - c2 / n_cols - x_hat * c1) * rstd
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
                  mask=real & col_ok[None, :])
-    part = PART + group.to(tl.int64) * n_cols + cols
+    part = PART + tl.program_id(1).to(tl.int64) * n_cols + cols
     if HAS_W:
         tl.store(part, tl.sum(dw_acc, axis=0), mask=col_ok)
         part += tl.num_programs(1).to(tl.int64) * n_cols

@@ -32,7 +32,15 @@ from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._common.partials import sum_partials
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops._common.rows import as_rows, row_launch, row_schedule, row_stride, split_schedule
-from kernel_pytorch.ops._common.tiles import load_dy_x, load_rows, tile_rows
+from kernel_pytorch.ops._common.tiles import (
+    chunk_dy_x,
+    chunk_sums,
+    first_loads,
+    load_rows,
+    row_step,
+    split_block,
+    split_step,
+)
 from kernel_pytorch.ops.norm_config import NormConfig
 from kernel_pytorch.reference._math import acc_dtype
 from kernel_pytorch.reference.rms_norm import rms_norm_backward, rms_norm_from_rstd, rms_norm_rstd, rounds_normed
@@ -135,20 +143,12 @@ def _rms_norm_bwd_kernel(
     col_ok = cols < n_cols
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
     dw_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-    # software pipelining by hand (PREFETCH): the next tile's loads are issued before this tile's
-    # math, so two tiles of traffic are in flight; past the end the loads re-read the last row
-    if PREFETCH:
-        nxt, _ = tile_rows(pid * ROWS, ROWS, n_rows)
-        dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
+    # software pipelining by hand (PREFETCH): ops/_common/tiles.py's walk
+    dy_next, x_next = first_loads(DY, X, pid * ROWS, n_rows, stride_dy, stride_x, cols, col_ok, ROWS, PREFETCH)
     for tile in range(pid, tl.cdiv(n_rows, ROWS), n_progs):
-        rows, row_ok = tile_rows(tile * ROWS, ROWS, n_rows)
-        if PREFETCH:
-            dy, x = dy_next, x_next
-            nxt, _ = tile_rows((tile + n_progs) * ROWS, ROWS, n_rows)
-            dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
-        else:
-            dy, x = load_dy_x(DY, X, rows, stride_dy, stride_x, cols, col_ok)
-        dy, x = dy.to(tl.float32), x.to(tl.float32)
+        rows, row_ok, dy, x, dy_next, x_next = row_step(
+            DY, X, tile, n_progs, n_rows, dy_next, x_next, stride_dy, stride_x, cols, col_ok, ROWS, PREFETCH,
+        )
         rstd = tl.load(RSTD + rows)[:, None]
         if HAS_DRES:  # issued before the reduction so its latency overlaps the math
             dres = load_rows(DRES, rows, stride_dres, cols, col_ok).to(tl.float32)
@@ -170,14 +170,9 @@ def _rms_norm_bwd_stats_kernel(
     DY, X, W, RSTD, STATS, stride_dy, stride_x, n_cols, n_chunks, offset, BLOCK: tl.constexpr,
 ):
     # Split mode, first pass: STATS[row, chunk] = sum over the chunk's columns of g * x_hat
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    cols = chunk * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < n_cols
-    dy = tl.load(DY + row * stride_dy + cols, mask=ok, other=0.0).to(tl.float32)
-    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    row, cols, ok, dy, x = chunk_dy_x(DY, X, stride_dy, stride_x, n_cols, BLOCK)
     w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32) + offset
-    tl.store(STATS + row * n_chunks + chunk, tl.sum(dy * w * x, axis=0) * tl.load(RSTD + row))
+    tl.store(STATS + row * n_chunks + tl.program_id(1), tl.sum(dy * w * x, axis=0) * tl.load(RSTD + row))
 
 
 @triton.jit
@@ -190,25 +185,16 @@ def _rms_norm_bwd_cols_kernel(
     # Split mode, second pass: program (i, k) owns columns i*BLOCK.. of rows k*rows_per_group..,
     # walks them in tiles of ROWS rows (prefetching the next tile) and writes its weight-gradient
     # partial row k once at the end; ROUND_NORMED as in the row-mode kernel
-    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    col_ok = cols < n_cols
-    group = tl.program_id(1)
-    start = group * rows_per_group
-    end = tl.minimum(start + rows_per_group, n_rows)
-    chunk = tl.arange(0, CHUNKS)
-    chunk_ok = chunk < n_chunks
+    cols, col_ok, start, end = split_block(n_rows, n_cols, rows_per_group, BLOCK)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
     dw_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-    nxt, _ = tile_rows(start, ROWS, end)
-    dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
+    dy_next, x_next = first_loads(DY, X, start, end, stride_dy, stride_x, cols, col_ok, ROWS, True)
     for first in range(start, end, ROWS):
-        rows, row_ok = tile_rows(first, ROWS, end)
-        dy, x = dy_next.to(tl.float32), x_next.to(tl.float32)
-        nxt, _ = tile_rows(first + ROWS, ROWS, end)
-        dy_next, x_next = load_dy_x(DY, X, nxt, stride_dy, stride_x, cols, col_ok)
+        rows, row_ok, dy, x, dy_next, x_next = split_step(
+            DY, X, first, end, dy_next, x_next, stride_dy, stride_x, cols, col_ok, ROWS,
+        )
         rstd = tl.load(RSTD + rows)[:, None]
-        # the row's sum from its chunks, added in a fixed order
-        c = tl.sum(load_rows(STATS, rows, n_chunks, chunk, chunk_ok), axis=1)[:, None] / n_cols
+        c = chunk_sums(STATS, rows, n_chunks, CHUNKS) / n_cols  # the row's sum from its chunks
         x_hat = x * rstd
         x_w = _dw_normed(x, x_hat, rstd, X.dtype.element_ty, ROUND_NORMED, IN_DTYPE)
         dw_acc += tl.where(row_ok[:, None], dy * x_w, 0.0)
@@ -217,7 +203,7 @@ def _rms_norm_bwd_cols_kernel(
             dx += load_rows(DRES, rows, stride_dres, cols, col_ok).to(tl.float32)
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
-    tl.store(DW_PART + group.to(tl.int64) * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+    tl.store(DW_PART + tl.program_id(1).to(tl.int64) * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
 
 
 _fwd_kernel = Launcher(_rms_norm_fwd_kernel)

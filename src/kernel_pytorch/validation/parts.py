@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernel_pytorch._tree import record
 from kernel_pytorch.benchmark.timer import Timing
 from kernel_pytorch.tolerances import BUDGET_FACTOR, TOLERANCES
 from kernel_pytorch.validation.compare import TensorCheck
@@ -73,15 +74,7 @@ class PassComparison:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pass": self.pass_name,
-            "original": self.original.to_dict() if self.original else None,
-            "optimized": self.optimized.to_dict() if self.optimized else None,
-            "speedup": self.speedup,
-            "speedup_low": self.speedup_low,
-            "speedup_high": self.speedup_high,
-            "error": self.error,
-        }
+        return record(self, pass_name="pass")
 
 
 @dataclass(frozen=True)
@@ -92,7 +85,7 @@ class PerformanceReport:
     passes: dict[str, PassComparison]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "passes": {k: v.to_dict() for k, v in self.passes.items()}}
+        return record(self)
 
 
 @dataclass(frozen=True)
@@ -106,8 +99,7 @@ class PassMemory:
     saved_bytes: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pass": self.pass_name, "original_bytes": self.original_bytes,
-                "optimized_bytes": self.optimized_bytes, "ratio": self.ratio, "saved_bytes": self.saved_bytes}
+        return record(self, pass_name="pass")
 
 
 @dataclass(frozen=True)
@@ -118,7 +110,7 @@ class MemoryReport:
     passes: dict[str, PassMemory]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "passes": {k: v.to_dict() for k, v in self.passes.items()}}
+        return record(self)
 
 
 @dataclass(frozen=True)

@@ -58,31 +58,41 @@ def _recomputing(norm: kp_nn.RMSNorm) -> kp_nn.RMSNorm:
     return norm
 
 
-class TorchRMSNormRule(DropInRule):
+class _TorchNormRule(DropInRule):
+    """torch.nn.RMSNorm / LayerNorm -> ours, built with the module's own shape, eps and affinity."""
+
+    family = "norm"
+
+    def build(self, module: nn.Module) -> nn.Module:
+        return self.ours(module.normalized_shape, eps=module.eps, elementwise_affine=module.elementwise_affine,
+                         device="meta", **self.options(module))
+
+    def options(self, module: nn.Module) -> dict[str, Any]:
+        """Constructor arguments of ours beyond the shared ones."""
+        raise NotImplementedError
+
+
+class TorchRMSNormRule(_TorchNormRule):
     """torch.nn.RMSNorm (or a subclass keeping its forward) -> kernel_pytorch.nn.RMSNorm."""
 
     name = "torch_rms_norm"
-    family = "norm"
     base, ours = nn.RMSNorm, kp_nn.RMSNorm
 
-    def build(self, module: nn.Module) -> nn.Module:
-        return kp_nn.RMSNorm(module.normalized_shape, eps=module.eps, elementwise_affine=module.elementwise_affine,
-                             device="meta", **rms_norm_options("torch"))
+    def options(self, module: nn.Module) -> dict[str, Any]:
+        return rms_norm_options("torch")
 
     def finish(self, new: nn.Module) -> nn.Module:
         return _recomputing(new)
 
 
-class TorchLayerNormRule(DropInRule):
+class TorchLayerNormRule(_TorchNormRule):
     """torch.nn.LayerNorm (or a subclass keeping its forward) -> kernel_pytorch.nn.LayerNorm."""
 
     name = "torch_layer_norm"
-    family = "norm"
     base, ours = nn.LayerNorm, kp_nn.LayerNorm
 
-    def build(self, module: nn.Module) -> nn.Module:
-        return kp_nn.LayerNorm(module.normalized_shape, eps=module.eps, elementwise_affine=module.elementwise_affine,
-                               bias=module.bias is not None, device="meta")
+    def options(self, module: nn.Module) -> dict[str, Any]:
+        return {"bias": module.bias is not None}
 
 
 def _hf_rms_shape(module: nn.Module) -> tuple[int, float, str] | None:
