@@ -7,7 +7,8 @@ composed eager block and, from the generated backward, the lines that allocate b
 (an in-place write shows the op handed the saved mm outputs, with no clone or copy_ beside it).
 
 Usage:
-    TORCH_LOGS=output_code python3 benchmarks/probes/probe_reinplace.py [cuda] 2>&1 | grep -E "act_bwd_|empty_strided|clone|match"
+    TORCH_LOGS=output_code python3 benchmarks/probes/probe_reinplace.py [cuda] 2>&1 \
+        | grep -E "act_bwd_|empty_strided|clone|match"
 """
 
 from __future__ import annotations

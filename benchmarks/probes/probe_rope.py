@@ -1,7 +1,8 @@
 # ruff: noqa: B023, E731  (lambdas are timed immediately, inside the loop that binds them)
 """GPU probe of the rotary-embedding kernel and the deterministic embedding backward.
 
-Usage: PYTHONPATH=src python3 benchmarks/probes/probe_rope.py [--sections check,rope,decode,variants,pairs,embedding] [--quick]
+Usage: PYTHONPATH=src python3 benchmarks/probes/probe_rope.py \
+    [--sections check,rope,decode,variants,pairs,embedding] [--quick]
 
   check      correctness at the benchmark shapes (both layouts, both conventions, train and decode):
              ours vs the reference, vs transformers' eager formula (tolerance table and fp64 budget),
