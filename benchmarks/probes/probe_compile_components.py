@@ -7,7 +7,8 @@ then the loss and every gradient against the eager optimized model's on the same
     python benchmarks/probes/probe_compile_components.py --sets embedding cross_entropy,embedding --layers 2
     CUDA_LAUNCH_BLOCKING=1 python benchmarks/probes/probe_compile_components.py --one embedding   # one set, in-process
     python benchmarks/probes/probe_compile_components.py --sets auto --layers 8 --out DIR
-        # a failing set is rerun with CUDA_LAUNCH_BLOCKING=1 TORCH_LOGS=output_code (log in DIR), and the faulting kernel's source nodes printed
+        # a failing set is rerun with CUDA_LAUNCH_BLOCKING=1 TORCH_LOGS=output_code (log in DIR),
+        # and the faulting kernel's source nodes printed
 """
 
 from __future__ import annotations
