@@ -10,6 +10,14 @@ Backends: "auto" runs the kernel when every parameter with a gradient can take i
 otherwise, saying once why; "triton" raises instead; "torch" always runs torch's step. torch's step also
 runs what the kernel does not do: capturable, differentiable, fused=True (a request for torch's fused
 implementation), complex or sparse tensors, tensor subclasses, and non-contiguous or misaligned tensors.
+
+DTensor parameters (FSDP2's `fully_shard`: Shard(0) on a 1-D mesh) are stepped on their local shards, in
+the same launches as plain ones, when the gradient and moments are DTensors of the parameter's mesh and
+placements and no placement is Partial; the moments are created as DTensors of that layout, as torch's
+are, so `state_dict()` and DCP's optimizer state move between this optimizer and torch's. Other layouts
+fall back (auto) or raise (triton), naming the tensor and torch's fused or foreach step as the way to run it.
+FSDP2's gradient shards are views into one reduce-scatter buffer: one misaligned by an earlier parameter's
+padded shard (not a multiple of 16 bytes) falls back like any misaligned tensor.
 """
 
 from __future__ import annotations
@@ -33,22 +41,59 @@ def kernel_ready(device: torch.device) -> tuple[bool, str]:
     return triton_status(device)
 
 
-def _why_not(p: Tensor, others: tuple[Tensor, ...], ready: dict[torch.device, tuple[bool, str]]) -> str | None:
-    """Why the kernel cannot update `p` with its gradient and moments `others` (None: it can).
-    `ready` caches kernel_ready by device within one step."""
-    for t in (p, *others):
+def _why_not(p: Tensor, others: dict[str, Tensor], ready: dict[torch.device, tuple[bool, str]],
+             where: str = "a parameter", torch_step: str = "torch's step") -> str | None:
+    """Why the kernel cannot update `p` with its gradient and moments `others` (by state name; None: it
+    can). A DTensor `p` is judged by its local shard (`_dtensor_why` first). `ready` caches kernel_ready by
+    device within one step; `where` names `p` and `torch_step` the alternative in the messages."""
+    if not is_plain_tensor(p):
+        if (why := _dtensor_why(p, others, where, torch_step)) is not None:
+            return why
+        p, others = p.to_local(), {k: t.to_local() for k, t in others.items()}
+    for t in (p, *others.values()):
         if not is_plain_tensor(t):
             return f"a parameter, gradient or moment is a tensor subclass ({type(t).__name__})"
         if t.dtype not in KERNEL_DTYPES or t.layout != torch.strided:
             return f"a parameter, gradient or moment is {t.dtype} ({t.layout}); the kernel takes dense {KERNEL_DTYPES}"
         if t is not p and (t.device != p.device or t.shape != p.shape):
             return "a gradient or moment is not on its parameter's device or not of its shape"
-        if not t.is_contiguous() or t.data_ptr() % 16:
+        if t.numel() and (not t.is_contiguous() or t.data_ptr() % 16):  # an empty shard is never read
             return "a parameter, gradient or moment is not contiguous and 16-byte aligned"
     status = ready.get(p.device)
     if status is None:
         status = ready[p.device] = kernel_ready(p.device)
     return None if status[0] else status[1]
+
+
+def _dtensor_why(p: Tensor, others: dict[str, Tensor], where: str, torch_step: str) -> str | None:
+    """Why the subclass `p` cannot be stepped on its local shard (None: a DTensor whose gradient and
+    moments `others` share its mesh and placements, none Partial: the update is elementwise, so each
+    rank's shard update is the global one's restriction)."""
+    dtensor = _dtensor_class()
+    alternative = f"{torch_step} (fused=True or foreach=True) runs it"
+    if dtensor is None or not isinstance(p, dtensor):
+        return f"{where} is a tensor subclass ({type(p).__name__}); {alternative}"
+    if any(pl.is_partial() for pl in p.placements):
+        return f"{where} is a DTensor with a Partial placement {p.placements}; {alternative}"
+    for name, t in others.items():
+        if not isinstance(t, dtensor):
+            return (f"{where} is a DTensor but its {name} is a {type(t).__name__}; the kernel steps a DTensor "
+                    f"with a gradient and moments of its own layout; {alternative}")
+        if t.device_mesh != p.device_mesh or t.placements != p.placements or t.shape != p.shape:
+            return (f"{where} is a DTensor with placements {p.placements} but its {name} has {t.placements} "
+                    f"(mesh {t.device_mesh}, shape {tuple(t.shape)}); the kernel steps matching local shards "
+                    f"only; {alternative}")
+    return None
+
+
+def _dtensor_class() -> type | None:
+    """torch's DTensor class where torch.distributed is built (None: no DTensor exists); imported on the
+    first subclass seen, so plain steps never import torch.distributed.tensor."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
 
 
 def _unhooked(cls: type[torch.optim.Optimizer]) -> Callable[..., Any]:
@@ -74,18 +119,20 @@ class _OneLaunch:
         if self.backend == "torch":
             return "backend='torch'"
         ready: dict[torch.device, tuple[bool, str]] = {}
-        for group in self.param_groups:
+        torch_step = f"torch.optim.{self._torch_class().__name__}"
+        for g, group in enumerate(self.param_groups):
             for name, value in _TORCH_ONLY.items():
                 if group.get(name) == value:
                     return f"{name}={value} is torch's alone"
             if isinstance(group["lr"], Tensor) and group["lr"].device.type != "cpu":
                 return "lr is a device tensor"
-            for p in group["params"]:
+            for i, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
-                state = self.state.get(p)
-                moments = tuple(state[k] for k in _MOMENTS if k in state) if state else ()
-                if (why := _why_not(p, (p.grad, *moments), ready)) is not None:
+                state = self.state.get(p) or {}
+                others = {"gradient": p.grad, **{k: state[k] for k in _MOMENTS if k in state}}
+                where = f"param_groups[{g}]['params'][{i}]"
+                if (why := _why_not(p, others, ready, where, torch_step)) is not None:
                     return why
         return None
 
@@ -145,6 +192,10 @@ class _OneLaunch:
         buckets: dict[tuple, tuple[float, tuple[list[Tensor], ...]]] = {}
         for (index, p, state), step in zip(owners, values, strict=True):
             tensors = (p, p.grad, *(state.get(k, p) for k in _MOMENTS))  # p: a placeholder without amsgrad
+            if not is_plain_tensor(p):  # a DTensor of its gradient's and moments' layout (_dtensor_why)
+                tensors = tuple(t.to_local() for t in tensors)  # views: the kernel updates the shards
+            if not tensors[0].numel():  # an empty shard: its step is counted, nothing to update
+                continue
             key = (index, p.device, *(t.dtype for t in tensors), step)
             lists = buckets.setdefault(key, (step, ([], [], [], [], [])))[1]
             for out, t in zip(lists, tensors, strict=True):
