@@ -19,7 +19,7 @@ import traceback
 import pytest
 import torch
 
-from kernel_pytorch.optim import AdamW
+from kernel_pytorch.optim import Adam, AdamW
 from kernel_pytorch.optim import adam as optim_adam
 from kernel_pytorch.tolerances import compare
 
@@ -35,10 +35,11 @@ def _model() -> torch.nn.Module:
                                torch.nn.GELU(), torch.nn.Linear(32, 7))
 
 
-def _shard(model: torch.nn.Module, mesh) -> torch.nn.Module:
+def _shard(model: torch.nn.Module, mesh, per_layer: bool = True) -> torch.nn.Module:
+    """fully_shard on each Linear (per_layer) and the root, the torchtitan recipe."""
     from torch.distributed.fsdp import fully_shard
 
-    for layer in model:
+    for layer in model if per_layer else ():
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     return fully_shard(model, mesh=mesh)
@@ -110,6 +111,39 @@ def _trajectory_and_state(rank: int, mesh, launches: list) -> None:
         opt.load_state_dict(snapshot[1])
 
 
+def _adam_amsgrad(rank: int, mesh, launches: list) -> None:
+    """Adam with amsgrad (a third moment, max_exp_avg_sq, as a DTensor too) against torch's Adam."""
+    base = _model()
+    ours, theirs = _shard(copy.deepcopy(base), mesh), _shard(copy.deepcopy(base), mesh)
+    opt = Adam(ours.parameters(), lr=1e-2, weight_decay=0.05, amsgrad=True, backend="triton")
+    ref = torch.optim.Adam(theirs.parameters(), lr=1e-2, weight_decay=0.05, amsgrad=True, foreach=True)
+    launches.clear()
+    _train(ours, opt, rank, 2)
+    _train(theirs, ref, rank, 2)
+    assert len(launches) == 2, launches
+    _assert_full_params_match(ours, theirs)
+
+
+def _misaligned_shards(rank: int, mesh, launches: list) -> None:
+    """One fully_shard over layers whose padded shards are not 16-byte multiples: the later gradient
+    shards (views into the reduce-scatter buffer) are misaligned, so torch's step runs, as documented."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 4))
+    ours, theirs = (_shard(copy.deepcopy(base), mesh, per_layer=False) for _ in range(2))
+    launches.clear()
+    for model, opt in ((ours, AdamW(ours.parameters(), lr=1e-2)),
+                       (theirs, torch.optim.AdamW(theirs.parameters(), lr=1e-2))):
+        for step in range(2):
+            model(_batch(rank, step)[:, :4]).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert launches == [], launches
+    _assert_full_params_match(ours, theirs)
+    with pytest.raises(ValueError, match="not contiguous and 16-byte aligned"):
+        ours(_batch(rank, 0)[:, :4]).sum().backward()
+        AdamW(ours.parameters(), backend="triton").step()
+
+
 def _bad_layouts(rank: int, mesh, launches: list) -> None:
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
@@ -141,7 +175,8 @@ def _bad_layouts(rank: int, mesh, launches: list) -> None:
                                   for r in records), records
 
 
-_SCENARIOS = {"trajectory_and_state": _trajectory_and_state, "bad_layouts": _bad_layouts}
+_SCENARIOS = {"trajectory_and_state": _trajectory_and_state, "adam_amsgrad": _adam_amsgrad,
+              "bad_layouts": _bad_layouts, "misaligned_shards": _misaligned_shards}
 
 
 def _worker(rank: int, init_file: str, results) -> None:
@@ -220,5 +255,10 @@ def test_fsdp2_trajectory_and_state_match_torch(outcomes) -> None:
     _check(outcomes["trajectory_and_state"])
 
 
+def test_fsdp2_adam_amsgrad_matches_torch(outcomes) -> None:
+    _check(outcomes["adam_amsgrad"])
+
+
 def test_fsdp2_bad_layouts_raise_or_fall_back(outcomes) -> None:
     _check(outcomes["bad_layouts"])
+    _check(outcomes["misaligned_shards"])
