@@ -42,10 +42,11 @@ def kernel_ready(device: torch.device) -> tuple[bool, str]:
 
 
 def _why_not(p: Tensor, others: dict[str, Tensor], ready: dict[torch.device, tuple[bool, str]],
-             where: str = "a parameter", torch_step: str = "torch's step") -> str | None:
+             where: tuple[int, int] | None = None, torch_step: str = "torch's step") -> str | None:
     """Why the kernel cannot update `p` with its gradient and moments `others` (by state name; None: it
     can). A DTensor `p` is judged by its local shard (`_dtensor_why` first). `ready` caches kernel_ready by
-    device within one step; `where` names `p` and `torch_step` the alternative in the messages."""
+    device within one step; `where` ((group, index) in param_groups) names `p` and `torch_step` the
+    alternative in the messages, both formatted only for a subclass `p`, off the plain step's path."""
     if not is_plain_tensor(p):
         if (why := _dtensor_why(p, others, where, torch_step)) is not None:
             return why
@@ -65,11 +66,12 @@ def _why_not(p: Tensor, others: dict[str, Tensor], ready: dict[torch.device, tup
     return None if status[0] else status[1]
 
 
-def _dtensor_why(p: Tensor, others: dict[str, Tensor], where: str, torch_step: str) -> str | None:
+def _dtensor_why(p: Tensor, others: dict[str, Tensor], at: tuple[int, int] | None, torch_step: str) -> str | None:
     """Why the subclass `p` cannot be stepped on its local shard (None: a DTensor whose gradient and
     moments `others` share its mesh and placements, none Partial: the update is elementwise, so each
     rank's shard update is the global one's restriction)."""
     dtensor = _dtensor_class()
+    where = "a parameter" if at is None else f"param_groups[{at[0]}]['params'][{at[1]}]"
     alternative = f"{torch_step} (fused=True or foreach=True) runs it"
     if dtensor is None or not isinstance(p, dtensor):
         return f"{where} is a tensor subclass ({type(p).__name__}); {alternative}"
@@ -131,8 +133,7 @@ class _OneLaunch:
                     continue
                 state = self.state.get(p) or {}
                 others = {"gradient": p.grad, **{k: state[k] for k in _MOMENTS if k in state}}
-                where = f"param_groups[{g}]['params'][{i}]"
-                if (why := _why_not(p, others, ready, where, torch_step)) is not None:
+                if (why := _why_not(p, others, ready, (g, i), torch_step)) is not None:
                     return why
         return None
 
