@@ -3,18 +3,12 @@ processes on CPU with gloo: the kernel steps the local shards (one launch a step
 trajectory, its state dict and DCP's optimizer state load into torch's AdamW, and layouts it does not take
 raise (backend="triton") or fall back (auto), naming the tensor and torch's step.
 
-The processes are spawned once for the module (each runs every scenario and reports each one's outcome),
-under a timeout: a hang fails the tests instead of stalling CI."""
+The processes are spawned once for the module by tests/distributed.py, under a timeout."""
 
 from __future__ import annotations
 
 import copy
 import logging
-import multiprocessing
-import os
-import queue as queue_module
-import time
-import traceback
 
 import pytest
 import torch
@@ -22,6 +16,7 @@ import torch
 from kernel_pytorch.optim import Adam, AdamW
 from kernel_pytorch.optim import adam as optim_adam
 from kernel_pytorch.tolerances import compare
+from tests.distributed import Ctx, check, run_world
 
 WORLD = 2
 TIMEOUT_S = 120
@@ -66,7 +61,8 @@ def _assert_full_params_match(a: torch.nn.Module, b: torch.nn.Module) -> None:
         assert result.passed, result.message(name)
 
 
-def _trajectory_and_state(rank: int, mesh, launches: list) -> None:
+def trajectory_and_state(ctx: Ctx) -> None:
+    rank, mesh = ctx.rank, ctx.mesh()
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
     from torch.distributed.tensor import DTensor
 
@@ -75,11 +71,11 @@ def _trajectory_and_state(rank: int, mesh, launches: list) -> None:
     opt = AdamW(ours.parameters(), lr=1e-2, weight_decay=0.05, backend="triton")
     ref = torch.optim.AdamW(theirs.parameters(), lr=1e-2, weight_decay=0.05, foreach=True)
     assert all(isinstance(p, DTensor) for p in ours.parameters())
-    launches.clear()
+    LAUNCHES.clear()
     our_losses, their_losses = _train(ours, opt, rank, STEPS), _train(theirs, ref, rank, STEPS)
     # the kernel ran, once a step, on every parameter's local shard (plain tensors), not torch's step
     n = len(list(ours.parameters()))
-    assert launches == [(n, True)] * STEPS, launches
+    assert LAUNCHES == [(n, True)] * STEPS, LAUNCHES
     torch.testing.assert_close(torch.tensor(our_losses), torch.tensor(their_losses), rtol=1e-5, atol=1e-6)
     _assert_full_params_match(ours, theirs)
 
@@ -111,41 +107,45 @@ def _trajectory_and_state(rank: int, mesh, launches: list) -> None:
         opt.load_state_dict(snapshot[1])
 
 
-def _adam_amsgrad(rank: int, mesh, launches: list) -> None:
+def adam_amsgrad(ctx: Ctx) -> None:
     """Adam with amsgrad (a third moment, max_exp_avg_sq, as a DTensor too) against torch's Adam."""
+    rank, mesh = ctx.rank, ctx.mesh()
     base = _model()
     ours, theirs = _shard(copy.deepcopy(base), mesh), _shard(copy.deepcopy(base), mesh)
     opt = Adam(ours.parameters(), lr=1e-2, weight_decay=0.05, amsgrad=True, backend="triton")
     ref = torch.optim.Adam(theirs.parameters(), lr=1e-2, weight_decay=0.05, amsgrad=True, foreach=True)
-    launches.clear()
+    LAUNCHES.clear()
     _train(ours, opt, rank, 2)
     _train(theirs, ref, rank, 2)
-    assert len(launches) == 2, launches
+    assert len(LAUNCHES) == 2, LAUNCHES
     _assert_full_params_match(ours, theirs)
 
 
-def _misaligned_shards(rank: int, mesh, launches: list) -> None:
+def misaligned_shards(ctx: Ctx) -> None:
     """One fully_shard over layers whose padded shards are not 16-byte multiples: the later gradient
     shards (views into the reduce-scatter buffer) are misaligned, so torch's step runs, as documented."""
+    rank, mesh = ctx.rank, ctx.mesh()
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 4))
     ours, theirs = (_shard(copy.deepcopy(base), mesh, per_layer=False) for _ in range(2))
-    launches.clear()
+    LAUNCHES.clear()
     for model, opt in ((ours, AdamW(ours.parameters(), lr=1e-2)),
                        (theirs, torch.optim.AdamW(theirs.parameters(), lr=1e-2))):
         for step in range(2):
             model(_batch(rank, step)[:, :4]).square().mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-    assert launches == [], launches
+    assert LAUNCHES == [], LAUNCHES
     _assert_full_params_match(ours, theirs)
     with pytest.raises(ValueError, match="not contiguous and 16-byte aligned"):
         ours(_batch(rank, 0)[:, :4]).sum().backward()
         AdamW(ours.parameters(), backend="triton").step()
 
 
-def _bad_layouts(rank: int, mesh, launches: list) -> None:
+def bad_layouts(ctx: Ctx) -> None:
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    mesh = ctx.mesh()
 
     records: list[str] = []
     handler = logging.Handler()
@@ -168,97 +168,49 @@ def _bad_layouts(rank: int, mesh, launches: list) -> None:
                        r"torch.optim.AdamW \(fused=True or foreach=True\)"):
         AdamW([partial], backend="triton").step()
     # auto: torch's step, said once, and the kernel not launched
-    launches.clear()
+    LAUNCHES.clear()
     p = mismatched()
     AdamW([p], lr=1e-2).step()
-    assert launches == [] and any("is a DTensor with placements" in r and "using torch's AdamW step" in r
+    assert LAUNCHES == [] and any("is a DTensor with placements" in r and "using torch's AdamW step" in r
                                   for r in records), records
 
 
-_SCENARIOS = {"trajectory_and_state": _trajectory_and_state, "adam_amsgrad": _adam_amsgrad,
-              "bad_layouts": _bad_layouts, "misaligned_shards": _misaligned_shards}
+SCENARIOS = ("trajectory_and_state", "adam_amsgrad", "bad_layouts", "misaligned_shards")
 
 
-def _worker(rank: int, init_file: str, results) -> None:
-    """One rank: the kernel on CPU through Triton's interpreter (as tests/optim/test_adam.py does), its
-    launcher spied on; every scenario's outcome (None or the traceback) back to the parent."""
-    os.environ["TRITON_INTERPRET"] = "1"  # before the kernel module is imported
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+LAUNCHES: list = []  # (number of tensors, all plain tensors) for each kernel launch, in a rank's process
 
+
+def setup_rank(ctx: Ctx) -> None:
+    """The kernel on CPU through Triton's interpreter (as tests/optim/test_adam.py does), its launcher spied
+    on."""
     from kernel_pytorch.ops import adam as K
 
     optim_adam.kernel_ready = lambda device: (True, "interpreter")
-    launches: list = []
     launch = K.adam_step
 
     def spied(params, *args, **kwargs):
-        launches.append((len(params), all(type(t) is torch.Tensor for t in params)))
+        LAUNCHES.append((len(params), all(type(t) is torch.Tensor for t in params)))
         launch(params, *args, **kwargs)
 
     K.adam_step = spied
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    outcomes = {}
-    try:
-        mesh = init_device_mesh("cpu", (WORLD,))
-        for name, scenario in _SCENARIOS.items():
-            try:
-                scenario(rank, mesh, launches)
-                outcomes[name] = None
-            except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
-                outcomes[name] = traceback.format_exc()
-            dist.barrier()
-    finally:
-        results.put((rank, outcomes))
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, dict[int, str | None]]:
-    """Each scenario's outcome on each rank; the processes are killed at the timeout."""
-    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    init_file = str(tmp_path_factory.mktemp("fsdp") / "init")
-    procs = [ctx.Process(target=_worker, args=(rank, init_file, results), daemon=True) for rank in range(WORLD)]
-    for proc in procs:
-        proc.start()
-    got: dict[int, dict[str, str | None]] = {}
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while len(got) < WORLD:
-            rank, ranks_outcomes = results.get(timeout=max(deadline - time.monotonic(), 0.1))
-            got[rank] = ranks_outcomes
-    except queue_module.Empty:
-        pass
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    if len(got) < WORLD:
-        pytest.fail(f"ranks {sorted(set(range(WORLD)) - set(got))} reported nothing within {TIMEOUT_S} s "
-                    f"(exit codes {[p.exitcode for p in procs]})")
-    return {name: {rank: got[rank].get(name, "not run") for rank in got} for name in _SCENARIOS}
-
-
-def _check(outcome: dict[int, str | None]) -> None:
-    failed = {rank: tb for rank, tb in outcome.items() if tb is not None}
-    assert not failed, "\n".join(f"rank {rank}:\n{tb}" for rank, tb in failed.items())
+    return run_world(__name__, SCENARIOS, world=WORLD, tmp=tmp_path_factory.mktemp("fsdp"), timeout_s=TIMEOUT_S)
 
 
 def test_fsdp2_trajectory_and_state_match_torch(outcomes) -> None:
     """3 steps of an MLP under fully_shard (per layer and root): losses and full parameters as torch's
     AdamW (foreach); the state is torch's layout and continues in torch's AdamW (DCP and load_state_dict)."""
-    _check(outcomes["trajectory_and_state"])
+    check(outcomes["trajectory_and_state"])
 
 
 def test_fsdp2_adam_amsgrad_matches_torch(outcomes) -> None:
-    _check(outcomes["adam_amsgrad"])
+    check(outcomes["adam_amsgrad"])
 
 
 def test_fsdp2_bad_layouts_raise_or_fall_back(outcomes) -> None:
-    _check(outcomes["bad_layouts"])
-    _check(outcomes["misaligned_shards"])
+    check(outcomes["bad_layouts"])
+    check(outcomes["misaligned_shards"])
