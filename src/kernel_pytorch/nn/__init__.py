@@ -8,7 +8,11 @@ from kernel_pytorch.nn.attention import (
     StandardAttention,
     StaticKVCache,
 )
-from kernel_pytorch.nn.cross_entropy import CrossEntropyLoss, FusedLinearCrossEntropyLoss
+from kernel_pytorch.nn.cross_entropy import (
+    CrossEntropyLoss,
+    FusedLinearCrossEntropyLoss,
+    VocabParallelLinearCrossEntropyLoss,
+)
 from kernel_pytorch.nn.embedding import (
     ALiBi,
     Embedding,
@@ -39,5 +43,6 @@ __all__ = [
     "SinusoidalPositionalEmbedding",
     "StandardAttention",
     "StaticKVCache",
+    "VocabParallelLinearCrossEntropyLoss",
     "recompute_norm_outputs",
 ]
