@@ -18,6 +18,7 @@ from kernel_pytorch.nn.embedding import (
 )
 from kernel_pytorch.nn.mlp import MLP, GatedMLP
 from kernel_pytorch.nn.norm import FusedAddRMSNorm, LayerNorm, RMSNorm
+from kernel_pytorch.nn.quant_linear import QuantizedLinear
 from kernel_pytorch.nn.rope import RotaryEmbedding
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "LoopAttention",
     "MemoryEfficientAttention",
+    "QuantizedLinear",
     "RMSNorm",
     "RotaryEmbedding",
     "ScaledEmbedding",

@@ -134,6 +134,20 @@ def quantize(weight: Tensor, scheme: str, group_size: int = 128) -> dict[str, Te
     raise ValueError(f"unknown scheme {scheme!r}; schemes: {', '.join(SCHEMES)}")
 
 
+def part_shapes(scheme: str, n: int, k: int, group_size: int = 128,
+                weight_dtype: torch.dtype = torch.float32) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """{part: (shape, dtype)} that `quantize` gives an (n, k) weight of `weight_dtype` under `scheme`."""
+    if scheme in ("int8", "fp8"):
+        q = torch.int8 if scheme == "int8" else torch.float8_e4m3fn
+        return {"qweight": ((n, k), q), "scale": ((n,), torch.float32)}
+    if scheme != "int4":
+        raise ValueError(f"unknown scheme {scheme!r}; schemes: {', '.join(SCHEMES)}")
+    check_int4(k, group_size)
+    groups = -(-k // group_size)
+    return {"qweight": ((n, k // 2), torch.uint8), "scale": ((n, groups), int4_scale_dtype(weight_dtype)),
+            "zero": ((n, groups), torch.uint8)}
+
+
 # --- dequantization and the rounding step -----------------------------------------------------------
 
 
@@ -268,6 +282,7 @@ __all__ = [
     "int8_matmul",
     "int8_matmul_backward",
     "pack_int4",
+    "part_shapes",
     "quantize",
     "quantize_fp8",
     "quantize_int4",
