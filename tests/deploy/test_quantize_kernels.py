@@ -194,3 +194,27 @@ def test_parts_that_do_not_fit_the_recorded_scheme_are_refused(small_saved: Path
     with pytest.raises(LoadError, match="quantized tensor '0.weight'"):
         kp.load(small_saved, model)
     assert unchanged(model, before)
+
+
+@pytest.mark.cuda
+def test_aoti_package_on_the_gpu_carries_our_quantized_kernels(tmp_path: Path) -> None:
+    """optimize, quantize (int4, our kernels), export with dynamic dims and package with AOTInductor: the
+    package launches our Triton kernel and matches the model at another batch and length."""
+    import zipfile
+
+    from kernel_pytorch.deploy import aoti_package, export, load_package
+    from kernel_pytorch.tolerances import compare_reordered
+
+    model, inputs = build_model("llama-tiny", device="cuda", dtype=torch.bfloat16)
+    model, _ = kp.optimize(model, inputs, seeds=(0,), validate=False, compile=False)
+    quantize(model, "int4", group_size=32, **OURS)
+    model.eval()
+    path = aoti_package(export(model, inputs), inputs, tmp_path / "llama_int4.pt2")
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        text = "".join(z.read(n).decode(errors="ignore") for n in names if n.endswith((".cpp", ".json", ".h")))
+    assert "quant_matmul_kernel" in text or any("quant_matmul_kernel" in n for n in names)
+    runner = load_package(path)
+    ids = torch.randint(0, 512, (3, 17), device="cuda")
+    with torch.no_grad():
+        assert compare_reordered(runner(ids), model(ids)).passed

@@ -142,3 +142,22 @@ def test_errors() -> None:
     linear.weight = torch.nn.Parameter(torch.ones(N, K, dtype=torch.int8, device=DEV), requires_grad=False)
     with pytest.raises(TypeError, match="already quantized"):
         QuantizedLinear.from_linear(linear, "int8")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("scheme", R.SCHEMES)
+def test_cuda_compiled_with_dynamic_rows_and_graphs(scheme: str) -> None:
+    """On the GPU: torch.compile(dynamic=True) traces the launch with a symbolic M (every M then runs the
+    plan of the first call's, correct at any M), and mode="reduce-overhead" replays CUDA graphs."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(1024, 512, device="cuda", dtype=torch.bfloat16)
+    layer = QuantizedLinear.from_linear(linear, scheme, group_size=64)
+    parts = layer.parts()
+    for mode in ("default", "reduce-overhead"):
+        compiled = torch.compile(layer, dynamic=True, mode=mode, fullgraph=True)
+        for m in (1, 8, 100, 3):
+            x = randn(m, 1024, dtype=torch.bfloat16, device="cuda")
+            with torch.no_grad():
+                y = compiled(x)
+            assert_matmul_close(y, reference(scheme, x, parts, 64, layer.bias),
+                                magnitude(scheme, x, parts, 64, layer.bias), 1024, f"{mode} m={m}")

@@ -224,3 +224,18 @@ def test_config_is_registered_frozen_and_checked() -> None:
     dev = torch.device(DEV)
     assert plan(3, N, K, "int8", 0, dev, default).path == "split_k"
     assert plan(3, N, K, "int8", 0, dev, dataclasses.replace(default, decode_max_m=2)).path == "tiled"
+
+
+def test_symbolic_sizes_plan_from_their_hints() -> None:
+    """torch.export / AOTInductor trace the launch with SymInts: the plan comes from the hint (an
+    lru_cache keyed on a SymInt raised "unhashable type"), the grid follows the real size."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from kernel_pytorch.ops.quant_matmul.launch import _size_hint
+
+    env = ShapeEnv()
+    m = env.create_symintnode(env.create_symbol(8, ConstantSource("m")), hint=8)
+    assert _size_hint(m, 33) == 8 and _size_hint(5, 33) == 5
+    unbacked = env.create_unbacked_symint()
+    assert _size_hint(unbacked, 33) == 33  # no hint: past decode_max_m, the tiled path

@@ -75,6 +75,17 @@ def plan(m: int, n: int, k: int, scheme: str, group: int, device: torch.device, 
                 launch.num_stages)
 
 
+def _size_hint(size: int | torch.SymInt, unhinted: int) -> int:
+    """A size to plan for: itself, or a SymInt's hint (the example input's), else `unhinted`.
+    torch.export, AOTInductor and compile with dynamic shapes trace the launch with symbolic sizes: the
+    plan's tiles are compile-time constants chosen from the hints, the grid stays symbolic, and every
+    plan is correct at every size (the kernels mask their last tiles)."""
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    node = size.node
+    return int(node.hint) if node.has_hint() else unhinted
+
+
 def fp8_native(device: torch.device) -> bool:
     """Whether `device` converts e4m3 in hardware (CUDA compute capability 8.9 and up; the interpreter
     does); elsewhere the kernels decode the bytes."""
@@ -123,9 +134,11 @@ def quant_matmul(
         x2 = x2.contiguous()
     m = x2.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0 or n == 0:
+    if n == 0 or (not isinstance(m, torch.SymInt) and m == 0):
         return y.reshape(*lead, n)
-    p = plan(m, n, k, scheme, group_size, x.device, cfg)
+    # rows without a hint (data-dependent) plan as prefill: the tiled path suits any M
+    p = plan(_size_hint(m, cfg.decode_max_m + 1), _size_hint(n, 4096), _size_hint(k, 4096), scheme, group_size,
+             x.device, cfg)
     if p.path == "dequant":
         w = dequantize(scheme, qweight, scale, zero, group_size, k, x.dtype, eager=eager, config=cfg,
                        native_fp8=native_fp8)
