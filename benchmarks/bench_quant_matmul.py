@@ -174,10 +174,13 @@ def run(args: argparse.Namespace) -> BenchmarkResults:
     g = torch.Generator(device="cpu").manual_seed(0)
     for name, (n, k) in shapes.items():
         w = (torch.randn(n, k, generator=g) * k ** -0.5).to(torch.bfloat16).to(dev)
-        copies = rotation_copies(n * k * 2, dev, max_copies=8)
         for provider in providers:
             try:
-                layers = [build(provider, w if i == 0 else w.clone(), args.group, backend) for i in range(copies)]
+                layers = [build(provider, w, args.group, backend)]
+                # copies of the weight (as the provider stores it) spanning twice the L2: graph replays
+                # read every weight from memory, as a model's layers do
+                copies = rotation_copies(layers[0].nbytes, dev, max_copies=32)
+                layers += [build(provider, w.clone(), args.group, backend) for _ in range(copies - 1)]
             except Exception as exc:  # noqa: BLE001 (a provider that cannot be built is a row saying why)
                 for m in batches:
                     results.add(Row(op=f"quant matmul {name} N={n} K={k}", shape=[m, n, k], config=CONFIG,
