@@ -7,8 +7,10 @@ failure raises `LoadError` naming the file or tensor, and the model is as it was
 
 A saved model with quantized weights is rebuilt as it was made: the swaps, then `deploy.quantize` with
 the recorded scheme on the recorded weights, then the weights (put back together with torchao) are
-copied in. The quantized tensors are checked against a quantized copy of the model first (a model
-passed in place) or against the factory's model after quantizing it (nobody else holds that one).
+copied in; a model quantized by the kernel_pytorch backend gets empty QuantizedLinear layers at the
+recorded paths, into which the saved parts load. torchao's quantized tensors are checked against a
+quantized copy of the model first (a model passed in place) or against the factory's model after
+quantizing it (nobody else holds that one).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from kernel_pytorch.deploy import _quantized
+from kernel_pytorch.deploy import _packed, _quantized
 from kernel_pytorch.deploy._files import INDEX_NAME, LoadError, read_header, refuse_pickle, sha256_files
 from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, ManifestError, describe_differences, dtype_name
 from kernel_pytorch.optimize import swap as swapping
@@ -130,12 +132,21 @@ def _saved_tensors(manifest: Manifest) -> dict[str, dict[str, Any]]:
     return _quantized.logical(manifest.tensors, manifest.quantization["tensors"])
 
 
+def _saved_aliases(manifest: Manifest) -> dict[str, str]:
+    """The saved aliases as the unquantized model's keys see them (deploy/_packed.py's layers' parts
+    under their weight's key)."""
+    if manifest.quantization and manifest.quantization.get("backend") == _packed.BACKEND:
+        return _packed.logical_aliases(manifest.aliases, manifest.quantization["tensors"])
+    return manifest.aliases
+
+
 def _check_state(model: nn.Module, manifest: Manifest) -> None:
     """Keys, shapes and dtypes of the saved tensors (aliases through their targets) against the model's."""
     expected = model.state_dict()
     tensors = _saved_tensors(manifest)
-    provided = set(tensors) | set(manifest.aliases)
-    bad_alias = sorted(a for a, k in manifest.aliases.items() if k not in tensors)
+    aliases = _saved_aliases(manifest)
+    provided = set(tensors) | set(aliases)
+    bad_alias = sorted(a for a, k in aliases.items() if k not in tensors)
     if bad_alias:
         raise LoadError(f"the manifest ties {_names(bad_alias)} to tensors it does not hold")
     missing, unexpected = set(expected) - provided, provided - set(expected)
@@ -145,7 +156,7 @@ def _check_state(model: nn.Module, manifest: Manifest) -> None:
         raise LoadError("the saved weights do not fit the model (strict): " + "; ".join(parts))
     wrong = []
     for key, target in expected.items():
-        info = tensors[manifest.aliases.get(key, key)]
+        info = tensors[aliases.get(key, key)]
         if not isinstance(target, Tensor):
             wrong.append(f"{key}: the model's entry is a {type(target).__name__}, not a tensor")
             continue
@@ -208,6 +219,15 @@ def _has(model: nn.Module, path: str) -> bool:
     return True
 
 
+def _ours(manifest: Manifest) -> bool:
+    """Whether the saved model was quantized by the kernel_pytorch backend (QuantizedLinear layers)."""
+    return bool(manifest.quantization) and manifest.quantization.get("backend") == _packed.BACKEND
+
+
+def _torchao_quantized(manifest: Manifest) -> bool:
+    return bool(manifest.quantization) and not _ours(manifest)
+
+
 def _read_tensors(directory: Path, manifest: Manifest) -> dict[str, Tensor]:
     """Every saved tensor on the CPU, quantized weights put back together, aliases pointing at their
     targets' tensors."""
@@ -221,7 +241,7 @@ def _read_tensors(directory: Path, manifest: Manifest) -> dict[str, Tensor]:
                     out[key] = f.get_tensor(key)
         except (SafetensorError, OSError) as exc:
             raise LoadError(f"weight file {directory / name} could not be read: {exc}") from exc
-    if manifest.quantization:
+    if _torchao_quantized(manifest):
         out = _quantized.unflatten(out, manifest.quantization["tensors"])
     for alias, key in manifest.aliases.items():
         out[alias] = out[key]
@@ -296,7 +316,11 @@ def load(
             before the model is changed.
         ImportError: the saved model is quantized and torchao is not installed.
 
-    Quantized saves: the model is swapped, quantized with the recorded scheme (`deploy.quantize`, on
+    Saves quantized by the kernel_pytorch backend: each recorded path must hold an nn.Linear of the
+    recorded shape (checked before anything changes); after the swaps an empty QuantizedLinear of the
+    recorded scheme takes its place and the saved parts are loaded into it (nothing is quantized again).
+
+    torchao-quantized saves: the model is swapped, quantized with the recorded scheme (`deploy.quantize`, on
     the weights saved quantized only) and loaded. An `nn.Module` passed in place is unchanged by a
     failed load: the checks of the quantized tensors run on a deep copy (which takes the model's
     memory again for the time of the load) before the model is touched. A factory's model is checked
@@ -314,7 +338,9 @@ def load(
         if strict_versions:
             raise LoadError(differences)
         warnings.warn(differences, stacklevel=2)
-    if manifest.quantization:
+    if _ours(manifest):
+        _packed.check_parts(manifest.tensors, manifest.quantization["tensors"])
+    elif manifest.quantization:
         _quantized.check_parts(manifest.tensors, manifest.quantization["tensors"])
         _quantized.torchao_support()  # ImportError saying how to install torchao
     by_name = _rules_by_name(manifest, rules)
@@ -328,6 +354,8 @@ def load(
         raise LoadError(f"the model has tensors on the meta device ({_names(meta)}): materialise it first "
                         "(e.g. model.to_empty(device=...)), load copies into the model's own tensors")
     _check_state(model, manifest)
+    if _ours(manifest):
+        _packed.check_model(model, manifest.quantization["tensors"])
     swaps = _plan_swaps(model, manifest, by_name)
     compiled = list(manifest.compile.get("compiled", [])) if compile else []
     try:
@@ -338,7 +366,7 @@ def load(
     if absent:
         raise LoadError(f"the saved model compiled blocks this model does not have: {_names(absent)}")
     state = _read_tensors(directory, manifest)
-    if manifest.quantization and isinstance(model_or_factory, nn.Module):
+    if _torchao_quantized(manifest) and isinstance(model_or_factory, nn.Module):
         _probe(model, manifest, by_name, state)
     # from here on the model changes; everything that can fail on the saved files was checked above
     swapping.apply(model, swaps)
@@ -347,7 +375,9 @@ def load(
     except LoadError as exc:
         swapping.revert(model, swaps, "")
         raise LoadError(f"re-applying the saved swaps changed the model's state_dict: {exc}") from exc
-    if manifest.quantization:  # checked on a copy above when the model was passed in place
+    if _ours(manifest):  # empty QuantizedLinear layers, their parts loaded below (checked above)
+        _packed.swap_in(model, manifest.quantization["tensors"])
+    elif manifest.quantization:  # checked on a copy above when the model was passed in place
         _quantize_as_saved(model, manifest)
         _quantized.check_against(model, state, manifest.quantization["tensors"])
     model.load_state_dict(state, strict=True)  # through the replacements' own state_dict hooks, if any

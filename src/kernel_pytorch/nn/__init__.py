@@ -22,6 +22,7 @@ from kernel_pytorch.nn.embedding import (
 )
 from kernel_pytorch.nn.mlp import MLP, GatedMLP
 from kernel_pytorch.nn.norm import FusedAddRMSNorm, LayerNorm, RMSNorm
+from kernel_pytorch.nn.quant_linear import QuantizedLinear
 from kernel_pytorch.nn.rope import RotaryEmbedding
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "LoopAttention",
     "MemoryEfficientAttention",
+    "QuantizedLinear",
     "RMSNorm",
     "RotaryEmbedding",
     "ScaledEmbedding",
