@@ -8,7 +8,7 @@
 #   and tests/{ops,functional,nn,reference,optim} in 536 s, so the whole suite takes three runs, e.g.
 #   KP_SUITE_PATHS="tests/ops tests/functional tests/nn tests/reference tests/optim", then the rest.
 #   verdict (opt-in, one run of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
-#   opt-in: loss_curve; fsdp fsdp_8b (the e2e step under FSDP2, torchrun over every GPU); probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
+#   opt-in: loss_curve; quant (our quantized matmuls: tests, then bench_quant_matmul); fsdp fsdp_8b (the e2e step under FSDP2, torchrun over every GPU); probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
 #   aoti_toolchain quant_decode e2e_norms e2e_memory adamw e2e_host
 #   host (opt-in, < 30 s): benchmarks/probes/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole run's limit in seconds; a step starts only with >= 20 s
@@ -153,6 +153,13 @@ for s in $steps; do
     # model-level decode: HF static cache eager / compiled, ours, the nn decoder, int8/fp8 (200 s budget)
     decode) step $((${KP_DECODE_BUDGET_S:-200} + 20)) bench_decode python3 benchmarks/bench_decode.py --out "$work/results" \
               --budget-s "${KP_DECODE_BUDGET_S:-200}" ${KP_DECODE_PROVIDERS:+--providers "$KP_DECODE_PROVIDERS"} ;;
+    # our weight-only quantized matmuls: their tests on the GPU (Llama shapes against the reference, dynamic
+    # compile with CUDA graphs, an int4 AOTInductor package), then their benchmark against bf16 and torchao
+    quant) step 240 pytest_quant python3 -m pytest -q -p no:cacheprovider -rf tests/ops/test_quant_matmul_kernels.py \
+             tests/ops/test_quant_matmul_op.py tests/functional/test_quant_linear.py tests/nn/test_quant_linear.py \
+             tests/deploy/test_quantize_kernels.py tests/reference/test_quant_matmul.py
+           step 200 bench_quant_matmul python3 benchmarks/bench_quant_matmul.py --out "$work/results" \
+             ${KP_QUANT_SWEEP:+--sweep} ;;
     # the kernels of one quantized decode step (bf16, int8, fp8) under the decode bench's compile
     quant_decode) step 180 probe_quant_decode python3 benchmarks/probes/probe_quant_decode.py ;;
     # RMSNorm's launch variants at the e2e shapes beside torch.compile's (KP_NORM_SHAPES, KP_NORM_PASSES)
