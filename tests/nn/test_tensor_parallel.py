@@ -212,7 +212,44 @@ def plan_errors(ctx: Ctx) -> None:
         llama_tp_plan(optimized, mesh)
 
 
-SCENARIOS = ("builtin_llama", "builtin_llama_torch_styles", "hf_llama", "plan_errors")
+def sequence_parallel_norms(ctx: Ctx) -> None:
+    """SequenceParallelNorm on RMSNorm and FusedAddRMSNorm: local (B, T/n, D) sequence shards in, the normed
+    output all-gathered (Replicate), FusedAddRMSNorm's residual stream left sharded; values and gradients as
+    the module on whole tensors."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from kernel_pytorch.distributed import SequenceParallelNorm
+    from kernel_pytorch.nn import FusedAddRMSNorm, RMSNorm
+
+    mesh = ctx.mesh(names=("tp",))
+    g = torch.Generator().manual_seed(2)
+    for norm in (RMSNorm(16, casting="llama"), FusedAddRMSNorm(16)):
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(16, generator=g))
+        norm = norm.to(ctx.device)
+        n_inputs = 2 if isinstance(norm, FusedAddRMSNorm) else 1  # (x, residual) or x
+        xs = [torch.randn(2, 4 * ctx.world, 16, generator=g).to(ctx.device) for _ in range(n_inputs)]
+        ups = [torch.randn(2, 4 * ctx.world, 16, generator=g).to(ctx.device) for _ in xs]
+        whole = [x.clone().requires_grad_() for x in xs]
+        ref = copy.deepcopy(norm)
+        outs = ref(*whole)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        torch.autograd.backward(outs, ups)
+        sharded = parallelize_module(copy.deepcopy(norm), mesh, SequenceParallelNorm())
+        local = [x.chunk(ctx.world, 1)[ctx.rank].clone().requires_grad_() for x in xs]
+        got = sharded(*local)
+        got = got if isinstance(got, tuple) else (got,)
+        assert [tuple(o.placements) for o in got] == [(Replicate(),), (Shard(1),)][: len(got)]
+        torch.autograd.backward(got, [distribute_tensor(u, mesh, o.placements) for u, o in zip(ups, got)])
+        for i, (o, want) in enumerate(zip(got, outs)):
+            _matches(f"{type(norm).__name__} output {i}", o.full_tensor().detach(), want.detach())
+        for i, (x, w) in enumerate(zip(local, whole)):
+            _matches(f"{type(norm).__name__} grad {i}", x.grad, w.grad.chunk(ctx.world, 1)[ctx.rank])
+        _matches(f"{type(norm).__name__} grad weight", sharded.weight.grad.full_tensor(), ref.weight.grad)
+
+
+SCENARIOS = ("builtin_llama", "builtin_llama_torch_styles", "hf_llama", "sequence_parallel_norms", "plan_errors")
 
 
 def setup_rank(ctx: Ctx) -> None:

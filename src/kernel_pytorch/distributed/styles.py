@@ -16,7 +16,9 @@ keep h for down_proj's weight gradient.
 `SequenceParallelNorm` is torch's SequenceParallel (the norm on a (B, T/n, H) sequence shard, its weight
 Replicate) whose output is all-gathered to Replicate at once: one all-gather serves every projection
 after the norm (q, k and v; gate and up), whichever way the caller passes the norm's output on (as a
-keyword, as transformers' decoder layers pass hidden_states to their attention, or positionally).
+keyword, as transformers' decoder layers pass hidden_states to their attention, or positionally). It
+takes every tensor input as a sequence shard (FusedAddRMSNorm's x and residual) and, for a norm that
+returns (normed, residual), gathers the normed output only: the residual stream stays sharded.
 """
 
 from __future__ import annotations
@@ -105,8 +107,16 @@ class SequenceParallelNorm(SequenceParallel):
         super().__init__(sequence_dim=sequence_dim, use_local_output=False)
 
     @staticmethod
-    def _prepare_output_fn(use_local_output: bool, mod: nn.Module, outputs: Tensor, device_mesh: DeviceMesh) -> Tensor:
-        return outputs.redistribute(placements=[Replicate()] * device_mesh.ndim)
+    def _prepare_input_fn(sequence_sharding: tuple, mod: nn.Module, inputs: tuple, device_mesh: DeviceMesh) -> tuple:
+        each = SequenceParallel._prepare_input_fn
+        return tuple(each(sequence_sharding, mod, (t,), device_mesh) if isinstance(t, Tensor) else t for t in inputs)
+
+    @staticmethod
+    def _prepare_output_fn(use_local_output: bool, mod: nn.Module, outputs: Any, device_mesh: DeviceMesh) -> Any:
+        whole = [Replicate()] * device_mesh.ndim
+        if isinstance(outputs, tuple):  # (normed, residual): the residual stream stays a sequence shard
+            return (outputs[0].redistribute(placements=whole), *outputs[1:])
+        return outputs.redistribute(placements=whole)
 
 
 __all__ = ["GatedMLPParallel", "SequenceParallelNorm"]
