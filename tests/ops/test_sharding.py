@@ -183,6 +183,9 @@ def refused(ctx: Ctx) -> None:
     with pytest.raises(RuntimeError, match=r"kernel_pytorch::rms_norm_fwd has no sharding rule for x "
                        r"\(Shard\(dim=2\),\), weight \(Replicate\(\),\) on mesh dimension 0.*dim other than the last"):
         ops.rms_norm_fwd(dt(x, S(2)), dt(w, R), 1e-6, 0.0, "llama")
+    if ctx.world > 1:  # a dim smaller than the mesh: DTensor would gather it rather than leave a rank empty
+        with pytest.raises(RuntimeError, match=rf"rms_norm_fwd: x is sharded on its dim 1 of 1 over {ctx.world} ranks"):
+            ops.rms_norm_fwd(dt(x[:, :1], S(1)), dt(w, R), 1e-6, 0.0, "llama")
     with pytest.raises(RuntimeError, match=r"gated_act_packed_fwd has no sharding rule for gate_up \(Shard\(dim=2\),\)"
                        r".*shard gate and up apart"):
         ops.gated_act_packed_fwd(dt(randn(2, 5, 12, device=dev), S(2)), "silu", 1.0)

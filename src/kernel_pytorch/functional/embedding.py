@@ -131,7 +131,8 @@ def _vocab_parallel(indices: Tensor, weight: Tensor, mesh_dim: int, pad: int, sc
     lo = min(mesh.get_local_rank(mesh_dim) * chunk, vocab)
     hi = lo + local_w.shape[0]
     if hi > vocab or (local_w.shape[0] != min(chunk, vocab - lo)):
-        raise ValueError(f"weight's local rows ({local_w.shape[0]}) are not Shard(0)'s even split of {vocab} rows")
+        raise ValueError(f"weight's local rows ({local_w.shape[0]}) are not Shard(0)'s split of {vocab} rows over "
+                         f"{mesh.size(mesh_dim)} ranks")
     outside = (ids < lo) | (ids >= hi)
     local_ids = (ids - lo).masked_fill(outside, 0)
     local_pad = pad - lo if lo <= pad < hi else -1

@@ -14,9 +14,9 @@ of the rule's strategies, the call raises an error naming the op, each argument 
 what the op takes (`takes`, a phrase), instead of letting DTensor redistribute the arguments to a
 strategy it does have (to Replicate, mostly: an all-gather on every call that silently undoes the
 sharding a model was given). So a DTensor call of one of our ops runs on the local shards with no
-collective, or fails saying why. DTensor raises it as a RuntimeError that begins with our message.
-(DTensor itself still replicates a tensor whose sharded dimension is smaller than the mesh, where a
-shard would be empty.)
+collective, or fails saying why. DTensor raises it as a RuntimeError that begins with our message. A
+tensor sharded on a dim smaller than the mesh raises too: DTensor drops every strategy that shards such a
+dim (a rank's shard would be empty) and would gather the tensor instead.
 
 Registered when kernel_pytorch.ops is imported (each op's rule sits after its registration), where
 torch.distributed is available; without it (some macOS and Windows builds of torch) nothing is
@@ -97,6 +97,12 @@ def _check(qualname: str, takes: str, values: Mapping[str, Any], tensors: Sequen
         given = {n: _normal(values[n].placements[mesh_dim], ndims[n]) for n in tensors}
         if not any(all(w[n] == given[n] for n in tensors) for w in wanted):
             raise ValueError(unsupported(qualname, values, tensors, mesh_dim, takes))
+        for n, p in given.items():
+            ranks = values[n].mesh.size(mesh_dim)
+            if type(p) is Shard and values[n].shape[p.dim] < ranks:
+                raise ValueError(f"{qualname}: {n} is sharded on its dim {p.dim} of {values[n].shape[p.dim]} over "
+                                 f"{ranks} ranks (mesh dimension {mesh_dim}); DTensor runs no op on a dim smaller "
+                                 "than the mesh (it would gather the tensor first): shard a larger dim or replicate it")
 
 
 def _overload(qualname: str) -> Any:
