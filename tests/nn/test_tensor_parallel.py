@@ -5,8 +5,9 @@ tolerance table, and the plan's collectives only (an all-gather or reduce-scatte
 no all-reduce). The plan's checks: heads that do not split over the ranks, a mesh without the named
 dimension, a 2-D mesh with none named, a fused gate_up projection, an embedding tied to lm_head.
 
-Worlds of 2 and 4 processes on CPU (gloo), spawned once each by tests/distributed.py under a timeout; on
-GPUs the same with NCCL on two GPUs and on one."""
+A world of 4 processes on CPU (gloo), spawned once by tests/distributed.py under a timeout, shards each model
+over tensor-parallel groups of 4 (the world) and of 2 (the "tp" dimension of a (2, 2) mesh); on GPUs the same
+with NCCL on two GPUs (a group of 2) and on one."""
 
 from __future__ import annotations
 
@@ -93,33 +94,43 @@ def _gated_routes() -> Iterator[list[str]]:
         mlp._gated_route = route
 
 
+def _meshes(ctx: Ctx) -> list[Any]:
+    """The meshes a model is sharded on, each with a "tp" dimension: the whole world and, on a world of 4,
+    a (2, 2) mesh whose tensor-parallel groups hold 2 ranks (the two "dp" halves compute the same step)."""
+    meshes = [ctx.mesh(names=("tp",))]
+    if ctx.world == 4:
+        meshes.append(ctx.mesh((2, 2), ("dp", "tp")))
+    return meshes
+
+
 def _against_single_process(ctx: Ctx, model: torch.nn.Module, inputs: dict[str, Any], shard,  # noqa: ANN001
                             routes: list[str]) -> None:
-    """Shard a copy of `model` with `shard(copy, mesh)`, then compare one training step with the model's;
-    `routes`: the gated MLP calls' routes in the sharded step."""
+    """On each of `_meshes`, shard a copy of `model` with `shard(copy, mesh)` and compare one training step
+    with the model's; `routes`: the gated MLP calls' routes in the sharded step."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
 
-    mesh = ctx.mesh(names=("tp",))
-    sharded = shard(copy.deepcopy(model), mesh)
     loss, logits = _loss_and_logits(model, inputs)
     loss.backward()
-    with CommDebugMode() as comm, _gated_routes() as taken:
-        tp_loss, tp_logits = _loss_and_logits(sharded, inputs)
-        tp_loss.backward()
-    assert taken == routes, taken
-    counts = {str(op).rpartition(".")[2]: n for op, n in comm.get_comm_counts().items()}
-    assert counts == (COLLECTIVES if ctx.world > 1 else {}), counts  # a mesh of one rank moves nothing
-    _matches("loss", tp_loss.detach(), loss.detach())
-    if logits is not None:
-        _matches("logits", tp_logits.detach(), logits.detach())
     params = dict(model.named_parameters())
-    sharded_params = dict(sharded.named_parameters())
-    assert sharded_params.keys() == params.keys()
-    assert any(isinstance(p, DTensor) for p in sharded_params.values())
-    for name, p in sharded_params.items():
-        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-        _matches(f"grad {name}", grad, params[name].grad)
+    for mesh in _meshes(ctx):
+        ranks = mesh["tp"].size() if mesh.ndim > 1 else mesh.size()
+        sharded = shard(copy.deepcopy(model), mesh)
+        with CommDebugMode() as comm, _gated_routes() as taken:
+            tp_loss, tp_logits = _loss_and_logits(sharded, inputs)
+            tp_loss.backward()
+        assert taken == routes, taken
+        counts = {str(op).rpartition(".")[2]: n for op, n in comm.get_comm_counts().items()}
+        assert counts == (COLLECTIVES if ranks > 1 else {}), (ranks, counts)  # a group of one rank moves nothing
+        _matches(f"tp {ranks}: loss", tp_loss.detach(), loss.detach())
+        if logits is not None:
+            _matches(f"tp {ranks}: logits", tp_logits.detach(), logits.detach())
+        sharded_params = dict(sharded.named_parameters())
+        assert sharded_params.keys() == params.keys()
+        assert any(isinstance(p, DTensor) for p in sharded_params.values())
+        for name, p in sharded_params.items():
+            grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            _matches(f"tp {ranks}: grad {name}", grad, params[name].grad)
 
 
 def _our_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:  # noqa: ANN001
@@ -139,6 +150,8 @@ def _torch_styles(model: torch.nn.Module, mesh) -> torch.nn.Module:  # noqa: ANN
         parallelize_module,
     )
 
+    from kernel_pytorch.distributed import tp_mesh
+
     plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
             "model.norm": SequenceParallel(),
             "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
@@ -156,7 +169,7 @@ def _torch_styles(model: torch.nn.Module, mesh) -> torch.nn.Module:  # noqa: ANN
             f"{layer}.mlp.up_proj": ColwiseParallel(),
             f"{layer}.mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
         })
-    return parallelize_module(model, mesh, plan)
+    return parallelize_module(model, tp_mesh(mesh, "tp"), plan)
 
 
 def builtin_llama(ctx: Ctx) -> None:
@@ -261,10 +274,10 @@ def _run(tmp_path_factory, world: int, backend: str = "gloo") -> dict:  # noqa: 
                      timeout_s=TIMEOUT_S, backend=backend)
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
-def outcomes(tmp_path_factory, request) -> dict:  # noqa: ANN001
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict:  # noqa: ANN001
     pytest.importorskip("transformers")
-    return _run(tmp_path_factory, request.param)
+    return _run(tmp_path_factory, 4)  # tensor-parallel groups of 4 and of 2 (`_meshes`)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
