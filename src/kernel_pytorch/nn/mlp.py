@@ -155,10 +155,10 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         down = self.down_proj
-        if not _plain_linears(self.gate_up_proj if self.fuse_gate_up else self.gate_proj,
-                              *(() if self.fuse_gate_up else (self.up_proj,)), down):
-            return self._modules_forward(x)
+        projections = (self.gate_up_proj,) if self.fuse_gate_up else (self.gate_proj, self.up_proj)
         with recompute_norm_outputs():  # where x is a norm's output, its input is kept instead
+            if not _plain_linears(*projections, down):
+                return self._modules_forward(x)
             if self.fuse_gate_up:
                 gu = self.gate_up_proj
                 return F.gated_mlp_packed(x, gu.weight, down.weight, self.activation, gate_up_bias=gu.bias,
