@@ -165,9 +165,9 @@ def llama_tp_plan(model: nn.Module, mesh: DeviceMesh, *, dim: str | None = None)
         if not isinstance(head, nn.Linear):
             raise ValueError(f"lm_head must be a torch.nn.Linear to be sharded (got {type(head).__name__})")
         if head.weight is embed.weight:
-            raise ValueError("lm_head.weight is tied to the input embedding, which the plan shards another way "
-                             "(its rows over the vocabulary for the lookup, the same rows for the projection, by "
-                             "two styles): untie them, or leave both replicated")
+            raise ValueError("lm_head.weight is tied to the input embedding: the plan shards the two modules with "
+                             "two styles, each of which would distribute the shared weight on its own; untie them "
+                             "(lm_head.weight = nn.Parameter(lm_head.weight.clone())) or keep both replicated")
         plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
     return plan
 
