@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("reference",),
     ("ops",),
     ("functional",),
-    ("nn", "models", "optim"),
+    ("nn", "models", "optim", "distributed"),
     ("benchmark",),
     ("assistant",),
     ("validation",),

@@ -122,6 +122,27 @@ def test_block_path_of_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
         _same_function(kp.nn.GatedMLP.from_module(hf), hf, torch.float32, f"{kind} block", device_under_test())
 
 
+@pytest.mark.parametrize("kind", ["llama_bias", "phi3", "falcon_h1", "clip"])
+def test_hooked_projections_run_as_modules(kind: str) -> None:
+    """A hook on a projection (parallelize_module's, a LoRA wrapper's): the block calls the projections as
+    modules, so the hooks run, and still computes the source's function."""
+    if kind == "clip":
+        from transformers.models.clip.modeling_clip import CLIPMLP, CLIPVisionConfig
+
+        torch.manual_seed(0)
+        hf = CLIPMLP(CLIPVisionConfig(hidden_size=H, intermediate_size=I, hidden_act="gelu", num_attention_heads=2))
+        ours, names = kp.nn.MLP.from_module(hf), ("fc1", "fc2")
+    else:
+        hf = _hf(kind)
+        ours = kp.nn.GatedMLP.from_module(hf)
+        names = ("gate_up_proj", "down_proj") if kind == "phi3" else ("gate_proj", "up_proj", "down_proj")
+    seen = []
+    for name in names:
+        getattr(ours, name).register_forward_hook(lambda m, args, out, name=name: seen.append(name))
+    _same_function(ours, hf, torch.float32, f"{kind} hooked")
+    assert seen == list(names), seen
+
+
 def test_modules_compile_without_breaks() -> None:
     """One graph for both GatedMLP forms (one compile keeps the test short; the bias + activation MLP's
     op compiles in tests/functional/test_activation.py)."""

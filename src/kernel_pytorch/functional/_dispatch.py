@@ -1,6 +1,10 @@
 """What every functional entry shares: backend resolution (`_resolve`), the argument checks, the log
 lines that say once why a call falls back to the reference, and the kernels' lazy import (`kernels`).
 
+DTensor inputs (tensor and sequence parallelism) take the registered op on every device: its sharding
+rule (ops/_common/sharding.py) runs it on each rank's local shards, Triton on CUDA, the reference
+elsewhere. The eager path's autograd.Function around the launchers takes plain tensors only.
+
 kernel_pytorch.ops (Triton, and the ops' registration) is imported on the first call that needs a
 kernel, never by `import kernel_pytorch`: where Triton is missing (macOS, Windows, a CPU-only Linux
 without it), backend="auto" runs the pure-torch reference and says so once, and backend="triton"
@@ -18,11 +22,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from kernel_pytorch._env import KERNEL_DTYPES, is_plain_tensor, log_once, triton_status, triton_version
+from kernel_pytorch._env import KERNEL_DTYPES, is_dtensor, is_plain_tensor, log_once, triton_status, triton_version
 
 Backend = Literal["auto", "triton", "reference"]
 # "eager": the Triton launchers through the thin autograd.Function (CUDA, not compiling); "op": the
-# registered torch op (under compile/export, and on CPU, where its kernel is the reference);
+# registered torch op (under compile/export, for DTensors, and on CPU, where its kernel is the reference);
 # "reference": the pure-torch reference
 Path = Literal["eager", "op", "reference"]
 _BACKENDS = ("auto", "triton", "reference")
@@ -73,6 +77,26 @@ def _one_kind(x: Tensor, params: Sequence[Tensor | None]) -> bool:
     our fused paths compute with; a tensor subclass, e.g. a torchao-quantized weight, runs its own matmul
     through F.linear."""
     return all(p is None or (is_plain_tensor(p) and p.dtype == x.dtype and p.device == x.device) for p in params)
+
+
+def _one_mesh(x: Tensor, params: Sequence[Tensor | None]) -> bool:
+    """Whether x and every given parameter are DTensors on one device mesh, of x's dtype: what a registered
+    op's sharding rule may run on the local shards (the rule itself checks the placements)."""
+    if not is_dtensor(x):
+        return False
+    mesh = x.device_mesh
+    return all(p is None or (is_dtensor(p) and p.device_mesh == mesh and p.dtype == x.dtype) for p in params)
+
+
+def replicated_like(ref: Tensor, *ts: Tensor | None) -> tuple[Tensor | None, ...]:
+    """`ts` with each plain tensor made a Replicate DTensor on the mesh of the DTensor `ref` (no copy, no
+    check): for the arguments every rank holds whole and alike (rotary tables, position and token ids),
+    which a DTensor op will not mix with plain tensors. DTensors and None pass unchanged."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    mesh = ref.device_mesh
+    return tuple(t if t is None or is_dtensor(t) else DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim,
+                                                                            run_check=False) for t in ts)
 
 
 def _records_grad(*ts: Tensor | None) -> bool:
@@ -153,14 +177,15 @@ def _resolve(backend: str, op: str, x: Tensor, compiling: bool) -> Path:
                 f"backend='triton' cannot run {op} on x of dtype {x.dtype}; the kernels take "
                 f"{', '.join(str(d) for d in KERNEL_DTYPES)}"
             )
-        return "eager"
+        return "op" if is_dtensor(x) else "eager"
     if active and kernel_dtype:
-        return "eager"
+        # a DTensor takes the registered op, whose sharding rule runs the kernels on its local shards
+        return "op" if is_dtensor(x) else "eager"
     if not kernel_dtype:
         log_once(f"kernel_pytorch.{op}: x is {x.dtype}, which the kernels do not take; using the reference")
         return "reference"
     log_once(f"kernel_pytorch.{op}: Triton path inactive ({why}); using the reference")
-    # CPU tensors still go through the registered op (its CPU kernel is the reference), so eager,
-    # compile and export see the same graph on every device that has a registered kernel; without
-    # Triton there is no registered op (why says so)
-    return "op" if x.device.type == "cpu" and kernels_ready() else "reference"
+    # CPU tensors (and DTensors anywhere) still go through the registered op (its CPU kernel is the
+    # reference), so eager, compile and export see the same graph on every device that has a registered
+    # kernel; without Triton there is no registered op (why says so)
+    return "op" if (x.device.type == "cpu" or is_dtensor(x)) and kernels_ready() else "reference"

@@ -16,6 +16,14 @@ Backends (reference/attention.py defines what every one computes):
 
 Masks as Hugging Face passes them go through `prepare_mask` once per forward (not per layer): a 2-D
 (B, K) padding mask of 1 = keep, a 4-D boolean mask, or a 4-D additive float mask.
+
+DTensor q, k, v (tensor parallelism's head-sharded attention) placed alike on each mesh dimension,
+Replicate, Shard(0) (the batch) or Shard(1) (the heads, query and key/value heads each split evenly):
+each rank attends its own rows and heads on its local tensors, on any backend, and the result is a
+DTensor placed as q (`_sharded`). Torch's SDPA has sharding strategies for its CUDA kernels but none for
+CPU's; batch rows and heads are independent, so the local call is the whole rule. Masks, ALiBi slopes
+and document ids are plain tensors every rank holds whole, cut to the rank's rows and heads where they
+have more than one.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kernel_pytorch import reference
-from kernel_pytorch._env import log_once
+from kernel_pytorch._env import is_dtensor, log_once
 from kernel_pytorch.functional._dispatch import _check_float, _check_same_device
 from kernel_pytorch.reference.attention import allowed_keys, query_positions
 
@@ -225,6 +233,10 @@ def attention(
         seq_ids = seq_ids_from_cu_seqlens(cu_seqlens, k.shape[2])
     if not torch.compiler.is_compiling():
         _check(q, k, v, mask, alibi_slopes, seq_ids, backend)
+    if is_dtensor(q):
+        return _sharded(q, k, v, dict(mask=mask, is_causal=is_causal, scale=scale, softcap=softcap, window=window,
+                                      alibi_slopes=alibi_slopes, seq_ids=seq_ids, block_mask=block_mask,
+                                      sdpa_kernel=sdpa_kernel, backend=backend))
     run = _pick(backend, q, k, v, softcap=softcap, window=window, seq_ids=seq_ids, block_mask=block_mask)
     if run == "eager":
         if seq_ids is not None:
@@ -236,3 +248,48 @@ def attention(
                      alibi_slopes=alibi_slopes, seq_ids=seq_ids, sdpa_kernel=sdpa_kernel)
     return _flex(q, k, v, mask=mask, is_causal=is_causal, scale=scale, softcap=softcap, window=window,
                  alibi_slopes=alibi_slopes, seq_ids=seq_ids, block_mask=block_mask)
+
+
+def _sharded(q: Tensor, k: Tensor, v: Tensor, options: dict) -> Tensor:
+    """`attention` of DTensor q, k, v (module docstring): the local call on each rank's rows and heads,
+    returned as a DTensor placed as q. Raises for other placements, heads that do not split evenly and a
+    block_mask (its tensors cover every head and row)."""
+    from torch.distributed.tensor import DTensor
+
+    mesh, placements = q.device_mesh, q.placements
+    for name, t in (("k", k), ("v", v)):
+        if not is_dtensor(t) or t.device_mesh != mesh or t.placements != placements:
+            got = tuple(t.placements) if is_dtensor(t) else "a plain tensor"
+            raise ValueError(f"{name} must be a DTensor on q's mesh placed as q {tuple(placements)} (got {got})")
+    even = True
+    for i, p in enumerate(placements):
+        if not (p.is_replicate() or p.is_shard(0) or p.is_shard(1)):
+            raise ValueError(f"attention runs on DTensor q, k, v Replicate, sharded on the batch (Shard(0)) or on the "
+                             f"heads (Shard(1)), alike on each mesh dimension (got {tuple(placements)})")
+        if p.is_shard(1) and (q.shape[1] % mesh.size(i) or k.shape[1] % mesh.size(i)):
+            raise ValueError(f"{q.shape[1]} query heads and {k.shape[1]} key/value heads do not split evenly over mesh "
+                             f"dimension {i} of size {mesh.size(i)}: each rank needs whole heads, as many query heads "
+                             "per key/value head as the model")
+        even = even and not (p.is_shard(0) and q.shape[0] % mesh.size(i))
+    if options["block_mask"] is not None:
+        raise ValueError("a block_mask with DTensor q, k, v: build it for the local heads and rows and call attention "
+                         "on the local tensors (DTensor.to_local)")
+    local = dict(options)
+    # where q's batch (0) and heads (1) dims sit in each tensor, counted from its end as broadcasting does
+    for name, where in (("mask", (-4, -3)), ("alibi_slopes", (None, -1)), ("seq_ids", (-2, None))):
+        t = local[name]
+        if t is None:
+            continue
+        if is_dtensor(t):
+            raise ValueError(f"{name} must be a plain tensor every rank holds whole (got a DTensor)")
+        for i, p in enumerate(placements):
+            at = where[p.dim] if p.is_shard() else None
+            if at is not None and t.dim() >= -at and t.shape[at] > 1:
+                t = t.chunk(mesh.size(i), at)[mesh.get_local_rank(i)]
+        local[name] = t
+    out = attention(q.to_local(), k.to_local(), v.to_local(), **local)
+    if even:  # the global shape and strides follow from the local tensor's
+        return DTensor.from_local(out, mesh, placements, run_check=False)
+    shape = torch.Size((*q.shape[:3], v.shape[-1]))
+    return DTensor.from_local(out.contiguous(), mesh, placements, run_check=False, shape=shape,
+                              stride=torch.empty(shape, device="meta").stride())

@@ -50,10 +50,13 @@ from torch import Tensor
 
 from kernel_pytorch.functional._dispatch import (
     Backend,
+    _autocast_on,
     _check_float,
     _check_same_device,
     _exporting,
     _fusable,
+    _one_mesh,
+    _records_grad,
     _resolve,
     kernels,
 )
@@ -301,9 +304,30 @@ def _block(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
 
 
 def _recompute_h(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
-    """Whether an op-path call takes the gated_down op: as `_block`, and not under torch.export (an
-    exported program has no backward to save h for; it keeps the composed Linear nodes)."""
-    return _block(x, params) and not _exporting()
+    """Whether an op-path call takes the gated_down op: as `_block` or `_sharded`, and not under torch.export
+    (an exported program has no backward to save h for; it keeps the composed Linear nodes)."""
+    return (_block(x, params) or _sharded(x, params)) and not _exporting()
+
+
+def _sharded(x: Tensor, params: tuple[Tensor | None, ...]) -> bool:
+    """Whether DTensor x and parameters (`params`' order: down weight and bias, then the gate/up ones) are
+    placed as the gated_down op's sharding rule takes the projections' outputs (ops/gated_down.py), gradients
+    recorded and autocast off: on each mesh dimension every parameter Replicate with x's rows sharded or
+    whole, or, split layout with no down bias, x Replicate, the gate and up weights (and biases) sharded on
+    their rows (column-parallel) and the down weight on its columns (row-parallel). Other placements take
+    the composed path, where DTensor's own Linear places the data."""
+    if not (_records_grad(x, *params) and _one_mesh(x, params) and not _autocast_on(x.device.type)):
+        return False
+    down_weight, down_bias, *inputs = params
+    for i, px in enumerate(x.placements):
+        placed = [p.placements[i] for p in params if p is not None]
+        if all(p.is_replicate() for p in placed):
+            if not (px.is_replicate() or (px.is_shard() and px.dim % x.ndim != x.ndim - 1)):
+                return False
+        elif not (len(inputs) == 4 and down_bias is None and px.is_replicate() and down_weight.placements[i].is_shard(1)
+                  and all(p.placements[i].is_shard(0) for p in inputs if p is not None)):
+            return False
+    return True
 
 
 def bias_act_mlp(

@@ -16,6 +16,10 @@ is copied into q and k, which is what a functionalised graph does with an in-pla
 in-place variant is not a registered op because an op that mutates two inputs, possibly overlapping
 views of one fused QKV tensor, would have to declare both in `mutates_args`, and two mutated views of
 one base are beyond what such an op can promise under functionalisation; the copy has no such question.
+
+DTensor q and k (tensor parallelism's head-sharded attention) run the registered op, whose sharding rule
+rotates each rank's heads (ops/rope/__init__.py). cos, sin and position ids given as plain tensors are
+taken as replicated (every rank computes the same tables from the same positions).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch import reference
-from kernel_pytorch.functional._dispatch import Backend, _records_grad, _resolve, kernels
+from kernel_pytorch._env import is_dtensor
+from kernel_pytorch.functional._dispatch import Backend, _records_grad, _resolve, kernels, replicated_like
 from kernel_pytorch.reference.rope_checks import RopeShape, check_position_range, check_rope_args
 
 # Argument signatures that passed `check_rope_args` (types, shapes, dtypes, devices, layout): a decode
@@ -122,6 +127,8 @@ def apply_rotary(
         if position_ids is not None and position_ids.device.type != "cuda":
             check_position_range(position_ids, shape.n_positions)
     path = _resolve(backend, "apply_rotary", q, compiling)
+    if is_dtensor(q):
+        cos, sin, position_ids = replicated_like(q, cos, sin, position_ids)
     if path == "eager":
         if inplace and not (_records_grad(q, k) and (q._is_view() or k._is_view())):
             return _RopeInplace.apply(q, k, cos, sin, position_ids, interleaved, unsqueeze_dim, hf_rounding)

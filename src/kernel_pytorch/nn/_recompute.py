@@ -35,6 +35,8 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
+from kernel_pytorch._env import is_plain_tensor
+
 # storage address -> the source of the live norm output whose storage it is
 _LIVE: dict[int, _Source] = {}
 
@@ -95,7 +97,7 @@ def _forget(key: int, source: weakref.ref, _: Any) -> None:
 
 def _source_of(t: Tensor) -> _Source | None:
     """The source when t is a live norm output or a view of one (same storage), else None."""
-    if not _LIVE:
+    if not _LIVE or not is_plain_tensor(t):  # only plain outputs are remembered (nn/norm.py), never a DTensor
         return None
     storage = t.untyped_storage()
     source = _LIVE.get(storage.data_ptr())

@@ -16,6 +16,14 @@ keys load unchanged too.
 
 Neither module has a torch class to subclass (STYLE rule 4): the modules they replace are
 transformers', matched by parameter names. `backend` may be set on an instance as on the norms.
+
+Under tensor parallelism. `parallelize_module` with torch's styles on the projections (ColwiseParallel on
+gate_proj and up_proj, RowwiseParallel on down_proj, transformers' and torchtitan's Llama plans) puts
+hooks on those Linears; `GatedMLP` then calls them as modules, so the hooks run, with the gated activation
+between them (on DTensors its sharding rule runs it on each rank's columns). The same happens for any
+projection that is no longer a plain torch Linear, or has hooks (a LoRA layer, say). Projections whose
+parameters are DTensors with no hooks (`kernel_pytorch.distributed.GatedMLPParallel`) keep the fused
+block: the gated_down op's sharding rule runs it on the local shards, h still made again in the backward.
 """
 
 from __future__ import annotations
@@ -147,10 +155,10 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         down = self.down_proj
-        projs = (self.gate_up_proj,) if self.fuse_gate_up else (self.gate_proj, self.up_proj)
-        if not _all_linear(down, *projs):
-            return self._by_modules(x)
+        projections = (self.gate_up_proj,) if self.fuse_gate_up else (self.gate_proj, self.up_proj)
         with recompute_norm_outputs():  # where x is a norm's output, its input is kept instead
+            if not _plain_linears(*projections, down):
+                return self._modules_forward(x)
             if self.fuse_gate_up:
                 gu = self.gate_up_proj
                 return F.gated_mlp_packed(x, gu.weight, down.weight, self.activation, gate_up_bias=gu.bias,
@@ -161,14 +169,15 @@ class GatedMLP(torch.nn.Module):
                                up_bias=up.bias, down_bias=down.bias, gate_multiplier=self.gate_multiplier,
                                down_multiplier=self.down_multiplier, backend=self.backend)
 
-    def _by_modules(self, x: Tensor) -> Tensor:
-        """Projections that are not torch Linears (QuantizedLinear, a LoRA layer) run as themselves,
-        around our gated activation."""
-        options = {"gate_multiplier": self.gate_multiplier, "backend": self.backend}
+    def _modules_forward(self, x: Tensor) -> Tensor:
+        """The block with each projection called as a module (module docstring: hooks, tensor parallelism).
+        Their outputs may be read by a hook, so the gated activation's backward keeps its own buffers."""
         if self.fuse_gate_up:
-            h = F.gated_act_packed(self.gate_up_proj(x), self.activation, **options)
+            h = F.gated_act_packed(self.gate_up_proj(x), self.activation, gate_multiplier=self.gate_multiplier,
+                                   backend=self.backend)
         else:
-            h = F.gated_act(self.gate_proj(x), self.up_proj(x), self.activation, **options)
+            h = F.gated_act(self.gate_proj(x), self.up_proj(x), self.activation, gate_multiplier=self.gate_multiplier,
+                            backend=self.backend)
         y = self.down_proj(h)
         return y if self.down_multiplier == 1.0 else y * self.down_multiplier
 
@@ -254,7 +263,7 @@ class MLP(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         fc1, fc2 = self._modules[self.names[0]], self._modules[self.names[1]]
-        if not _all_linear(fc1, fc2):  # QuantizedLinear, a LoRA layer: the projections run as themselves
+        if not _plain_linears(fc1, fc2):  # hooks (tensor parallelism) or another Linear: called as modules
             return fc2(F.bias_act(fc1(x), None, self.activation, backend=self.backend))
         return F.bias_act_mlp(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, self.activation, backend=self.backend)
 
@@ -289,9 +298,11 @@ class MLP(torch.nn.Module):
         return ours
 
 
-def _all_linear(*modules: torch.nn.Module) -> bool:
-    """Whether every projection is a torch Linear, whose weight our fused paths read directly."""
-    return all(isinstance(m, torch.nn.Linear) for m in modules)
+def _plain_linears(*linears: torch.nn.Module) -> bool:
+    """Whether each module is a torch Linear running torch's forward with no hooks (checked per call: a
+    parallelize_module plan or a LoRA layer may come after construction)."""
+    return all(type(m).forward is torch.nn.Linear.forward and not (m._forward_hooks or m._forward_pre_hooks)
+               for m in linears)
 
 
 def _linear(mlp: torch.nn.Module, name: str) -> torch.nn.Linear:

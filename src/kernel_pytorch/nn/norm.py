@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch import functional as F
+from kernel_pytorch._env import is_plain_tensor
 from kernel_pytorch.functional import Backend, Casting
 from kernel_pytorch.functional._dispatch import _exporting
 from kernel_pytorch.nn._recompute import recompute_in_backward, remember
@@ -92,7 +93,7 @@ class RMSNorm(torch.nn.RMSNorm):
                 return recompute_in_backward(self._compiled_normed, x)
             return self._normed(x)
         out = self._normed(x)
-        if self.recompute_output and out.requires_grad:
+        if self.recompute_output and out.requires_grad and is_plain_tensor(out):  # not a DTensor's shard
             remember(out, self, x, self.weight)
         return out
 

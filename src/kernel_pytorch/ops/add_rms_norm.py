@@ -15,6 +15,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.sharding import register_rules, rowwise
 from kernel_pytorch.ops.norm_config import NormConfig
 from kernel_pytorch.ops.rms_norm import rms_norm_bwd, rms_norm_fwd
 from kernel_pytorch.reference.add_rms_norm import add_residual, add_rms_norm_backward
@@ -67,4 +68,11 @@ add_rms_norm_fwd_op, add_rms_norm_bwd_op, add_rms_norm_eager = register_op(
     save=("h", "weight", "rstd"),
     keep=("offset", "casting"),
     grads={"x": "d_sum", "residual": "d_sum", "weight": "dweight"},
+)
+# DTensor: as rms_norm's rule, x and residual sharded alike
+register_rules(
+    "add_rms_norm", rowwise(("x", "residual"), ("rows", "rows", "rows")),
+    rowwise(("dy", "dh", "h", "rstd"), ("rows", "sum")),
+    "x and residual are sharded alike on a dim other than the last (Shard(d), d < x.ndim - 1) and the weight "
+    "Replicate",
 )

@@ -43,6 +43,7 @@ from kernel_pytorch.ops._activations import (
 from kernel_pytorch.ops._common.launch import Launcher, device_programs
 from kernel_pytorch.ops._common.partials import sum_partials
 from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.sharding import P, R, Strategy, register_rules, row_dims, shard
 from kernel_pytorch.reference.bias_act import bias_act, bias_act_backward
 
 
@@ -203,4 +204,26 @@ bias_act_fwd_op, bias_act_bwd_op, bias_act_eager = register_op(
     save=("x", "bias"),
     keep=("act",),
     grads={"x": "dx", "bias": "dbias"},
+)
+
+
+# DTensor (ops/_common/sharding.py): rows sharded (bias Replicate, its gradient a Partial sum), or columns:
+# x Shard(-1) with the bias Shard(0), a column-parallel Linear's output and bias
+def _fwd_rule(a: object) -> list[Strategy]:
+    cols = shard(a.x.ndim - 1)
+    rows = [Strategy((shard(d),), {"x": shard(d)}) for d in row_dims(a.x)]
+    return [*rows, Strategy((cols,), {"x": cols, "bias": shard(0)})]
+
+
+def _bwd_rule(a: object) -> list[Strategy]:
+    cols = shard(a.x.ndim - 1)
+    rows = [Strategy((shard(d), P), {"dy": shard(d), "x": shard(d)}) for d in row_dims(a.x)]
+    dbias = shard(0) if a.bias is not None else R
+    return [*rows, Strategy((cols, dbias), {"dy": cols, "x": cols, "bias": shard(0)})]
+
+
+register_rules(
+    "bias_act", _fwd_rule, _bwd_rule,
+    "x is sharded on a dim other than the last with the bias Replicate, or on its last dim (Shard(-1)) with "
+    "the bias Shard(0)",
 )

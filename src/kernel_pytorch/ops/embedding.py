@@ -38,6 +38,7 @@ from torch import Tensor
 from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.sharding import P, Strategy, all_dims, register_rules, shard
 from kernel_pytorch.reference.embedding import embedding, embedding_backward
 
 
@@ -228,4 +229,29 @@ embedding_fwd_op, embedding_bwd_op, embedding_eager = register_op(
     save=("indices", "weight"),
     keep=("padding_idx", "scale_grad_by_freq"),
     grads={"weight": "dweight"},
+)
+
+
+# DTensor (ops/_common/sharding.py): a batch (indices sharded on any dim, the table Replicate; its gradient a
+# Partial sum, except with scale_grad_by_freq, whose counts span the batch) or the table's columns (Shard(1),
+# indices Replicate). A vocabulary-sharded table (Shard(0), tensor parallelism's row-wise embedding) needs
+# the ids outside a rank's rows masked before the lookup and their rows zeroed after it, in the forward and
+# in the backward; a sharding rule runs the op on the local shards as they are, so that case is
+# functional.embedding's (a masked lookup of the local rows returning a Partial sum).
+def _fwd_rule(a: object) -> list[Strategy]:
+    batch = [Strategy((shard(d),), {"indices": shard(d)}) for d in all_dims(a.indices)]
+    return [*batch, Strategy((shard(a.indices.ndim),), {"weight": shard(1)})]
+
+
+def _bwd_rule(a: object) -> list[Strategy]:
+    batch = [] if a.scale_grad_by_freq else [Strategy((P,), {"dy": shard(d), "indices": shard(d)})
+                                             for d in all_dims(a.indices)]
+    return [*batch, Strategy((shard(1),), {"dy": shard(a.dy.ndim - 1), "weight": shard(1)})]
+
+
+register_rules(
+    "embedding", _fwd_rule, _bwd_rule,
+    "the indices are sharded (a batch; not with scale_grad_by_freq) with the weight Replicate, or the weight "
+    "is sharded on its columns (Shard(1)) with the indices Replicate; a vocabulary-sharded weight (Shard(0)) "
+    "runs through kernel_pytorch.functional.embedding",
 )

@@ -65,6 +65,7 @@ from kernel_pytorch.ops._activations import (
 )
 from kernel_pytorch.ops._common.launch import Launcher
 from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.sharding import all_dims, register_rules, rowwise
 from kernel_pytorch.reference.gated_act import gated_act, gated_act_backward
 
 
@@ -294,4 +295,13 @@ gated_act_fwd_op, gated_act_bwd_op, gated_act_eager = register_op(
     save=("gate", "up"),
     keep=("act", "gate_multiplier"),
     grads={"gate": "d_gate", "up": "d_up"},
+)
+
+# DTensor (ops/_common/sharding.py): elementwise, so gate and up sharded alike on any dim, the intermediate dim
+# (Shard(-1), column-parallel gate/up projections) included
+register_rules(
+    "gated_act",
+    rowwise(("gate", "up"), ("rows",), all_dims),
+    rowwise(("dh", "gate", "up"), ("rows", "rows"), all_dims),
+    "gate and up are sharded alike (Shard(d), any d)",
 )

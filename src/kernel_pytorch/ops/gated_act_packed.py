@@ -17,6 +17,7 @@ from torch import Tensor
 
 from kernel_pytorch.ops._activations import MlpConfig
 from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.sharding import register_rules, rowwise
 from kernel_pytorch.ops.gated_act import gated_act_packed_bwd, gated_act_packed_fwd
 from kernel_pytorch.reference.gated_act import gated_act_packed, gated_act_packed_backward
 
@@ -46,4 +47,12 @@ gated_act_packed_fwd_op, gated_act_packed_bwd_op, gated_act_packed_eager = regis
     save=("gate_up",),
     keep=("act", "gate_multiplier"),
     grads={"gate_up": "d_gate_up"},
+)
+
+# DTensor: rows only. A column shard of [gate | up] is not a [gate | up] pair (a column-parallel gate_up_proj
+# gives one rank gate columns, another up columns): shard gate and up as two tensors for that.
+register_rules(
+    "gated_act_packed", rowwise(("gate_up",), ("rows",)), rowwise(("dh", "gate_up"), ("rows",)),
+    "gate_up is sharded on a dim other than the last (Shard(d), d < gate_up.ndim - 1); a column-sharded "
+    "[gate | up] is not [gate | up] on each rank, so shard gate and up apart (gated_act)",
 )

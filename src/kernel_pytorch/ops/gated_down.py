@@ -27,6 +27,7 @@ from torch import Tensor
 
 from kernel_pytorch.ops._activations import MlpConfig
 from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.sharding import P, R, Strategy, register_rules, row_dims, shard
 from kernel_pytorch.ops.gated_act import gated_act_bwd, gated_act_fwd, gated_act_packed_bwd, gated_act_packed_fwd
 from kernel_pytorch.reference.gated_down import gated_down, gated_down_backward
 
@@ -116,4 +117,30 @@ gated_down_fwd_op, gated_down_bwd_op, gated_down_eager = register_op(
     keep=("act", "gate_multiplier", "down_multiplier"),
     present=("bias",),
     grads={"gate": "d_gate", "up": "d_up", "weight": "d_weight", "bias": "d_bias"},
+)
+
+
+# DTensor (ops/_common/sharding.py): rows sharded alike (weight and bias Replicate; their gradients Partial
+# sums), or the intermediate dim: gate and up column-sharded (Shard(-1)) with the weight sharded on its input
+# features (Shard(1)), tensor parallelism's column- then row-parallel pair, whose y is a Partial sum over the
+# ranks' slices of I. No bias there: every rank would add it to its partial y.
+def _fwd_rule(a: object) -> list[Strategy]:
+    rows = [Strategy((shard(d),), {"gate": shard(d), "up": shard(d)}) for d in row_dims(a.gate)]
+    if a.bias is not None:
+        return rows
+    inner = shard(a.gate.ndim - 1)
+    return [*rows, Strategy((P,), {"gate": inner, "up": inner, "weight": shard(1)})]
+
+
+def _bwd_rule(a: object) -> list[Strategy]:
+    rows = [Strategy((shard(d), shard(d), P, P), {"dy": shard(d), "gate": shard(d), "up": shard(d)})
+            for d in row_dims(a.gate)]
+    inner = shard(a.gate.ndim - 1)
+    return [*rows, Strategy((inner, inner, shard(1), R), {"gate": inner, "up": inner, "weight": shard(1)})]
+
+
+register_rules(
+    "gated_down", _fwd_rule, _bwd_rule,
+    "gate and up are sharded alike on a dim other than the last with the weight and bias Replicate, or "
+    "column-sharded (Shard(-1)) with the weight Shard(1), no bias, and dy Replicate",
 )

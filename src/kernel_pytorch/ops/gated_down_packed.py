@@ -7,6 +7,7 @@ ops/gated_down.py's; the math reference/gated_down.py's. Only gate_up and W are 
 from __future__ import annotations
 
 from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.sharding import register_rules, rowwise
 from kernel_pytorch.ops.gated_down import gated_down_packed_bwd, gated_down_packed_fwd
 from kernel_pytorch.reference.gated_down import gated_down_packed, gated_down_packed_backward
 
@@ -23,4 +24,11 @@ gated_down_packed_fwd_op, gated_down_packed_bwd_op, gated_down_packed_eager = re
     keep=("act", "gate_multiplier", "down_multiplier"),
     present=("bias",),
     grads={"gate_up": "d_gate_up", "weight": "d_weight", "bias": "d_bias"},
+)
+
+# DTensor: rows only (a column shard of [gate | up] is not a [gate | up] pair: gated_act_packed's rule says so)
+register_rules(
+    "gated_down_packed", rowwise(("gate_up",), ("rows",)), rowwise(("dy", "gate_up"), ("rows", "sum", "sum")),
+    "gate_up is sharded on a dim other than the last with the weight and bias Replicate; a column-sharded "
+    "[gate | up] is not [gate | up] on each rank, so shard gate and up apart (gated_down)",
 )

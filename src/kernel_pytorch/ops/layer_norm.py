@@ -27,6 +27,7 @@ from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._common.partials import partial_slots, store_partials, sum_partials
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops._common.rows import as_rows, row_launch, row_schedule, row_stride, split_schedule
+from kernel_pytorch.ops._common.sharding import register_rules, rowwise
 from kernel_pytorch.ops._common.tiles import chunk_dy_x, chunk_sums, first_loads, row_step, split_block, split_step
 from kernel_pytorch.ops.norm_config import NormConfig
 from kernel_pytorch.reference._math import acc_dtype
@@ -344,4 +345,11 @@ layer_norm_fwd_op, layer_norm_bwd_op, layer_norm_eager = register_op(
     save=("x", "weight", "mean", "rstd"),
     present=("bias",),
     grads={"x": "dx", "weight": "dweight", "bias": "dbias"},
+)
+# DTensor: rms_norm's rule (rows sharded, weight and bias Replicate, their gradients Partial sums)
+register_rules(
+    "layer_norm",
+    rowwise(("x",), ("rows", "rows", "rows")),
+    rowwise(("dy", "x", "mean", "rstd"), ("rows", "sum", "sum")),
+    "x is sharded on a dim other than the last (Shard(d), d < x.ndim - 1) and the weight and bias Replicate",
 )

@@ -32,6 +32,7 @@ from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
 from kernel_pytorch.ops._common.partials import sum_partials
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops._common.rows import as_rows, row_launch, row_schedule, row_stride, split_schedule
+from kernel_pytorch.ops._common.sharding import register_rules, rowwise
 from kernel_pytorch.ops._common.tiles import (
     chunk_dy_x,
     chunk_sums,
@@ -330,3 +331,9 @@ rms_norm_fwd_op, rms_norm_bwd_op, rms_norm_eager = register_op(
     keep=("offset", "casting"),
     grads={"x": "dx", "weight": "dweight"},
 )
+
+# DTensor (ops/_common/sharding.py): rows are independent, so x may be sharded on any dim but the last (sequence
+# parallelism: Shard(1) of (B, T, D)) with the weight Replicate; the weight's gradient is then a sum over the
+# ranks' rows (Partial)
+register_rules("rms_norm", rowwise(("x",), ("rows", "rows")), rowwise(("dy", "x", "rstd"), ("rows", "sum")),
+               "x is sharded on a dim other than the last (Shard(d), d < x.ndim - 1) and the weight Replicate")

@@ -18,11 +18,13 @@ from torch import Tensor
 
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops._common.scale import scale_grad_, scaled_grad
+from kernel_pytorch.ops._common.sharding import P, R, Strategy, register_rules, shard
 from kernel_pytorch.ops.cross_entropy.fused_linear import (
     FusedLinearArgs,
     fused_linear_cross_entropy_bwd,
     fused_linear_cross_entropy_fwd,
 )
+from kernel_pytorch.ops.cross_entropy.register import rows_takes
 from kernel_pytorch.ops.cross_entropy.schema import OPTION_NAMES, OPTIONS, OpSignature
 from kernel_pytorch.reference._math import acc, acc_dtype
 from kernel_pytorch.reference.cross_entropy import apply_softcap
@@ -151,3 +153,36 @@ fused_linear_cross_entropy_fwd_op, fused_linear_cross_entropy_bwd_op, fused_line
     grads={"x": "dx", "weight": "dweight", "bias": "dbias"},
     opaque_forward=True,  # traced, the partitioner moved the last chunk's grad_W update into the backward
 )
+
+
+# DTensor: cross_entropy's rule (register.py) on the rows of x (N, H), the weight, bias and class weights
+# Replicate; the weight's and bias's gradients are Partial sums over the ranks' rows. The saved gradients'
+# placements follow the forward's: empty (Replicate) where not computed.
+def _saved(a: object) -> tuple:
+    """The placements of grad_x, grad_w, grad_b as the forward returns them."""
+    saved = a.reduction != "none" and (a.needs_x or a.needs_w or a.needs_b)
+    return (shard(0) if saved and a.needs_x else R, P if saved and a.needs_w else R,
+            P if saved and a.needs_b and a.bias is not None else R)
+
+
+def _fwd_rule(a: object) -> list[Strategy]:
+    if a.x.ndim != 2 or a.reduction == "mean":
+        return []
+    rows = shard(0)
+    loss = rows if a.reduction == "none" else P
+    outputs = (loss, rows, *_saved(a), rows if a.argmax else R)
+    return [Strategy(outputs, {"x": rows, "target": rows, "token_scale": rows})]
+
+
+def _bwd_rule(a: object) -> list[Strategy]:
+    if a.x.ndim != 2 or a.reduction == "mean":
+        return []
+    rows = shard(0)
+    grad_x, grad_w, grad_b = _saved(a)
+    inputs = {"dloss": rows if a.reduction == "none" else R, "grad_x": grad_x, "grad_w": grad_w, "grad_b": grad_b,
+              "x": rows, "target": rows, "lse": rows, "token_scale": rows}
+    outputs = (rows if a.needs_x else R, P if a.needs_w else R, P if a.needs_b and a.bias is not None else R)
+    return [Strategy(outputs, inputs)]
+
+
+register_rules("fused_linear_cross_entropy", _fwd_rule, _bwd_rule, rows_takes("x (N, H) is"))

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops._common.scale import scale_grad_, scaled_grad
+from kernel_pytorch.ops._common.sharding import P, R, Strategy, register_rules, shard
 from kernel_pytorch.ops.cross_entropy.launch import cross_entropy_fwd
 from kernel_pytorch.ops.cross_entropy.schema import OPTIONS, OpSignature
 from kernel_pytorch.reference._math import acc
@@ -78,3 +79,32 @@ cross_entropy_fwd_op, cross_entropy_bwd_op, cross_entropy_eager = register_op(
     save=("grad",),
     grads={"logits": "dlogits"},
 )
+
+
+# DTensor (ops/_common/sharding.py): the rows of (N, V) logits sharded (Shard(0), with target and token scales;
+# class weights Replicate) for reduction "sum" (a Partial sum of the ranks' losses) or "none" (the losses
+# sharded as the rows). Not "mean": its denominator counts the valid rows of every shard (sum the loss
+# and divide by the global count). Not vocabulary-sharded logits: the log-sum-exp spans the shards.
+def rows_takes(rows: str) -> str:
+    """The rule's phrase for the error (ops/_common/sharding.py), `rows` the tensor sharded on its rows."""
+    return (f"{rows} sharded on its rows (Shard(0)) with the targets and token scales, class weights Replicate, "
+            "and reduction is 'sum' or 'none' ('mean' divides by a count spanning every shard: sum and divide by "
+            "the global count; vocabulary-sharded logits are not taken)")
+
+
+def _fwd_rule(a: object) -> list[Strategy]:
+    if a.logits.ndim != 2 or a.reduction == "mean":
+        return []
+    rows = shard(0)
+    loss = rows if a.reduction == "none" else P
+    return [Strategy((loss, rows, rows if a.with_grad else R, rows if a.argmax else R),
+                     {"logits": rows, "target": rows, "token_scale": rows})]
+
+
+def _bwd_rule(a: object) -> list[Strategy]:
+    rows = shard(0)
+    per_row = [Strategy((rows,), {"dloss": rows, "grad": rows})] if a.dloss.ndim else []
+    return [Strategy((rows,), {"grad": rows}), *per_row]
+
+
+register_rules("cross_entropy", _fwd_rule, _bwd_rule, rows_takes("the (N, V) logits are"))

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch.ops._common.register import Impl, register_op
+from kernel_pytorch.ops._common.sharding import Strategy, register_rules, shard
 from kernel_pytorch.ops.rope.config import FlatConfig, RopeConfig, TileConfig, TokenConfig, current
 from kernel_pytorch.ops.rope.plan import launch
 from kernel_pytorch.reference.rope import rope, rope_backward
@@ -119,6 +120,24 @@ rope_fwd_op, rope_bwd_op, rope_eager = register_op(
     save=("cos", "sin", "position_ids"),
     keep=("interleaved", "unsqueeze_dim", "hf_rounding"),
     grads={"q": "dq", "k": "dk"},
+)
+
+
+
+def _heads_rule(first: str, second: str):  # noqa: ANN202
+    """The rotation is per head: q and k (or their gradients) sharded on the heads dim (unsqueeze_dim), the
+    tables and position ids Replicate (tensor parallelism's head-sharded attention)."""
+
+    def rule(a: object) -> list[Strategy]:
+        heads = shard(a.unsqueeze_dim)
+        return [Strategy((heads, heads), {first: heads, second: heads})]
+
+    return rule
+
+
+register_rules(
+    "rope", _heads_rule("q", "k"), _heads_rule("dq_embed", "dk_embed"),
+    "q and k are sharded on the heads dim (Shard(unsqueeze_dim)) and cos, sin and the position ids Replicate",
 )
 
 __all__ = [

@@ -58,6 +58,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from kernel_pytorch._env import is_plain_tensor
 from kernel_pytorch.functional.cross_entropy import fused_linear_cross_entropy
 from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.optimize.rules._common import blocked, build_on_meta, same_output
@@ -105,9 +106,13 @@ def fused_causal_lm_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, la
 
 def _plain_call(model: nn.Module, args: tuple, kwargs: dict) -> bool:
     """Whether the call goes to the class's forward unchanged: no labels, positional arguments past the
-    first, a head that is not ours, or a tuple asked for."""
-    return (kwargs.get("labels") is None or len(args) > 1 or not isinstance(model.lm_head, FusedLossLMHead)
-            or kwargs.get("return_dict") is False)
+    first, a head that is not ours, a tuple asked for, or a head that tensor parallelism shards (a DTensor
+    weight, or hooks on the head: parallelize_module's, which the fused loss, reading the weight itself,
+    would bypass)."""
+    head = model.lm_head
+    return (kwargs.get("labels") is None or len(args) > 1 or not isinstance(head, FusedLossLMHead)
+            or kwargs.get("return_dict") is False or not is_plain_tensor(head.weight)
+            or bool(head._forward_hooks or head._forward_pre_hooks))
 
 
 def _output(head: FusedLossLMHead, outputs: Any, fields: dict[str, Any]) -> Any:
