@@ -11,6 +11,7 @@ import contextlib
 import functools
 import importlib.util
 import logging
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -81,6 +82,13 @@ def is_plain_tensor(t: object) -> bool:
     DTensor) runs its own ops, which our kernels would bypass. No `detach()`: per-call paths ask it, so a
     Parameter subclass counts as a subclass here (deploy's `is_subclass` looks through it)."""
     return type(t) is torch.Tensor or type(t) is torch.nn.Parameter
+
+
+def is_dtensor(t: object) -> bool:
+    """Whether `t` is a DTensor (torch.distributed's sharded or replicated tensor: FSDP2's parameters,
+    tensor parallelism's). Imports nothing: no DTensor exists before torch.distributed.tensor is imported."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 @functools.cache
