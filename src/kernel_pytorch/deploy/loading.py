@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from kernel_pytorch.deploy import _quantized
+from kernel_pytorch.deploy import _quantized, _sharded
 from kernel_pytorch.deploy._files import INDEX_NAME, LoadError, read_header, refuse_pickle, sha256_files
 from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, ManifestError, describe_differences, dtype_name
 from kernel_pytorch.optimize import swap as swapping
@@ -130,9 +130,10 @@ def _saved_tensors(manifest: Manifest) -> dict[str, dict[str, Any]]:
     return _quantized.logical(manifest.tensors, manifest.quantization["tensors"])
 
 
-def _check_state(model: nn.Module, manifest: Manifest) -> None:
-    """Keys, shapes and dtypes of the saved tensors (aliases through their targets) against the model's."""
-    expected = model.state_dict()
+def _check_state(model: nn.Module, manifest: Manifest, expected: dict[str, Any] | None = None) -> None:
+    """Keys, shapes and dtypes of the saved tensors (aliases through their targets) against the model's
+    (`expected`: its state_dict, by default `model.state_dict()`)."""
+    expected = model.state_dict() if expected is None else expected
     tensors = _saved_tensors(manifest)
     provided = set(tensors) | set(manifest.aliases)
     bad_alias = sorted(a for a, k in manifest.aliases.items() if k not in tensors)
@@ -253,6 +254,59 @@ def _probe(model: nn.Module, manifest: Manifest, rules: dict[str, Rule], state: 
     del probe
 
 
+def _check_swapped(model: nn.Module, manifest: Manifest) -> None:
+    """Every recorded swap is in the sharded `model` already (its modules are FSDP's or a plan's: none is
+    swapped now); paths are compared without the wrappers' segments (activation checkpointing's)."""
+    modules = {_sharded.plain_path(p): m for p, m in model.named_modules(remove_duplicate=False)}
+    for record in manifest.swaps:
+        module = modules.get(record["path"])
+        if module is None or not _swapped(module, record):
+            kind = type(module)
+            found = "no module" if module is None else f"a {kind.__module__}.{kind.__qualname__}"
+            raise LoadError(f"the saved model swapped {record['path']!r} ({record['before']} -> {record['after']}, "
+                            f"rule {record['rule']}); this sharded model holds {found} there, not the "
+                            "replacement. A sharded model is not swapped on load: optimize it before sharding "
+                            "(kernel_pytorch.optimize(model), then fully_shard), then load on every rank")
+
+
+def _load_sharded(path: str | Path, model: nn.Module, rules: Sequence[Rule], strict_versions: bool,
+                  verify: bool) -> nn.Module:
+    """`load` into a sharded model, on every rank (deploy/_sharded.py): rank 0 reads and checks the files
+    and the model, then sends each tensor to the ranks, which keep their shards."""
+    state: dict[str, Tensor] = {}
+    failure: BaseException | None = None
+    if _sharded.rank() == 0:
+        try:
+            directory = _directory(path)
+            try:
+                manifest = Manifest.read(directory)
+            except ManifestError as exc:
+                raise LoadError(str(exc)) from exc
+            differences = describe_differences(manifest)
+            if differences and strict_versions:
+                raise LoadError(differences)
+            if differences:
+                warnings.warn(differences, stacklevel=3)
+            if manifest.quantization:
+                raise LoadError("a saved model with quantized weights loads into an unsharded model only "
+                                "(kernel_pytorch.load, then quantize-aware sharding of your own)")
+            _rules_by_name(manifest, rules)
+            _headers(directory, manifest)
+            if verify:
+                _verify(directory, manifest)
+            _check_swapped(model, manifest)
+            _check_state(model, manifest, _sharded.sharded_state(model))
+            state = _read_tensors(directory, manifest)
+        except Exception as exc:  # every rank hears of it before it is raised (a rank waiting would hang)
+            failure = exc
+    _sharded.agree(failure is None, f"kernel_pytorch.load from {path}")
+    if failure is not None:
+        raise failure
+    _sharded.set_full_state(model, state)
+    log.info("loaded %s into a sharded model: %d tensors from rank 0", path, len(state))
+    return model
+
+
 def load(
     path: str | Path,
     model_or_factory: nn.Module | Callable[[], Any],
@@ -287,6 +341,12 @@ def load(
             checks still run, a flipped data byte then goes unnoticed).
     Returns:
         the model, optimized as saved, with the saved weights.
+
+    A sharded model (under FSDP's `fully_shard`, or holding DTensor parameters), passed as a module, is
+    loaded on every rank: rank 0 reads and checks the files (all of the checks above) and that the model
+    holds the saved swaps already (optimize it before sharding it: sharded modules are not swapped), then
+    `set_model_state_dict(..., full_state_dict=True, broadcast_from_rank0=True)` sends each tensor to the
+    ranks, each keeping its shard. Only rank 0 reads the files. Quantized saves do not load this way.
     Raises:
         PickleRefusedError: `path` is a torch.save / .bin / .pt checkpoint (convert it with
             `kernel-pytorch convert`).
@@ -304,6 +364,11 @@ def load(
     own weight, so a tied lm_head is no longer tied to its embedding after `quantize`, in the saved
     model as in the loaded one (both are written and loaded as separate tensors).
     """
+    if isinstance(model_or_factory, nn.Module):
+        target = getattr(model_or_factory, "_orig_mod", model_or_factory)
+        if isinstance(target, nn.Module) and _sharded.is_sharded(target):
+            _load_sharded(path, target, rules, strict_versions, verify)
+            return model_or_factory
     directory = _directory(path)
     try:
         manifest = Manifest.read(directory)
