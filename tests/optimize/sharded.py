@@ -66,10 +66,10 @@ def layers(model: nn.Module) -> nn.ModuleList:
 
 
 def shard(model: nn.Module, mesh: Any, *, param_dtype: torch.dtype = torch.float32, checkpoint: bool = False,
-          compile_backend: str | None = None) -> nn.Module:
+          compile_backend: Any = None) -> nn.Module:
     """torchtitan's recipe on `model`: each decoder layer wrapped for activation checkpointing (`checkpoint`),
-    compiled in place (`compile_backend`), then `fully_shard` on each layer and on the root, with
-    MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)."""
+    compiled in place with fullgraph=True (`compile_backend`), then `fully_shard` on each layer and on the
+    root, with MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     blocks = layers(model)
@@ -79,7 +79,7 @@ def shard(model: nn.Module, mesh: Any, *, param_dtype: torch.dtype = torch.float
 
             block = blocks[i] = checkpoint_wrapper(block)
         if compile_backend is not None:
-            block.compile(backend=compile_backend)
+            block.compile(backend=compile_backend, fullgraph=True)  # a graph break fails, as in torchtitan
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp)

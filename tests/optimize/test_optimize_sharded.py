@@ -155,6 +155,18 @@ def test_fused_paths_say_once_they_step_aside_for_dtensors(outcomes) -> None:
     check(outcomes["subclass_parameters_said_once"])
 
 
+def test_report_rows_for_sharded_modules() -> None:
+    """One process: the report's rendering of `sharded` (the model itself named as such)."""
+    from kernel_pytorch.optimize import OptimizeReport
+
+    report = OptimizeReport(sharded=["", "lm_head"])
+    text = str(report)
+    assert text.splitlines()[0] == "optimize: 0 modules replaced, 0 reverted, 2 left alone"
+    assert f"  left alone [sharded] {SHARDED_REASON}: the model itself, lm_head" in text
+    assert "validation: not run: nothing was changed" in text
+    assert report.to_dict()["sharded"] == ["", "lm_head"] and report.passed
+
+
 @pytest.mark.cuda
 def test_sharded_models_nccl(tmp_path) -> None:
     got = run_world(__name__, SCENARIOS, world=WORLD, tmp=tmp_path, backend="nccl", timeout_s=TIMEOUT_S)

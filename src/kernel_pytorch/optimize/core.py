@@ -103,6 +103,9 @@ def optimize(
 
     Args:
         model: any nn.Module (a Hugging Face model, a torch model); changed in place and returned.
+            Optimize before sharding (then `fully_shard`, DDP): modules holding DTensor parameters, and
+            every module of a model holding FSDP modules, are left as they are and listed in
+            `report.sharded` (optimize/swap.py says why); such a model is not run, copied or compiled.
         example_inputs: a tuple of positional args, a dict of keyword args
             (`{"input_ids": ids, "labels": ids}`) or one tensor, as the model is called. Needed to
             validate; a Hugging Face model without them is validated on its `dummy_inputs`.
