@@ -79,11 +79,14 @@ def dcp_round_trip(ctx: Ctx) -> None:
             dcp.load(state, checkpoint_id=str(where))
             set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
             got = train(fresh, fresh_opt, ctx.rank, 3, first=3, device=ctx.device)
-            if optimized:
+            # bitwise where the steps are deterministic: our model on CPU (CUDA's SDPA backward adds in no
+            # fixed order); within tolerance otherwise
+            exact = optimized and ctx.device.type == "cpu"
+            if exact:
                 assert got == expected, (got, expected)
             else:
                 torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=1e-5)
-            _same(fresh, model, exact=optimized)
+            _same(fresh, model, exact=exact)
 
 
 def kp_save_load(ctx: Ctx) -> None:

@@ -40,6 +40,9 @@ def _twins(ctx: Ctx, kind: str, parallelize) -> tuple[torch.nn.Module, torch.nn.
 
 
 def _train_alike(ctx: Ctx, ours, theirs, steps: int, exact: bool) -> None:
+    """Train both; losses and final parameters equal (`exact`: bitwise, on CPU; CUDA's SDPA and embedding
+    backwards add in no fixed order, so there within the tolerance table)."""
+    exact = exact and ctx.device.type == "cpu"
     # not foreach: a tensor-parallel model mixes plain and DTensor parameters, which torch's foreach ops refuse
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False) for m in (ours, theirs)]
     our_losses = train(ours, opts[0], ctx.rank, steps, device=ctx.device)
