@@ -20,8 +20,10 @@ Providers, in this order, each in its own try/except (a failure is a row with th
               decoding), then the same compiled decode
   ours-nn     a decoder of nn.Attention + StaticKVCache, RMSNorm, GatedMLP, Embedding and lm_head loaded
               with the same weights, compiled the same way
-  ours+int8, ours+fp8   deploy.quantize after optimize, compiled (torchao; rows say so when missing);
-              then ours, ours+int8, ours+fp8 at batch 1, where decoding is bound by the weights
+  ours+int8, ours+fp8   deploy.quantize after optimize, compiled (torchao; rows say so when missing)
+  ours+int8-kp, ours+int4-kp, ours+fp8-kp   the same with backend="kernel_pytorch": our own weight-only
+              kernels (ops/quant_matmul; int4 in groups of 128)
+              then ours and the quantized rows at batch 1, where decoding is bound by the weights
 Before timing, each provider's logits of one step are checked against a higher-precision reference: the
 same model (its bf16 weights) and cache contents upcast to fp32 (fp64 when the run is fp32), one step,
 built once before the first provider and freed. A provider passes when its max abs error against it is
@@ -223,6 +225,15 @@ def optimized(model: nn.Module, size: Size, dev: torch.device) -> nn.Module:
     return model
 
 
+def quant_scheme(provider: str) -> tuple[str, dict[str, Any]]:
+    """(scheme, deploy.quantize's backend arguments) of a quantized provider: "ours+int8" is torchao's
+    int8, "ours+int4-kp" kernel_pytorch's int4 (groups of 128)."""
+    scheme = provider.split("+")[1]
+    if scheme.endswith("-kp"):
+        return scheme.removesuffix("-kp"), {"backend": "kernel_pytorch"}
+    return scheme, {}
+
+
 def hf_decoder(provider: str, size: Size, batch: int, dev: torch.device, dtype: torch.dtype, backend: str) -> Decoder:
     """hf-eager, hf-compile, ours, ours+int8, ours+fp8: transformers' forward with a filled StaticCache."""
     model = hf_model(size, dev, dtype)
@@ -232,9 +243,9 @@ def hf_decoder(provider: str, size: Size, batch: int, dev: torch.device, dtype: 
     if "+" in provider:
         from kernel_pytorch.deploy.quantize import expected_rtol, quantize
 
-        scheme = provider.split("+")[1]
-        rtol = expected_rtol(model, scheme)[0]  # from the float weights, before quantize() replaces them
-        quantize(model, scheme)
+        scheme, backend_kw = quant_scheme(provider)
+        rtol = expected_rtol(model, scheme, **backend_kw)[0]  # from the float weights, before quantize()
+        quantize(model, scheme, **backend_kw)
     cache = filled_hf_cache(model.config, size, batch, dev, dtype)
     if provider != "hf-eager":
         model.forward = compiled(model.forward, backend, dev)  # the instance's forward; hooks stay outside
@@ -560,18 +571,20 @@ def jobs(size: Size, dev: torch.device, dtype: torch.dtype, backend: str, provid
             out.append(Job(p, b, lambda: nn_decoder(size, b, dev, dtype, backend), True))
         elif p in ("hf-eager", "hf-compile", "ours"):
             out.append(Job(p, b, lambda p=p: hf_decoder(p, size, b, dev, dtype, backend), p != "hf-eager"))
-        elif p in ("ours+int8", "ours+fp8"):
-            out.append(Job(p, b, lambda p=p: hf_decoder(p, size, b, dev, dtype, backend), True, p.split("+")[1]))
+        elif p in QUANTIZED:
+            out.append(Job(p, b, lambda p=p: hf_decoder(p, size, b, dev, dtype, backend), True, quant_scheme(p)[0]))
         else:
             out.append(Job(p, b, lambda p=p: (_ for _ in ()).throw(ValueError(f"unknown provider {p!r}")), False))
-    for p in ("ours", "ours+int8", "ours+fp8"):  # batch 1: weight-bound, where weight-only quantization pays
+    for p in ("ours", *QUANTIZED):  # batch 1: weight-bound, where weight-only quantization pays
         if p in providers:
-            scheme = p.split("+")[1] if "+" in p else None
+            scheme = quant_scheme(p)[0] if "+" in p else None
             out.append(Job(p, 1, lambda p=p: hf_decoder(p, size, 1, dev, dtype, backend), True, scheme))
     return out
 
 
-PROVIDERS = ("hf-eager", "hf-compile", "ours", "ours-nn", "ours+int8", "ours+fp8")
+# torchao's weight-only int8 and fp8, then kernel_pytorch's own kernels (deploy.quantize backend="kernel_pytorch")
+QUANTIZED = ("ours+int8", "ours+fp8", "ours+int8-kp", "ours+int4-kp", "ours+fp8-kp")
+PROVIDERS = ("hf-eager", "hf-compile", "ours", "ours-nn", *QUANTIZED)
 
 
 def write(results: BenchmarkResults, summary: list[dict], vers: dict[str, str], out: Path) -> tuple[Path, Path]:
@@ -691,7 +704,7 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, backend: str, provide
         for job in jobs(size, dev, dtype, backend, providers):
             entry: dict[str, Any] = {"provider": job.provider, "batch": job.batch, "cache": size.cache}
             elapsed = time.perf_counter() - start
-            if job.scheme is not None and missing_ao:
+            if job.scheme is not None and missing_ao and not quant_scheme(job.provider)[1]:  # torchao's rows
                 row = job.row(size, dtype, backend, status="not installed", note=missing_ao)
             elif elapsed + slowest[job.compiled] > budget_s:
                 kind = "compiled" if job.compiled else "eager"

@@ -11,6 +11,8 @@ generate rows (prefill + 256 greedy decode tokens).
     python benchmarks/bench_e2e.py --providers torch.compile+no_cache    # called with use_cache=False
     python benchmarks/bench_e2e.py --providers= --no-long --generate-providers "ours + static cache + compile+reference"
     python benchmarks/bench_e2e.py --help                           # every base provider and variant, one line each
+    torchrun --nproc-per-node 4 benchmarks/bench_e2e.py --providers torch.compile+fsdp2,ours+compile+fsdp2 \
+        --no-long --no-inference --scaling-base RESULTS_OF_ONE_GPU/e2e.json  # FSDP2 over 4 GPUs (per-GPU rows)
 
 A provider is a base and named variants, `BASE[+VARIANT...]` (benchmarks/e2e/providers.py: each variant
 sets a field of a frozen `Variant`, mapped onto the optimizer, the model's call, the optimized modules'
@@ -31,6 +33,14 @@ whole run stops starting new providers once `--budget-s` of wall time is spent (
 and says which rows it skipped; the rows run in the order the target reads them (the training providers,
 then the 16k row, then generation). Liger patches transformers' classes for the whole process, so each
 Liger row runs in a child process of its own.
+
+Under torchrun (benchmarks/e2e/distributed.py) every training provider takes `+fsdp2`: each rank runs each
+row on its GPU with the same per-GPU batch, tokens/s and MFU are per GPU, peak memory the largest rank's,
+and rank 0 writes the results; the Liger rows run in the process, after the others (Liger's patches are for
+the whole process), and the 16k-context and generate rows, which are one GPU's, are left out. With
+`--scaling-base`, the results of the same providers on one GPU, each row's note gives its scaling
+efficiency (per-GPU tokens/s over the one-GPU row's). `--size llama3-8b` is a Llama-3-8B-shaped model (32
+layers, hidden 4096), which fits only sharded over several GPUs.
 """
 
 from __future__ import annotations
@@ -48,7 +58,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the e2e helpers
 
-from e2e.models import QUICK, Size, build, free, hf_model, loss_of, ours, sync  # noqa: E402
+from e2e import distributed  # noqa: E402
+from e2e.models import LLAMA3_8B, QUICK, Size, build, free, hf_model, loss_of, ours, sync  # noqa: E402
 from e2e.profiling import host_phases, profile_steps  # noqa: E402
 from e2e.providers import (  # noqa: E402
     DEFAULT_PROVIDERS,
@@ -147,8 +158,9 @@ def _train_row(provider: Provider, size: Size, dev: torch.device, dtype: torch.d
         sync(dev)
         samples.append((time.perf_counter() - t) * 1e3)
     # the timed window in wall-clock time, to line up with a clock/power log of the device (gpu_check's smi.csv)
-    print(f"timed {provider} {batch}x{seq}: {began} - {time.strftime('%H:%M:%S')}, steps (ms): "
-          + " ".join(f"{x:.2f}" for x in samples), flush=True)
+    if distributed.main_process():
+        print(f"timed {provider} {batch}x{seq}: {began} - {time.strftime('%H:%M:%S')}, steps (ms): "
+              + " ".join(f"{x:.2f}" for x in samples), flush=True)
     timing = summarize(samples, "wall clock per step, synchronised")
     reserved = ""  # the CUDA allocator's reserved peak beside the allocated one, where it is measured
     row.set_timing(timing)
@@ -162,6 +174,10 @@ def _train_row(provider: Provider, size: Size, dev: torch.device, dtype: torch.d
     else:
         m = peak_memory(step, dev)
         row.peak_mem_bytes, row.peak_mem_method = m.peak_bytes, m.method
+    if provider.variant.shard == "fsdp2":  # the largest rank's peak (each rank holds its shards)
+        peak = distributed.largest(row.peak_mem_bytes, dev)
+        row.peak_mem_bytes = None if peak is None else int(peak)
+        row.peak_mem_method += "; the largest of the ranks'"
     tok_s = _rates(row, size, batch, seq, matmul_tflops)
     row.note = f"{tok_s}; warm-up {warm_s:.1f} s ({warmup} steps); {mfu_note(row)}{reserved}"
     if profile_to is not None:
@@ -281,11 +297,17 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[Prov
         warmup: int, budget_s: float, long_row: bool, inference: bool, smoke: bool,
         profile: tuple[Provider, ...] = (), out: Path | None = None,
         generate: tuple[Provider, ...] = tuple(parse(p, "generate") for p in GENERATE_PROVIDERS),
-        paired: tuple[Provider, ...] = (), paired_rounds: tuple[int, int] = (10, 4)) -> BenchmarkResults:
+        paired: tuple[Provider, ...] = (), paired_rounds: tuple[int, int] = (10, 4),
+        world: distributed.World = distributed.ONE) -> BenchmarkResults:
     """Every row in one run, each in its own try/except, within the time budget; `profile`: the training
     providers profiled; `paired`: two training providers stepped in turns in one process (`paired_rows`:
-    `paired_rounds` = rounds, steps per round)."""
+    `paired_rounds` = rounds, steps per round); `world`: the torchrun world this rank belongs to (every
+    rank runs every row; rank 0 prints and writes)."""
     start = time.perf_counter()
+    # a child process cannot join torchrun's process group: under it every row runs here, Liger's last
+    isolate = not world.launched
+    if world.launched:
+        providers = tuple(sorted(providers, key=lambda p: p.base.startswith("liger")))
     results = BenchmarkResults(name="e2e", device=device_name(dev), smoke=smoke)
     ceilings = measure_ceilings(dev)
     results.ceilings = ceilings
@@ -306,7 +328,7 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[Prov
         name = p.label.replace("+", "_").replace(".", "_")
         where = out / f"e2e_profile_{name}.txt" if p in profile and out else None
         row_args = (p, size, dev, dtype, size.batch, size.seq, steps, warmup, matmul, where)
-        if p.base.startswith("liger") or (p.base.startswith("ours+compile") and dev.type == "cuda"):
+        if isolate and (p.base.startswith("liger") or (p.base.startswith("ours+compile") and dev.type == "cuda")):
             jobs.append((args, lambda row_args=row_args: in_child(train_row, row_args)))
         else:
             jobs.append((args, lambda row_args=row_args: train_row(*row_args)))
@@ -314,7 +336,11 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[Prov
         args = dict(op=f"paired train step {size.batch}x{size.seq}", shape=[size.batch, size.seq], config=label,
                     dtype=dt, provider=" + ".join(p.label for p in paired), pass_name="fwd+bwd+adamw")
         pair_args = (paired, size, dev, dtype, paired_rounds[0], paired_rounds[1], warmup, matmul)
-        jobs.append((args, lambda: in_child(paired_rows, pair_args) if dev.type == "cuda" else paired_rows(*pair_args)))
+        jobs.append((args, lambda: in_child(paired_rows, pair_args) if isolate and dev.type == "cuda"
+                     else paired_rows(*pair_args)))
+    if world.launched and (long_row or inference):
+        results.notes.append("the 16k-context and generate rows are one GPU's: left out under torchrun")
+        long_row = inference = False
     if long_row:
         for p in (parse("eager"), parse("ours+compile")):
             args = dict(op=f"train step 1x{size.long_seq}", shape=[1, size.long_seq], config=label, dtype=dt,
@@ -328,7 +354,8 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[Prov
             jobs.append((args, lambda p=p: inference_row(p, size, dev, dtype)))
     skipped = []
     for args, job in jobs:
-        if time.perf_counter() - start > budget_s:
+        # every rank takes the same decision (the slowest rank's clock), or the ranks' collectives would part
+        if distributed.largest(time.perf_counter() - start, dev) > budget_s:
             skipped.append(f"{args['op']} / {args['provider']}")
             results.add(Row(**args, status="skipped", note=f"the {budget_s:.0f} s time budget was spent"))
             continue
@@ -344,22 +371,31 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[Prov
             results.notes.append(note)
         for row in got if isinstance(got, list) else [got]:
             results.add(row)
-            print(f"{row.op:>24} {row.provider:>26}: {row.status} {row.median_ms or 0:.4g} ms {row.note}", flush=True)
-        if out is not None:  # written after every row, so a run killed later still leaves these
+            if world.main:
+                print(f"{row.op:>24} {row.provider:>26}: {row.status} {row.median_ms or 0:.4g} ms {row.note}",
+                      flush=True)
+        if out is not None and world.main:  # written after every row, so a run killed later still leaves these
             results.write(out)
         free(dev)
+        distributed.barrier()
     results.notes.append(f"{steps} timed steps after {warmup} warm-up steps per training row; wall time "
                          f"{time.perf_counter() - start:.0f} s of a {budget_s:.0f} s budget")
     if skipped:
         results.notes.append(f"skipped for the time budget: {', '.join(skipped)}")
     results.notes.append("MFU: model FLOPs (6 x matmul params x tokens + causal attention) per step / step time / "
                          "the matmul ceiling above; tokens/s, warm-up and MFU are in each row's status note")
+    if any(p.variant.shard == "fsdp2" for p in providers):
+        results.notes.append(f"+fsdp2 rows: FSDP2 over a world of {world.size} process(es)"
+                             f"{' (torchrun, one GPU each)' if world.launched else ''}, {size.batch} x {size.seq} "
+                             "tokens per GPU; tokens/s and MFU per GPU, peak memory the largest rank's")
     results.notes.extend(target_check(results, f"train step {size.batch}x{size.seq}"))
     return results
 
 
 # The combined target, one provider: tokens/s >= SPEEDUP x torch.compile's AND peak <= MEMORY x Liger's
 TARGET_SPEEDUP, TARGET_MEMORY = 1.2, 0.9
+# under FSDP2 (+fsdp2 rows, against torch.compile+fsdp2 and liger+fsdp2 of the same run)
+FSDP2_SPEEDUP = 1.15
 
 
 def target_check(results: BenchmarkResults, op: str) -> list[str]:
@@ -367,21 +403,41 @@ def target_check(results: BenchmarkResults, op: str) -> list[str]:
     over Liger's in this run, and whether both halves of the target hold (a half whose baseline did not
     run is "-", and the target is then not judged)."""
     rows = {r.provider: r for r in results.rows if r.op == op and r.status == "ok" and r.median_ms}
-    base_t, base_m = rows.get("torch.compile"), rows.get("liger")
     notes = []
     for name, row in rows.items():
         if not name.startswith("ours"):
             continue
+        suffix = "+fsdp2" if name.endswith("+fsdp2") else ""  # compared with the baselines sharded alike
+        target_speedup = FSDP2_SPEEDUP if suffix else TARGET_SPEEDUP
+        base_t, base_m = rows.get("torch.compile" + suffix), rows.get("liger" + suffix)
         speed = base_t.median_ms / row.median_ms if base_t else None
         memory = row.peak_mem_bytes / base_m.peak_mem_bytes if base_m and base_m.peak_mem_bytes and row.peak_mem_bytes \
             else None
         if speed is None or memory is None:
             verdict = "not judged (a baseline did not run)"
         else:
-            verdict = "met" if speed >= TARGET_SPEEDUP and memory <= TARGET_MEMORY else "not met"
-        notes.append(f"target (>= {TARGET_SPEEDUP}x torch.compile's tokens/s and <= {TARGET_MEMORY}x Liger's peak): "
+            verdict = "met" if speed >= target_speedup and memory <= TARGET_MEMORY else "not met"
+        notes.append(f"target (>= {target_speedup}x torch.compile{suffix}'s tokens/s and <= {TARGET_MEMORY}x "
+                     f"liger{suffix}'s peak): "
                      f"{name} {'-' if speed is None else f'{speed:.3f}x'} and "
                      f"{'-' if memory is None else f'{memory:.3f}x'}: {verdict}")
+    return notes
+
+
+def scaling_notes(results: BenchmarkResults, base: BenchmarkResults, world_size: int) -> list[str]:
+    """For each training row measured here and in `base` (the same provider and shape, a world of one GPU):
+    its scaling efficiency, this run's per-GPU tokens/s over the one-GPU row's (the per-GPU batch is the
+    same, so 100% is linear scaling)."""
+    one = {(r.op, r.provider): r for r in base.rows if r.ok and r.median_ms}
+    notes = []
+    for row in results.rows:
+        ref = one.get((row.op, row.provider))
+        if not (row.ok and row.median_ms and row.pass_name == "fwd+bwd+adamw" and ref):
+            continue
+        eff = ref.median_ms / row.median_ms
+        row.note += f"; scaling {100 * eff:.1f}% of one GPU's tokens/s per GPU"
+        notes.append(f"scaling efficiency, {row.provider} {row.op}: {100 * eff:.1f}% ({world_size} GPUs, per-GPU "
+                     f"tokens/s over the one-GPU run of {base.device})")
     return notes
 
 
@@ -398,6 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=describe(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny config, 2 steps: checks the pipeline")
+    parser.add_argument("--size", choices=("e2e", "llama3-8b"), default="e2e",
+                        help="the model: the benchmark's 8-layer Llama (default) or a Llama-3-8B shape (with +fsdp2 "
+                        "over several GPUs: it does not fit one)")
+    parser.add_argument("--scaling-base", default=None, help="e2e.json of the same providers on one GPU: each "
+                        "row's scaling efficiency (per-GPU tokens/s over that run's)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--out", default=None, help="results directory (default bench-results/e2e-<time>)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per training row (default 8; quick 2)")
@@ -428,9 +489,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if paired and len(paired) != 2:
         parser.error(f"--paired takes two providers, got {len(paired)}: {args.paired!r}")
+    if distributed.launched():
+        unsharded = [p.label for p in (*providers, *paired) if p.variant.shard != "fsdp2"]
+        if unsharded:
+            parser.error(f"under torchrun every training provider takes +fsdp2; not: {', '.join(unsharded)}")
+    if args.quick and args.size != "e2e":
+        parser.error("--quick is its own tiny size; leave --size out")
+    scaling_base = BenchmarkResults.load(Path(args.scaling_base)) if args.scaling_base else None
     rounds, per_round = (int(v) for v in args.paired_rounds.split("x"))
-    dev = resolve_device(args.device)
-    size = QUICK if args.quick else Size()
+    world, dev = distributed.init(resolve_device(args.device))
+    size = QUICK if args.quick else LLAMA3_8B if args.size == "llama3-8b" else Size()
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     steps = args.steps or (2 if args.quick else 8)
     warmup = args.warmup or (1 if args.quick else 3)
@@ -438,9 +506,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path("bench-results") / f"e2e-{time.strftime('%Y%m%d-%H%M%S')}"
     results = run(size, dev, dtype, providers, steps, warmup, budget, not args.no_long, not args.no_inference,
                   smoke=args.quick, profile=profile, out=out,
-                  generate=generate, paired=paired, paired_rounds=(rounds, per_round))
-    js, md = results.write(out)
-    print(f"wrote {js} and {md}")
+                  generate=generate, paired=paired, paired_rounds=(rounds, per_round), world=world)
+    if scaling_base is not None:
+        results.notes.extend(scaling_notes(results, scaling_base, world.size))
+    if world.main:
+        js, md = results.write(out)
+        print(f"wrote {js} and {md}")
+    distributed.close()
     return 0
 
 

@@ -8,7 +8,7 @@
 #   and tests/{ops,functional,nn,reference,optim} in 536 s, so the whole suite takes three runs, e.g.
 #   KP_SUITE_PATHS="tests/ops tests/functional tests/nn tests/reference tests/optim", then the rest.
 #   verdict (opt-in, one run of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
-#   opt-in: loss_curve; probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
+#   opt-in: loss_curve; quant (our quantized matmuls: tests, then bench_quant_matmul); fsdp fsdp_8b (the e2e step under FSDP2, torchrun over every GPU); probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
 #   aoti_toolchain quant_decode e2e_norms e2e_memory adamw e2e_host
 #   host (opt-in, < 30 s): benchmarks/probes/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole run's limit in seconds; a step starts only with >= 20 s
@@ -129,6 +129,23 @@ for s in $steps; do
     # is rerun synchronously with the generated code logged, and the faulting kernel named
     compile_check) step 430 compile_check python3 benchmarks/probes/probe_compile_components.py --sets auto --layers 8 \
                      --timeout-s 200 --out "$work/results/compile_check" ;;
+    # the e2e model under FSDP2 (+fsdp2 rows: torchtitan's recipe), on one GPU, then under torchrun over every GPU
+    # of the machine with the scaling efficiency against the one-GPU rows (KP_FSDP_PROVIDERS, KP_FSDP_BUDGET_S)
+    fsdp) step $((${KP_FSDP_BUDGET_S:-200} + 60)) bench_e2e_fsdp_w1 python3 benchmarks/bench_e2e.py --no-long \
+            --no-inference --budget-s "${KP_FSDP_BUDGET_S:-200}" --out "$work/results/e2e_fsdp_w1" \
+            --providers "${KP_FSDP_PROVIDERS:-torch.compile+fsdp2,ours+compile+fsdp2,liger+fsdp2}"
+          n=$(nvidia-smi -L | wc -l)
+          [ "$n" -ge 2 ] && step $((${KP_FSDP_BUDGET_S:-200} + 60)) "bench_e2e_fsdp_w$n" torchrun --nproc-per-node "$n" \
+            benchmarks/bench_e2e.py --no-long --no-inference --budget-s "${KP_FSDP_BUDGET_S:-200}" \
+            --out "$work/results/e2e_fsdp_w$n" --scaling-base "$work/results/e2e_fsdp_w1/e2e.json" \
+            --providers "${KP_FSDP_PROVIDERS:-torch.compile+fsdp2,ours+compile+fsdp2,liger+fsdp2}" ;;
+    # a Llama-3-8B-shaped model under FSDP2 over every GPU (2 or more: it does not fit one)
+    fsdp_8b) n=$(nvidia-smi -L | wc -l)
+             if [ "$n" -lt 2 ]; then echo "== fsdp_8b: skipped, needs 2 or more GPUs" | tee -a "$work/device.txt"
+             else step $((${KP_FSDP_BUDGET_S:-300} + 90)) "bench_e2e_fsdp_8b_w$n" torchrun --nproc-per-node "$n" \
+               benchmarks/bench_e2e.py --size llama3-8b --no-long --no-inference --budget-s "${KP_FSDP_BUDGET_S:-300}" \
+               --out "$work/results/e2e_fsdp_8b_w$n" \
+               --providers "${KP_FSDP_PROVIDERS:-torch.compile+fsdp2,ours+compile+fsdp2,liger+fsdp2}"; fi ;;
     # checkpoint files, the AOTInductor package vs torch.compile, quantized checkpoints (torchao from .whl/)
     # (KP_DEPLOY_BUDGET_S and KP_DEPLOY_ARGS, e.g. "--sections aoti,compile", widen or narrow it)
     deploy) step $((${KP_DEPLOY_BUDGET_S:-150} + 20)) bench_deploy python3 benchmarks/bench_deploy.py \
@@ -136,6 +153,13 @@ for s in $steps; do
     # model-level decode: HF static cache eager / compiled, ours, the nn decoder, int8/fp8 (200 s budget)
     decode) step $((${KP_DECODE_BUDGET_S:-200} + 20)) bench_decode python3 benchmarks/bench_decode.py --out "$work/results" \
               --budget-s "${KP_DECODE_BUDGET_S:-200}" ${KP_DECODE_PROVIDERS:+--providers "$KP_DECODE_PROVIDERS"} ;;
+    # our weight-only quantized matmuls: their tests on the GPU (Llama shapes against the reference, dynamic
+    # compile with CUDA graphs, an int4 AOTInductor package), then their benchmark against bf16 and torchao
+    quant) step 240 pytest_quant python3 -m pytest -q -p no:cacheprovider -rf tests/ops/test_quant_matmul_kernels.py \
+             tests/ops/test_quant_matmul_op.py tests/functional/test_quant_linear.py tests/nn/test_quant_linear.py \
+             tests/deploy/test_quantize_kernels.py tests/reference/test_quant_matmul.py
+           step 200 bench_quant_matmul python3 benchmarks/bench_quant_matmul.py --out "$work/results" \
+             ${KP_QUANT_SWEEP:+--sweep} ;;
     # the kernels of one quantized decode step (bf16, int8, fp8) under the decode bench's compile
     quant_decode) step 180 probe_quant_decode python3 benchmarks/probes/probe_quant_decode.py ;;
     # RMSNorm's launch variants at the e2e shapes beside torch.compile's (KP_NORM_SHAPES, KP_NORM_PASSES)

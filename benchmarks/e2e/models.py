@@ -53,6 +53,10 @@ class Size:
         return 6 * self.matmul_params() * tokens + attention
 
 
+# Llama-3-8B's shape (random weights): 8.0B parameters, 128 GB of fp32 weights, gradients and AdamW state,
+# so it trains only sharded (+fsdp2 over 2 or more 80 GB GPUs); 2 x 4096 tokens per GPU
+LLAMA3_8B = Size(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, vocab=128256, batch=2, seq=4096,
+                 long_seq=8192)
 QUICK = Size(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=256, batch=2, seq=32, long_seq=64,
              prompt=8, decode=4)
 
@@ -107,6 +111,8 @@ def build(provider: Provider | str, size: Size, dev: torch.device, dtype: torch.
     builtin base, set as its variant says, compiled as its base says."""
     provider = parse(provider) if isinstance(provider, str) else provider
     base = provider.base
+    sharded = provider.variant.shard == "fsdp2"
+    compute_dtype, dtype = dtype, (torch.float32 if sharded else dtype)  # FSDP2 keeps fp32 parameters
     if base.startswith("liger"):
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
@@ -119,6 +125,12 @@ def build(provider: Provider | str, size: Size, dev: torch.device, dtype: torch.
         model = ours(model, size, dev)
     if optimized(base):
         model = provider.variant.apply(model)
+    if sharded:
+        from e2e.distributed import shard
+        from kernel_pytorch.optimize import INDUCTOR_OPTIONS
+
+        compiles = base.endswith("compile") or base in ("builtin", "ours+compile-reuse")
+        return shard(model, dev, compute_dtype, INDUCTOR_OPTIONS if base == "ours+compile" else None, compiles)
     if base.endswith("-cg"):
         model = torch.compile(model, mode="reduce-overhead")
     elif base == "ours+compile":  # compiled whole with the Inductor options optimize() recommends

@@ -64,6 +64,8 @@ class Variant:
         ce_kernel: the fused linear cross-entropy's forward kernel where the one-read kernel applies:
             "one_read" (the default config) or "two_pass" (tuning family "fused_linear_cross_entropy",
             one_read=False, for the row).
+        shard: "fsdp2": the model under FSDP2, torchtitan's recipe (e2e/distributed.py: fp32 parameters
+            sharded over the world, bf16 compute on CUDA, a compiling base compiled per decoder layer).
     """
 
     optimizer: Literal["torch", "kernel_pytorch"] = "torch"
@@ -71,6 +73,7 @@ class Variant:
     norms: Literal["default", "reference", "op"] = "default"
     reference: bool = False
     ce_kernel: Literal["one_read", "two_pass"] = "one_read"
+    shard: Literal["none", "fsdp2"] = "none"
 
     def __post_init__(self) -> None:
         if self.reference and self.norms != "default":
@@ -157,6 +160,9 @@ VARIANTS: tuple[NamedVariant, ...] = (
     NamedVariant("two_pass_ce", (("ce_kernel", "two_pass"),), ("train",), True,
                  "the fused loss runs the two-pass cross-entropy kernel (fused_linear_cross_entropy one_read=False)",
                  "twopass"),
+    NamedVariant("fsdp2", (("shard", "fsdp2"),), ("train",), False,
+                 "under FSDP2 (fully_shard per decoder layer and the root, bf16 compute, fp32 parameters; a "
+                 "compiling base compiled per layer); under torchrun, sharded over the world"),
 )
 _BY_NAME = {v.name: v for v in VARIANTS}
 _RENAMED = {v.was: v.name for v in VARIANTS if v.was}
@@ -227,6 +233,9 @@ def parse(text: str, kind: Kind = "train") -> Provider:
                     f"variants {other!r} and {name!r} set the same field of Variant"
                 raise ValueError(f"{text!r}: {same}")
         names.append(name)
+    if "fsdp2" in names and base.endswith("-cg"):
+        raise ValueError(f"{text!r}: variant 'fsdp2' does not take a CUDA-graph base (FSDP2's collectives run "
+                         "between the graphs' replays)")
     provider = Provider(base, tuple(sorted(names, key=list(_BY_NAME).index)), kind)
     provider.variant  # noqa: B018 (a contradiction between fields raises here, not at the row)
     return provider

@@ -7,6 +7,10 @@ its numbers from here. Two kinds of check:
   and rounded to `dtype`. Right for outputs whose every element is a short computation.
 * `compare_reordered`: the same computation with its sums in another order (a compiled graph against
   eager): the table's entry applied to the tensor's largest magnitude rather than to each element.
+* `compare_matmul`: matmul outputs (K-term dot products summed in fp32) against the same products
+  summed in another order, e.g. a quantized-matmul kernel against its dequantize-then-matmul reference:
+  the table's entry for the output's rounding plus fp32's worst-case summation error on the terms'
+  magnitudes (`matmul_sum_bound`).
 * `fp64_budget`: for long reductions (norms over wide rows, gradients that sum over rows, cross-entropy
   over big vocabularies) the fair yardstick is PyTorch itself: the candidate's worst error against an
   fp64 reference may be at most `factor` times the worst error of PyTorch's own eager op run in the
@@ -36,6 +40,9 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.bfloat16: Tolerance(atol=2e-2, rtol=1.6e-2),
     torch.float16: Tolerance(atol=2e-3, rtol=2e-3),
 }
+
+# fp32's unit roundoff: every kernel accumulates its sums in fp32.
+FP32_UNIT_ROUNDOFF = 2.0 ** -24
 
 # How much worse than PyTorch's own low-precision op a kernel may be on a long reduction.
 BUDGET_FACTOR = 2.0
@@ -145,6 +152,55 @@ def compare_reordered(
         max_rel_err=float(rel.max()) if rel.numel() else 0.0,
         worst_index=_worst(diff),
         allowed=f"atol {tol.atol:g} + rtol {tol.rtol:g} x largest |expected| {top:.3g}",
+        nonfinite_mismatch=nonfinite,
+    )
+
+
+def matmul_sum_bound(k: int) -> float:
+    """The factor on sum_k |a_k b_k| that bounds the difference of two fp32 summations of the same K
+    products, whatever their order and blocking.
+
+    Derivation: a sum of K terms in fp32, in any order or tree, is within gamma_K x sum |terms| of the
+    exact sum, gamma_K = K u / (1 - K u) with u = 2^-24 (the standard bound on recursive and blocked
+    summation). The quantized-matmul kernels form each product exactly (bf16/fp16 times an integer or
+    an e4m3 value fits in fp32's 24 bits) and round at most twice more per term (a group's or row's
+    scale, a split's partial sum), hence K + 2 roundings; each side of a comparison carries such an
+    error, hence the factor 2. Returns 2 gamma_{K+2}."""
+    n = (k + 2) * FP32_UNIT_ROUNDOFF
+    return 2 * n / (1 - n)
+
+
+def compare_matmul(
+    actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor, k: int, dtype: torch.dtype | None = None
+) -> Comparison:
+    """Check of matmul outputs y = sum_k a_k b_k (+ bias) against the same computation summed in
+    another order in fp32 (a kernel against its reference):
+
+        |actual - expected| <= atol + rtol |expected| + matmul_sum_bound(K) x magnitude
+
+    elementwise, with atol/rtol the table's entry for `dtype` (both sides' rounding of the fp32 sum to
+    the output dtype: at most one unit in the last place apart) and `magnitude` = |a| @ |b| (+ |bias|),
+    the sum of the terms' magnitudes per output element, which bounds fp32's summation error however the
+    terms cancel. A wrong weight, scale, zero point or nibble moves an output by a term's size, orders of
+    magnitude past this bound.
+
+    Args:
+        actual: the kernel's output, any shape; expected: the reference's, same shape.
+        magnitude: sum |terms| per element, same shape (fp32 or fp64).
+        k: the terms per sum (the matmul's inner size).
+        dtype: whose table entry applies; defaults to `actual.dtype`.
+    """
+    tol = tolerance_for(dtype or actual.dtype)
+    diff, scale, nonfinite = _errors(actual, expected)
+    sums = matmul_sum_bound(k) * magnitude.detach().to(torch.float64).cpu()
+    excess = diff - (tol.atol + tol.rtol * scale + sums)
+    rel = diff / scale.clamp_min(torch.finfo(torch.float64).tiny)
+    return Comparison(
+        passed=not nonfinite and bool((excess <= 0).all()),
+        max_abs_err=float(diff.max()) if diff.numel() else 0.0,
+        max_rel_err=float(rel.max()) if rel.numel() else 0.0,
+        worst_index=_worst(excess),
+        allowed=f"atol {tol.atol:g} + rtol {tol.rtol:g} + {matmul_sum_bound(k):.3g} x sum|terms| (K = {k})",
         nonfinite_mismatch=nonfinite,
     )
 

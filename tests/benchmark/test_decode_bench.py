@@ -1,6 +1,6 @@
 """benchmarks/bench_decode.py --quick on CPU (every provider's logits checked against a higher-precision
-reference within hf-eager's error budget, a wrong or failing provider a row with its reason, the budget and
-SIGINT honoured), and benchmark.decode's loop timer."""
+reference within hf-eager's error budget, kernel_pytorch's own int4 row among them; a wrong or failing
+provider a row with its reason, the budget and SIGINT honoured), and benchmark.decode's loop timer."""
 
 from __future__ import annotations
 
@@ -49,13 +49,14 @@ def test_compiled_frames_counts_compiles() -> None:
 def test_quick_cpu_run(tmp_path: Path) -> None:
     bench = _bench()
     rc = bench.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--steps", "2", "--reps", "1",
-                     "--providers", "hf-eager,hf-compile,ours,ours-nn,ours+int8,bogus"])
+                     "--providers", "hf-eager,hf-compile,ours,ours-nn,ours+int8,ours+int4-kp,bogus"])
     assert rc == 1  # the bogus provider failed; every other row still ran
     results = BenchmarkResults.load(tmp_path / "decode.json")
     assert results.smoke
     status = {(r.provider, r.shape[0]): r.status for r in results.rows}
     assert status[("bogus", 2)] == "error"
-    for key in [("hf-eager", 2), ("hf-compile", 2), ("ours", 2), ("ours-nn", 2), ("ours", 1)]:
+    for key in [("hf-eager", 2), ("hf-compile", 2), ("ours", 2), ("ours-nn", 2), ("ours", 1), ("ours+int4-kp", 2),
+                ("ours+int4-kp", 1)]:  # our own kernels need no torchao
         assert status[key] == "ok", key
     assert status[("ours+int8", 2)] in ("ok", "not installed") and status[("ours+int8", 1)] == status[("ours+int8", 2)]
     data = json.loads((tmp_path / "decode.json").read_text())

@@ -6,10 +6,13 @@ misspelt or replaced name is an error naming the right one."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from kernel_pytorch.benchmark.results import BenchmarkResults
 
@@ -141,6 +144,7 @@ VARIANT_FIELDS = {
     "op_norms": ("ours+compile", Variant(norms="op")),
     "reference": ("ours", Variant(reference=True)),
     "two_pass_ce": ("ours+compile", Variant(ce_kernel="two_pass")),
+    "fsdp2": ("torch.compile", Variant(shard="fsdp2")),
 }
 
 
@@ -333,3 +337,41 @@ def test_target_check_on_the_committed_run() -> None:
     assert bench.target_check(results, op)[-1].endswith("ours-fast 1.235x and 0.896x: met")
     results.rows[:] = [r for r in results.rows if r.provider != "liger"]
     assert all("not judged" in n for n in bench.target_check(results, op))
+
+
+def test_fsdp2_rows_in_a_world_of_one(tmp_path: Path) -> None:
+    """+fsdp2 without a launcher: FSDP2's recipe in a world of one process (the process group made and left
+    by the run), the rows judged against the baselines sharded alike."""
+    bench = _bench()
+    assert bench.main(["--quick", "--device", "cpu", "--providers", "eager+fsdp2,ours+fsdp2", "--no-long",
+                       "--no-inference", "--steps", "1", "--out", str(tmp_path)]) == 0
+    results = BenchmarkResults.load(tmp_path / "e2e.json")
+    assert {r.provider: r.status for r in results.rows} == {"eager+fsdp2": "ok", "ours+fsdp2": "ok"}
+    assert any("FSDP2 over a world of 1 process" in n for n in results.notes)
+    assert any("torch.compile+fsdp2's tokens/s" in n for n in results.notes)
+    assert not torch.distributed.is_initialized()
+
+
+def test_fsdp2_under_torchrun_scales_against_one_process(tmp_path: Path) -> None:
+    """torchrun with two CPU processes (gloo): rank 0 alone writes, each row's peak is the largest rank's, and
+    --scaling-base gives each row its efficiency against the world-of-one run; a provider without +fsdp2 is
+    refused under torchrun."""
+    bench = _bench()
+    one = tmp_path / "one"
+    assert bench.main(["--quick", "--device", "cpu", "--providers", "ours+fsdp2", "--no-long", "--no-inference",
+                       "--steps", "1", "--out", str(one)]) == 0
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT), "--quick",
+           "--device", "cpu", "--steps", "1", "--out", str(tmp_path / "two")]
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1] / "src")}
+    done = subprocess.run([*run, "--providers", "ours+fsdp2", "--scaling-base", str(one / "e2e.json")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = BenchmarkResults.load(tmp_path / "two" / "e2e.json")
+    assert [r.provider for r in results.rows] == ["ours+fsdp2"] and results.rows[0].ok
+    assert "largest of the ranks'" in results.rows[0].peak_mem_method
+    assert any("world of 2 process(es) (torchrun" in n for n in results.notes)
+    assert any(n.startswith("scaling efficiency, ours+fsdp2") for n in results.notes)
+    assert "one GPU's: left out under torchrun" in " ".join(results.notes)
+    assert done.stdout.count("timed ours+fsdp2") == 1  # rank 0 prints
+    refused = subprocess.run([*run, "--providers", "eager"], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "every training provider takes +fsdp2; not: eager" in refused.stderr

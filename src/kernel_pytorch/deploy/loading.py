@@ -7,52 +7,36 @@ failure raises `LoadError` naming the file or tensor, and the model is as it was
 
 A saved model with quantized weights is rebuilt as it was made: the swaps, then `deploy.quantize` with
 the recorded scheme on the recorded weights, then the weights (put back together with torchao) are
-copied in. The quantized tensors are checked against a quantized copy of the model first (a model
-passed in place) or against the factory's model after quantizing it (nobody else holds that one).
+copied in; a model quantized by the kernel_pytorch backend gets empty QuantizedLinear layers at the
+recorded paths, into which the saved parts load. torchao's quantized tensors are checked against a
+quantized copy of the model first (a model passed in place) or against the factory's model after
+quantizing it (nobody else holds that one).
+
+The directory and its files are found and checked by deploy/_saved.py; a sharded model (FSDP, DTensor
+parameters) loads on every rank through deploy/_sharded.py's collectives.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
-from kernel_pytorch.deploy import _quantized, _sharded
-from kernel_pytorch.deploy._files import INDEX_NAME, LoadError, read_header, refuse_pickle, sha256_files
-from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, ManifestError, describe_differences, dtype_name
+from kernel_pytorch.deploy import _packed, _quantized, _saved, _sharded
+from kernel_pytorch.deploy._files import LoadError
+from kernel_pytorch.deploy._saved import SHOWN as _SHOWN
+from kernel_pytorch.deploy._saved import names as _names
+from kernel_pytorch.deploy.manifest import Manifest, dtype_name
 from kernel_pytorch.optimize import swap as swapping
 from kernel_pytorch.optimize.options import CompileOptions
 from kernel_pytorch.optimize.report import Change
 from kernel_pytorch.optimize.rules import Rule, default_rules
 
 log = logging.getLogger(__name__)
-_SHOWN = 8  # names listed in an error before "... (N in all)"
-
-
-def _names(names: Sequence[str]) -> str:
-    names = sorted(names)
-    more = f", ... ({len(names)} in all)" if len(names) > _SHOWN else ""
-    return ", ".join(names[:_SHOWN]) + more
-
-
-def _directory(path: str | Path) -> Path:
-    """The saved model's directory from `path` (the directory, its manifest or one of its weight files)."""
-    path = Path(path)
-    if not path.exists():
-        raise LoadError(f"{path} does not exist")
-    refuse_pickle(path, MANIFEST_NAME)
-    if path.is_file():
-        if path.name == MANIFEST_NAME or path.suffix == ".safetensors" or path.name == INDEX_NAME:
-            return path.parent
-        raise LoadError(f"{path} is not a saved model: give the directory kernel_pytorch.save wrote")
-    return path
-
-
 def _rules_by_name(manifest: Manifest, extra: Sequence[Rule]) -> dict[str, Rule]:
     """The rule for each name the manifest's swaps use: `extra` first, then the built-in rules."""
     known: dict[str, Rule] = {r.name: r for r in default_rules()}
@@ -64,49 +48,6 @@ def _rules_by_name(manifest: Manifest, extra: Sequence[Rule]) -> dict[str, Rule]
                         f"{', '.join(unknown)} (known: {', '.join(sorted(known))}); "
                         "pass them as load(..., rules=[...]) or install the kernel_pytorch version it was saved with")
     return {name: known[name] for name in wanted}
-
-
-def _headers(directory: Path, manifest: Manifest) -> None:
-    """Check every weight file against the manifest: size, header, and the tensors each holds."""
-    for name in manifest.files:
-        if Path(name).name != name or name in ("", ".", ".."):
-            raise LoadError(f"the manifest lists weight file {name!r}, which is not a file name in {directory}")
-    listed: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {f: {} for f in manifest.files}
-    for key, info in manifest.tensors.items():
-        if info.get("file") not in listed:
-            raise LoadError(f"the manifest puts tensor {key!r} in {info.get('file')!r}, a file it does not list")
-        listed[info["file"]][key] = (info["dtype"], tuple(info["shape"]))
-    for name, size in manifest.files.items():
-        path = directory / name
-        header = read_header(path, size)
-        found = {k: (dtype_name(d), s) for k, (d, s) in header.items()}
-        missing, extra = set(listed[name]) - set(found), set(found) - set(listed[name])
-        if missing or extra:
-            raise LoadError(f"weight file {path} does not hold what the manifest lists: "
-                            + "; ".join(f"{what}: {_names(ks)}" for what, ks in
-                                        (("missing", missing), ("not listed", extra)) if ks))
-        for key, want in listed[name].items():
-            if found[key] != want:
-                raise LoadError(f"tensor {key!r} in {path} is {found[key][0]} {list(found[key][1])}, "
-                                f"the manifest says {want[0]} {list(want[1])}")
-
-
-def _verify(directory: Path, manifest: Manifest) -> None:
-    """Each weight file's sha256 against the one the manifest records (a manifest written before they
-    were recorded has none, and is checked by size and header only)."""
-    if not manifest.sha256:
-        log.info("%s records no checksums (saved before they were recorded): files checked by size and header",
-                 directory / MANIFEST_NAME)
-        return
-    unrecorded = sorted(set(manifest.files) - set(manifest.sha256))
-    if unrecorded:
-        raise LoadError(f"the manifest records no sha256 for {_names(unrecorded)}")
-    digests = sha256_files([directory / name for name in manifest.files])
-    for name, found in digests.items():
-        if found != manifest.sha256[name]:
-            raise LoadError(f"weight file {directory / name} has sha256 {found[:16]}..., the manifest records "
-                            f"{manifest.sha256[name][:16]}...: the file changed after it was saved (a damaged "
-                            "copy or disk, or an edit)")
 
 
 def _build(model_or_factory: nn.Module | Callable[[], Any]) -> nn.Module:
@@ -130,13 +71,22 @@ def _saved_tensors(manifest: Manifest) -> dict[str, dict[str, Any]]:
     return _quantized.logical(manifest.tensors, manifest.quantization["tensors"])
 
 
+def _saved_aliases(manifest: Manifest) -> dict[str, str]:
+    """The saved aliases as the unquantized model's keys see them (deploy/_packed.py's layers' parts
+    under their weight's key)."""
+    if manifest.quantization and manifest.quantization.get("backend") == _packed.BACKEND:
+        return _packed.logical_aliases(manifest.aliases, manifest.quantization["tensors"])
+    return manifest.aliases
+
+
 def _check_state(model: nn.Module, manifest: Manifest, expected: dict[str, Any] | None = None) -> None:
     """Keys, shapes and dtypes of the saved tensors (aliases through their targets) against the model's
     (`expected`: its state_dict, by default `model.state_dict()`)."""
     expected = model.state_dict() if expected is None else expected
     tensors = _saved_tensors(manifest)
-    provided = set(tensors) | set(manifest.aliases)
-    bad_alias = sorted(a for a, k in manifest.aliases.items() if k not in tensors)
+    aliases = _saved_aliases(manifest)
+    provided = set(tensors) | set(aliases)
+    bad_alias = sorted(a for a, k in aliases.items() if k not in tensors)
     if bad_alias:
         raise LoadError(f"the manifest ties {_names(bad_alias)} to tensors it does not hold")
     missing, unexpected = set(expected) - provided, provided - set(expected)
@@ -146,7 +96,7 @@ def _check_state(model: nn.Module, manifest: Manifest, expected: dict[str, Any] 
         raise LoadError("the saved weights do not fit the model (strict): " + "; ".join(parts))
     wrong = []
     for key, target in expected.items():
-        info = tensors[manifest.aliases.get(key, key)]
+        info = tensors[aliases.get(key, key)]
         if not isinstance(target, Tensor):
             wrong.append(f"{key}: the model's entry is a {type(target).__name__}, not a tensor")
             continue
@@ -209,6 +159,15 @@ def _has(model: nn.Module, path: str) -> bool:
     return True
 
 
+def _ours(manifest: Manifest) -> bool:
+    """Whether the saved model was quantized by the kernel_pytorch backend (QuantizedLinear layers)."""
+    return bool(manifest.quantization) and manifest.quantization.get("backend") == _packed.BACKEND
+
+
+def _torchao_quantized(manifest: Manifest) -> bool:
+    return bool(manifest.quantization) and not _ours(manifest)
+
+
 def _read_tensors(directory: Path, manifest: Manifest) -> dict[str, Tensor]:
     """Every saved tensor on the CPU, quantized weights put back together, aliases pointing at their
     targets' tensors."""
@@ -222,7 +181,7 @@ def _read_tensors(directory: Path, manifest: Manifest) -> dict[str, Tensor]:
                     out[key] = f.get_tensor(key)
         except (SafetensorError, OSError) as exc:
             raise LoadError(f"weight file {directory / name} could not be read: {exc}") from exc
-    if manifest.quantization:
+    if _torchao_quantized(manifest):
         out = _quantized.unflatten(out, manifest.quantization["tensors"])
     for alias, key in manifest.aliases.items():
         out[alias] = out[key]
@@ -277,23 +236,13 @@ def _load_sharded(path: str | Path, model: nn.Module, rules: Sequence[Rule], str
     failure: BaseException | None = None
     if _sharded.rank() == 0:
         try:
-            directory = _directory(path)
-            try:
-                manifest = Manifest.read(directory)
-            except ManifestError as exc:
-                raise LoadError(str(exc)) from exc
-            differences = describe_differences(manifest)
-            if differences and strict_versions:
-                raise LoadError(differences)
-            if differences:
-                warnings.warn(differences, stacklevel=3)
+            directory = _saved.find_directory(path)
+            manifest = _saved.manifest_of(directory, strict_versions, stacklevel=3)
             if manifest.quantization:
                 raise LoadError("a saved model with quantized weights loads into an unsharded model only "
                                 "(kernel_pytorch.load, then quantize-aware sharding of your own)")
             _rules_by_name(manifest, rules)
-            _headers(directory, manifest)
-            if verify:
-                _verify(directory, manifest)
+            _saved.check_files(directory, manifest, verify)
             _check_swapped(model, manifest)
             _check_state(model, manifest, _sharded.sharded_state(model))
             state = _read_tensors(directory, manifest)
@@ -356,7 +305,11 @@ def load(
             before the model is changed.
         ImportError: the saved model is quantized and torchao is not installed.
 
-    Quantized saves: the model is swapped, quantized with the recorded scheme (`deploy.quantize`, on
+    Saves quantized by the kernel_pytorch backend: each recorded path must hold an nn.Linear of the
+    recorded shape (checked before anything changes); after the swaps an empty QuantizedLinear of the
+    recorded scheme takes its place and the saved parts are loaded into it (nothing is quantized again).
+
+    torchao-quantized saves: the model is swapped, quantized with the recorded scheme (`deploy.quantize`, on
     the weights saved quantized only) and loaded. An `nn.Module` passed in place is unchanged by a
     failed load: the checks of the quantized tensors run on a deep copy (which takes the model's
     memory again for the time of the load) before the model is touched. A factory's model is checked
@@ -369,23 +322,15 @@ def load(
         if isinstance(target, nn.Module) and _sharded.is_sharded(target):
             _load_sharded(path, target, rules, strict_versions, verify)
             return model_or_factory
-    directory = _directory(path)
-    try:
-        manifest = Manifest.read(directory)
-    except ManifestError as exc:
-        raise LoadError(str(exc)) from exc
-    differences = describe_differences(manifest)
-    if differences:
-        if strict_versions:
-            raise LoadError(differences)
-        warnings.warn(differences, stacklevel=2)
-    if manifest.quantization:
+    directory = _saved.find_directory(path)
+    manifest = _saved.manifest_of(directory, strict_versions, stacklevel=2)
+    if _ours(manifest):
+        _packed.check_parts(manifest.tensors, manifest.quantization["tensors"])
+    elif manifest.quantization:
         _quantized.check_parts(manifest.tensors, manifest.quantization["tensors"])
         _quantized.torchao_support()  # ImportError saying how to install torchao
     by_name = _rules_by_name(manifest, rules)
-    _headers(directory, manifest)
-    if verify:
-        _verify(directory, manifest)
+    _saved.check_files(directory, manifest, verify)
     built = _build(model_or_factory)
     model = built._orig_mod if isinstance(getattr(built, "_orig_mod", None), nn.Module) else built  # torch.compile
     meta = [k for k, t in model.state_dict().items() if isinstance(t, Tensor) and t.is_meta]
@@ -393,6 +338,8 @@ def load(
         raise LoadError(f"the model has tensors on the meta device ({_names(meta)}): materialise it first "
                         "(e.g. model.to_empty(device=...)), load copies into the model's own tensors")
     _check_state(model, manifest)
+    if _ours(manifest):
+        _packed.check_model(model, manifest.quantization["tensors"])
     swaps = _plan_swaps(model, manifest, by_name)
     compiled = list(manifest.compile.get("compiled", [])) if compile else []
     try:
@@ -403,7 +350,7 @@ def load(
     if absent:
         raise LoadError(f"the saved model compiled blocks this model does not have: {_names(absent)}")
     state = _read_tensors(directory, manifest)
-    if manifest.quantization and isinstance(model_or_factory, nn.Module):
+    if _torchao_quantized(manifest) and isinstance(model_or_factory, nn.Module):
         _probe(model, manifest, by_name, state)
     # from here on the model changes; everything that can fail on the saved files was checked above
     swapping.apply(model, swaps)
@@ -412,7 +359,9 @@ def load(
     except LoadError as exc:
         swapping.revert(model, swaps, "")
         raise LoadError(f"re-applying the saved swaps changed the model's state_dict: {exc}") from exc
-    if manifest.quantization:  # checked on a copy above when the model was passed in place
+    if _ours(manifest):  # empty QuantizedLinear layers, their parts loaded below (checked above)
+        _packed.swap_in(model, manifest.quantization["tensors"])
+    elif manifest.quantization:  # checked on a copy above when the model was passed in place
         _quantize_as_saved(model, manifest)
         _quantized.check_against(model, state, manifest.quantization["tensors"])
     model.load_state_dict(state, strict=True)  # through the replacements' own state_dict hooks, if any

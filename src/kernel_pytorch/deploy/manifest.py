@@ -25,11 +25,14 @@ in bytes, and `sha256` each to its sha256 (hex), which `load()` checks unless gi
 manifest written before checksums were recorded has none: its files are checked by size and header
 only). `quantization` (absent or null for an unquantized model) records the scheme given to
 `deploy.quantize`, the torchao version, and per quantized key its subclass, outer dtype and shape, the
-written keys of its parts and torchao's description of it (deploy/_quantized.py). `sharding` (absent for
-a model saved whole) records that the model was sharded when saved (FSDP, DTensor parameters): the full
-tensors were gathered onto rank `rank` of `world_size` processes, which wrote them, so the files are a
-whole model's and load into an unsharded one as any save does; `dtensors` counts the tensors gathered
-from DTensors and `fsdp` says whether the model held FSDP modules.
+written keys of its parts and torchao's description of it (deploy/_quantized.py); a model quantized by
+the kernel_pytorch backend has "backend": "kernel_pytorch" there, the group size and int4's packing,
+and per layer its scheme, group size, float dtype and shape and the keys of its parts
+(deploy/_packed.py). `sharding` (absent for a model saved whole) records that the model was sharded when
+saved (FSDP, DTensor parameters): the full tensors were gathered onto rank `rank` of `world_size`
+processes, which wrote them, so the files are a whole model's and load into an unsharded one as any save
+does; `dtensors` counts the tensors gathered from DTensors and `fsdp` says whether the model held FSDP
+modules.
 """
 
 from __future__ import annotations
@@ -230,7 +233,8 @@ def version_differences(manifest: Manifest, installed: dict[str, str | None] | N
     e.g. "torch: saved with 2.13.0, installed 2.11.0". Empty when everything matches."""
     installed = installed_versions() if installed is None else installed
     saved_with = dict(manifest.versions)
-    if manifest.quantization:  # torchao decides how the quantized weights are rebuilt
+    if manifest.quantization and manifest.quantization.get("backend", "torchao") == "torchao":
+        # torchao decides how its quantized weights are rebuilt
         saved_with["torchao"] = manifest.quantization.get("torchao")
         if "torchao" not in installed:
             installed = {**installed, "torchao": _version("torchao")}

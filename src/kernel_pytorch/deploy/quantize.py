@@ -3,19 +3,26 @@
     model, _ = kernel_pytorch.optimize(model, inputs)
     reference = copy.deepcopy(model)
     quantize(model, "int8")                         # torchao's quantize_ on every nn.Linear, in place
+    quantize(model, "int4", backend="kernel_pytorch", group_size=128)   # or our own kernels
     check = validate_quantized(reference, model, inputs, "int8")     # within quant_rtol of the model
     report = quant_determinism(reference, inputs, "int8")            # which step, if any, is not bitwise
 
-Schemes (torchao configs, weight-only: activations stay in the model's dtype):
+Two backends, the same scheme names (weight-only: activations stay in the model's dtype):
+  backend="torchao" (the default): torchao's configs on the Linears' weights (tensor subclasses)
     int8  Int8WeightOnlyConfig: one int8 per weight, a scale per output row (symmetric absmax)
     fp8   Float8WeightOnlyConfig: float8_e4m3fn weights, a scale per output row
     int4  Int4WeightOnlyConfig(group_size=32): 4-bit weights, a scale per 32 inputs; needs torchao's
           int4 kernels for the device (`available_schemes()` says whether this install has them)
-Our modules keep their `nn.Linear` children (GatedMLP's gate/up/down projections), so quantize_ finds
-them after optimize() as before; our norm and activation kernels run on the dequantized activations.
+  backend="kernel_pytorch": each nn.Linear swapped for nn.QuantizedLinear (plain-tensor parts, our
+    Triton kernels, reference/quant_matmul.py's quantizers)
+    int8  a scale per output row (symmetric, max|W| / 127)
+    fp8   e4m3 weights, a scale per output row
+    int4  groups of `group_size` (32, 64, 128; default 128) inputs with a scale and a zero point each
+Our modules keep their `nn.Linear` children (GatedMLP's gate/up/down projections), so both backends find
+them after optimize() as before; GatedMLP runs projections that are not Linears as modules.
 
-torchao is an optional extra: `pip install 'kernel-pytorch[quant]'`. Without it these functions raise
-ImportError saying so.
+torchao is an optional extra: `pip install 'kernel-pytorch[quant]'`. Without it the torchao backend
+raises ImportError saying so; the kernel_pytorch backend does not need it.
 """
 
 from __future__ import annotations
@@ -30,14 +37,17 @@ from torch import Tensor, nn
 
 from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import call, flatten
+from kernel_pytorch.deploy import _packed
 from kernel_pytorch.deploy._quantized import INSTALL_HINT, SCHEME_ATTR, _torchao, is_subclass
 from kernel_pytorch.deploy.export import export, our_ops
+from kernel_pytorch.reference.quant_matmul import rounding_step
 from kernel_pytorch.tolerances import BUDGET_FACTOR, tolerance_for
 from kernel_pytorch.validation import ValidationResult, validate_optimization
 from kernel_pytorch.validation.inputs import inputs_for
 from kernel_pytorch.validation.runs import bitwise_equal
 
 SCHEMES = ("int8", "fp8", "int4")
+BACKENDS = ("torchao", "kernel_pytorch")
 
 # Quantized output vs the unquantized model: max|q - ref| <= atol(dtype) + 2 rtol x max|ref|, per
 # output tensor (a weight's rounding error scales with its row's largest weight, not with each output
@@ -50,18 +60,32 @@ INT4_GROUP = 32  # inputs per int4 scale (quant_config)
 RTOL_ROWS = 4096
 
 
-def rounding_variance(weight: Tensor, scheme: str) -> Tensor:
+def _check_backend(backend: str, group_size: int | None) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torchao" and group_size is not None:
+        raise ValueError(f"group_size is the kernel_pytorch backend's; torchao's int4 takes groups of {INT4_GROUP}")
+
+
+def rounding_variance(weight: Tensor, scheme: str, *, backend: str = "torchao",
+                      group_size: int | None = None) -> Tensor:
     """The expected squared rounding error of each weight of an (out, in) matrix under `scheme`, fp64.
 
     Every weight is rounded to the nearest point of the scheme's grid, so its error is uniform over
-    one step of that grid, of variance step^2 / 12:
+    one step of that grid, of variance step^2 / 12. torchao's grids:
       int8: symmetric, one scale per output row: step = absmax(row) / 127.5
       fp8: float8_e4m3fn after scaling each row to an absmax of 448: step = 2^(e - 3) x scale, with e
            the scaled weight's binary exponent (at least -6: the subnormals' fixed step)
       int4: asymmetric, one scale per INT4_GROUP inputs: step = (max - min) / 15 of the group
+    backend="kernel_pytorch": reference.quant_matmul.rounding_step, the steps our quantizers choose
+    (int4 in groups of `group_size`, default 128, with zero in every group's range).
     """
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; schemes: {', '.join(SCHEMES)}")
+    _check_backend(backend, group_size)
+    if backend == "kernel_pytorch":
+        step = rounding_step(weight, scheme, _packed.DEFAULT_GROUP if group_size is None else group_size)
+        return step * step / 12
     w = weight.detach().to(torch.float64).reshape(weight.shape[0], -1)
     if scheme == "int8":
         step = w.abs().amax(dim=1, keepdim=True) / 127.5
@@ -78,14 +102,18 @@ def rounding_variance(weight: Tensor, scheme: str) -> Tensor:
 
 
 def quantized_linears(model: nn.Module) -> list[str]:
-    """Names of `model`'s nn.Linear modules whose weight is a quantized tensor (a torchao subclass)."""
-    return [name for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and is_subclass(m.weight)]
+    """Names of `model`'s quantized linear layers: nn.Linear modules whose weight is a quantized tensor
+    (a torchao subclass), and nn.QuantizedLinear layers (the kernel_pytorch backend)."""
+    ours = _packed.quantized_modules(model)
+    return [name for name, m in model.named_modules() if (isinstance(m, nn.Linear) and is_subclass(m.weight))
+            or name in ours]
 
 
-def expected_rtol(model: nn.Module, scheme: str, names: Sequence[str] | None = None) -> tuple[float, int]:
+def expected_rtol(model: nn.Module, scheme: str, names: Sequence[str] | None = None, *, backend: str = "torchao",
+                  group_size: int | None = None, groups: dict[str, int | None] | None = None) -> tuple[float, int]:
     """The relative output error quantizing `model`'s linear layers `names` (default: every nn.Linear)
-    with `scheme` is expected to cause, from the float weights the model has now; and how many layers.
+    with `scheme` (of `backend`, int4 in groups of `group_size`, or per layer `groups[name]`) is expected
+    to cause, from the float weights the model has now; and how many layers.
 
     Each quantized linear layer adds its weights' rounding noise to its output, of relative size
     e_i = sqrt(sum `rounding_variance`(W_i) / ||W_i||^2). Independent noise adds in quadrature and the
@@ -101,10 +129,11 @@ def expected_rtol(model: nn.Module, scheme: str, names: Sequence[str] | None = N
     for name in names:
         w = modules[name].weight.detach()
         energy = variance = 0.0
+        group = (groups or {}).get(name, group_size)
         for start in range(0, w.shape[0], RTOL_ROWS):  # every scheme scales within a row: blocks of rows
             rows = w[start:start + RTOL_ROWS]
             energy += float(rows.to(torch.float64).pow(2).sum())
-            variance += float(rounding_variance(rows, scheme).sum())
+            variance += float(rounding_variance(rows, scheme, backend=backend, group_size=group).sum())
         if energy > 0:
             total += variance / energy
     return total ** 0.5, len(names)
@@ -112,7 +141,12 @@ def expected_rtol(model: nn.Module, scheme: str, names: Sequence[str] | None = N
 
 def quant_rtol(original: nn.Module, quantized: nn.Module, scheme: str) -> tuple[float, int]:
     """`expected_rtol` of the layers `quantized` has quantized, from `original`'s own weights (so a
-    faulty quantization cannot widen its own tolerance)."""
+    faulty quantization cannot widen its own tolerance); a model quantized by the kernel_pytorch backend
+    with its layers' own group sizes."""
+    ours = _packed.quantized_modules(quantized)
+    if ours:
+        groups = {name: layer.group_size for name, layer in ours.items()}
+        return expected_rtol(original, scheme, quantized_linears(quantized), backend="kernel_pytorch", groups=groups)
     return expected_rtol(original, scheme, quantized_linears(quantized))
 
 
@@ -129,31 +163,41 @@ def quant_config(scheme: str) -> Any:
 
 
 def quantize(model: nn.Module, scheme: str = "int8", *,
-             filter_fn: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
-    """Quantize `model`'s linear weights in place with torchao's `quantize_`; returns the model.
+             filter_fn: Callable[[nn.Module, str], bool] | None = None, backend: str = "torchao",
+             group_size: int | None = None) -> nn.Module:
+    """Quantize `model`'s linear weights in place; returns the model.
 
     Args:
         model: typically as `kernel_pytorch.optimize` returned it.
         scheme: "int8", "fp8" or "int4" (see the module docstring).
         filter_fn: which modules to quantize, `(module, fqn) -> bool`; default every `nn.Linear`.
+        backend: "torchao" (torchao's `quantize_`, tensor-subclass weights) or "kernel_pytorch" (each
+            Linear swapped for nn.QuantizedLinear; returns the new layer when `model` is itself a Linear).
+        group_size: int4's group with the kernel_pytorch backend (32, 64 or 128; default 128).
     The scheme is recorded on the model, for `kernel_pytorch.save` to put in its manifest.
 
     Raises:
-        ImportError: torchao is not installed (the message says how to install it).
+        ImportError: torchao is not installed and the backend is torchao (the message says how to install it).
+        ValueError: an unknown scheme or backend, a group size torchao does not take.
     """
-    _torchao().quantize_(model, quant_config(scheme), filter_fn=filter_fn)
+    _check_backend(backend, group_size)
+    if backend == "kernel_pytorch":
+        model = _packed.swap_linears(model, scheme, group_size, filter_fn)
+    else:
+        _torchao().quantize_(model, quant_config(scheme), filter_fn=filter_fn)
     setattr(model, SCHEME_ATTR, scheme)
     return model
 
 
-def available_schemes(device: str | torch.device = "cpu") -> dict[str, str]:
+def available_schemes(device: str | torch.device = "cpu", backend: str = "torchao") -> dict[str, str]:
     """{scheme: "" if it runs here, else why not}: each quantizes and runs a small Linear on `device`."""
-    _torchao()
+    _check_backend(backend, None)
+    if backend == "torchao":
+        _torchao()
     out: dict[str, str] = {}
     for scheme in SCHEMES:
         try:
-            layer = nn.Linear(64, 32, device=device, dtype=torch.bfloat16)
-            quantize(layer, scheme)
+            layer = quantize(nn.Linear(64, 32, device=device, dtype=torch.bfloat16), scheme, backend=backend)
             layer(torch.randn(2, 64, device=device, dtype=torch.bfloat16))
             out[scheme] = ""
         except Exception as exc:
@@ -296,15 +340,18 @@ def _repeat(name: str, fn: Callable[[], tuple[bool, str]]) -> Step:
         return Step(name, False, f"failed: {short_error(exc, 300)}")
 
 
-def quant_determinism(model: nn.Module, inputs: Any, scheme: str) -> QuantDeterminism:
+def quant_determinism(model: nn.Module, inputs: Any, scheme: str, *, backend: str = "torchao",
+                      group_size: int | None = None) -> QuantDeterminism:
     """Quantize two copies of `model` (unquantized, e.g. after optimize()) and compare the quantized
     tensors and scales; export one twice and compare graphs node for node and weights; run the model
-    and the program twice each on `inputs` and compare outputs bit for bit.
+    and the program twice each on `inputs` and compare outputs bit for bit. backend, group_size: as
+    `quantize`'s.
 
     Returns:
         The steps in that order; a step that differs (or fails) is named with what differed.
     """
-    first, second = (quantize(copy.deepcopy(model), scheme) for _ in range(2))
+    first, second = (quantize(copy.deepcopy(model), scheme, backend=backend, group_size=group_size)
+                     for _ in range(2))
     steps = [_repeat("quantize twice: quantized tensors and scales",
                      lambda: _same(tensors_of(first.state_dict()), tensors_of(second.state_dict())))]
     first.eval()
@@ -338,6 +385,7 @@ def quant_determinism(model: nn.Module, inputs: Any, scheme: str) -> QuantDeterm
 
 
 __all__ = [
+    "BACKENDS",
     "INSTALL_HINT",
     "INT4_GROUP",
     "SCHEMES",

@@ -8,7 +8,9 @@ as copies each, and load back into the model's own views.
 
 Quantized weights (torchao's tensor subclasses, from `deploy.quantize`) are split into their plain
 parts with torchao's safetensors support, and the manifest records the scheme, the torchao version and
-how to put each one back together (deploy/_quantized.py); torchao is imported only then.
+how to put each one back together (deploy/_quantized.py); torchao is imported only then. The parts of
+kernel_pytorch's QuantizedLinear layers are plain tensors already; the manifest records which Linear
+each layer stands for, its scheme, group size and packing (deploy/_packed.py).
 
 A sharded model (FSDP, DTensor parameters) is saved by every rank calling `save`: the full tensors are
 gathered onto rank 0, which writes them and records how in the manifest's `sharding` (deploy/_sharded.py).
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from kernel_pytorch.deploy import _quantized, _sharded
+from kernel_pytorch.deploy import _packed, _quantized, _sharded
 from kernel_pytorch.deploy._files import (
     INDEX_NAME,
     is_weight_file,
@@ -122,6 +124,7 @@ def save_state_dict(
     manifest: Manifest | None = None,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
     scheme: str | None = None,
+    packed: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """Write `state` (name -> tensor) to the directory `path` as safetensors, with the manifest.
 
@@ -133,6 +136,8 @@ def save_state_dict(
         max_shard_size: bytes per file (int, or "5GB", "500MB"); more data gives shards plus the index.
         scheme: the `deploy.quantize` scheme of the quantized tensors, for the manifest (None: inferred
             from their type).
+        packed: the manifest's `quantization` block of a model quantized by the kernel_pytorch backend
+            (deploy/_packed.py's `describe`), whose parts are plain tensors of `state`.
     Returns:
         the files written, the manifest last.
     Raises:
@@ -145,6 +150,9 @@ def save_state_dict(
     quantized: dict[str, dict] = {}
     q_aliases: dict[str, str] = {}
     if any(_quantized.is_subclass(v) for v in state.values()):
+        if packed:
+            raise TypeError("the model holds torchao's quantized tensors and kernel_pytorch's QuantizedLinear "
+                            "layers: save one backend's quantization per model")
         state, quantized, q_aliases = _quantized.flatten(state)
     tensors, aliases = dedupe(plain_tensors(state))
     aliases.update(q_aliases)
@@ -156,6 +164,8 @@ def save_state_dict(
     if quantized:
         manifest.quantization = {"scheme": _quantized.scheme_of(scheme, {v["type"] for v in quantized.values()}),
                                  "torchao": _quantized.torchao_version(), "tensors": quantized}
+    elif packed:
+        manifest.quantization = dict(packed)
     manifest.tensors, manifest.files, manifest.sha256 = {}, {}, {}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest names half-written files
@@ -242,6 +252,9 @@ def save(
     A model quantized with `kernel_pytorch.deploy.quantize` (int8, fp8 weight-only) is saved with its
     quantized weights split into plain tensors (torchao's safetensors support) and the scheme and the
     torchao version in the manifest; `load` quantizes the rebuilt model the same way before loading them.
+    One quantized with backend="kernel_pytorch" is saved with its QuantizedLinear parts as they are and
+    the scheme, group size and packing of each layer in the manifest; `load` puts empty layers at those
+    paths and loads the parts into them.
 
     Raises:
         TypeError: a state_dict entry that safetensors cannot hold (a tensor subclass torchao cannot
@@ -299,8 +312,9 @@ def _save(model: nn.Module, state: Mapping[str, Any], path: str | Path, report: 
         metadata=_json_able(dict(metadata or {}), "metadata"),
         sharding=sharding,
     )
-    return save_state_dict(state, path, manifest=manifest, max_shard_size=max_shard_size,
-                           scheme=getattr(model, _quantized.SCHEME_ATTR, None))
+    scheme = getattr(model, _quantized.SCHEME_ATTR, None)
+    return save_state_dict(state, path, manifest=manifest, max_shard_size=max_shard_size, scheme=scheme,
+                           packed=_packed.describe(model, scheme))
 
 
 __all__ = ["DEFAULT_MAX_SHARD_SIZE", "INDEX_NAME", "dedupe", "plain_tensors", "plan_shards", "save",

@@ -1,5 +1,6 @@
 """Functional entry points, one module per family (norm.py, activation.py, mlp.py, linears.py, rope.py, embedding.py,
-attention.py, cross_entropy.py): validate the arguments once (eager only), pick a backend, dispatch.
+attention.py, cross_entropy.py and its tensor-parallel vocab_parallel_cross_entropy.py, quant_linear.py): validate
+the arguments once (eager only), pick a backend, dispatch.
 
 backend:
     "auto"      Triton kernels on CUDA; on CPU the registered op's reference kernel; the pure-torch
@@ -44,7 +45,9 @@ from kernel_pytorch.functional.embedding import embedding
 from kernel_pytorch.functional.linears import shared_input_linears
 from kernel_pytorch.functional.mlp import bias_act_mlp, gated_mlp, gated_mlp_packed
 from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_norm, layer_norm, rms_norm
+from kernel_pytorch.functional.quant_linear import quant_linear
 from kernel_pytorch.functional.rope import apply_rotary
+from kernel_pytorch.functional.vocab_parallel_cross_entropy import vocab_parallel_linear_cross_entropy
 from kernel_pytorch.reference.rms_norm import CASTINGS, Casting
 
 __all__ = [
@@ -70,9 +73,11 @@ __all__ = [
     "geglu_packed",
     "layer_norm",
     "prepare_mask",
+    "quant_linear",
     "rms_norm",
     "shared_input_linears",
     "seq_ids_from_cu_seqlens",
     "swiglu",
     "swiglu_packed",
+    "vocab_parallel_linear_cross_entropy",
 ]

@@ -8,7 +8,11 @@ from kernel_pytorch.nn.attention import (
     StandardAttention,
     StaticKVCache,
 )
-from kernel_pytorch.nn.cross_entropy import CrossEntropyLoss, FusedLinearCrossEntropyLoss
+from kernel_pytorch.nn.cross_entropy import (
+    CrossEntropyLoss,
+    FusedLinearCrossEntropyLoss,
+    VocabParallelLinearCrossEntropyLoss,
+)
 from kernel_pytorch.nn.embedding import (
     ALiBi,
     Embedding,
@@ -18,6 +22,7 @@ from kernel_pytorch.nn.embedding import (
 )
 from kernel_pytorch.nn.mlp import MLP, GatedMLP
 from kernel_pytorch.nn.norm import FusedAddRMSNorm, LayerNorm, RMSNorm
+from kernel_pytorch.nn.quant_linear import QuantizedLinear
 from kernel_pytorch.nn.rope import RotaryEmbedding
 
 __all__ = [
@@ -33,11 +38,13 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "LoopAttention",
     "MemoryEfficientAttention",
+    "QuantizedLinear",
     "RMSNorm",
     "RotaryEmbedding",
     "ScaledEmbedding",
     "SinusoidalPositionalEmbedding",
     "StandardAttention",
     "StaticKVCache",
+    "VocabParallelLinearCrossEntropyLoss",
     "recompute_norm_outputs",
 ]

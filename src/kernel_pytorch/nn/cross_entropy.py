@@ -1,5 +1,6 @@
-"""The cross-entropy family's modules: a drop-in for torch.nn.CrossEntropyLoss, and the fused linear +
-cross-entropy loss of a language-model head.
+"""The cross-entropy family's modules: a drop-in for torch.nn.CrossEntropyLoss, the fused linear +
+cross-entropy loss of a language-model head, and that loss over a head split by vocabulary rows
+(tensor parallelism: `VocabParallelLinearCrossEntropyLoss`).
 
 `CrossEntropyLoss` subclasses torch's and overrides `forward` only (constructor arguments, the `weight`
 buffer, `state_dict` keys and `repr` are torch's); it adds keyword-only options torch lacks. Inputs
@@ -18,7 +19,9 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch.functional import Backend, LossOutput
+from kernel_pytorch.functional._vocab_shards import Group
 from kernel_pytorch.functional.cross_entropy import cross_entropy_with, fused_linear_cross_entropy_with
+from kernel_pytorch.functional.vocab_parallel_cross_entropy import vocab_parallel_linear_cross_entropy_with
 from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions
 
 
@@ -114,4 +117,40 @@ class FusedLinearCrossEntropyLoss(_Options, torch.nn.Module):
         return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}"
 
 
-__all__ = ["CrossEntropyLoss", "FusedLinearCrossEntropyLoss"]
+class VocabParallelLinearCrossEntropyLoss(FusedLinearCrossEntropyLoss):
+    """`FusedLinearCrossEntropyLoss` over an LM head whose weight is split by rows (classes) over a group
+    of ranks: no rank holds all the logits (functional.vocab_parallel_linear_cross_entropy).
+
+    The usual call, after `parallelize_module(model, tp_mesh, {"lm_head": ColwiseParallel()})`:
+    `loss_fn(hidden, model.lm_head.weight, labels)`, the weight a DTensor Shard(0), hidden the same on every
+    rank (the head's input, not its output).
+
+    Args: as `FusedLinearCrossEntropyLoss` (no class weights, no token accuracy or predicted tokens), plus
+        group: for a plain weight (this rank's rows), the ProcessGroup of its shards or a DeviceMesh;
+            None for a DTensor weight (its mesh).
+        mesh_dim: the mesh dim the vocabulary is split over (a DeviceMesh group with several dims needs it;
+            for a DTensor weight a check).
+    forward(hidden (..., H), weight (V, H) DTensor or (V_r, H) local rows, target (...), bias or None,
+    token_scale or None) -> fp32 loss, the same on every rank: 0-d or target's shape ("none"), or a
+    LossOutput (return_z_loss).
+    """
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                 lse_square_scale: float = 0.0, softcap: float | None = None,
+                 ce_weight: Tensor | None = None, *, return_z_loss: bool = False, return_token_accuracy: bool = False,
+                 return_predicted_tokens: bool = False, group: Group = None, mesh_dim: int | str | None = None) -> None:
+        if ce_weight is not None:
+            raise ValueError("ce_weight: the vocabulary-parallel loss takes no class weights")
+        super().__init__(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, None,
+                         return_z_loss=return_z_loss, return_token_accuracy=return_token_accuracy,
+                         return_predicted_tokens=return_predicted_tokens)
+        self.group, self.mesh_dim = group, mesh_dim
+
+    def forward(self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
+                token_scale: Tensor | None = None) -> Tensor | LossOutput:
+        return vocab_parallel_linear_cross_entropy_with(hidden, weight, target, bias, self.options(), group=self.group,
+                                                        mesh_dim=self.mesh_dim, token_scale=token_scale,
+                                                        backend=self.backend)
+
+
+__all__ = ["CrossEntropyLoss", "FusedLinearCrossEntropyLoss", "VocabParallelLinearCrossEntropyLoss"]

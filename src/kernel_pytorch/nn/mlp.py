@@ -147,6 +147,9 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         down = self.down_proj
+        projs = (self.gate_up_proj,) if self.fuse_gate_up else (self.gate_proj, self.up_proj)
+        if not _all_linear(down, *projs):
+            return self._by_modules(x)
         with recompute_norm_outputs():  # where x is a norm's output, its input is kept instead
             if self.fuse_gate_up:
                 gu = self.gate_up_proj
@@ -157,6 +160,17 @@ class GatedMLP(torch.nn.Module):
             return F.gated_mlp(x, gate.weight, up.weight, down.weight, self.activation, gate_bias=gate.bias,
                                up_bias=up.bias, down_bias=down.bias, gate_multiplier=self.gate_multiplier,
                                down_multiplier=self.down_multiplier, backend=self.backend)
+
+    def _by_modules(self, x: Tensor) -> Tensor:
+        """Projections that are not torch Linears (QuantizedLinear, a LoRA layer) run as themselves,
+        around our gated activation."""
+        options = {"gate_multiplier": self.gate_multiplier, "backend": self.backend}
+        if self.fuse_gate_up:
+            h = F.gated_act_packed(self.gate_up_proj(x), self.activation, **options)
+        else:
+            h = F.gated_act(self.gate_proj(x), self.up_proj(x), self.activation, **options)
+        y = self.down_proj(h)
+        return y if self.down_multiplier == 1.0 else y * self.down_multiplier
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
@@ -240,6 +254,8 @@ class MLP(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         fc1, fc2 = self._modules[self.names[0]], self._modules[self.names[1]]
+        if not _all_linear(fc1, fc2):  # QuantizedLinear, a LoRA layer: the projections run as themselves
+            return fc2(F.bias_act(fc1(x), None, self.activation, backend=self.backend))
         return F.bias_act_mlp(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, self.activation, backend=self.backend)
 
     def extra_repr(self) -> str:
@@ -271,6 +287,11 @@ class MLP(torch.nn.Module):
             if src.bias is not None:
                 dst.bias = src.bias
         return ours
+
+
+def _all_linear(*modules: torch.nn.Module) -> bool:
+    """Whether every projection is a torch Linear, whose weight our fused paths read directly."""
+    return all(isinstance(m, torch.nn.Linear) for m in modules)
 
 
 def _linear(mlp: torch.nn.Module, name: str) -> torch.nn.Linear:

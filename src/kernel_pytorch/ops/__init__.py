@@ -16,6 +16,7 @@ from kernel_pytorch.ops import (  # noqa: F401  (registration)
     gated_down,
     gated_down_packed,
     layer_norm,
+    quant_matmul,
     rms_norm,
     rope,
 )
@@ -35,6 +36,7 @@ from kernel_pytorch.ops.gated_act_packed import gated_act_packed_eager
 from kernel_pytorch.ops.gated_down import gated_down_eager
 from kernel_pytorch.ops.gated_down_packed import gated_down_packed_eager
 from kernel_pytorch.ops.layer_norm import layer_norm_eager
+from kernel_pytorch.ops.quant_matmul import fp8_matmul_eager, int4_matmul_eager, int8_matmul_eager
 from kernel_pytorch.ops.rms_norm import rms_norm_eager
 from kernel_pytorch.ops.rope import rope_eager
 
@@ -64,8 +66,12 @@ __all__ = [
     "gated_down_eager",
     "gated_down_packed",
     "gated_down_packed_eager",
+    "fp8_matmul_eager",
+    "int4_matmul_eager",
+    "int8_matmul_eager",
     "layer_norm",
     "layer_norm_eager",
+    "quant_matmul",
     "rms_norm",
     "rms_norm_eager",
     "rope",

@@ -33,6 +33,14 @@ from kernel_pytorch.reference.positions import (
     position_ids_from_attention_mask,
     sinusoidal_positions,
 )
+from kernel_pytorch.reference.quant_matmul import (
+    fp8_matmul,
+    fp8_matmul_backward,
+    int4_matmul,
+    int4_matmul_backward,
+    int8_matmul,
+    int8_matmul_backward,
+)
 from kernel_pytorch.reference.rms_norm import rms_norm, rms_norm_backward
 from kernel_pytorch.reference.rope import rope, rope_backward
 from kernel_pytorch.reference.rope_tables import (
@@ -60,6 +68,8 @@ __all__ = [
     "cross_entropy_backward",
     "embedding",
     "embedding_backward",
+    "fp8_matmul",
+    "fp8_matmul_backward",
     "fused_linear_cross_entropy",
     "fused_linear_cross_entropy_backward",
     "gated_act",
@@ -73,6 +83,10 @@ __all__ = [
     "gated_mlp",
     "gated_mlp_packed",
     "geglu",
+    "int4_matmul",
+    "int4_matmul_backward",
+    "int8_matmul",
+    "int8_matmul_backward",
     "inv_freq_and_scaling",
     "layer_norm",
     "layer_norm_backward",

@@ -140,8 +140,11 @@ def _checked_schema(qualname: str, impl: Impl) -> Schema:
 
 
 def _kernel_dtypes(args: Sequence[Any]) -> bool:
-    """Whether every floating-point tensor argument has a dtype the kernels compute in (KERNEL_DTYPES)."""
-    return all(a.dtype in KERNEL_DTYPES for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
+    """Whether every floating-point tensor argument has a dtype the kernels compute in (KERNEL_DTYPES).
+    One-byte floats (fp8) are quantized weights the kernels read and dequantize, not a dtype they
+    compute in, and are left out."""
+    return all(a.dtype in KERNEL_DTYPES for a in args
+               if isinstance(a, torch.Tensor) and a.is_floating_point() and a.element_size() > 1)
 
 
 def _define(qualname: str, impl: Impl, schema: Schema, module: str, opaque: bool = False) -> Any:

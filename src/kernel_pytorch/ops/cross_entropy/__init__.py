@@ -9,12 +9,14 @@
     schema.py                 CrossEntropyOptions flattened into the ops' arguments, once
     register.py               kernel_pytorch::cross_entropy_fwd / _bwd, `cross_entropy_eager`
     fused_linear_register.py  kernel_pytorch::fused_linear_cross_entropy_fwd / _bwd, `..._eager`
+    vocab_parallel.py         one rank's chunks of the vocabulary-parallel fused loss: its stats and
+                              gradient kernels, with the group's all-reduces between them
 
 The options are reference.cross_entropy.CrossEntropyOptions; the math is reference/cross_entropy.py.
 """
 
-from kernel_pytorch.ops._common.scale import scale_grad_
-from kernel_pytorch.ops.cross_entropy import fused_linear
+from kernel_pytorch.ops._common.scale import scale_grad_, scaled_grad
+from kernel_pytorch.ops.cross_entropy import fused_linear, vocab_parallel
 from kernel_pytorch.ops.cross_entropy.config import (
     CrossEntropyConfig,
     FusedLinearCrossEntropyConfig,
@@ -51,4 +53,6 @@ __all__ = [
     "fused_linear_cross_entropy_eager",
     "fused_linear_cross_entropy_fwd",
     "scale_grad_",
+    "scaled_grad",
+    "vocab_parallel",
 ]

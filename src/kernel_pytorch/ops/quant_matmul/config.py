@@ -1,0 +1,138 @@
+"""The quantized matmuls' launch config, registered with kernel_pytorch.ops.tuning as "quant_matmul".
+
+`QuantMatmulConfig` says which path a call of M rows takes and holds one `SchemeLaunch` per scheme:
+
+    M <= gemv_max_m     "gemv": split-K, products summed with tl.sum on the CUDA cores (no M padding)
+    M <= decode_max_m   "split_k": split-K, tl.dot on a tile of M padded to 16 rows
+    otherwise           "tiled" (prefill): M x N output tiles, grouped for L2 reuse, no split;
+                        or, with prefill="dequant", the weight dequantized once into x's dtype and
+                        torch's matmul (cuBLAS), the choice for compute-bound shapes if it measures faster
+
+Split-K paths pick the split count from the SMs (`SplitKLaunch.programs_per_sm`), so that even one
+output tile row (M = 1) reads the weight with enough programs in flight.
+
+Benchmarks, probes and tests change it with `tuning.override(quant_matmul=...)` or
+`tuning.changed("quant_matmul", ...)`, e.g. `tuning.changed("quant_matmul", prefill="dequant")`.
+
+The defaults below were chosen from the kernels' arithmetic (bytes in flight per program, tiles per
+SM), not yet from a measurement on a GPU: `benchmarks/bench_quant_matmul.py --sweep` times the
+alternatives at the Llama-3-8B decode shapes, and its result is what these comments will name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernel_pytorch.ops import tuning
+
+PREFILL_MODES = ("tiled", "dequant")
+
+
+def _positive(config: object, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r}")
+
+
+def _power_of_two(config: object, *names: str) -> None:
+    _positive(config, *names)
+    for name in names:
+        value = getattr(config, name)
+        if value & (value - 1):
+            raise ValueError(f"{type(config).__name__}.{name} must be a power of two, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SplitKLaunch:
+    """A split-K launch for small M: every program covers all M rows (up to the path's limit), one
+    block of N columns and one slice of K; the slices' fp32 partial sums are added in a second kernel
+    in a fixed order (deterministic, no atomics).
+
+    Fields:
+        block_n, block_k: the weight tile a program reads per step (int4's block_k is capped at its
+            group size on the tl.dot path, so that one scale and zero point cover a tile).
+        num_warps, num_stages: Triton's.
+        programs_per_sm: the split count is the smallest that gives this many programs per SM.
+        max_split: the most K slices (bounds the partial sums' memory: split x M x N fp32).
+    """
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    programs_per_sm: int = 4
+    max_split: int = 16
+
+    def __post_init__(self) -> None:
+        _power_of_two(self, "block_n", "block_k")
+        _positive(self, "num_warps", "num_stages", "programs_per_sm", "max_split")
+
+
+@dataclass(frozen=True)
+class TileLaunch:
+    """The tiled (prefill) launch: block_m x block_n output tiles, group_m tile rows walked together
+    so that their weight tiles are read from L2 rather than memory."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        _power_of_two(self, "block_m", "block_n", "block_k")
+        _positive(self, "group_m", "num_warps", "num_stages")
+
+
+@dataclass(frozen=True)
+class SchemeLaunch:
+    """One scheme's launches, one per path."""
+
+    gemv: SplitKLaunch
+    split_k: SplitKLaunch
+    tiled: TileLaunch = field(default_factory=TileLaunch)
+
+
+# int8 and fp8 read one byte per weight. gemv: a 32 x 256 tile is 8 KiB a step, 64 bytes per thread of
+# 4 warps. split_k: 128-column tiles so that the x tile (M padded to 16, bf16) a program re-reads from
+# L2 is at most a quarter of the weight bytes it streams.
+_BYTE = SchemeLaunch(gemv=SplitKLaunch(block_n=32, block_k=256),
+                     split_k=SplitKLaunch(block_n=128, block_k=128, programs_per_sm=2))
+# int4 reads half a byte per weight: twice the K per step for the same bytes in flight; the tl.dot path
+# caps block_k at the group size.
+_NIBBLE = SchemeLaunch(gemv=SplitKLaunch(block_n=32, block_k=512),
+                       split_k=SplitKLaunch(block_n=128, block_k=128, programs_per_sm=2))
+
+
+@dataclass(frozen=True)
+class QuantMatmulConfig:
+    """Which path runs a call of M rows, and each scheme's launches (module docstring)."""
+
+    gemv_max_m: int = 1  # M = 1 (one token): no rows of padding for tl.dot to multiply
+    decode_max_m: int = 32  # batch 2..32 tokens: split-K on tl.dot, x padded to 16 or 32 rows
+    prefill: str = "tiled"
+    # The dequantization kernel (the backward's dx, the "dequant" prefill): 2048 weights a program, one
+    # tile each; a memory-bound pass with no loop, not measured against other tiles.
+    dequant_block_n: int = 32
+    dequant_block_k: int = 64
+    int8: SchemeLaunch = _BYTE
+    fp8: SchemeLaunch = _BYTE
+    int4: SchemeLaunch = _NIBBLE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gemv_max_m, int) or self.gemv_max_m < 0:
+            raise ValueError(f"QuantMatmulConfig.gemv_max_m must be an int >= 0, got {self.gemv_max_m!r}")
+        if not isinstance(self.decode_max_m, int) or self.decode_max_m < self.gemv_max_m:
+            raise ValueError(f"QuantMatmulConfig.decode_max_m must be an int >= gemv_max_m, got {self.decode_max_m!r}")
+        _power_of_two(self, "dequant_block_n", "dequant_block_k")
+        if self.prefill not in PREFILL_MODES:
+            raise ValueError(f"QuantMatmulConfig.prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
+
+    def scheme(self, name: str) -> SchemeLaunch:
+        """The launches of scheme `name` ("int8", "int4", "fp8")."""
+        return getattr(self, name)
+
+
+DEFAULT = tuning.register("quant_matmul", QuantMatmulConfig())

@@ -1,0 +1,49 @@
+"""benchmarks/bench_quant_matmul.py: its arguments, and a --quick CPU run (our rows checked against the
+reference before timing, an unknown provider a row with its reason and a nonzero exit)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernel_pytorch.benchmark.results import BenchmarkResults
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_quant_matmul.py"
+
+
+def _bench():  # noqa: ANN202 (the script as a module)
+    spec = importlib.util.spec_from_file_location("bench_quant_matmul", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _bench().main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "--sweep" in text and "--providers" in text and "--group" in text
+
+
+def test_quick_cpu_run(tmp_path: Path) -> None:
+    bench = _bench()
+    rc = bench.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--batches", "1,3",
+                     "--providers", "bf16,ours-int8,ours-int4,ours-fp8,bogus"])
+    assert rc == 1  # the bogus provider's rows are errors; the others ran
+    results = BenchmarkResults.load(tmp_path / "quant_matmul.json")
+    assert results.smoke and results.ceilings is not None and results.ceilings.source == "measured"
+    status = {(r.provider, r.shape[0]): r.status for r in results.rows}
+    assert status[("bogus", 1)] == "error"
+    for provider in ("bf16", "ours-int8", "ours-int4", "ours-fp8"):
+        for m in (1, 3):
+            assert status[(provider, m)] == "ok", (provider, m)
+    ours = [r for r in results.rows if r.provider.startswith("ours") and r.ok]
+    assert all(r.bytes and r.gbps and r.pct_of_copy is not None and "vs reference" in r.note for r in ours)
+    int8 = next(r for r in ours if r.provider == "ours-int8")
+    assert int8.bytes == 96 * 128 + 96 * 4 + (1 * 128 + 1 * 96) * 2  # int8 weight, fp32 scales, bf16 x and y
+    assert "## quant matmul tiny" in (tmp_path / "quant_matmul.md").read_text()
