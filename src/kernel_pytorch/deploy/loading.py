@@ -11,50 +11,32 @@ copied in; a model quantized by the kernel_pytorch backend gets empty QuantizedL
 recorded paths, into which the saved parts load. torchao's quantized tensors are checked against a
 quantized copy of the model first (a model passed in place) or against the factory's model after
 quantizing it (nobody else holds that one).
+
+The directory and its files are found and checked by deploy/_saved.py; a sharded model (FSDP, DTensor
+parameters) loads on every rank through deploy/_sharded.py's collectives.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
-from kernel_pytorch.deploy import _packed, _quantized
-from kernel_pytorch.deploy._files import INDEX_NAME, LoadError, read_header, refuse_pickle, sha256_files
-from kernel_pytorch.deploy.manifest import MANIFEST_NAME, Manifest, ManifestError, describe_differences, dtype_name
+from kernel_pytorch.deploy import _packed, _quantized, _saved, _sharded
+from kernel_pytorch.deploy._files import LoadError
+from kernel_pytorch.deploy._saved import SHOWN as _SHOWN
+from kernel_pytorch.deploy._saved import names as _names
+from kernel_pytorch.deploy.manifest import Manifest, dtype_name
 from kernel_pytorch.optimize import swap as swapping
 from kernel_pytorch.optimize.options import CompileOptions
 from kernel_pytorch.optimize.report import Change
 from kernel_pytorch.optimize.rules import Rule, default_rules
 
 log = logging.getLogger(__name__)
-_SHOWN = 8  # names listed in an error before "... (N in all)"
-
-
-def _names(names: Sequence[str]) -> str:
-    names = sorted(names)
-    more = f", ... ({len(names)} in all)" if len(names) > _SHOWN else ""
-    return ", ".join(names[:_SHOWN]) + more
-
-
-def _directory(path: str | Path) -> Path:
-    """The saved model's directory from `path` (the directory, its manifest or one of its weight files)."""
-    path = Path(path)
-    if not path.exists():
-        raise LoadError(f"{path} does not exist")
-    refuse_pickle(path, MANIFEST_NAME)
-    if path.is_file():
-        if path.name == MANIFEST_NAME or path.suffix == ".safetensors" or path.name == INDEX_NAME:
-            return path.parent
-        raise LoadError(f"{path} is not a saved model: give the directory kernel_pytorch.save wrote")
-    return path
-
-
 def _rules_by_name(manifest: Manifest, extra: Sequence[Rule]) -> dict[str, Rule]:
     """The rule for each name the manifest's swaps use: `extra` first, then the built-in rules."""
     known: dict[str, Rule] = {r.name: r for r in default_rules()}
@@ -66,49 +48,6 @@ def _rules_by_name(manifest: Manifest, extra: Sequence[Rule]) -> dict[str, Rule]
                         f"{', '.join(unknown)} (known: {', '.join(sorted(known))}); "
                         "pass them as load(..., rules=[...]) or install the kernel_pytorch version it was saved with")
     return {name: known[name] for name in wanted}
-
-
-def _headers(directory: Path, manifest: Manifest) -> None:
-    """Check every weight file against the manifest: size, header, and the tensors each holds."""
-    for name in manifest.files:
-        if Path(name).name != name or name in ("", ".", ".."):
-            raise LoadError(f"the manifest lists weight file {name!r}, which is not a file name in {directory}")
-    listed: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {f: {} for f in manifest.files}
-    for key, info in manifest.tensors.items():
-        if info.get("file") not in listed:
-            raise LoadError(f"the manifest puts tensor {key!r} in {info.get('file')!r}, a file it does not list")
-        listed[info["file"]][key] = (info["dtype"], tuple(info["shape"]))
-    for name, size in manifest.files.items():
-        path = directory / name
-        header = read_header(path, size)
-        found = {k: (dtype_name(d), s) for k, (d, s) in header.items()}
-        missing, extra = set(listed[name]) - set(found), set(found) - set(listed[name])
-        if missing or extra:
-            raise LoadError(f"weight file {path} does not hold what the manifest lists: "
-                            + "; ".join(f"{what}: {_names(ks)}" for what, ks in
-                                        (("missing", missing), ("not listed", extra)) if ks))
-        for key, want in listed[name].items():
-            if found[key] != want:
-                raise LoadError(f"tensor {key!r} in {path} is {found[key][0]} {list(found[key][1])}, "
-                                f"the manifest says {want[0]} {list(want[1])}")
-
-
-def _verify(directory: Path, manifest: Manifest) -> None:
-    """Each weight file's sha256 against the one the manifest records (a manifest written before they
-    were recorded has none, and is checked by size and header only)."""
-    if not manifest.sha256:
-        log.info("%s records no checksums (saved before they were recorded): files checked by size and header",
-                 directory / MANIFEST_NAME)
-        return
-    unrecorded = sorted(set(manifest.files) - set(manifest.sha256))
-    if unrecorded:
-        raise LoadError(f"the manifest records no sha256 for {_names(unrecorded)}")
-    digests = sha256_files([directory / name for name in manifest.files])
-    for name, found in digests.items():
-        if found != manifest.sha256[name]:
-            raise LoadError(f"weight file {directory / name} has sha256 {found[:16]}..., the manifest records "
-                            f"{manifest.sha256[name][:16]}...: the file changed after it was saved (a damaged "
-                            "copy or disk, or an edit)")
 
 
 def _build(model_or_factory: nn.Module | Callable[[], Any]) -> nn.Module:
@@ -140,9 +79,10 @@ def _saved_aliases(manifest: Manifest) -> dict[str, str]:
     return manifest.aliases
 
 
-def _check_state(model: nn.Module, manifest: Manifest) -> None:
-    """Keys, shapes and dtypes of the saved tensors (aliases through their targets) against the model's."""
-    expected = model.state_dict()
+def _check_state(model: nn.Module, manifest: Manifest, expected: dict[str, Any] | None = None) -> None:
+    """Keys, shapes and dtypes of the saved tensors (aliases through their targets) against the model's
+    (`expected`: its state_dict, by default `model.state_dict()`)."""
+    expected = model.state_dict() if expected is None else expected
     tensors = _saved_tensors(manifest)
     aliases = _saved_aliases(manifest)
     provided = set(tensors) | set(aliases)
@@ -273,6 +213,49 @@ def _probe(model: nn.Module, manifest: Manifest, rules: dict[str, Rule], state: 
     del probe
 
 
+def _check_swapped(model: nn.Module, manifest: Manifest) -> None:
+    """Every recorded swap is in the sharded `model` already (its modules are FSDP's or a plan's: none is
+    swapped now); paths are compared without the wrappers' segments (activation checkpointing's)."""
+    modules = {_sharded.plain_path(p): m for p, m in model.named_modules(remove_duplicate=False)}
+    for record in manifest.swaps:
+        module = modules.get(record["path"])
+        if module is None or not _swapped(module, record):
+            kind = type(module)
+            found = "no module" if module is None else f"a {kind.__module__}.{kind.__qualname__}"
+            raise LoadError(f"the saved model swapped {record['path']!r} ({record['before']} -> {record['after']}, "
+                            f"rule {record['rule']}); this sharded model holds {found} there, not the "
+                            "replacement. A sharded model is not swapped on load: optimize it before sharding "
+                            "(kernel_pytorch.optimize(model), then fully_shard), then load on every rank")
+
+
+def _load_sharded(path: str | Path, model: nn.Module, rules: Sequence[Rule], strict_versions: bool,
+                  verify: bool) -> nn.Module:
+    """`load` into a sharded model, on every rank (deploy/_sharded.py): rank 0 reads and checks the files
+    and the model, then sends each tensor to the ranks, which keep their shards."""
+    state: dict[str, Tensor] = {}
+    failure: BaseException | None = None
+    if _sharded.rank() == 0:
+        try:
+            directory = _saved.find_directory(path)
+            manifest = _saved.manifest_of(directory, strict_versions, stacklevel=3)
+            if manifest.quantization:
+                raise LoadError("a saved model with quantized weights loads into an unsharded model only "
+                                "(kernel_pytorch.load, then quantize-aware sharding of your own)")
+            _rules_by_name(manifest, rules)
+            _saved.check_files(directory, manifest, verify)
+            _check_swapped(model, manifest)
+            _check_state(model, manifest, _sharded.sharded_state(model))
+            state = _read_tensors(directory, manifest)
+        except Exception as exc:  # every rank hears of it before it is raised (a rank waiting would hang)
+            failure = exc
+    _sharded.agree(failure is None, f"kernel_pytorch.load from {path}")
+    if failure is not None:
+        raise failure
+    _sharded.set_full_state(model, state)
+    log.info("loaded %s into a sharded model: %d tensors from rank 0", path, len(state))
+    return model
+
+
 def load(
     path: str | Path,
     model_or_factory: nn.Module | Callable[[], Any],
@@ -307,6 +290,12 @@ def load(
             checks still run, a flipped data byte then goes unnoticed).
     Returns:
         the model, optimized as saved, with the saved weights.
+
+    A sharded model (under FSDP's `fully_shard`, or holding DTensor parameters), passed as a module, is
+    loaded on every rank: rank 0 reads and checks the files (all of the checks above) and that the model
+    holds the saved swaps already (optimize it before sharding it: sharded modules are not swapped), then
+    `set_model_state_dict(..., full_state_dict=True, broadcast_from_rank0=True)` sends each tensor to the
+    ranks, each keeping its shard. Only rank 0 reads the files. Quantized saves do not load this way.
     Raises:
         PickleRefusedError: `path` is a torch.save / .bin / .pt checkpoint (convert it with
             `kernel-pytorch convert`).
@@ -328,25 +317,20 @@ def load(
     own weight, so a tied lm_head is no longer tied to its embedding after `quantize`, in the saved
     model as in the loaded one (both are written and loaded as separate tensors).
     """
-    directory = _directory(path)
-    try:
-        manifest = Manifest.read(directory)
-    except ManifestError as exc:
-        raise LoadError(str(exc)) from exc
-    differences = describe_differences(manifest)
-    if differences:
-        if strict_versions:
-            raise LoadError(differences)
-        warnings.warn(differences, stacklevel=2)
+    if isinstance(model_or_factory, nn.Module):
+        target = getattr(model_or_factory, "_orig_mod", model_or_factory)
+        if isinstance(target, nn.Module) and _sharded.is_sharded(target):
+            _load_sharded(path, target, rules, strict_versions, verify)
+            return model_or_factory
+    directory = _saved.find_directory(path)
+    manifest = _saved.manifest_of(directory, strict_versions, stacklevel=2)
     if _ours(manifest):
         _packed.check_parts(manifest.tensors, manifest.quantization["tensors"])
     elif manifest.quantization:
         _quantized.check_parts(manifest.tensors, manifest.quantization["tensors"])
         _quantized.torchao_support()  # ImportError saying how to install torchao
     by_name = _rules_by_name(manifest, rules)
-    _headers(directory, manifest)
-    if verify:
-        _verify(directory, manifest)
+    _saved.check_files(directory, manifest, verify)
     built = _build(model_or_factory)
     model = built._orig_mod if isinstance(getattr(built, "_orig_mod", None), nn.Module) else built  # torch.compile
     meta = [k for k, t in model.state_dict().items() if isinstance(t, Tensor) and t.is_meta]

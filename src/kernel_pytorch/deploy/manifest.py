@@ -16,7 +16,8 @@ Layout (format version 1; a save with quantized weights is version 2, adding `qu
      "files": {"model.safetensors": 123456},
      "sha256": {"model.safetensors": "9f86d0..."},
      "report": {...} or null, "metadata": {...},
-     "quantization": {"scheme": "int8", "torchao": "0.18.0", "tensors": {...}}}
+     "quantization": {"scheme": "int8", "torchao": "0.18.0", "tensors": {...}},
+     "sharding": {"world_size": 8, "rank": 0, "gathered_with": "...", "dtensors": 290, "fsdp": true}}
 
 `aliases` maps a state_dict key that was not written to the key holding the same tensor (tied
 embeddings, shared modules): it is loaded from that tensor. `files` maps each weight file to its size
@@ -27,7 +28,11 @@ only). `quantization` (absent or null for an unquantized model) records the sche
 written keys of its parts and torchao's description of it (deploy/_quantized.py); a model quantized by
 the kernel_pytorch backend has "backend": "kernel_pytorch" there, the group size and int4's packing,
 and per layer its scheme, group size, float dtype and shape and the keys of its parts
-(deploy/_packed.py).
+(deploy/_packed.py). `sharding` (absent for a model saved whole) records that the model was sharded when
+saved (FSDP, DTensor parameters): the full tensors were gathered onto rank `rank` of `world_size`
+processes, which wrote them, so the files are a whole model's and load into an unsharded one as any save
+does; `dtensors` counts the tensors gathered from DTensors and `fsdp` says whether the model held FSDP
+modules.
 """
 
 from __future__ import annotations
@@ -108,6 +113,7 @@ class Manifest:
     report: dict[str, Any] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] | None = None
+    sharding: dict[str, Any] | None = None  # how a sharded model's full tensors were gathered (module docstring)
     format_version: int = 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,7 +123,8 @@ class Manifest:
                 "swaps": self.swaps, "compile": self.compile, "dynamic_dims": self.dynamic_dims,
                 "tensors": self.tensors, "aliases": self.aliases, "files": self.files,
                 "sha256": self.sha256, "report": self.report, "metadata": self.metadata,
-                **({"quantization": self.quantization} if self.quantization else {})}
+                **({"quantization": self.quantization} if self.quantization else {}),
+                **({"sharding": self.sharding} if self.sharding else {})}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
@@ -148,7 +155,8 @@ class Manifest:
                            tensors=dict(data["tensors"]), aliases=dict(data["aliases"]), files=dict(data["files"]),
                            sha256=dict(data.get("sha256") or {}),
                            report=data.get("report"), metadata=dict(data.get("metadata") or {}),
-                           quantization=_quantization(data.get("quantization"), where), format_version=version)
+                           quantization=_quantization(data.get("quantization"), where),
+                           sharding=_sharding(data.get("sharding"), where), format_version=version)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ManifestError(f"{where} is malformed: {type(exc).__name__}: {exc}") from exc
         _check_entries(manifest, where)
@@ -209,6 +217,14 @@ def _quantization(value: Any, where: str) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("tensors"), dict) or "scheme" not in value:
         raise ManifestError(f"{where} has a malformed \"quantization\" (want scheme, torchao, tensors)")
+    return dict(value)
+
+
+def _sharding(value: Any, where: str) -> dict[str, Any] | None:
+    if not value:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("world_size"), int):
+        raise ManifestError(f"{where} has a malformed \"sharding\" (want world_size, rank, gathered_with)")
     return dict(value)
 
 

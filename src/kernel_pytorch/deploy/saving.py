@@ -11,6 +11,9 @@ parts with torchao's safetensors support, and the manifest records the scheme, t
 how to put each one back together (deploy/_quantized.py); torchao is imported only then. The parts of
 kernel_pytorch's QuantizedLinear layers are plain tensors already; the manifest records which Linear
 each layer stands for, its scheme, group size and packing (deploy/_packed.py).
+
+A sharded model (FSDP, DTensor parameters) is saved by every rank calling `save`: the full tensors are
+gathered onto rank 0, which writes them and records how in the manifest's `sharding` (deploy/_sharded.py).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from kernel_pytorch.deploy import _packed, _quantized
+from kernel_pytorch.deploy import _packed, _quantized, _sharded
 from kernel_pytorch.deploy._files import (
     INDEX_NAME,
     is_weight_file,
@@ -192,8 +195,10 @@ def save_state_dict(
 
 
 def _compiled_paths(model: nn.Module) -> list[str]:
-    """Paths of the submodules compiled in place with `nn.Module.compile` (regional compilation)."""
-    return [p for p, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None]
+    """Paths of the submodules compiled in place with `nn.Module.compile` (regional compilation), named as
+    in the model before wrappers (activation checkpointing's, FSDP1's) were put around its modules."""
+    paths = [p for p, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None]
+    return list(dict.fromkeys(_sharded.plain_path(p) for p in paths))
 
 
 def _json_able(value: Any, what: str) -> Any:
@@ -236,7 +241,14 @@ def save(
             None takes `report.dynamic_dims` (what optimize() found from its `extra_inputs`).
         metadata: anything JSON-able to keep with the model (e.g. {"factory": "model.py:make"}).
     Returns:
-        the paths written, the manifest last.
+        the paths written, the manifest last ([] on the ranks other than 0 of a sharded model).
+    A sharded model (under FSDP's `fully_shard`, or holding DTensor parameters) is saved by calling `save`
+    on every rank: the full tensors are gathered onto rank 0's CPU memory (torch.distributed.checkpoint's
+    `get_model_state_dict` with `full_state_dict=True, cpu_offload=True`), rank 0 writes them and the
+    manifest's `sharding` (world size, how they were gathered), and every rank returns once it has. The
+    files are a whole model's: they load into the unsharded model (`load`), or back into a sharded one
+    (`load` on every rank). Rank 0 must hold the whole model in CPU memory; for checkpoints of training
+    (each rank writing its shards, the optimizer state) use torch.distributed.checkpoint (docs/deploy.md).
     A model quantized with `kernel_pytorch.deploy.quantize` (int8, fp8 weight-only) is saved with its
     quantized weights split into plain tensors (torchao's safetensors support) and the scheme and the
     torchao version in the manifest; `load` quantizes the rebuilt model the same way before loading them.
@@ -253,7 +265,33 @@ def save(
     compile_options = typed(compile_options, CompileOptions, "compile_options")
     if isinstance(getattr(model, "_orig_mod", None), nn.Module):
         model = model._orig_mod  # torch.compile(model)'s wrapper: save the model's own keys
-    state = model.state_dict()
+    if _sharded.is_sharded(model):
+        return _save_sharded(model, path, report, max_shard_size, compile_options, dynamic_dims, metadata)
+    return _save(model, model.state_dict(), path, report, max_shard_size, compile_options, dynamic_dims, metadata)
+
+
+def _save_sharded(model: nn.Module, path: str | Path, *args: Any) -> list[Path]:
+    """`save` of a sharded model on every rank: gathered onto rank 0, which writes (module docstring); the
+    files written on rank 0, [] on the others, where it returns once rank 0 has written."""
+    state, record = _sharded.gather(model)
+    written: list[Path] = []
+    failure: BaseException | None = None
+    if _sharded.rank() == 0:
+        try:
+            written = _save(model, state, path, *args, sharding=record)
+        except Exception as exc:  # every rank hears of it before it is raised (a rank waiting would hang)
+            failure = exc
+    _sharded.agree(failure is None, f"kernel_pytorch.save to {path}")
+    if failure is not None:
+        raise failure
+    return written
+
+
+def _save(model: nn.Module, state: Mapping[str, Any], path: str | Path, report: OptimizeReport | None,
+          max_shard_size: int | str, compile_options: CompileOptions | None,
+          dynamic_dims: Mapping[str, list[int]] | None, metadata: Mapping[str, Any] | None,
+          sharding: dict[str, Any] | None = None) -> list[Path]:
+    """`save` of `state`, the state_dict of `model` (compiled paths read from it)."""
     if any(_quantized.is_subclass(v) for v in state.values()):
         _quantized.check_can_save(state)  # torchao installed, the subclasses ones it can split
     plain_tensors({k: v for k, v in state.items() if not _quantized.is_subclass(v)})  # before writing anything
@@ -272,6 +310,7 @@ def save(
         dynamic_dims={k: [int(d) for d in v] for k, v in (dynamic_dims or {}).items()},
         report=json.loads(report.to_json()) if report is not None else None,
         metadata=_json_able(dict(metadata or {}), "metadata"),
+        sharding=sharding,
     )
     scheme = getattr(model, _quantized.SCHEME_ATTR, None)
     return save_state_dict(state, path, manifest=manifest, max_shard_size=max_shard_size, scheme=scheme,

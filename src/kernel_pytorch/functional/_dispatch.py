@@ -74,9 +74,20 @@ def _autocast_on(device_type: str) -> bool:
 
 def _one_kind(x: Tensor, params: Sequence[Tensor | None]) -> bool:
     """Whether every given parameter is a plain tensor (`is_plain_tensor`) of x's dtype and device, what
-    our fused paths compute with; a tensor subclass, e.g. a torchao-quantized weight, runs its own matmul
-    through F.linear."""
-    return all(p is None or (is_plain_tensor(p) and p.dtype == x.dtype and p.device == x.device) for p in params)
+    our fused paths compute with; a tensor subclass, e.g. a torchao-quantized weight or a DTensor (tensor
+    parallelism's; FSDP2 hands the modules plain unsharded Parameters in forward and backward), runs its
+    own ops through F.linear, and the first of each kind is logged."""
+    for p in params:
+        if p is None:
+            continue
+        if not is_plain_tensor(p):
+            if not torch.compiler.is_compiling():  # said in eager (a traced call of the cache breaks the graph)
+                log_once(f"kernel_pytorch: a {type(p).__name__} parameter runs its own ops: the fused paths "
+                         "around its GEMMs (gated MLP, shared-input Linears) step aside for torch's Linears")
+            return False
+        if p.dtype != x.dtype or p.device != x.device:
+            return False
+    return True
 
 
 def _one_mesh(x: Tensor, params: Sequence[Tensor | None]) -> bool:

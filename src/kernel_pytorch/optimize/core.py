@@ -103,6 +103,9 @@ def optimize(
 
     Args:
         model: any nn.Module (a Hugging Face model, a torch model); changed in place and returned.
+            Optimize before sharding (then `fully_shard`, DDP): modules holding DTensor parameters, and
+            every module of a model holding FSDP modules, are left as they are and listed in
+            `report.sharded` (optimize/swap.py says why); such a model is not run, copied or compiled.
         example_inputs: a tuple of positional args, a dict of keyword args
             (`{"input_ids": ids, "labels": ids}`) or one tensor, as the model is called. Needed to
             validate; a Hugging Face model without them is validated on its `dummy_inputs`.
@@ -141,6 +144,18 @@ def optimize(
         report.notes.append(f"no example_inputs: used the model's dummy_inputs ({', '.join(inputs)})")
     if validate and inputs is None:
         raise ValueError("optimize(validate=True) needs example_inputs to validate on (or validate=False)")
+    swaps, skipped = swap.plan(model, rules)  # changes nothing: the rules only look
+    report.sharded = swap.sharded_modules(model)
+    fsdp = swap.has_fsdp(model)
+    if fsdp:
+        report.notes.append("the model holds FSDP modules: none of its modules is offered to the rules, and the "
+                            "model is not run (a forward outside training leaves FSDP2's root modules holding "
+                            "their unsharded parameters, which an optimizer built afterwards would take)")
+    if report.sharded or fsdp:
+        compile, tf32 = _sharded_compile(report, compile, tf32)
+        if not swaps:  # nothing to validate; a sharded model may not be copyable (FSDP2 refuses deepcopy)
+            report.changes += skipped
+            return model, report
     reference = None
     if validate:
         try:
@@ -149,7 +164,6 @@ def optimize(
             report.notes.append(f"could not copy the model to validate against ({short_error(exc, 300)}); "
                                 "nothing changed")
             return model, report
-    swaps, skipped = swap.plan(model, rules)
     report.changes += [s.change for s in swaps] + skipped
     swap.apply(model, swaps)
     extra = [as_inputs(x) for x in extra_inputs]
@@ -187,6 +201,19 @@ def optimize(
         # so it would change both alike; its own check compares the model with itself at fp32
         report.compile_steps.append(tf32_step(model, inputs, tf32, device, compile))
     return model, report
+
+
+def _sharded_compile(report: OptimizeReport, compile: CompileMode, tf32: bool) -> tuple[CompileMode, bool]:
+    """(compile, tf32) for a model holding sharded parameters: no compile step and no TF32 check (they time
+    and trace the model whole, on each rank apart), said in the report where they were asked for."""
+    why = "the model holds sharded parameters (DTensors, or under FSDP): not run on it"
+    if compile is not False:
+        report.compile_steps.append(CompileStep(
+            "regional", "skipped", f"{why}; compile each block before fully_shard (torchtitan's order: "
+            "activation checkpointing, compile, fully_shard)"))
+    if tf32:
+        report.compile_steps.append(CompileStep("tf32", "skipped", f"{why}; global state unchanged"))
+    return False, False
 
 
 def _bisect(model: nn.Module, swaps: list[swap.Swap], check: Any) -> ValidationResult:

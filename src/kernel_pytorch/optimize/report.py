@@ -1,5 +1,6 @@
 """What `optimize()` returns beside the model: every change it made, kept or reverted, every module a
-rule recognised and left alone, the compile steps, and the final validation. Printable as text
+rule recognised and left alone, the modules holding sharded parameters (left as they are, not offered to
+the rules), the compile steps, and the final validation. Printable as text
 (`str(report)`) and JSON-able (`report.to_dict()`, `report.to_json()`)."""
 
 from __future__ import annotations
@@ -12,6 +13,13 @@ if TYPE_CHECKING:
     from kernel_pytorch.validation import ValidationResult
 
 Status = Literal["applied", "reverted", "skipped"]
+
+# Why a model's modules holding sharded parameters are left as they are (optimize/swap.py's docstring)
+SHARDED_REASON = (
+    "already sharded (fully_shard, FSDP) or parallelized (parallelize_module): FSDP puts the unsharded "
+    "parameters on these module objects for each forward and backward, and a tensor-parallel plan's hooks sit "
+    "on them, so a new module would compute with the shards or skip the plan; call kernel_pytorch.optimize() "
+    "before sharding")
 
 
 def _paths(paths: list[str]) -> str:
@@ -62,6 +70,9 @@ class OptimizeReport:
     # the manifest's dynamic_dims
     dynamic_dims: dict[str, list[int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # paths of the modules holding sharded parameters of their own (DTensors, or under FSDP; "" for the model
+    # itself): not offered to the rules, left as they are for SHARDED_REASON
+    sharded: list[str] = field(default_factory=list)
 
     def applied(self) -> list[Change]:
         return [c for c in self.changes if c.status == "applied"]
@@ -89,6 +100,7 @@ class OptimizeReport:
             "applied": len(self.applied()),
             "reverted": len(self.reverted()),
             "skipped": len(self.skipped()),
+            "sharded": list(self.sharded),
             "counts": self.counts(),
             "changes": [c.to_dict() for c in self.changes],
             "compile": [s.to_dict() for s in self.compile_steps],
@@ -106,7 +118,7 @@ class OptimizeReport:
         """The report as text: kept changes grouped by rule, reverts and skips with their reasons,
         compile steps, notes, and (with `validation`) the validation summary."""
         lines = [f"optimize: {len(self.applied())} modules replaced, {len(self.reverted())} reverted, "
-                 f"{len(self.skipped())} left alone"]
+                 f"{len(self.skipped()) + len(self.sharded)} left alone"]
         groups: dict[tuple[str, str], list[str]] = {}
         for c in self.applied():
             groups.setdefault((c.rule, c.reason), []).append(c.path)
@@ -119,6 +131,9 @@ class OptimizeReport:
             alone.setdefault((c.rule, c.reason), []).append(c.path)
         for (rule, reason), paths in alone.items():
             lines.append(f"  left alone [{rule}] {reason}: {_paths(paths)}")
+        if self.sharded:
+            paths = [p or "the model itself" for p in self.sharded]
+            lines.append(f"  left alone [sharded] {SHARDED_REASON}: {_paths(paths)}")
         for s in self.compile_steps:
             measured = ""
             if s.measured:
@@ -127,7 +142,9 @@ class OptimizeReport:
         if self.dynamic_dims:
             lines.append("  dynamic dims: " + ", ".join(f"{k} {v}" for k, v in self.dynamic_dims.items()))
         lines += [f"  note: {n}" for n in self.notes]
-        if not self.validated:
+        if not self.validated and not (self.applied() or any(s.status == "applied" for s in self.compile_steps)):
+            lines.append("  validation: not run: nothing was changed")
+        elif not self.validated:
             lines.append("  validation: not run (validate=False): the changes are unchecked")
         elif validation and self.validation is not None:
             lines.append("validation of the returned model against the original:")
@@ -138,4 +155,4 @@ class OptimizeReport:
         return self.summary()
 
 
-__all__ = ["Change", "CompileStep", "OptimizeReport", "Status"]
+__all__ = ["SHARDED_REASON", "Change", "CompileStep", "OptimizeReport", "Status"]
