@@ -106,13 +106,13 @@ def fused_causal_lm_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, la
 
 def _plain_call(model: nn.Module, args: tuple, kwargs: dict) -> bool:
     """Whether the call goes to the class's forward unchanged: no labels, positional arguments past the
-    first, a head that is not ours, a tuple asked for, or a head that tensor parallelism shards (a DTensor
-    weight, or hooks on the head: parallelize_module's, which the fused loss, reading the weight itself,
-    would bypass)."""
+    first, a head that is not ours, a tuple asked for, or a head that tensor parallelism shards (its weight
+    a DTensor: parallelize_module's styles shard the weight and hook the head, and the fused loss, reading
+    the weight itself, would bypass both). Other hooks on the head (a profiler's, a test's) leave the
+    fused loss in place: FSDP2 hands the head its plain unsharded weight in forward."""
     head = model.lm_head
     return (kwargs.get("labels") is None or len(args) > 1 or not isinstance(head, FusedLossLMHead)
-            or kwargs.get("return_dict") is False or not is_plain_tensor(head.weight)
-            or bool(head._forward_hooks or head._forward_pre_hooks))
+            or kwargs.get("return_dict") is False or not is_plain_tensor(head.weight))
 
 
 def _output(head: FusedLossLMHead, outputs: Any, fields: dict[str, Any]) -> Any:
