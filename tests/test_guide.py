@@ -7,6 +7,7 @@ starting point, where the chapter's own blocks assert what it finds."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from pathlib import Path
 
@@ -42,3 +43,16 @@ def test_solution_passes_the_checker(path: Path, tmp_path: Path, monkeypatch: py
     (checker,) = [v for k, v in namespace.items() if k.startswith("check_exercise_")]
     solution = importlib.import_module(f"tests.guide_solutions.ch{path.stem}").SOLUTION
     assert checker(solution) == []
+
+
+def test_figure_script_draws_from_the_committed_results(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("guide_figures", ROOT / "scripts" / "guide_figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    rows, ceilings, files = figures.load_rows()
+    assert {r["provider"] for r in rows} == {"ours", "compile", "eager"} and len(files) == len(ceilings) == 5
+    paths = figures.write_figures(tmp_path)
+    assert [p.name for p in paths] == ["roofline_h200.png", "pct_copy_h200.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+    for p in paths:  # the committed figures are the script's
+        assert (ROOT / "docs" / "guide" / "figures" / p.name).is_file()
