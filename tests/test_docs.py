@@ -20,7 +20,7 @@ FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.S | re.M)
 # what a fence may say after its language: `cuda` marks a block that needs a GPU
 FENCE_FLAGS = {"cuda"}
 # page -> the test that runs its blocks, one section at a time, with its own assertions
-RUN_ELSEWHERE: dict[str, str] = {}
+RUN_ELSEWHERE = {"docs/reference/common_pitfalls.md": "tests/assistant/test_pitfalls.py"}
 
 
 def _rel(path: Path) -> str:
