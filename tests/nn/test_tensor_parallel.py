@@ -28,6 +28,11 @@ LAYERS = 2
 # reduce-scattered, each mirrored in the backward; the embedding's reduce-scatter, the final norm's and the
 # logits' all-gathers (the logits' backward is a local split)
 COLLECTIVES = {"all_gather_into_tensor": 4 * LAYERS + 3, "reduce_scatter_tensor": 4 * LAYERS + 2}
+# optimize()'s fused loss on the vocabulary-sharded head: no logits gathered (one all-gather and its
+# backward's reduce-scatter fewer), the vocabulary-parallel loss's three all-reduces instead (the row
+# maxima, the sums, grad_x)
+VOCAB_PARALLEL_COLLECTIVES = {"all_gather_into_tensor": 4 * LAYERS + 2, "reduce_scatter_tensor": 4 * LAYERS + 1,
+                              "all_reduce": 3}
 
 
 def _builtin(ctx: Ctx, heads: int = 8, kv_heads: int = 4, tie: bool = False) -> torch.nn.Module:
@@ -104,9 +109,10 @@ def _meshes(ctx: Ctx) -> list[Any]:
 
 
 def _against_single_process(ctx: Ctx, model: torch.nn.Module, inputs: dict[str, Any], shard,  # noqa: ANN001
-                            routes: list[str]) -> None:
+                            routes: list[str], collectives: dict[str, int] = COLLECTIVES) -> None:
     """On each of `_meshes`, shard a copy of `model` with `shard(copy, mesh)` and compare one training step
-    with the model's; `routes`: the gated MLP calls' routes in the sharded step."""
+    with the model's; `routes`: the gated MLP calls' routes in the sharded step; `collectives`: what the
+    step runs, by kind."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -121,7 +127,7 @@ def _against_single_process(ctx: Ctx, model: torch.nn.Module, inputs: dict[str, 
             tp_loss.backward()
         assert taken == routes, taken
         counts = {str(op).rpartition(".")[2]: n for op, n in comm.get_comm_counts().items()}
-        assert counts == (COLLECTIVES if ranks > 1 else {}), (ranks, counts)  # a group of one rank moves nothing
+        assert counts == (collectives if ranks > 1 else {}), (ranks, counts)  # a group of one rank moves nothing
         _matches(f"tp {ranks}: loss", tp_loss.detach(), loss.detach())
         if logits is not None:
             _matches(f"tp {ranks}: logits", tp_logits.detach(), logits.detach())
@@ -198,7 +204,33 @@ def hf_llama(ctx: Ctx) -> None:
         assert mlps and all(m._forward_pre_hooks and not m.down_proj._forward_hooks for m in mlps)  # on the block
         return sharded
 
-    _against_single_process(ctx, model, inputs, shard, ["gated_down"] * LAYERS)
+    _against_single_process(ctx, model, inputs, shard, ["gated_down"] * LAYERS, VOCAB_PARALLEL_COLLECTIVES)
+
+
+def fsdp_and_tp(ctx: Ctx) -> None:
+    """FSDP2 over "dp" on top of the plan over "tp" (a (2, 2) mesh on 4 ranks, (1, 2) on 2, (1, 1) on 1): one
+    training step of the optimized HF Llama, its loss and every gradient as the single-process model's
+    (every dp rank sees the same batch, so FSDP2's averaged gradient is the batch's)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    inputs = _inputs(ctx, hf=True)
+    model = _optimized(_hf(ctx), inputs)
+    loss, _ = _loss_and_logits(model, inputs)
+    loss.backward()
+    dp = 2 if ctx.world == 4 else 1
+    mesh = ctx.mesh((dp, ctx.world // dp), ("dp", "tp"))
+    sharded = _our_plan(copy.deepcopy(model), mesh)
+    for layer in sharded.model.layers:
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(sharded, mesh=mesh["dp"])
+    tp_loss, _ = _loss_and_logits(sharded, inputs)
+    tp_loss.backward()
+    _matches("fsdp + tp: loss", tp_loss.detach(), loss.detach())
+    params = dict(model.named_parameters())
+    for name, p in sharded.named_parameters():
+        assert isinstance(p, DTensor) and p.device_mesh.ndim in (1, 2), name
+        _matches(f"fsdp + tp: grad {name}", p.grad.full_tensor(), params[name].grad)
 
 
 def plan_errors(ctx: Ctx) -> None:
@@ -262,7 +294,8 @@ def sequence_parallel_norms(ctx: Ctx) -> None:
         _matches(f"{type(norm).__name__} grad weight", sharded.weight.grad.full_tensor(), ref.weight.grad)
 
 
-SCENARIOS = ("builtin_llama", "builtin_llama_torch_styles", "hf_llama", "sequence_parallel_norms", "plan_errors")
+SCENARIOS = ("builtin_llama", "builtin_llama_torch_styles", "hf_llama", "fsdp_and_tp", "sequence_parallel_norms",
+             "plan_errors")
 
 
 def setup_rank(ctx: Ctx) -> None:

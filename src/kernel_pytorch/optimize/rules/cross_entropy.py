@@ -58,8 +58,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kernel_pytorch._env import is_plain_tensor
+from kernel_pytorch._env import is_dtensor, is_plain_tensor
 from kernel_pytorch.functional.cross_entropy import fused_linear_cross_entropy
+from kernel_pytorch.functional.vocab_parallel_cross_entropy import vocab_parallel_linear_cross_entropy
 from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.optimize.rules._common import blocked, build_on_meta, same_output
 from kernel_pytorch.reference.cross_entropy import apply_softcap
@@ -95,8 +96,10 @@ def fused_causal_lm_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, la
         shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     target = shift_labels.reshape(-1).to(hidden.device)
     reduction = "mean" if num_items_in_batch is None else "sum"
-    loss = fused_linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), weight, target, bias,
-                                      ignore_index=ignore_index, reduction=reduction, softcap=softcap)
+    # a head split over the vocabulary (tensor parallelism): each rank's rows, O(rows) statistics exchanged
+    loss_fn = vocab_parallel_linear_cross_entropy if vocab_sharded(weight) else fused_linear_cross_entropy
+    loss = loss_fn(hidden.reshape(-1, hidden.shape[-1]), weight, target, bias,
+                   ignore_index=ignore_index, reduction=reduction, softcap=softcap)
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
@@ -104,15 +107,26 @@ def fused_causal_lm_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, la
     return loss
 
 
+def vocab_sharded(weight: Tensor) -> bool:
+    """Whether `weight` is a DTensor split over its rows (the vocabulary) on one mesh dim and replicated on
+    the others: ColwiseParallel's LM head, which the vocabulary-parallel loss takes as it is."""
+    if not is_dtensor(weight):
+        return False
+    shards = [p for p in weight.placements if p.is_shard()]
+    return (len(shards) == 1 and shards[0].dim == 0
+            and all(p.is_shard() or p.is_replicate() for p in weight.placements))
+
+
 def _plain_call(model: nn.Module, args: tuple, kwargs: dict) -> bool:
     """Whether the call goes to the class's forward unchanged: no labels, positional arguments past the
-    first, a head that is not ours, a tuple asked for, or a head that tensor parallelism shards (its weight
-    a DTensor: parallelize_module's styles shard the weight and hook the head, and the fused loss, reading
-    the weight itself, would bypass both). Other hooks on the head (a profiler's, a test's) leave the
-    fused loss in place: FSDP2 hands the head its plain unsharded weight in forward."""
+    first, a head that is not ours, a tuple asked for, or a head sharded otherwise than over the
+    vocabulary (a DTensor weight the fused loss cannot take; a vocabulary-sharded one goes to the
+    vocabulary-parallel loss). Hooks on the head (parallelize_module's, a profiler's) leave the fused
+    loss in place: it reads the weight, and FSDP2 hands the head its plain unsharded weight in forward."""
     head = model.lm_head
     return (kwargs.get("labels") is None or len(args) > 1 or not isinstance(head, FusedLossLMHead)
-            or kwargs.get("return_dict") is False or not is_plain_tensor(head.weight))
+            or kwargs.get("return_dict") is False
+            or not (is_plain_tensor(head.weight) or vocab_sharded(head.weight)))
 
 
 def _output(head: FusedLossLMHead, outputs: Any, fields: dict[str, Any]) -> Any:
@@ -155,7 +169,10 @@ def _fused_forward(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
     fields["loss"] = loss
     if not model.training or head.logits_in_training:
         rows = slice(-keep, None) if isinstance(keep, int) else keep
-        fields["logits"] = apply_softcap(nn.functional.linear(hidden[:, rows, :], head.weight, head.bias), softcap)
+        # through the head where tensor parallelism hooks it (its styles place the logits)
+        logits = head(hidden[:, rows, :]) if is_dtensor(head.weight) else \
+            nn.functional.linear(hidden[:, rows, :], head.weight, head.bias)
+        fields["logits"] = apply_softcap(logits, softcap)
     return _output(head, outputs, fields)
 
 
