@@ -1,0 +1,210 @@
+"""Finding and applying rewrites: trace each module's own forward (every child a leaf, so a module's
+code is rewritten where it is written), match the patterns, and give the module instance a forward
+made from the rewritten graph. Nothing here edits a class: the new forward is an attribute of the
+instance, bound to it (its children, parameters and buffers are the module's own, so a later swap of a
+child is seen), and a revert deletes it.
+
+A rewrite (`Site`) is one pattern kind at one source line of one module's forward (every match there:
+a line in a loop runs several times). Applying a set of sites re-traces each module involved and keeps
+only the matches of the sites in the set, so any one can be reverted alone.
+
+A module is traced with `torch.fx.symbolic_trace`'s rules: its forward must not branch on tensor
+values, and Python state it reads is frozen at its value when traced. `self.training` is checked: a
+module whose traced graph differs between train and eval is left alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch.fx
+from torch import nn
+from torch.fx.passes.utils.matcher_utils import InternalMatch
+from torch.fx.subgraph_rewriter import replace_pattern_with_filters
+
+from kernel_pytorch._errors import short_error
+from kernel_pytorch.assistant.findings import Location
+from kernel_pytorch.assistant.locate import model_location, parse_stack
+from kernel_pytorch.optimize.report import Rewrite
+from kernel_pytorch.optimize.rewrite.pattern import Pattern, target_name
+
+# the calls a family's patterns need in a graph before they are tried
+_NEEDS = {"norm": ("mean",), "activation": ("silu", "gelu")}
+
+
+class _OwnCode(torch.fx.Tracer):
+    """Traces one module's forward only: every child module is one call_module node."""
+
+    record_stack_traces = True
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return True
+
+
+@dataclass
+class Site:
+    """One rewrite: pattern `kind` at `location` in the forward of the module at `path`; `record` is
+    its report row."""
+
+    path: str
+    kind: str
+    file: str | None
+    line: int | None
+    record: Rewrite
+    patterns: tuple[Pattern, ...]
+
+    @property
+    def key(self) -> tuple[str, str, str | None, int | None]:
+        return self.path, self.kind, self.file, self.line
+
+
+def _ours_or_torch(module: nn.Module) -> bool:
+    """Modules whose forward holds no hand-written pattern worth tracing: torch's and ours."""
+    name = type(module).__module__
+    return name.startswith(("torch.", "kernel_pytorch."))
+
+
+def _trace(module: nn.Module) -> torch.fx.GraphModule:
+    """`module`'s own forward as a graph (its class's forward, whatever the instance holds)."""
+    own = module.__dict__.pop("forward", None)
+    try:
+        graph = _OwnCode().trace(module)
+    finally:
+        if own is not None:
+            module.__dict__["forward"] = own
+    return torch.fx.GraphModule(module, graph)
+
+
+def _traced(module: nn.Module) -> tuple[torch.fx.GraphModule | None, str]:
+    """(the graph, "") or (None, why not): untraceable, or a graph that depends on `self.training`."""
+    try:
+        gm = _trace(module)
+        was = module.training
+        module.training = not was
+        try:
+            other = _trace(module)
+        finally:
+            module.training = was
+    except Exception as exc:
+        return None, f"its forward does not trace with torch.fx ({short_error(exc, 200)})"
+    if gm.code != other.code:
+        return None, "its forward differs between train() and eval() (a traced forward would freeze one)"
+    return gm, ""
+
+
+def _location(node: torch.fx.Node, model: nn.Module) -> Location | None:
+    return model_location(parse_stack(node.stack_trace), model) if node.stack_trace else None
+
+
+def _anchor(pattern: Pattern, match: InternalMatch) -> torch.fx.Node | None:
+    for pn, gn in match.nodes_map.items():
+        if isinstance(gn, torch.fx.Node) and target_name(pn) == pattern.anchor and pn.op != "placeholder":
+            return gn
+    return None
+
+
+def _weight_ok(pattern: Pattern, match: InternalMatch, module: nn.Module) -> bool:
+    """A norm's weight that is an attribute of the module must be a 1-D tensor (a 2-D one is no norm
+    weight); a computed weight is left to validation."""
+    if pattern.weight is None:
+        return True
+    node = next((gn for pn, gn in match.nodes_map.items() if pn.op == "placeholder" and pn.target == pattern.weight),
+                None)
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
+        return True
+    try:
+        value = functools.reduce(getattr, str(node.target).split("."), module)
+    except AttributeError:
+        return False
+    return isinstance(value, torch.Tensor) and value.dim() == 1
+
+
+_Key = tuple[str, "str | None", "int | None"]  # (kind, file, line)
+
+
+def _rewrite(module: nn.Module, model: nn.Module, patterns: Sequence[Pattern], accept: set[_Key] | None,
+             found: dict[_Key, tuple[Pattern, Location | None, int]]) -> torch.fx.GraphModule | None:
+    """`module`'s traced forward rewritten with `patterns`, keeping the matches whose (kind, file, line)
+    is in `accept` (None: all), each counted in `found`; None if the forward does not trace."""
+    gm, _ = _traced(module)
+    if gm is None:
+        return None
+    names = {target_name(n) for n in gm.graph.nodes}
+    for p in patterns:
+        if not any(n in names for n in _NEEDS.get(p.family, ())):
+            continue
+
+        def keep(match: InternalMatch, original: torch.fx.Graph, pattern_graph: torch.fx.Graph,
+                 p: Pattern = p) -> bool:
+            anchor = _anchor(p, match)
+            loc = _location(anchor, model) if anchor is not None else None
+            key = (p.kind, loc.file if loc else None, loc.line if loc else None)
+            if (accept is not None and key not in accept) or not _weight_ok(p, match, module):
+                return False
+            _, _, n = found.get(key, (p, loc, 0))
+            found[key] = (p, loc, n + 1)
+            return True
+
+        replace_pattern_with_filters(gm, p.graph, p.replacement, [keep])
+    gm.recompile()
+    return gm
+
+
+def plan(model: nn.Module, patterns: Sequence[Pattern]) -> tuple[list[Site], list[str]]:
+    """(the rewrites `patterns` find in `model`, notes on what could not be looked at). Changes nothing:
+    every rewrite starts "applied" in its record but is installed by `apply`."""
+    sites: list[Site] = []
+    notes: list[str] = []
+    seen: set[int] = set()
+    for path, module in model.named_modules():
+        if id(module) in seen or _ours_or_torch(module):
+            continue
+        seen.add(id(module))
+        found: dict[_Key, tuple[Pattern, Location | None, int]] = {}
+        gm, why = _traced(module)
+        if gm is None:
+            if not path:  # the model's own forward; submodules that do not trace are many and quiet
+                notes.append(f"rewrite: the model's own forward ({type(module).__name__}) not looked at: {why}")
+            continue
+        _rewrite(module, model, patterns, None, found)
+        for (kind, file, line), (p, loc, n) in found.items():
+            where = str(loc) if loc else "(no source line)"
+            record = Rewrite(path, kind, p.family, type(module).__name__, p.what, where, n, "applied",
+                             f"{kind} -> {p.what}")
+            sites.append(Site(path, kind, file, line, record, tuple(patterns)))
+    return sites, notes
+
+
+def _sync(model: nn.Module, paths: Iterable[str], sites: Sequence[Site]) -> None:
+    """Give each module at `paths` the forward holding its sites whose record says "applied" (none: its
+    class's forward)."""
+    for path in dict.fromkeys(paths):
+        module = model.get_submodule(path)
+        active = [s for s in sites if s.path == path and s.record.status == "applied"]
+        module.__dict__.pop("forward", None)
+        if not active:
+            continue
+        gm = _rewrite(module, model, active[0].patterns, {s.key[1:] for s in active}, {})
+        if gm is not None:  # traced in `plan`; a module that stopped tracing keeps its own forward
+            module.forward = types.MethodType(type(gm).forward, module)
+
+
+def apply(model: nn.Module, sites: Sequence[Site], every: Sequence[Site]) -> None:
+    """Mark `sites` applied and install them beside the applied ones among `every` (all planned)."""
+    for s in sites:
+        s.record.status, s.record.detail = "applied", ""
+    _sync(model, [s.path for s in sites], every)
+
+
+def revert(model: nn.Module, sites: Sequence[Site], every: Sequence[Site], detail: str) -> None:
+    """Mark `sites` reverted (with `detail`, the reason) and take them out of the model; the other
+    applied sites of `every` in the same modules stay."""
+    for s in sites:
+        s.record.status, s.record.detail = "reverted", detail
+    _sync(model, [s.path for s in sites], every)
+
+
+__all__ = ["Site", "apply", "plan", "revert"]
