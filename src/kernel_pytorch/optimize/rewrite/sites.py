@@ -35,13 +35,19 @@ from kernel_pytorch.optimize.rewrite.pattern import Pattern, target_name
 _NEEDS = {"norm": ("mean",), "activation": ("silu", "gelu")}
 
 
+# stateless activation modules traced into (`F.silu(x, inplace=False)`), so `self.act_fn(gate) * up`
+# reads as the functional spelling the patterns match (hooks on such a module are not called by a
+# rewritten forward)
+_INLINED = (nn.SiLU, nn.GELU)
+
+
 class _OwnCode(torch.fx.Tracer):
-    """Traces one module's forward only: every child module is one call_module node."""
+    """Traces one module's forward only: every child module is one call_module node, but `_INLINED`."""
 
     record_stack_traces = True
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return True
+        return type(m) not in _INLINED
 
 
 @dataclass
@@ -62,9 +68,10 @@ class Site:
 
 
 def _ours_or_torch(module: nn.Module) -> bool:
-    """Modules whose forward holds no hand-written pattern worth tracing: torch's and ours."""
+    """Modules whose forward holds no hand-written pattern worth tracing: torch's and our drop-ins
+    (our reference models, written in plain torch, are looked at)."""
     name = type(module).__module__
-    return name.startswith(("torch.", "kernel_pytorch."))
+    return name.startswith(("torch.", "kernel_pytorch.")) and not name.startswith("kernel_pytorch.models.")
 
 
 def _trace(module: nn.Module) -> torch.fx.GraphModule:
