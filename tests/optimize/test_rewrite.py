@@ -231,3 +231,19 @@ def test_default_changes_nothing_and_families_select() -> None:
     assert {p.family for p in patterns_of(True)} == set(FAMILIES)
     with pytest.raises(ValueError, match="rewrite: unknown family 'attention'"):
         _optimize(_build(Model), rewrite=["attention"])
+
+
+@pytest.mark.parametrize("kind", ["rms-norm", "gated-act"])
+def test_analyser_fix_says_rewrite_and_runs(kind: str) -> None:
+    from tests.assistant import fusion_zoo as zoo
+
+    cls = zoo.PATTERNS[kind]
+    assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(measure_compile_time=False), device="cpu")
+    (finding,) = analyze_fusion(assistant.context(cls(), zoo.inputs(cls.__name__)))
+    assert "kernel_pytorch.optimize(model, inputs, rewrite=True)" in finding.suggestion
+    torch.manual_seed(0)
+    model, inputs = cls().to(DEV), tuple(t.to(DEV) for t in zoo.inputs(cls.__name__))
+    model, report = kp.optimize(model, inputs, rewrite=True, compile=False)  # the call the fix shows
+    (r,) = report.rewrites
+    assert report.passed and (r.kind, r.status) == (kind, "applied")
+    assert r.location == str(finding.location)

@@ -58,6 +58,15 @@ def _many(n: int) -> str:
     return f" ({n} places)" if n > 1 else ""
 
 
+# the patterns `optimize(rewrite=True)` replaces where they are written (kernel_pytorch.optimize.rewrite:
+# weighted RMSNorms, gated SiLU/GELU), said in those findings' fixes
+_REWRITE = (
+    "Or leave the code as it is: `model, report = kernel_pytorch.optimize(model, inputs, rewrite=True)` "
+    "replaces the pattern where it is written (its common spellings) with the fused op, validated against "
+    "the original and reverted if it fails; `report.rewrites` lists each line it rewrote."
+)
+
+
 def _rms_fix(inst: Instance) -> str:
     d = inst.match.details
     eps = f", eps={d['eps']}" if d.get("eps") is not None else ""
@@ -65,10 +74,11 @@ def _rms_fix(inst: Instance) -> str:
     new = (
         f"{rms.short}({d['hidden']}{eps}{affine})" if rms.available else f"torch.nn.RMSNorm({d['hidden']}{eps}{affine})"
     )
+    applies = f" {_REWRITE}" if d.get("weighted") else ""
     return (
         f"Replace each `{inst.module_type}` with `{new}` (the same `weight`: "
         f"`new.load_state_dict(old.state_dict())`); {rms.named()} runs it as one kernel, forward and backward. "
-        "Inline code: `torch.nn.functional.rms_norm(x, (D,), weight, eps)`."
+        f"Inline code: `torch.nn.functional.rms_norm(x, (D,), weight, eps)`.{applies}"
     )
 
 
@@ -103,7 +113,7 @@ def _act_fix(inst: Instance) -> str:
     comp = component(key)
     if comp.available:
         mlp = component("gated_mlp").short
-        return f"`{comp.short}(gate, up)` in place of `{act}(gate) * up` (or `{mlp}.from_module(mlp)`)."
+        return f"`{comp.short}(gate, up)` in place of `{act}(gate) * up` (or `{mlp}.from_module(mlp)`). {_REWRITE}"
     return (
         f"`model = torch.compile(model)` fuses `{act}(gate) * up` today; {comp.named()} also recomputes "
         f"{act} in the backward instead of saving it ({component('gated_mlp').named()} wraps the whole MLP)."
