@@ -9,13 +9,16 @@ input dtype, then the product), so the replacement computes the same function.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
+import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import Tensor
 
 from kernel_pytorch import functional as kp_functional
+from kernel_pytorch.functional._dispatch import KERNEL_DTYPES
 from kernel_pytorch.optimize.rewrite.pattern import Pattern
 
 
@@ -37,6 +40,21 @@ def kp_geglu_tanh(gate: Tensor, up: Tensor) -> Tensor:
 torch.fx.wrap("kp_swiglu")
 torch.fx.wrap("kp_geglu")
 torch.fx.wrap("kp_geglu_tanh")
+
+
+def fits(values: Mapping[str, Any]) -> bool:
+    """Whether our op takes these example values: gate and up of one shape, dtype (a kernel dtype) and device."""
+    gate, up = values.get("gate"), values.get("up")
+    return (isinstance(gate, Tensor) and isinstance(up, Tensor) and gate.shape == up.shape and gate.dim() >= 1
+            and gate.dtype == up.dtype and gate.dtype in KERNEL_DTYPES and gate.device == up.device
+            and gate.device.type in ("cuda", "cpu"))
+
+
+def _op(act: str) -> Callable[[Tensor, Tensor], Tensor]:
+    """The replacement as the registered op (Pattern.op)."""
+    def op(gate: Tensor, up: Tensor) -> Tensor:
+        return torch.ops.kernel_pytorch.gated_act_fwd(gate, up, act, 1.0)
+    return op
 
 
 def _swiglu(gate: Tensor, up: Tensor) -> Tensor:
@@ -71,11 +89,13 @@ ACTIVATION_PATTERNS = tuple(
         family="activation",
         search=_search(act, left),
         replace=replace,
+        op=_op(name),
         anchor="mul",
         what=f"kernel_pytorch.functional.gated_act(activation={name!r})",
+        fits=fits,
     )
     for name, (act, replace) in _ACTS.items()
     for left in (True, False)
 )
 
-__all__ = ["ACTIVATION_PATTERNS", "kp_geglu", "kp_geglu_tanh", "kp_swiglu"]
+__all__ = ["ACTIVATION_PATTERNS", "fits", "kp_geglu", "kp_geglu_tanh", "kp_swiglu"]

@@ -10,7 +10,7 @@ operators with the same constants; its arguments (placeholders) match any value,
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,12 @@ class Pattern:
         weight: the search argument that must be a 1-D parameter or buffer when it is one (a 2-D
             attribute is no norm weight); None: no such argument.
         what: the report's words for the replacement.
+        op: the replacement as the registered op itself, for graphs torch.compile traces on (the
+            functional layer picks its path in eager Python, which a compiled graph has left).
+        fits: on the example values of the search arguments (a compiled graph's node metadata), whether
+            the op takes them (shapes, dtypes); in a graph without example values validation judges.
+        dtype: the search argument that is a dtype literal (`.to(torch.bfloat16)`, as Dynamo folds
+            `.to(x.dtype)`): matched only where it is x's own dtype, read from the example values.
     """
 
     name: str
@@ -40,9 +46,12 @@ class Pattern:
     family: str
     search: Callable[..., Any]
     replace: Callable[..., Any]
+    op: Callable[..., Any]
     anchor: str
     what: str
+    fits: Callable[[Mapping[str, Any]], bool]
     weight: str | None = None
+    dtype: str | None = None
 
     @functools.cached_property
     def graph(self) -> torch.fx.Graph:
@@ -54,6 +63,16 @@ class Pattern:
         """The replacement function, traced once (our call is one node: `torch.fx.wrap`)."""
         return torch.fx.symbolic_trace(self.replace).graph
 
+    @functools.cached_property
+    def op_replacement(self) -> torch.fx.Graph:
+        """The registered-op replacement, traced once (the ops must be registered: `kernels_ready()`)."""
+        return torch.fx.symbolic_trace(self.op).graph
+
+    @functools.cached_property
+    def calls(self) -> frozenset[str]:
+        """The names the search graph calls: a graph lacking one cannot match."""
+        return frozenset(target_name(n) for n in self.graph.nodes) - {""}
+
 
 def target_name(node: torch.fx.Node) -> str:
     """The name a node calls: a method's name, a function's `__name__`, "" for other nodes."""
@@ -64,4 +83,25 @@ def target_name(node: torch.fx.Node) -> str:
     return ""
 
 
-__all__ = ["Pattern", "target_name"]
+def arguments(match: Any) -> dict[str, Any]:
+    """The search arguments a match bound (an `InternalMatch`): name -> graph node or literal."""
+    return {pn.target: gn for pn, gn in match.nodes_map.items() if pn.op == "placeholder"}
+
+
+def example(value: Any) -> Any:
+    """A bound argument's example value: a node's `example_value` (Dynamo) or `val` (after it) metadata,
+    a literal as itself; None for a node without one (a graph `torch.fx.symbolic_trace` made)."""
+    if isinstance(value, torch.fx.Node):
+        return value.meta.get("example_value", value.meta.get("val"))
+    return value
+
+
+def dtype_ok(pattern: Pattern, bound: Mapping[str, Any]) -> bool:
+    """For a pattern with a dtype literal: whether it is x's own dtype (known only from example values)."""
+    if pattern.dtype is None:
+        return True
+    x = example(bound.get("x"))
+    return isinstance(x, torch.Tensor) and bound.get(pattern.dtype) == x.dtype
+
+
+__all__ = ["Pattern", "arguments", "dtype_ok", "example", "target_name"]

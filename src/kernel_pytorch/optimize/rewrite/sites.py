@@ -29,11 +29,7 @@ from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.findings import Location
 from kernel_pytorch.assistant.locate import model_location, parse_stack
 from kernel_pytorch.optimize.report import Rewrite
-from kernel_pytorch.optimize.rewrite.pattern import Pattern, target_name
-
-# the calls a family's patterns need in a graph before they are tried
-_NEEDS = {"norm": ("mean",), "activation": ("silu", "gelu")}
-
+from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok, target_name
 
 # stateless activation modules traced into (`F.silu(x, inplace=False)`), so `self.act_fn(gate) * up`
 # reads as the functional spelling the patterns match (hooks on such a module are not called by a
@@ -141,7 +137,7 @@ def _rewrite(module: nn.Module, model: nn.Module, patterns: Sequence[Pattern], a
         return None
     names = {target_name(n) for n in gm.graph.nodes}
     for p in patterns:
-        if not any(n in names for n in _NEEDS.get(p.family, ())):
+        if not p.calls <= names:
             continue
 
         def keep(match: InternalMatch, original: torch.fx.Graph, pattern_graph: torch.fx.Graph,
@@ -150,6 +146,8 @@ def _rewrite(module: nn.Module, model: nn.Module, patterns: Sequence[Pattern], a
             loc = _location(anchor, model) if anchor is not None else None
             key = (p.kind, loc.file if loc else None, loc.line if loc else None)
             if (accept is not None and key not in accept) or not _weight_ok(p, match, module):
+                return False
+            if not dtype_ok(p, arguments(match)):
                 return False
             _, _, n = found.get(key, (p, loc, 0))
             found[key] = (p, loc, n + 1)
