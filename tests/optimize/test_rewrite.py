@@ -247,3 +247,33 @@ def test_analyser_fix_says_rewrite_and_runs(kind: str) -> None:
     (r,) = report.rewrites
     assert report.passed and (r.kind, r.status) == (kind, "applied")
     assert r.location == str(finding.location)
+
+
+def test_inductor_pass_puts_our_ops_in_the_compiled_graph() -> None:
+    """A model compiled without optimize(): the pre-grad pass rewrites Dynamo's graph to our ops (which
+    AOT autograd then traces through: their CPU bodies here, their Triton kernels on CUDA); forward and
+    backward match eager."""
+    from kernel_pytorch.optimize.rewrite.compiled import inductor_options
+
+    rewrite = inductor_options()["pre_grad_custom_pass"]
+    rewritten: set[str] = set()
+
+    def pre_grad(graph: torch.fx.Graph) -> None:
+        rewrite(graph)
+        rewritten.update(str(n.target) for n in graph.nodes if n.op == "call_function")
+
+    torch._dynamo.reset()
+    model, original = _build(Model), _build(Model)
+    x = get_inputs()[0]
+    y = torch.compile(model, options={"pre_grad_custom_pass": pre_grad})(x)
+    expected = original(x)
+    _close(y, expected)
+    y.sum().backward()
+    expected.sum().backward()
+    for (name, pa), (_, pb) in zip(model.named_parameters(), original.named_parameters()):
+        assert pa.grad is not None, name
+        _close(pa.grad, pb.grad)
+    assert rewrite.counts == {"rms-norm": 3, "gated-act": 2}
+    assert any("kernel_pytorch.rms_norm_fwd" in t for t in rewritten)
+    assert any("kernel_pytorch.gated_act_fwd" in t for t in rewritten)
+    assert not any(t.endswith(("rsqrt", "sqrt", "silu")) for t in rewritten)
