@@ -10,7 +10,8 @@ assigns to a third-party class or module attribute (STYLE rule 5).
 
 Parts: `core.py` (the function), `options.py` (`CompileOptions`; validation takes
 `kernel_pytorch.validation.ValidationOptions`), `rules/` (one file per component family), `swap.py`
-(finding and swapping instances), `compile.py` (regional compilation and the order of the compile
+(finding and swapping instances), `rewrite/` (hand-written patterns in forwards replaced by our ops,
+`rewrite=True`), `compile.py` (regional compilation and the order of the compile
 steps), `dynamic.py` (mark_dynamic from several shapes), `compile_steps.py` (channels_last, CUDA graphs,
 TF32), `report.py` (what it returns).
 
