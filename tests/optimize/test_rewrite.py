@@ -100,6 +100,22 @@ class Broadcast(nn.Module):
         return F.silu(self.norm(x)) * self.scale  # AT:broadcast
 
 
+class GemmAddReLU(nn.Module):
+    """KernelBench level-2 style: a GEMM, a bias added apart, an activation; and a residual ReLU of two
+    activations, which is no bias add and stays."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gemm = nn.Linear(D, D, bias=False)
+        self.bias = nn.Parameter(torch.randn(D))
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.gemm(x)
+        y = y + self.bias
+        y = torch.relu(y)  # AT:bias-relu
+        return F.gelu(y + x)
+
+
 class NoPattern(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -205,6 +221,16 @@ def test_other_spellings_geglu() -> None:
     assert "gelu_tanh" in r.after and report.passed
 
 
+def test_bias_activation_rewritten_residual_left() -> None:
+    model, report = _optimize(_build(GemmAddReLU))
+    (r,) = report.rewrites
+    assert (r.kind, r.status, int(r.location.rsplit(":", 1)[1])) == ("bias-act", "applied", _line("bias-relu"))
+    assert "bias_act(activation='relu')" in r.after and report.passed
+    assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(measure_compile_time=False), device="cpu")
+    findings = analyze_fusion(assistant.context(_build(GemmAddReLU).cpu(), (torch.randn(B, T, D),)))
+    assert [(f.id, f.location.line) for f in findings] == [("fusion.bias-act", _line("bias-relu"))]
+
+
 def test_failing_rewrite_reverted_alone_with_its_reason() -> None:
     model, report = _optimize(_build(Broadcast))
     by_kind = {r.kind: r for r in report.rewrites}
@@ -233,7 +259,7 @@ def test_default_changes_nothing_and_families_select() -> None:
         _optimize(_build(Model), rewrite=["attention"])
 
 
-@pytest.mark.parametrize("kind", ["rms-norm", "gated-act"])
+@pytest.mark.parametrize("kind", ["rms-norm", "gated-act", "bias-act"])
 def test_analyser_fix_says_rewrite_and_runs(kind: str) -> None:
     from tests.assistant import fusion_zoo as zoo
 

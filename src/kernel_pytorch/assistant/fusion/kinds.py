@@ -59,7 +59,7 @@ def _many(n: int) -> str:
 
 
 # the patterns `optimize(rewrite=True)` replaces where they are written (kernel_pytorch.optimize.rewrite:
-# weighted RMSNorms, gated SiLU/GELU), said in those findings' fixes
+# weighted RMSNorms, gated SiLU/GELU, a parameter bias before an activation), said in those findings' fixes
 _REWRITE = (
     "Or leave the code as it is: `model, report = kernel_pytorch.optimize(model, inputs, rewrite=True)` "
     "replaces the pattern where it is written (its common spellings) with the fused op, validated against "
@@ -153,9 +153,10 @@ def _bias_fix(inst: Instance) -> str:
     if inst.match.details.get("linear_without_bias"):
         return (
             f"Give the Linear its bias (`nn.Linear(in_features, out_features, bias=True)`): the GEMM adds it in "
-            f"its epilogue and `{act}` runs alone; {component('bias_act').named()} fuses bias and {act} too."
+            f"its epilogue and `{act}` runs alone; {component('bias_act').named()} fuses bias and {act} too. "
+            f"{_REWRITE}"
         )
-    return _pending("bias_act", f"`model = torch.compile(model)` fuses the bias add into `{act}` today")
+    return f"{_pending('bias_act', f'`model = torch.compile(model)` fuses the bias add into `{act}` today')} {_REWRITE}"
 
 
 COMPONENT = {

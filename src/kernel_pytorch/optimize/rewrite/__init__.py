@@ -1,5 +1,5 @@
 """Graph rewrites: hand-written patterns the analyser's fusion findings name (an RMSNorm in plain torch
-ops, `silu(gate) * up`) replaced in a module's traced forward by our registered ops, through
+ops, `silu(gate) * up`, `gelu(x + bias)`) replaced in a module's traced forward by our registered ops, through
 `kernel_pytorch.functional` (so eager, autograd and torch.compile all run them).
 
 `optimize(model, inputs, rewrite=True)` plans them (`sites.plan`), installs them, validates the model
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kernel_pytorch.optimize.rewrite.activation import ACTIVATION_PATTERNS
+from kernel_pytorch.optimize.rewrite.activation import ACTIVATION_PATTERNS, BIAS_ACT_PATTERNS
 from kernel_pytorch.optimize.rewrite.norm import NORM_PATTERNS
 from kernel_pytorch.optimize.rewrite.pattern import Pattern
 
@@ -25,7 +25,7 @@ FAMILIES = ("norm", "activation")
 
 def patterns_of(families: bool | str | Iterable[str]) -> tuple[Pattern, ...]:
     """The patterns of `families`: True (all), False (none), a family name or names (`FAMILIES`)."""
-    every = (*NORM_PATTERNS, *ACTIVATION_PATTERNS)
+    every = (*NORM_PATTERNS, *ACTIVATION_PATTERNS, *BIAS_ACT_PATTERNS)  # gated before bias-act: silu(g + b) * up
     if families is True:
         return every
     if families is False or families is None:

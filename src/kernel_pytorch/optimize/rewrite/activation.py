@@ -1,10 +1,13 @@
-"""Activation family rewrites: a gated activation written out -> `kernel_pytorch.functional.gated_act`.
+"""Activation family rewrites: a gated activation written out -> `kernel_pytorch.functional.gated_act`,
+and a bias added before an activation -> `kernel_pytorch.functional.bias_act`.
 
     h = act(gate) * up        gate, up: (..., I) of one shape and dtype; act SiLU, GELU or GELU-tanh
+    y = act(x + bias)         x: (..., D), bias: (D,) of x's dtype; act SiLU, GELU, GELU-tanh or ReLU
 
 Spellings covered: `torch.nn.functional.silu(gate)`, `F.gelu(gate)`, `F.gelu(gate, approximate="tanh")`,
-on either side of the multiply. Both round as Hugging Face's MLPs do (the activation rounded to the
-input dtype, then the product), so the replacement computes the same function.
+on either side of the multiply; `F.silu`, `F.gelu` (both forms), `F.relu` or `torch.relu` of `x + bias`
+or `bias + x`. Both round as the written code does (the sum, then the activation, each rounded to the
+input dtype; the product likewise), so the replacement computes the same function.
 """
 
 from __future__ import annotations
@@ -40,6 +43,30 @@ def kp_geglu_tanh(gate: Tensor, up: Tensor) -> Tensor:
 torch.fx.wrap("kp_swiglu")
 torch.fx.wrap("kp_geglu")
 torch.fx.wrap("kp_geglu_tanh")
+
+
+def kp_bias_silu(x: Tensor, bias: Tensor) -> Tensor:
+    """silu(x + bias), ours (one node in a rewritten graph)."""
+    return kp_functional.bias_act(x, bias, "silu")
+
+
+def kp_bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
+    """gelu(x + bias), ours (one node in a rewritten graph)."""
+    return kp_functional.bias_act(x, bias, "gelu")
+
+
+def kp_bias_gelu_tanh(x: Tensor, bias: Tensor) -> Tensor:
+    """gelu(x + bias, approximate="tanh"), ours (one node in a rewritten graph)."""
+    return kp_functional.bias_act(x, bias, "gelu_tanh")
+
+
+def kp_bias_relu(x: Tensor, bias: Tensor) -> Tensor:
+    """relu(x + bias), ours (one node in a rewritten graph)."""
+    return kp_functional.bias_act(x, bias, "relu")
+
+
+for _name in ("kp_bias_silu", "kp_bias_gelu", "kp_bias_gelu_tanh", "kp_bias_relu"):
+    torch.fx.wrap(_name)
 
 
 def fits(values: Mapping[str, Any]) -> bool:
@@ -98,4 +125,65 @@ ACTIVATION_PATTERNS = tuple(
     for left in (True, False)
 )
 
-__all__ = ["ACTIVATION_PATTERNS", "fits", "kp_geglu", "kp_geglu_tanh", "kp_swiglu"]
+def bias_fits(values: Mapping[str, Any]) -> bool:
+    """Whether our op takes these example values: x (..., D) of a kernel dtype, bias (D,) of x's dtype and device."""
+    x, bias = values.get("x"), values.get("bias")
+    return (isinstance(x, Tensor) and isinstance(bias, Tensor) and x.dim() >= 2 and bias.dim() == 1
+            and bias.shape[0] == x.shape[-1] and x.dtype == bias.dtype and x.dtype in KERNEL_DTYPES
+            and x.device == bias.device and x.device.type in ("cuda", "cpu"))
+
+
+def _bias_replace(act: str) -> Callable[[Tensor, Tensor], Tensor]:
+    # by their global names, which torch.fx.wrap patches while a replacement is traced
+    def replace(x: Tensor, bias: Tensor) -> Tensor:
+        if act == "silu":
+            return kp_bias_silu(x, bias)
+        if act == "gelu":
+            return kp_bias_gelu(x, bias)
+        if act == "gelu_tanh":
+            return kp_bias_gelu_tanh(x, bias)
+        return kp_bias_relu(x, bias)
+    return replace
+
+
+def _bias_op(act: str) -> Callable[[Tensor, Tensor], Tensor]:
+    def op(x: Tensor, bias: Tensor) -> Tensor:
+        return torch.ops.kernel_pytorch.bias_act_fwd(x, bias, act)
+    return op
+
+
+# (our activation name, the call's name as the graph shows it, the spelling)
+_BIAS_ACTS: tuple[tuple[str, str, Callable[[Tensor], Tensor]], ...] = (
+    ("silu", "silu", lambda v: F.silu(v)),
+    ("gelu", "gelu", lambda v: F.gelu(v)),
+    ("gelu_tanh", "gelu", lambda v: F.gelu(v, approximate="tanh")),
+    ("relu", "relu", lambda v: F.relu(v)),
+    ("relu", "relu", lambda v: torch.relu(v)),
+)
+
+
+def _bias_search(act: Callable[[Tensor], Tensor], x_first: bool) -> Callable[[Tensor, Tensor], Tensor]:
+    def search(x: Tensor, bias: Tensor) -> Tensor:
+        return act(x + bias) if x_first else act(bias + x)
+    return search
+
+
+BIAS_ACT_PATTERNS = tuple(
+    Pattern(
+        name=f"bias_act.{name}.{i}.{'x_first' if x_first else 'bias_first'}",
+        kind="bias-act",
+        family="activation",
+        search=_bias_search(act, x_first),
+        replace=_bias_replace(name),
+        op=_bias_op(name),
+        anchor=call,
+        what=f"kernel_pytorch.functional.bias_act(activation={name!r})",
+        fits=bias_fits,
+        weight="bias",
+    )
+    for i, (name, call, act) in enumerate(_BIAS_ACTS)
+    for x_first in (True, False)
+)
+
+__all__ = ["ACTIVATION_PATTERNS", "BIAS_ACT_PATTERNS", "bias_fits", "fits", "kp_bias_gelu", "kp_bias_gelu_tanh",
+           "kp_bias_relu", "kp_bias_silu", "kp_geglu", "kp_geglu_tanh", "kp_swiglu"]

@@ -30,8 +30,8 @@ class Pattern:
         replace: the same inputs to our call (a function `torch.fx.wrap` keeps as one node).
         anchor: the method or function name of the node that locates a match (the analyser's anchor:
             `mean` for a norm, the final multiply for a gated activation).
-        weight: the search argument that must be a 1-D parameter or buffer when it is one (a 2-D
-            attribute is no norm weight); None: no such argument.
+        weight: the search argument that must be a 1-D parameter or buffer of the module in a graph
+            without shapes (a norm's weight, an activation's bias); None: no such argument.
         what: the report's words for the replacement.
         op: the replacement as the registered op itself, for graphs torch.compile traces on (the
             functional layer picks its path in eager Python, which a compiled graph has left).

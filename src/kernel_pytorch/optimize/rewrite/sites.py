@@ -34,7 +34,7 @@ from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok
 # stateless activation modules traced into (`F.silu(x, inplace=False)`), so `self.act_fn(gate) * up`
 # reads as the functional spelling the patterns match (hooks on such a module are not called by a
 # rewritten forward)
-_INLINED = (nn.SiLU, nn.GELU)
+_INLINED = (nn.SiLU, nn.GELU, nn.ReLU)
 
 
 class _OwnCode(torch.fx.Tracer):
@@ -110,14 +110,13 @@ def _anchor(pattern: Pattern, match: InternalMatch) -> torch.fx.Node | None:
 
 
 def _weight_ok(pattern: Pattern, match: InternalMatch, module: nn.Module) -> bool:
-    """A norm's weight that is an attribute of the module must be a 1-D tensor (a 2-D one is no norm
-    weight); a computed weight is left to validation."""
+    """A norm's weight or an activation's bias must be a 1-D parameter or buffer of the module: a traced
+    graph has no shapes, and a residual `relu(x + y)` reads as a bias add otherwise."""
     if pattern.weight is None:
         return True
-    node = next((gn for pn, gn in match.nodes_map.items() if pn.op == "placeholder" and pn.target == pattern.weight),
-                None)
+    node = arguments(match).get(pattern.weight)
     if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
-        return True
+        return False
     try:
         value = functools.reduce(getattr, str(node.target).split("."), module)
     except AttributeError:
