@@ -303,3 +303,21 @@ def test_inductor_pass_puts_our_ops_in_the_compiled_graph() -> None:
     assert any("kernel_pytorch.rms_norm_fwd" in t for t in rewritten)
     assert any("kernel_pytorch.gated_act_fwd" in t for t in rewritten)
     assert not any(t.endswith(("rsqrt", "sqrt", "silu")) for t in rewritten)
+
+
+def test_hugging_face_llama_norms_and_mlp_rewritten_in_place() -> None:
+    """Without the module rules, the rewrites alone reach transformers' LlamaRMSNorm and LlamaMLP (its
+    ACT2FN SiLU module traced into), at the lines of modeling_llama.py, validated with the loss."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    llama = transformers.LlamaForCausalLM(config).to(DEV).eval()
+    ids = torch.randint(0, 64, (2, 6), device=DEV)
+    llama, report = optimize(llama, {"input_ids": ids, "labels": ids}, components=False, compile=False,
+                             rewrite=True)
+    assert report.passed and report.changes == []
+    kinds = sorted((r.kind, r.path) for r in report.rewrites if r.status == "applied")
+    assert kinds == [("gated-act", "model.layers.0.mlp"), ("rms-norm", "model.layers.0.input_layernorm"),
+                     ("rms-norm", "model.layers.0.post_attention_layernorm"), ("rms-norm", "model.norm")]
+    assert all("modeling_llama.py:" in r.location for r in report.rewrites)

@@ -33,17 +33,25 @@ from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok
 
 # stateless activation modules traced into (`F.silu(x, inplace=False)`), so `self.act_fn(gate) * up`
 # reads as the functional spelling the patterns match (hooks on such a module are not called by a
-# rewritten forward)
+# rewritten forward): torch's, and transformers' ACT2FN classes (SiLUActivation, GELUActivation ...)
 _INLINED = (nn.SiLU, nn.GELU, nn.ReLU)
+_ACTIVATION_MODULES = "transformers.activations"
+
+
+def _inlined(m: nn.Module) -> bool:
+    if type(m) in _INLINED:
+        return True
+    stateless = next(m.parameters(), None) is None and next(m.buffers(), None) is None
+    return type(m).__module__ == _ACTIVATION_MODULES and stateless and next(m.children(), None) is None
 
 
 class _OwnCode(torch.fx.Tracer):
-    """Traces one module's forward only: every child module is one call_module node, but `_INLINED`."""
+    """Traces one module's forward only: every child module is one call_module node, but activations."""
 
     record_stack_traces = True
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return type(m) not in _INLINED
+        return not _inlined(m)
 
 
 @dataclass
