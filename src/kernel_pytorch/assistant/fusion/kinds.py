@@ -59,7 +59,8 @@ def _many(n: int) -> str:
 
 
 # the patterns `optimize(rewrite=True)` replaces where they are written (kernel_pytorch.optimize.rewrite:
-# weighted RMSNorms, gated SiLU/GELU, a parameter bias before an activation), said in those findings' fixes
+# weighted RMSNorms and the residual add before one, gated SiLU/GELU, a parameter bias before an
+# activation), said in those findings' fixes
 _REWRITE = (
     "Or leave the code as it is: `model, report = kernel_pytorch.optimize(model, inputs, rewrite=True)` "
     "replaces the pattern where it is written (its common spellings) with the fused op, validated against "
@@ -242,7 +243,7 @@ KINDS: dict[str, Kind] = {
             f"`hidden, residual = {component('add_rms_norm').short}({i.match.details['hidden']}"
             + (f", eps={i.match.details['eps']}" if i.match.details.get("eps") is not None else "")
             + f")(hidden, residual)` in place of the add and the norm ({component('add_rms_norm').named()}; "
-            "same `weight` as the norm it replaces)."
+            f"same `weight` as the norm it replaces). {_REWRITE}"
         ),
         compiles_away=True,
     ),

@@ -19,10 +19,13 @@ from typing import Any
 
 import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.fx.passes.utils.matcher_utils import InternalMatch
 from torch.fx.subgraph_rewriter import replace_pattern_with_filters
 
 from kernel_pytorch._env import log_once
+from kernel_pytorch._errors import short_error
 from kernel_pytorch.functional._dispatch import kernels_ready
 from kernel_pytorch.optimize.rewrite import patterns_of
 from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok, example, target_name
@@ -54,6 +57,7 @@ class RewritePass(CustomGraphPass):
                 done = replace_pattern_with_filters(gm, p.graph, p.op_replacement, [_fits(p)])
                 if done:
                     self.counts[p.kind] = self.counts.get(p.kind, 0) + len(done)
+                    _refresh_examples(gm)
 
     def uuid(self) -> Any:
         """Inductor's cache key for this pass: the rewrite package's source and the patterns chosen."""
@@ -62,6 +66,20 @@ class RewritePass(CustomGraphPass):
             digest.update(file.read_bytes())
         digest.update(",".join(p.name for p in self.patterns).encode())
         return digest.hexdigest()
+
+
+def _refresh_examples(gm: torch.fx.GraphModule) -> None:
+    """Example values for the nodes a replacement made (`val`, from the placeholders' fake tensors), so a
+    later pattern can judge a match that reads them (a residual stream our add + norm wrote). Where the
+    graph cannot be propagated, those nodes stay without, and matches reading them are not made."""
+    inputs = [example(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    mode = next((v.fake_mode for v in inputs if isinstance(v, FakeTensor)), None)
+    if mode is None or any(v is None for v in inputs):
+        return
+    try:
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)
+    except Exception as exc:  # a graph FakeTensorProp cannot run: the later matches are judged without
+        log_once(f"kernel_pytorch rewrite pass: example values not refreshed ({short_error(exc, 200)})")
 
 
 def _fits(p: Pattern) -> Any:

@@ -76,22 +76,22 @@ def fits(values: Mapping[str, Any]) -> bool:
             and weight.dim() == 1 and weight.shape[0] == x.shape[-1] and weight.device == x.device)
 
 
-_SQUARES: dict[str, Callable[[Tensor], Tensor]] = {
+SQUARES: dict[str, Callable[[Tensor], Tensor]] = {
     "pow": lambda h: h.pow(2),
     "starstar": lambda h: h ** 2,
     "mul": lambda h: h * h,
 }
-_MEANS: dict[str, Callable[[Tensor], Tensor]] = {
+MEANS: dict[str, Callable[[Tensor], Tensor]] = {
     "mean": lambda s: s.mean(-1, keepdim=True),
     "mean_dim": lambda s: s.mean(dim=-1, keepdim=True),
     "torch_mean": lambda s: torch.mean(s, dim=-1, keepdim=True),
 }
-_ROOTS: dict[str, Callable[[Tensor, Tensor, Any], Tensor]] = {
+ROOTS: dict[str, Callable[[Tensor, Tensor, Any], Tensor]] = {
     "rsqrt": lambda h, v, eps: h * torch.rsqrt(v + eps),
     "sqrt": lambda h, v, eps: h / torch.sqrt(v + eps),
 }
 # (cast in, cast back): back to x.dtype as written, or to a dtype literal (Dynamo folds x.dtype)
-_CASTS: dict[str, tuple[Callable[[Tensor], Tensor], bool] | None] = {
+CASTS: dict[str, tuple[Callable[[Tensor], Tensor], bool] | None] = {
     "none": None,
     "to": (lambda x: x.to(torch.float32), False),
     "float": (lambda x: x.float(), False),
@@ -100,9 +100,9 @@ _CASTS: dict[str, tuple[Callable[[Tensor], Tensor], bool] | None] = {
 }
 
 
-def _search(square: Callable, mean: Callable, root: Callable, cast: Callable | None, literal: bool,
+def search_function(square: Callable, mean: Callable, root: Callable, cast: Callable | None, literal: bool,
             left: bool) -> Callable:
-    """The search function of one spelling."""
+    """The search function of one spelling: (x, weight, eps[, dtype]) -> y."""
     if cast is None:
         def search(x: Tensor, weight: Tensor, eps: Any) -> Tensor:
             y = root(x, mean(square(x)), eps)
@@ -124,7 +124,7 @@ def _search(square: Callable, mean: Callable, root: Callable, cast: Callable | N
 def _patterns() -> tuple[Pattern, ...]:
     out = []
     for (sq, square), (mn, mean), (rt, root), (cs, cast), left in itertools.product(
-        _SQUARES.items(), _MEANS.items(), _ROOTS.items(), _CASTS.items(), (True, False)
+        SQUARES.items(), MEANS.items(), ROOTS.items(), CASTS.items(), (True, False)
     ):
         casting = "none" if cast is None else "llama"
         literal = cast is not None and cast[1]
@@ -133,7 +133,7 @@ def _patterns() -> tuple[Pattern, ...]:
             name=f"rms_norm.{cs}.{sq}.{mn}.{rt}.{side}",
             kind="rms-norm",
             family="norm",
-            search=_search(square, mean, root, cast[0] if cast else None, literal, left),
+            search=search_function(square, mean, root, cast[0] if cast else None, literal, left),
             replace=_replace(casting, literal),
             op=_op(casting, literal),
             anchor="mean",
@@ -147,4 +147,5 @@ def _patterns() -> tuple[Pattern, ...]:
 
 NORM_PATTERNS = _patterns()
 
-__all__ = ["NORM_PATTERNS", "fits", "kp_rms_norm_llama", "kp_rms_norm_none"]
+__all__ = ["CASTS", "MEANS", "NORM_PATTERNS", "ROOTS", "SQUARES", "fits", "kp_rms_norm_llama", "kp_rms_norm_none",
+           "search_function"]

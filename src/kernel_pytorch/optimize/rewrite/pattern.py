@@ -28,8 +28,8 @@ class Pattern:
         family: the family name of every layer ("norm", "activation"), as `optimize(rewrite=...)` takes it.
         search: the plain-torch spelling, a function of the pattern's inputs.
         replace: the same inputs to our call (a function `torch.fx.wrap` keeps as one node).
-        anchor: the method or function name of the node that locates a match (the analyser's anchor:
-            `mean` for a norm, the final multiply for a gated activation).
+        anchor: the name of the search graph's node that locates a match, the analyser's anchor (`mean`
+            for a norm, `add` for the residual add before one, `mul` for a gated activation's multiply).
         weight: the search argument that must be a 1-D parameter or buffer of the module in a graph
             without shapes (a norm's weight, an activation's bias); None: no such argument.
         what: the report's words for the replacement.

@@ -86,6 +86,12 @@ def _trace(module: nn.Module) -> torch.fx.GraphModule:
     finally:
         if own is not None:
             module.__dict__["forward"] = own
+    # attribute reads first (they take no inputs): a replacement with several outputs goes where the
+    # first of them was, which may precede the read of a weight it takes
+    first = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    for node in [n for n in graph.nodes if n.op == "get_attr"]:
+        if first is not None and node is not first:
+            first.prepend(node)
     return torch.fx.GraphModule(module, graph)
 
 
@@ -112,7 +118,7 @@ def _location(node: torch.fx.Node, model: nn.Module) -> Location | None:
 
 def _anchor(pattern: Pattern, match: InternalMatch) -> torch.fx.Node | None:
     for pn, gn in match.nodes_map.items():
-        if isinstance(gn, torch.fx.Node) and target_name(pn) == pattern.anchor and pn.op != "placeholder":
+        if isinstance(gn, torch.fx.Node) and pn.name == pattern.anchor and pn.op != "placeholder":
             return gn
     return None
 
