@@ -253,6 +253,32 @@ def test_model_without_patterns_untouched() -> None:
     assert all("forward" not in vars(m) for m in model.modules())
 
 
+class TrainOnly(nn.Module):
+    """A forward that reads `self.training`: a traced forward would freeze one branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = LlamaStyleNorm()
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.dropout(x, 0.1, self.training)
+        v = x.pow(2).mean(-1, keepdim=True)
+        return self.norm.weight * (x * torch.rsqrt(v + 1e-6))
+
+
+def test_forwards_that_cannot_be_frozen_are_left_alone() -> None:
+    model, report = _optimize(_build(TrainOnly).eval())
+    # the child norm is rewritten; the model's own forward differs between train() and eval()
+    assert [(r.kind, r.path) for r in report.rewrites] == [("rms-norm", "norm")]
+    assert any("differs between train() and eval()" in n for n in report.notes) and "forward" not in vars(model)
+    wrapped = _build(Model)
+    own = wrapped.norms[0].forward
+    wrapped.norms[0].forward = lambda x: own(x)  # a hook library's wrapper on the instance
+    wrapped, report = _optimize(wrapped)
+    assert "norms.0" not in {r.path for r in report.rewrites} and report.passed
+    assert callable(vars(wrapped.norms[0])["forward"]) and vars(wrapped.norms[0])["forward"].__name__ == "<lambda>"
+
+
 def test_default_changes_nothing_and_families_select() -> None:
     model, report = _optimize(_build(Model), rewrite=False)
     assert report.rewrites == [] and all("forward" not in vars(m) for m in model.modules())

@@ -2,7 +2,8 @@
 code is rewritten where it is written), match the patterns, and give the module instance a forward
 made from the rewritten graph. Nothing here edits a class: the new forward is an attribute of the
 instance, bound to it (its children, parameters and buffers are the module's own, so a later swap of a
-child is seen), and a revert deletes it.
+child is seen), and a revert deletes it. A module whose instance already holds a forward of its own (a
+hook library's wrapper) is not looked at.
 
 A rewrite (`Site`) is one pattern kind at one source line of one module's forward (every match there:
 a line in a loop runs several times). Applying a set of sites re-traces each module involved and keeps
@@ -141,13 +142,10 @@ def _weight_ok(pattern: Pattern, match: InternalMatch, module: nn.Module) -> boo
 _Key = tuple[str, "str | None", "int | None"]  # (kind, file, line)
 
 
-def _rewrite(module: nn.Module, model: nn.Module, patterns: Sequence[Pattern], accept: set[_Key] | None,
-             found: dict[_Key, tuple[Pattern, Location | None, int]]) -> torch.fx.GraphModule | None:
-    """`module`'s traced forward rewritten with `patterns`, keeping the matches whose (kind, file, line)
-    is in `accept` (None: all), each counted in `found`; None if the forward does not trace."""
-    gm, _ = _traced(module)
-    if gm is None:
-        return None
+def _rewrite(gm: torch.fx.GraphModule, module: nn.Module, model: nn.Module, patterns: Sequence[Pattern],
+             accept: set[_Key] | None, found: dict[_Key, tuple[Pattern, Location | None, int]]) -> None:
+    """Rewrite `gm`, `module`'s traced forward, with `patterns`, keeping the matches whose (kind, file,
+    line) is in `accept` (None: all), each counted in `found`."""
     names = {target_name(n) for n in gm.graph.nodes}
     for p in patterns:
         if not p.calls <= names:
@@ -168,7 +166,6 @@ def _rewrite(module: nn.Module, model: nn.Module, patterns: Sequence[Pattern], a
 
         replace_pattern_with_filters(gm, p.graph, p.replacement, [keep])
     gm.recompile()
-    return gm
 
 
 def plan(model: nn.Module, patterns: Sequence[Pattern]) -> tuple[list[Site], list[str]]:
@@ -181,13 +178,18 @@ def plan(model: nn.Module, patterns: Sequence[Pattern]) -> tuple[list[Site], lis
         if id(module) in seen or _ours_or_torch(module):
             continue
         seen.add(id(module))
+        if "forward" in vars(module):  # someone's instance forward (a hook library's wrapper): kept as it is
+            if not path:
+                notes.append("rewrite: the model's own forward not looked at: the instance holds a forward of "
+                             "its own (a wrapper's), which a rewrite would replace")
+            continue
         found: dict[_Key, tuple[Pattern, Location | None, int]] = {}
         gm, why = _traced(module)
         if gm is None:
             if not path:  # the model's own forward; submodules that do not trace are many and quiet
                 notes.append(f"rewrite: the model's own forward ({type(module).__name__}) not looked at: {why}")
             continue
-        _rewrite(module, model, patterns, None, found)
+        _rewrite(gm, module, model, patterns, None, found)
         for (kind, file, line), (p, loc, n) in found.items():
             where = str(loc) if loc else "(no source line)"
             record = Rewrite(path, kind, p.family, type(module).__name__, p.what, where, n, "applied",
@@ -205,8 +207,9 @@ def _sync(model: nn.Module, paths: Iterable[str], sites: Sequence[Site]) -> None
         module.__dict__.pop("forward", None)
         if not active:
             continue
-        gm = _rewrite(module, model, active[0].patterns, {s.key[1:] for s in active}, {})
+        gm, _ = _traced(module)
         if gm is not None:  # traced in `plan`; a module that stopped tracing keeps its own forward
+            _rewrite(gm, module, model, active[0].patterns, {s.key[1:] for s in active}, {})
             module.forward = types.MethodType(type(gm).forward, module)
 
 
