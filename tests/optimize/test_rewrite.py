@@ -266,7 +266,22 @@ class TrainOnly(nn.Module):
         return self.norm.weight * (x * torch.rsqrt(v + 1e-6))
 
 
+class MakesConstant(nn.Module):
+    """A forward making a tensor: the trace would keep it as a constant of the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(D))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x * torch.tensor(2.0)  # a 0-dim CPU tensor multiplies x on any device
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
 def test_forwards_that_cannot_be_frozen_are_left_alone() -> None:
+    model, report = _optimize(_build(MakesConstant))
+    assert report.rewrites == [] and set(vars(model)) == set(vars(_build(MakesConstant)))
+    assert any("makes a tensor constant" in n for n in report.notes)
     model, report = _optimize(_build(TrainOnly).eval())
     # the child norm is rewritten; the model's own forward differs between train() and eval()
     assert [(r.kind, r.path) for r in report.rewrites] == [("rms-norm", "norm")]

@@ -82,9 +82,13 @@ def _ours_or_torch(module: nn.Module) -> bool:
 def _trace(module: nn.Module) -> torch.fx.GraphModule:
     """`module`'s own forward as a graph (its class's forward, whatever the instance holds)."""
     own = module.__dict__.pop("forward", None)
+    before = set(vars(module))
     try:
         graph = _OwnCode().trace(module)
+        gm = torch.fx.GraphModule(module, graph)  # copies what the graph reads, constants included
     finally:
+        for name in set(vars(module)) - before:  # the tracer keeps tensors made in forward on the module
+            del module.__dict__[name]
         if own is not None:
             module.__dict__["forward"] = own
     # attribute reads first (they take no inputs): a replacement with several outputs goes where the
@@ -93,7 +97,8 @@ def _trace(module: nn.Module) -> torch.fx.GraphModule:
     for node in [n for n in graph.nodes if n.op == "get_attr"]:
         if first is not None and node is not first:
             first.prepend(node)
-    return torch.fx.GraphModule(module, graph)
+    gm.recompile()
+    return gm
 
 
 def _traced(module: nn.Module) -> tuple[torch.fx.GraphModule | None, str]:
@@ -108,6 +113,12 @@ def _traced(module: nn.Module) -> tuple[torch.fx.GraphModule | None, str]:
             module.training = was
     except Exception as exc:
         return None, f"its forward does not trace with torch.fx ({short_error(exc, 200)})"
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            try:
+                functools.reduce(getattr, str(node.target).split("."), module)
+            except AttributeError:  # a tensor made in the forward, which the trace keeps as a constant
+                return None, f"its forward makes a tensor constant ({node.target}) the module does not hold"
     if gm.code != other.code:
         return None, "its forward differs between train() and eval() (a traced forward would freeze one)"
     return gm, ""
