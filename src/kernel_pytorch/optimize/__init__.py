@@ -30,7 +30,7 @@ from kernel_pytorch.optimize.compile import INDUCTOR_OPTIONS
 from kernel_pytorch.optimize.core import optimize, select_rules
 from kernel_pytorch.optimize.dynamic import mark_dynamic_inputs
 from kernel_pytorch.optimize.options import CompileOptions
-from kernel_pytorch.optimize.report import Change, CompileStep, OptimizeReport
+from kernel_pytorch.optimize.report import Change, CompileStep, OptimizeReport, Rewrite
 from kernel_pytorch.optimize.rules import Match, Rule, default_rules
 
 
@@ -44,5 +44,5 @@ class _CallablePackage(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallablePackage
 
-__all__ = ["INDUCTOR_OPTIONS", "Change", "CompileOptions", "CompileStep", "Match", "OptimizeReport", "Rule",
+__all__ = ["INDUCTOR_OPTIONS", "Change", "CompileOptions", "CompileStep", "Match", "OptimizeReport", "Rewrite", "Rule",
            "default_rules", "mark_dynamic_inputs", "optimize", "select_rules"]

@@ -1,7 +1,7 @@
 """What `optimize()` returns beside the model: every change it made, kept or reverted, every module a
-rule recognised and left alone, the modules holding sharded parameters (left as they are, not offered to
-the rules), the compile steps, and the final validation. Printable as text
-(`str(report)`) and JSON-able (`report.to_dict()`, `report.to_json()`)."""
+rule recognised and left alone, every graph rewrite (`rewrite=`) at its source line, the modules holding
+sharded parameters (left as they are, not offered to the rules), the compile steps, and the final
+validation. Printable as text (`str(report)`) and JSON-able (`report.to_dict()`, `report.to_json()`)."""
 
 from __future__ import annotations
 
