@@ -84,14 +84,20 @@ def _optimized(family: str) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 class _Calls:
-    """Records the keyword arguments of the attention rule's calls of functional.attention."""
+    """Records (seq_ids given, mask given, is_causal, window) of the attention rule's calls of
+    functional.attention (under torch.compile, when the call is traced), and in eager the seq_ids."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.kwargs: list[dict] = []
+        self.calls: list[tuple[bool, bool, bool, int | None]] = []
+        self.seq_ids: list[torch.Tensor] = []
         real = attention_rule.attention
 
         def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            self.kwargs.append(kwargs)
+            seq_ids = kwargs.get("seq_ids")
+            self.calls.append((seq_ids is not None, kwargs.get("mask") is not None, kwargs.get("is_causal", False),
+                               kwargs.get("window")))
+            if seq_ids is not None and not torch.compiler.is_compiling():
+                self.seq_ids.append(seq_ids)
             return real(*args, **kwargs)
 
         monkeypatch.setattr(attention_rule, "attention", spy)
@@ -121,10 +127,10 @@ def test_optimized_packed_step_equals_documents_one_by_one(family: str, monkeypa
     batch = packed_batch()
     calls = _Calls(monkeypatch)
     assert_packed_equals_one_by_one(ours, ours, batch)
-    packed_calls = calls.kwargs[:2]  # the packed forward's two layers
-    assert all(c.get("seq_ids") is not None and c.get("mask") is None and c["is_causal"] for c in packed_calls)
-    assert torch.equal(packed_calls[0]["seq_ids"], seq_ids_from_position_ids(batch["position_ids"]))
-    windows = {c.get("window") for c in packed_calls}
+    packed_calls = calls.calls[:2]  # the packed forward's two layers
+    assert all(docs and not mask and causal for docs, mask, causal, _ in packed_calls)
+    assert torch.equal(calls.seq_ids[0], seq_ids_from_position_ids(batch["position_ids"]))
+    windows = {window for *_, window in packed_calls}
     assert windows == ({None} if family in ("llama", "qwen3") else {6} if family == "mistral" else {None, 6})
     # transformers alike; its Gemma norms compute in fp32 whatever the model's dtype
     assert_packed_equals_one_by_one(model, model, batch, torch.float32 if "gemma" in family else None)
@@ -138,7 +144,7 @@ def test_one_document_per_row_takes_the_plain_causal_call(monkeypatch: pytest.Mo
     calls = _Calls(monkeypatch)
     with torch.no_grad():
         ours(**batch)
-    assert all(c.get("seq_ids") is None and c.get("mask") is None and c["is_causal"] for c in calls.kwargs)
+    assert calls.calls and all(not docs and not mask and causal for docs, mask, causal, _ in calls.calls)
 
 
 def test_activation_checkpointing_recomputes_per_document() -> None:
@@ -172,11 +178,13 @@ def test_mask_hint_reads_packed_calls() -> None:
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
-def test_packed_step_under_compile(backend: str) -> None:
+def test_packed_step_under_compile(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled optimized model (fullgraph: the document ids are computed in the graph, no host sync)
     against the uncompiled one's documents one by one. CPU Inductor takes ~25 s to compile the forward and
     backward with a cold cache."""
     _, ours = _optimized("llama")
     torch._dynamo.reset()
     compiled = torch.compile(ours, backend=backend, fullgraph=True)
+    calls = _Calls(monkeypatch)
     assert_packed_equals_one_by_one(compiled, ours, packed_batch())
+    assert calls.calls[:2] == [(True, False, True, None)] * 2  # as traced: the layers take the document ids
