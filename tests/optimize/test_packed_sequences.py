@@ -72,15 +72,15 @@ def assert_packed_equals_one_by_one(packed_model: torch.nn.Module, model: torch.
         assert result.passed, f"grad {name}: {result.message()}"
 
 
-def _optimized(family: str) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(the HF model, its optimized copy), both fp64 in training mode; optimized on a packed batch in fp32
-    (validated against the original on it)."""
+def _optimized(family: str, dtype: torch.dtype = torch.float64) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the HF model, its optimized copy), both in `dtype` in training mode; optimized on a packed batch in
+    fp32 (validated against the original on it)."""
     torch.manual_seed(0)
     model, _ = getattr(models, family)()
     ours = copy.deepcopy(model)
     ours, report = optimize(ours, packed_batch(seed=1), seeds=(0,), compile=False)
     assert report.passed and report.counts().get("hf_attention"), report.summary(validation=False)
-    return model.double().train(), ours.double().train()
+    return model.to(dtype).train(), ours.to(dtype).train()
 
 
 class _Calls:
@@ -117,13 +117,14 @@ def test_transformers_packs_only_without_a_cache() -> None:
     assert not compare_reordered(crossing, one).passed
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "gemma2", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "gemma2", "mistral", "qwen2_moe"])
 def test_optimized_packed_step_equals_documents_one_by_one(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Llama; Qwen3 (q/k norms); Gemma 3 (sliding layers, a window of 6 binding inside documents of 8 and
     10); Gemma 2 (soft-capped scores: the eager reference with documents); Mistral (a window on every
-    layer). The fused loss calls the model with use_cache=False in training, so even the config's default
-    call packs."""
-    model, ours = _optimized(family)
+    layer); Qwen2-MoE (its config's window 0, unused: full layers; the expert block left alone). The fused
+    loss calls the model with use_cache=False in training, so even the config's default call packs."""
+    # transformers' grouped expert GEMMs take no fp64: the MoE model runs in fp32
+    model, ours = _optimized(family, torch.float32 if family == "qwen2_moe" else torch.float64)
     batch = packed_batch()
     calls = _Calls(monkeypatch)
     assert_packed_equals_one_by_one(ours, ours, batch)
@@ -131,7 +132,7 @@ def test_optimized_packed_step_equals_documents_one_by_one(family: str, monkeypa
     assert all(docs and not mask and causal for docs, mask, causal, _ in packed_calls)
     assert torch.equal(calls.seq_ids[0], seq_ids_from_position_ids(batch["position_ids"]))
     windows = {window for *_, window in packed_calls}
-    assert windows == ({None} if family in ("llama", "qwen3") else {6} if family == "mistral" else {None, 6})
+    assert windows == ({6} if family == "mistral" else {None, 6} if family.startswith("gemma") else {None})
     # transformers alike; its Gemma norms compute in fp32 whatever the model's dtype
     assert_packed_equals_one_by_one(model, model, batch, torch.float32 if "gemma" in family else None)
     default = ours(**batch).loss  # no use_cache given: the fused loss turns the cache off in training

@@ -27,11 +27,16 @@ a pre-hook on the model (`MaskHint`, hint.py) records, for the call in progress,
 for plain causal attention (no `attention_mask`, or an all-ones 2-D one in eager mode; no `position_ids`
 without a mask, which could mark packed documents; no cache; no other input that may shape the mask).
 When it did, and the layer's queries and keys have the same length within any sliding window, the layer
-calls SDPA with `is_causal=True`, no mask and K/V not repeated (`enable_gqa`). In every other case
-(padding, a cache with earlier tokens, a window that binds, a 4-D mask from the caller) it passes
-transformers' mask on. The window is the layer's `sliding_window` where it has one (Qwen2/3, Gemma 2/3:
-None on full layers), else the config's (Mistral, Phi-3). An activation-checkpointing recompute, which
-runs after the hint is cleared, finds the decision on transformers' mask tensor.
+calls SDPA with `is_causal=True`, no mask and K/V not repeated (`enable_gqa`); where the layer's window
+binds it passes the window itself (`attention(window=...)`: FlexAttention's block mask on CUDA, whose
+tiles outside the window cost nothing) instead of transformers' dense mask. In every other case
+(padding, a cache with earlier tokens, a 4-D mask from the caller) it passes transformers' mask on. The
+window is the one transformers' mask gives the layer (`_layer_window`): the layer's `sliding_window` where
+it has one (Qwen2/3, Gemma 2/3: None on full layers), else its entry of the config's `layer_types` (Qwen2-
+MoE keeps the attribute on sliding layers only), else the config's `sliding_window` on every layer
+(Mistral, Phi-3); a window that is not a positive int is not understood, and such a layer always passes
+transformers' mask on. An activation-checkpointing recompute, which runs after the hint is cleared, finds
+the decision on transformers' mask tensor.
 
 Packed documents. Where transformers reads packed documents from `position_ids` (given without an
 `attention_mask`, and no cache in the layer: hint.py), the layer attends causally within each document
@@ -91,10 +96,9 @@ class HFAttention(nn.Module):
         self.softcap = getattr(old, "attn_logit_softcapping", None)
         # None with the eager implementation means no mask at all; with SDPA, causal
         self.none_is_causal = getattr(config, "_attn_implementation", None) != "eager"
-        # the layer's own window where it has the attribute (Qwen2/3, Gemma 2/3: None on full layers), else
-        # the config's, which then masks every layer (Mistral, Phi-3); the fast path only where none binds
-        window = old.sliding_window if hasattr(old, "sliding_window") else getattr(config, "sliding_window", None)
-        self.window_bound = window if isinstance(window, int) else None
+        # the window transformers' mask gives this layer; the structural calls (fast, windowed, documents)
+        # only where it is understood
+        self.window_bound, self.window_known = _layer_window(old, config)
         self.hint: MaskHint | None = None
         self.train(old.training)
 
@@ -170,8 +174,8 @@ class HFAttention(nn.Module):
         hint = self.hint
         plain = hint is not None and hint.plain_causal
         docs = None
-        if hint is not None and hint.documents and not cached and isinstance(position_ids, Tensor) \
-                and q_len == kv_len:
+        if hint is not None and hint.documents and self.window_known and not cached \
+                and isinstance(position_ids, Tensor) and q_len == kv_len:
             docs = hint.documents_of(position_ids, q.shape[0])
             plain = docs is None  # every row one document (found in eager only): plain causal
         elif eager and isinstance(mask, Tensor):
@@ -183,10 +187,13 @@ class HFAttention(nn.Module):
             if eager and isinstance(mask, Tensor):
                 mask._kp_seq_ids = docs
             return attention(q, k, v, is_causal=True, window=self.window_bound, seq_ids=docs, **options)
-        if plain and q_len == kv_len and q_len > 1 and (self.window_bound is None or kv_len <= self.window_bound):
+        if plain and self.window_known and q_len == kv_len and q_len > 1:
             if eager and isinstance(mask, Tensor):
                 mask._kp_plain_causal = True
-            return attention(q, k, v, is_causal=True, **options)  # the fast call: no mask, K/V not repeated
+            if self.window_bound is None or kv_len <= self.window_bound:
+                return attention(q, k, v, is_causal=True, **options)  # the fast call: no mask, K/V not repeated
+            # a window that binds, as the structural option: block-sparse Flex on CUDA, not a dense mask
+            return attention(q, k, v, is_causal=True, window=self.window_bound, **options)
         if mask is None:
             causal = self.none_is_causal and q_len > 1
             if causal and kv_len > q_len:  # a fresh static cache: transformers attends to its first q_len slots
@@ -195,6 +202,22 @@ class HFAttention(nn.Module):
         if mask.dim() == 4:
             mask = mask[:, :, :, :kv_len]
         return attention(q, k, v, mask=prepare_mask(mask, q_len, kv_len), **options)
+
+
+def _layer_window(module: nn.Module, config: Any) -> tuple[int | None, bool]:
+    """(the sliding window transformers' mask gives the layer, None for none; whether it is understood): the
+    module's `sliding_window` attribute, else the layer's entry of `config.layer_types`, else the config's
+    `sliding_window` (a window for every layer: Mistral, Phi-3); understood when None or a positive int."""
+    index = getattr(module, "layer_idx", None)
+    types = getattr(config, "layer_types", None)
+    if hasattr(module, "sliding_window"):
+        window = module.sliding_window
+    elif isinstance(types, (list, tuple)) and isinstance(index, int) and 0 <= index < len(types):
+        window = getattr(config, "sliding_window", None) if types[index] == "sliding_attention" else None
+    else:
+        window = getattr(config, "sliding_window", None)
+    known = window is None or (isinstance(window, int) and not isinstance(window, bool) and window > 0)
+    return (window if known else None), known
 
 
 def _weights_and_biases(*linears: nn.Linear) -> tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]:
