@@ -144,6 +144,7 @@ VARIANT_FIELDS = {
     "op_norms": ("ours+compile", Variant(norms="op")),
     "reference": ("ours", Variant(reference=True)),
     "two_pass_ce": ("ours+compile", Variant(ce_kernel="two_pass")),
+    "packed": ("torch.compile", Variant(packed=True)),
     "fsdp2": ("torch.compile", Variant(shard="fsdp2")),
 }
 
