@@ -36,8 +36,9 @@ and says which rows it skipped; the rows run in the order the target reads them 
 then the 16k row, then generation). Liger patches transformers' classes for the whole process, so each
 Liger row runs in a child process of its own.
 
-Under torchrun (e2e/distributed.py) every training provider takes `+fsdp2`: each rank runs each row on its
-GPU with the same per-GPU batch, tokens/s and MFU are per GPU, peak memory the largest rank's, rank 0
+Under torchrun (e2e/distributed.py) every training provider takes `+fsdp2` or `+tp`: each rank runs each row
+on its GPU, with the same per-GPU batch under FSDP2 (tokens/s and MFU per GPU) and the group's one batch
+under tensor parallelism (tokens/s the group's, MFU per GPU), peak memory the largest rank's, rank 0
 writes; Liger's rows run last in the process, the 16k-context and generate rows are left out.
 `--scaling-base` (the same providers' results on one GPU) gives each row its scaling efficiency.
 `--size llama3-8b` is a Llama-3-8B-shaped model, which fits only sharded over several GPUs.
@@ -177,11 +178,16 @@ def _train_row(provider: Provider, size: Size, dev: torch.device, dtype: torch.d
     else:
         m = peak_memory(step, dev)
         row.peak_mem_bytes, row.peak_mem_method = m.peak_bytes, m.method
-    if provider.variant.shard == "fsdp2":  # the largest rank's peak (each rank holds its shards)
+    if provider.variant.shard != "none":  # the largest rank's peak (each rank holds its shards)
         peak = distributed.largest(row.peak_mem_bytes, dev)
         row.peak_mem_bytes = None if peak is None else int(peak)
         row.peak_mem_method += "; the largest of the ranks'"
     tok_s = _rates(row, size, batch, seq, matmul_tflops, provider.variant.packed)
+    if provider.variant.shard == "tp":  # every rank of the group on the one batch: a GPU does 1/N of the FLOPs
+        ranks = distributed.world_size()
+        row.tflops = None if row.tflops is None else row.tflops / ranks
+        row.pct_of_matmul = None if row.pct_of_matmul is None else row.pct_of_matmul / ranks
+        tok_s += f" for the tensor-parallel group of {ranks}"
     docs = f"; {sum(map(len, doc_lengths(batch, seq)))} documents" if provider.variant.packed else ""
     row.note = f"{tok_s}{docs}; warm-up {warm_s:.1f} s ({warmup} steps); {mfu_note(row)}{reserved}"
     if profile_to is not None:
@@ -354,6 +360,9 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[Prov
     results.notes.append("MFU: model FLOPs (6 x matmul params x tokens + causal attention, within sliding windows "
                          "and packed documents) per step / step time / the matmul ceiling above; tokens/s, warm-up "
                          "and MFU are in each row's status note")
+    if any(p.variant.shard == "tp" for p in providers):
+        results.notes.append(f"+tp rows: tensor and sequence parallelism over a world of {world.size} process(es), "
+                             "one batch for the group; tokens/s the group's, MFU per GPU, peak the largest rank's")
     if any(p.variant.shard == "fsdp2" for p in providers):
         results.notes.append(f"+fsdp2 rows: FSDP2 over a world of {world.size} process(es)"
                              f"{' (torchrun, one GPU each)' if world.launched else ''}, {size.batch} x {size.seq} "
@@ -415,9 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     if paired and len(paired) != 2:
         parser.error(f"--paired takes two providers, got {len(paired)}: {args.paired!r}")
     if distributed.launched():
-        unsharded = [p.label for p in (*providers, *paired) if p.variant.shard != "fsdp2"]
+        unsharded = [p.label for p in (*providers, *paired) if p.variant.shard == "none"]
         if unsharded:
-            parser.error(f"under torchrun every training provider takes +fsdp2; not: {', '.join(unsharded)}")
+            parser.error(f"under torchrun every training provider takes +fsdp2 or +tp; not: {', '.join(unsharded)}")
     try:
         size = size_of(args.family, quick=args.quick, shape=args.size, batch=args.batch, seq=args.seq)
     except ValueError as exc:

@@ -167,6 +167,12 @@ for s in $steps; do
             benchmarks/bench_e2e.py --no-long --no-inference --budget-s "${KP_FSDP_BUDGET_S:-200}" \
             --out "$work/results/e2e_fsdp_w$n" --scaling-base "$work/results/e2e_fsdp_w1/e2e.json" \
             --providers "${KP_FSDP_PROVIDERS:-torch.compile+fsdp2,ours+compile+fsdp2,liger+fsdp2}" ;;
+    # tensor + sequence parallelism over every GPU (2 or more): ours against torch's styles on the plain model
+    tp) n=$(nvidia-smi -L | wc -l)
+        if [ "$n" -lt 2 ]; then echo "== tp: skipped, needs 2 or more GPUs" | tee -a "$work/device.txt"
+        else step $((${KP_TP_BUDGET_S:-240} + 60)) "bench_e2e_tp_w$n" torchrun --nproc-per-node "$n" benchmarks/bench_e2e.py \
+          --no-long --no-inference --budget-s "${KP_TP_BUDGET_S:-240}" --out "$work/results/e2e_tp_w$n" \
+          --providers "${KP_TP_PROVIDERS:-torch.compile+tp,ours+compile+tp}"; fi ;;
     # a Llama-3-8B-shaped model under FSDP2 over every GPU (2 or more: it does not fit one)
     fsdp_8b) n=$(nvidia-smi -L | wc -l)
              if [ "$n" -lt 2 ]; then echo "== fsdp_8b: skipped, needs 2 or more GPUs" | tee -a "$work/device.txt"

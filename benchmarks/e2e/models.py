@@ -76,6 +76,8 @@ def build(provider: Provider | str, size: Size, dev: torch.device, dtype: torch.
     base = provider.base
     sharded = provider.variant.shard == "fsdp2"
     compute_dtype, dtype = dtype, (torch.float32 if sharded else dtype)  # FSDP2 keeps fp32 parameters
+    if provider.variant.shard == "tp" and base.startswith("liger"):
+        raise ValueError("+tp: Liger's patched modules take no DTensors (it has no tensor-parallel path)")
     if base.startswith("liger"):
         apply_liger(size.family)
     if base == "builtin" and size.family != "llama":
@@ -94,6 +96,10 @@ def build(provider: Provider | str, size: Size, dev: torch.device, dtype: torch.
 
         compiles = base.endswith("compile") or base in ("builtin", "ours+compile-reuse")
         return shard(model, dev, compute_dtype, INDUCTOR_OPTIONS if base == "ours+compile" else None, compiles)
+    if provider.variant.shard == "tp":
+        from e2e.distributed import tensor_parallel
+
+        model = tensor_parallel(model, dev)
     if base.endswith("-cg"):
         model = torch.compile(model, mode="reduce-overhead")
     elif base == "ours+compile":  # compiled whole with the Inductor options optimize() recommends

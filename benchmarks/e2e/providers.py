@@ -70,7 +70,9 @@ class Variant:
             at each, each document's first label -100; the call passes use_cache=False unless `use_cache`
             says otherwise (transformers reads the documents only from a call without a cache).
         shard: "fsdp2": the model under FSDP2, torchtitan's recipe (e2e/distributed.py: fp32 parameters
-            sharded over the world, bf16 compute on CUDA, a compiling base compiled per decoder layer).
+            sharded over the world, bf16 compute on CUDA, a compiling base compiled per decoder layer);
+            "tp": under tensor and sequence parallelism over the world (kernel_pytorch.distributed's Llama
+            plan: our styles on the optimized model, torch's on the others), compiled whole after it.
     """
 
     optimizer: Literal["torch", "kernel_pytorch"] = "torch"
@@ -79,7 +81,7 @@ class Variant:
     reference: bool = False
     ce_kernel: Literal["one_read", "two_pass"] = "one_read"
     packed: bool = False
-    shard: Literal["none", "fsdp2"] = "none"
+    shard: Literal["none", "fsdp2", "tp"] = "none"
 
     def __post_init__(self) -> None:
         if self.reference and self.norms != "default":
@@ -104,7 +106,9 @@ class Variant:
     def call_kwargs(self) -> dict[str, Any]:
         """Keyword arguments every call of the model gets (besides the batch's input_ids, labels and
         position_ids)."""
-        use_cache = False if self.packed and self.use_cache is None else self.use_cache
+        # packed rows need it for transformers to mask per document, and a DTensor model for its KV cache
+        # (which mixes plain tensors with DTensor keys)
+        use_cache = False if (self.packed or self.shard == "tp") and self.use_cache is None else self.use_cache
         return {} if use_cache is None else {"use_cache": use_cache}
 
     def apply(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -173,6 +177,9 @@ VARIANTS: tuple[NamedVariant, ...] = (
     NamedVariant("fsdp2", (("shard", "fsdp2"),), ("train",), False,
                  "under FSDP2 (fully_shard per decoder layer and the root, bf16 compute, fp32 parameters; a "
                  "compiling base compiled per layer); under torchrun, sharded over the world"),
+    NamedVariant("tp", (("shard", "tp"),), ("train",), False,
+                 "under tensor + sequence parallelism (kernel_pytorch.distributed.tensor_parallel over the world, "
+                 "then compiled whole); under torchrun, the world is the tensor-parallel group"),
 )
 _BY_NAME = {v.name: v for v in VARIANTS}
 _RENAMED = {v.was: v.name for v in VARIANTS if v.was}
@@ -243,8 +250,8 @@ def parse(text: str, kind: Kind = "train") -> Provider:
                     f"variants {other!r} and {name!r} set the same field of Variant"
                 raise ValueError(f"{text!r}: {same}")
         names.append(name)
-    if "fsdp2" in names and base.endswith("-cg"):
-        raise ValueError(f"{text!r}: variant 'fsdp2' does not take a CUDA-graph base (FSDP2's collectives run "
+    if ("fsdp2" in names or "tp" in names) and base.endswith("-cg"):
+        raise ValueError(f"{text!r}: a sharded variant does not take a CUDA-graph base (the collectives run "
                          "between the graphs' replays)")
     provider = Provider(base, tuple(sorted(names, key=list(_BY_NAME).index)), kind)
     provider.variant  # noqa: B018 (a contradiction between fields raises here, not at the row)

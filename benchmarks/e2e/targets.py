@@ -10,7 +10,7 @@ TARGET_SPEEDUP, TARGET_MEMORY = 1.2, 0.9
 # under FSDP2 (+fsdp2 rows, against torch.compile+fsdp2 and liger+fsdp2 of the same run)
 FSDP2_SPEEDUP = 1.15
 # the variants that change the work itself: a row with them is judged against the baselines with them
-WORKLOAD_VARIANTS = ("packed", "fsdp2")
+WORKLOAD_VARIANTS = ("packed", "fsdp2", "tp")
 
 
 def target_check(results: BenchmarkResults, op: str) -> list[str]:
