@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, in steps that each fit one run of at most ~10 minutes, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
-#   steps: tests tests_subset compile_check grid sweep norm attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
+#   steps: tests tests_subset compile_check grid sweep norm attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms ab
 #   suite (a run of its own, 540 s): the test suite, unmarked and cuda tests, on the GPU with
 #   KP_SUITE_WORKERS (default 6) pytest-xdist workers, over KP_SUITE_PATHS (default: tests); its full log is
 #   pytest_suite.log. Measured on the H100 (2026-12-07, benchmarks/results/probes/tests/): 8 workers finished 41% of the whole suite in 560 s
@@ -216,6 +216,10 @@ for s in $steps; do
                --json "$work/results/analyze_llama8l_h100.json" ;;
     # the old tree (git archive 0b0d643 src, unpacked into .ab/old and carried) against this one
     ab_norms) step 200 ab_norms bash scripts/ab_norms.sh .ab/old/src "$work/results" ;;
+    # the tree before the structure pass against this one, alternating (scripts/ab_suites.sh): carry .ab, made with
+    # mkdir -p .ab/old && git archive f3445f2 src benchmarks/bench_e2e.py | tar -x -C .ab/old
+    # (KP_AB_SUITES: "norm cross_entropy" in one run, "e2e" in another)
+    ab) step 560 ab_suites bash scripts/ab_suites.sh .ab/old "$work/results" ${KP_AB_SUITES:-norm cross_entropy} ;;
     *) echo "unknown step $s" | tee -a "$work/device.txt"; status=1 ;;
   esac
 done
