@@ -216,7 +216,8 @@ for s in $steps; do
                --json "$work/results/analyze_llama8l_h100.json" ;;
     # the old tree (git archive 0b0d643 src, unpacked into .ab/old and carried) against this one
     ab_norms) step 200 ab_norms bash scripts/ab_norms.sh .ab/old/src "$work/results" ;;
-    # the tree before the structure pass against this one, alternating (scripts/ab_suites.sh): carry .ab, made with
+    # an older tree (f3445f2: module-global launch knobs, flat packages) against this one, alternating
+    # (scripts/ab_suites.sh): carry .ab, made with
     # mkdir -p .ab/old && git archive f3445f2 src benchmarks/bench_e2e.py | tar -x -C .ab/old
     # (KP_AB_SUITES: "norm cross_entropy" in one run, "e2e" in another)
     ab) step 560 ab_suites bash scripts/ab_suites.sh .ab/old "$work/results" ${KP_AB_SUITES:-norm cross_entropy} ;;
