@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from kernel_pytorch.deploy import QuantAgreement, linear_weight_bytes, quantized_agreement
-from kernel_pytorch.deploy.quant_accuracy import greedy, model_logits
+from kernel_pytorch.deploy.quant_accuracy import greedy, model_logits, stream_stats
 from kernel_pytorch.deploy.quantize import quantize
 from kernel_pytorch.models import MODELS, build_model
 
@@ -84,3 +84,18 @@ def test_bad_arguments_are_named(llama) -> None:
         quantized_agreement(model, model, ids, stream=ids[:, :1])
     with pytest.raises(TypeError, match="logits_fn"):
         model_logits(lambda ids: {"x": ids}, ids)
+
+
+
+def test_stream_scored_in_blocks_of_rows() -> None:
+    """A long stream is scored a block of positions at a time; the blocks add up to the whole."""
+    g = torch.Generator().manual_seed(5)
+    ref = torch.randn(23, 50, generator=g)
+    q = ref + 0.05 * torch.randn(23, 50, generator=g)
+    targets = torch.randint(0, 50, (23,), generator=g)
+    whole, blocks = stream_stats(ref, q, targets, rows=1024), stream_stats(ref, q, targets, rows=5)
+    assert blocks == pytest.approx(whole, rel=1e-6) and whole[2] > 0
+    logp_r, logp_q = ref.log_softmax(-1), q.log_softmax(-1)
+    assert whole[0] == pytest.approx(float(-logp_r.gather(1, targets[:, None]).sum()), rel=1e-5)
+    assert whole[2] == pytest.approx(float((logp_r.exp() * (logp_r - logp_q)).sum()), rel=1e-4)
+    assert whole[3] == float((q - ref).abs().max())

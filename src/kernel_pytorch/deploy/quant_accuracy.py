@@ -25,6 +25,7 @@ whose forward maps token ids to logits; it costs new_tokens forwards of up to T 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -88,10 +89,22 @@ def greedy(model: nn.Module, tokens: Tensor, new_tokens: int, logits_fn: LogitsF
     return seq
 
 
-def _next_token_stats(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """fp32 log-probabilities (N, V) of predictions (B, S-1, V) and their cross-entropy (N,) on targets."""
-    logp = torch.log_softmax(logits.reshape(-1, logits.shape[-1]).float(), dim=-1)
-    return logp, -logp.gather(1, targets.reshape(-1, 1)).squeeze(1)
+# stream positions scored at a time: the fp32 temporaries of a 128256-token vocabulary stay near 0.5 GiB each
+STATS_ROWS = 1024
+
+
+def stream_stats(ref: Tensor, q: Tensor, targets: Tensor, rows: int = STATS_ROWS) -> tuple[float, float, float, float]:
+    """Sums over the predictions of logits (N, V) on `targets` (N,), in fp32, `rows` rows at a time:
+    (reference cross-entropy, quantized cross-entropy, KL(reference || quantized), max|q - ref|)."""
+    ce_ref = ce_q = kl = err = 0.0
+    for start in range(0, ref.shape[0], rows):
+        r, k, t = (x[start:start + rows] for x in (ref, q, targets))
+        r_logp, q_logp = torch.log_softmax(r.float(), dim=-1), torch.log_softmax(k.float(), dim=-1)
+        ce_ref -= float(r_logp.gather(1, t[:, None]).double().sum())
+        ce_q -= float(q_logp.gather(1, t[:, None]).double().sum())
+        kl += float((r_logp.exp() * (r_logp - q_logp)).sum(dim=-1).double().sum())
+        err = max(err, float((k.float() - r.float()).abs().max()))
+    return ce_ref, ce_q, kl, err
 
 
 def _check_ids(name: str, ids: Tensor, min_len: int) -> None:
@@ -139,17 +152,18 @@ def quantized_agreement(reference_model: nn.Module, quantized_model: nn.Module, 
             divergence = tuple(int(row.nonzero()[0]) if bool(row.any()) else None for row in differs)
         text = seq if stream is None else stream
         ref_logits, q_logits = logits_fn(reference_model, text), logits_fn(quantized_model, text)
-        targets = text[:, 1:]
-        ref_logp, ref_ce = _next_token_stats(ref_logits[:, :-1], targets)
-        q_logp, q_ce = _next_token_stats(q_logits[:, :-1], targets)
-        kl = (ref_logp.exp() * (ref_logp - q_logp)).sum(dim=-1)
-        ppl_ref, ppl_q = float(ref_ce.double().mean().exp()), float(q_ce.double().mean().exp())
-        top = float(ref_logits.double().abs().max())
-        err = float((q_logits.double() - ref_logits.double()).abs().max())
+        vocab = ref_logits.shape[-1]
+        ce_ref, ce_q, kl, err = stream_stats(ref_logits[:, :-1].reshape(-1, vocab),
+                                              q_logits[:, :-1].reshape(-1, vocab), text[:, 1:].reshape(-1))
+        # the last position predicts nothing on the stream, but its logits count towards the error
+        last_err = float((q_logits[:, -1].float() - ref_logits[:, -1].float()).abs().max())
+        top = float(ref_logits.float().abs().max())
+    n = text[:, 1:].numel()
+    ppl_ref, ppl_q = math.exp(ce_ref / n), math.exp(ce_q / n)
+    err = max(err, last_err)
     return QuantAgreement(new_tokens=new_tokens, agreement=agreement, first_divergence=divergence,
-                          stream_tokens=int(targets.numel()), ppl_reference=ppl_ref, ppl_quantized=ppl_q,
-                          ppl_change=ppl_q / ppl_ref - 1, kl=float(kl.double().mean()),
-                          max_rel_err=err / top if top > 0 else err)
+                          stream_tokens=n, ppl_reference=ppl_ref, ppl_quantized=ppl_q, ppl_change=ppl_q / ppl_ref - 1,
+                          kl=kl / n, max_rel_err=err / top if top > 0 else err)
 
 
 def linear_weight_bytes(model: nn.Module, names: Sequence[str] | None = None) -> int:
@@ -170,4 +184,4 @@ def linear_weight_bytes(model: nn.Module, names: Sequence[str] | None = None) ->
     return total
 
 
-__all__ = ["QuantAgreement", "greedy", "linear_weight_bytes", "model_logits", "quantized_agreement"]
+__all__ = ["QuantAgreement", "greedy", "linear_weight_bytes", "model_logits", "quantized_agreement", "stream_stats"]
