@@ -24,6 +24,12 @@ Providers, in this order, each in its own try/except (a failure is a row with th
   ours+int8-kp, ours+int4-kp, ours+fp8-kp   the same with backend="kernel_pytorch": our own weight-only
               kernels (ops/quant_matmul; int4 in groups of 128)
               then ours and the quantized rows at batch 1, where decoding is bound by the weights
+Each quantized provider's accuracy, against the same model unquantized (ours, a copy taken before
+quantize()), measured once by its first row and shown in both rows' notes and the "Quantized accuracy"
+table (deploy.quant_accuracy): greedy agreement over `new_tokens` (64) generated tokens, teacher-forced
+on the unquantized model's tokens, and the first divergence when the quantized model generates on its
+own; the perplexity change and mean KL divergence on a seeded random token stream; the largest logit
+error against expected_rtol; the linear layers' bytes against the unquantized ones.
 Before timing, each provider's logits of one step are checked against a higher-precision reference: the
 same model (its bf16 weights) and cache contents upcast to fp32 (fp64 when the run is fp32), one step,
 built once before the first provider and freed. A provider passes when its max abs error against it is
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import gc
 import importlib.metadata
 import inspect
@@ -77,6 +84,10 @@ class Size:
     cache: int = 4096
     steps: int = 32  # consecutive decode steps per timed run
     reps: int = 15  # timed runs
+    # quantized rows' accuracy against ours (bf16): greedy tokens after a seeded prompt, and a seeded stream
+    new_tokens: int = 64
+    prompt: int = 16
+    stream: int = 256
 
     @property
     def label(self) -> str:
@@ -97,7 +108,7 @@ class Size:
 
 
 QUICK = Size(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=256, batch=2, cache=64, steps=4,
-             reps=2)
+             reps=2, new_tokens=8, prompt=4, stream=16)
 
 
 @dataclass
@@ -110,6 +121,7 @@ class Decoder:
     weights_bytes: int
     keep: list[Any] = field(default_factory=list)
     rtol: float | None = None  # quantized: deploy.quantize.expected_rtol of its weights before quantizing
+    accuracy: dict[str, Any] | None = None  # quantized: `measure_accuracy` against ours (bf16)
 
 
 # ---- the HF model, its static cache, ours ---------------------------------------------------------------
@@ -234,18 +246,79 @@ def quant_scheme(provider: str) -> tuple[str, dict[str, Any]]:
     return scheme, {}
 
 
-def hf_decoder(provider: str, size: Size, batch: int, dev: torch.device, dtype: torch.dtype, backend: str) -> Decoder:
-    """hf-eager, hf-compile, ours, ours+int8, ours+fp8: transformers' forward with a filled StaticCache."""
+def hf_logits(model: nn.Module, ids: Tensor) -> Tensor:
+    """Logits (B, T, V) of a whole sequence of ids (B, T), no cache."""
+    return model(input_ids=ids, use_cache=False).logits
+
+
+def measure_accuracy(reference: nn.Module, quantized: nn.Module, size: Size, dev: torch.device,
+                     rtol: float) -> dict[str, Any]:
+    """deploy.quant_accuracy of `quantized` against `reference` (the same model before quantize()) on a
+    seeded prompt (2, size.prompt) and a seeded random stream (2, size.stream), the linear layers'
+    bytes against the reference's, and the largest logit error against expected_rtol; {"error": ...}
+    when it fails (the row is still timed)."""
+    from kernel_pytorch._errors import short_error
+    from kernel_pytorch.deploy.quant_accuracy import linear_weight_bytes, quantized_agreement
+    from kernel_pytorch.deploy.quantize import quantized_linears
+
+    t0 = time.perf_counter()
+    try:
+        g = torch.Generator(device="cpu").manual_seed(11)
+        prompt = torch.randint(0, size.vocab, (2, size.prompt), generator=g).to(dev)
+        stream = torch.randint(0, size.vocab, (2, size.stream), generator=g).to(dev)
+        acc = quantized_agreement(reference, quantized, prompt, new_tokens=size.new_tokens, stream=stream,
+                                  logits_fn=hf_logits)
+        names = quantized_linears(quantized)
+        q_bytes, ref_bytes = linear_weight_bytes(quantized, names), linear_weight_bytes(reference, names)
+        return {**acc.to_dict(), "linear_bytes": q_bytes, "linear_bytes_reference": ref_bytes,
+                "linear_bytes_ratio": q_bytes / ref_bytes if ref_bytes else None, "linear_layers": len(names),
+                "expected_rtol": rtol, "err_over_rtol": acc.max_rel_err / rtol if rtol else None,
+                "seconds": time.perf_counter() - t0}
+    except Exception as exc:  # noqa: BLE001 (the accuracy is reported, the timing still runs)
+        return {"error": f"{type(exc).__name__}: {short_error(exc, 300)}"}
+
+
+def accuracy_text(a: dict[str, Any] | None, batch: int) -> str:
+    """The row note's account of `measure_accuracy`'s result (measured once per provider)."""
+    if not a:
+        return ""
+    if "error" in a:
+        return f"accuracy not measured ({a['error']})"
+    div = ", ".join("none" if p is None else str(p) for p in a["first_divergence"]) or "-"
+    where = f" (measured with its B={a['measured_at_batch']} row)" if a["measured_at_batch"] != batch else ""
+    return (f"accuracy{where} against ours unquantized (the same weights): greedy agreement {a['agreement']:.3f}, "
+            f"teacher-forced on its tokens ({len(a['first_divergence'])} x {a['new_tokens']} generated), "
+            f"free-running first divergence at {div}; on a seeded stream of {a['stream_tokens']} tokens "
+            f"perplexity {a['ppl_change']:+.3%}, mean KL {a['kl']:.3g} nats/token, max rel logit err "
+            f"{a['max_rel_err']:.3g} = {a['err_over_rtol']:.2f} x expected_rtol {a['expected_rtol']:.3g}; "
+            f"linear weights {a['linear_bytes_ratio']:.3f}x unquantized ({a['linear_layers']} layers)")
+
+
+def hf_decoder(provider: str, size: Size, batch: int, dev: torch.device, dtype: torch.dtype, backend: str,
+               accuracy: dict[str, dict] | None = None) -> Decoder:
+    """hf-eager, hf-compile, ours, ours+int8, ours+fp8: transformers' forward with a filled StaticCache.
+    A quantized provider's accuracy is measured once (`accuracy` holds it by provider for its other
+    batch: the same weights give the same numbers)."""
     model = hf_model(size, dev, dtype)
     if provider.startswith("ours"):
         model = optimized(model, size, dev)
-    rtol = None
+    rtol = acc = None
     if "+" in provider:
         from kernel_pytorch.deploy.quantize import expected_rtol, quantize
 
         scheme, backend_kw = quant_scheme(provider)
         rtol = expected_rtol(model, scheme, **backend_kw)[0]  # from the float weights, before quantize()
+        memo = accuracy if accuracy is not None else {}
+        reference = copy.deepcopy(model) if provider not in memo else None  # ours, unquantized
         quantize(model, scheme, **backend_kw)
+        if reference is not None:
+            acc = {**measure_accuracy(reference, model, size, dev, rtol), "measured_at_batch": batch}
+            del reference
+            _free(dev)
+            if "error" not in acc:
+                memo[provider] = acc
+        else:
+            acc = memo[provider]
     cache = filled_hf_cache(model.config, size, batch, dev, dtype)
     if provider != "hf-eager":
         model.forward = compiled(model.forward, backend, dev)  # the instance's forward; hooks stay outside
@@ -255,7 +328,7 @@ def hf_decoder(provider: str, size: Size, batch: int, dev: torch.device, dtype: 
                     past_key_values=cache, use_cache=True)
         return out.logits
 
-    return Decoder(forward, lambda pos: rewind_hf(cache, pos), weights_bytes(model), [model, cache], rtol)
+    return Decoder(forward, lambda pos: rewind_hf(cache, pos), weights_bytes(model), [model, cache], rtol, acc)
 
 
 # ---- ours-nn: the same decoder from kernel_pytorch.nn --------------------------------------------------
@@ -473,6 +546,8 @@ def measure(job: Job, size: Size, dev: torch.device, dtype: torch.dtype, backend
     logits = step(0).detach().clone()  # the first call compiles; its output is checked
     ok, check, info = check_logits(logits, reference, dec.rtol)
     summary["check"] = info
+    if dec.accuracy is not None:
+        summary["accuracy"] = dec.accuracy
     # warm-up: CUDA-graph trees record on the second call of a shape; a few runs reach the steady state
     for _ in range(2 if job.compiled and backend != "none" else 0):
         dec.rewind(inputs.start)
@@ -496,8 +571,9 @@ def measure(job: Job, size: Size, dev: torch.device, dtype: torch.dtype, backend
     tok_s = job.batch / (timing.median_ms / 1e3)
     compiles = f"{frames1 - frames0} frames compiled in warm-up, {recompiles} during the timed steps" + (
         f", CUDA graphs skipped {skips} times (see the log)" if skips else "")
-    row.note = (f"{tok_s:,.0f} tok/s; {check}; {compiles}; weights {dec.weights_bytes / 2**20:.1f} MiB; "
-                f"build + check + warm-up {warm_s:.1f} s")
+    acc = accuracy_text(dec.accuracy, job.batch)
+    row.note = (f"{tok_s:,.0f} tok/s; {check}; {acc + '; ' if acc else ''}{compiles}; weights "
+                f"{dec.weights_bytes / 2**20:.1f} MiB; build + check + warm-up {warm_s:.1f} s")
     summary.update(tokens_per_s=tok_s, ms_per_step=timing.median_ms, q20_ms=timing.q20_ms, q80_ms=timing.q80_ms,
                    peak_mib=row.peak_mem_bytes / 2**20 if row.peak_mem_bytes else None,
                    weights_mib=dec.weights_bytes / 2**20, frames_compiled_warmup=frames1 - frames0,
@@ -566,19 +642,21 @@ def torchao_missing() -> str | None:
 def jobs(size: Size, dev: torch.device, dtype: torch.dtype, backend: str, providers: tuple[str, ...]) -> list[Job]:
     """Every row, in the order the targets compare them first; names not known become error rows."""
     b, out = size.batch, []
+    accuracy: dict[str, dict] = {}  # a quantized provider's accuracy, measured by its first row that runs
     for p in providers:
         if p == "ours-nn":
             out.append(Job(p, b, lambda: nn_decoder(size, b, dev, dtype, backend), True))
         elif p in ("hf-eager", "hf-compile", "ours"):
             out.append(Job(p, b, lambda p=p: hf_decoder(p, size, b, dev, dtype, backend), p != "hf-eager"))
         elif p in QUANTIZED:
-            out.append(Job(p, b, lambda p=p: hf_decoder(p, size, b, dev, dtype, backend), True, quant_scheme(p)[0]))
+            out.append(Job(p, b, lambda p=p: hf_decoder(p, size, b, dev, dtype, backend, accuracy), True,
+                           quant_scheme(p)[0]))
         else:
             out.append(Job(p, b, lambda p=p: (_ for _ in ()).throw(ValueError(f"unknown provider {p!r}")), False))
     for p in ("ours", *QUANTIZED):  # batch 1: weight-bound, where weight-only quantization pays
         if p in providers:
             scheme = quant_scheme(p)[0] if "+" in p else None
-            out.append(Job(p, 1, lambda p=p: hf_decoder(p, size, 1, dev, dtype, backend), True, scheme))
+            out.append(Job(p, 1, lambda p=p: hf_decoder(p, size, 1, dev, dtype, backend, accuracy), True, scheme))
     return out
 
 
@@ -673,7 +751,32 @@ def summary_markdown(summary: list[dict]) -> str:
                  ratio(bf16, "tokens_per_s") + (f" (memory {ratio(bf16, 'peak_mib')})" if s.get("peak_mib") else ""),
                  s["status"]]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + accuracy_markdown(summary))
+
+
+def accuracy_markdown(summary: list[dict]) -> list[str]:
+    """The quantized rows' accuracy against ours unquantized (measure_accuracy), one line per provider."""
+    rows = {s["provider"]: s["accuracy"] for s in summary if s.get("accuracy") and "error" not in s["accuracy"]}
+    if not rows:
+        return []
+    a = next(iter(rows.values()))
+    out = ["", "## Quantized accuracy", "",
+           f"Against ours unquantized, the same weights, in the run's dtype. Greedy agreement: the fraction of "
+           f"{len(a['first_divergence'])} x {a['new_tokens']} generated positions where the argmax tokens are equal, "
+           f"both models teacher-forced on the unquantized model's greedy continuation of a seeded prompt (so one "
+           f"early difference does not cascade); first divergence: the first generated position where the "
+           f"quantized model's own greedy continuation differs (per sequence). Perplexity change and mean "
+           f"KL(unquantized || quantized) on a seeded random stream of {a['stream_tokens']} predicted tokens "
+           f"(random weights: absolute perplexity is near the vocabulary size, the KL is the number to read). "
+           f"Max rel err: max|q - ref| / max|ref| of the stream's logits, against deploy.quantize.expected_rtol.",
+           "", "| provider | greedy agreement | first divergence | ppl change | mean KL (nats) | max rel err | "
+           "expected_rtol | err / rtol | linear weights vs unquantized |", "|" + " --- |" * 9]
+    for provider, a in rows.items():
+        div = ", ".join("none" if p is None else str(p) for p in a["first_divergence"]) or "-"
+        out.append(f"| {provider} | {a['agreement']:.3f} | {div} | {a['ppl_change']:+.3%} | {a['kl']:.3g} | "
+                   f"{a['max_rel_err']:.3g} | {a['expected_rtol']:.3g} | {a['err_over_rtol']:.2f} | "
+                   f"{a['linear_bytes_ratio']:.3f}x |")
+    return out
 
 
 def run(size: Size, dev: torch.device, dtype: torch.dtype, backend: str, providers: tuple[str, ...],

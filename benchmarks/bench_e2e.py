@@ -1,31 +1,33 @@
-"""End-to-end training step of an HF LlamaForCausalLM: eager, torch.compile, Liger, Liger + compile, ours
-(`kernel_pytorch.optimize`), ours + compile and the built-in Llama; plus a 16k-context row and
-generate rows (prefill + 256 greedy decode tokens).
+"""End-to-end training step of an HF decoder (Llama; `--family qwen3` or `gemma3`): eager, torch.compile,
+Liger, Liger + compile, ours (`kernel_pytorch.optimize`), ours + compile and the built-in Llama; plus a
+16k-context row and generate rows (prefill + 256 greedy decode tokens). docs/benchmarks.md says more.
 
     python benchmarks/bench_e2e.py                                  # H100: the benchmark's config, ~4 min
     python benchmarks/bench_e2e.py --out benchmarks/results         # replace the committed results
     python benchmarks/bench_e2e.py --quick --device cpu             # tiny config: checks the pipeline
     python benchmarks/bench_e2e.py --profile eager,ours+compile     # + where the step's time goes
-    python benchmarks/bench_e2e.py --providers torch.compile-cg,ours+compile-cg   # mode="reduce-overhead"
+    python benchmarks/bench_e2e.py --family gemma3 --no-long --no-inference   # Gemma 3's layout, same widths
+    python benchmarks/bench_e2e.py --seq 4096 --providers torch.compile+packed,ours+compile+packed  # packed rows
+    python benchmarks/bench_e2e.py --batch 1 --seq 16384 --providers torch.compile,ours+compile --no-long
     python benchmarks/bench_e2e.py --providers ours+compile+adamw,torch.compile+adamw  # our AdamW's kernel
-    python benchmarks/bench_e2e.py --providers torch.compile+no_cache    # called with use_cache=False
     python benchmarks/bench_e2e.py --providers= --no-long --generate-providers "ours + static cache + compile+reference"
     python benchmarks/bench_e2e.py --help                           # every base provider and variant, one line each
     torchrun --nproc-per-node 4 benchmarks/bench_e2e.py --providers torch.compile+fsdp2,ours+compile+fsdp2 \
         --no-long --no-inference --scaling-base RESULTS_OF_ONE_GPU/e2e.json  # FSDP2 over 4 GPUs (per-GPU rows)
 
 A provider is a base and named variants, `BASE[+VARIANT...]` (benchmarks/e2e/providers.py: each variant
-sets a field of a frozen `Variant`, mapped onto the optimizer, the model's call, the optimized modules'
-backends and the kernel configs of `kernel_pytorch.ops.tuning`); the written form is the row's label.
+sets a field of a frozen `Variant`, mapped onto the optimizer, the model's call, the batch, the optimized
+modules' backends and the kernel configs of `kernel_pytorch.ops.tuning`); the written form is the row's label.
 
 The step is forward + backward + fused AdamW on (batch x seq) tokens, labels = input_ids (torch's
-`AdamW(fused=True)`; a provider with the `+adamw` variant is stepped by `kernel_pytorch.optim.AdamW`). Each
-provider gets a fresh model from the same seed, `--warmup` untimed steps (the first one's time is the warm-up /
-compile time), then `--steps` timed steps (CUDA: synchronised wall time per step; the median is
-reported). Tokens/s = batch * seq / median step time; MFU = model FLOPs per step (6 x matmul parameters x
-tokens + causal attention) / step time / the bf16 matmul ceiling measured in the same run. Peak memory is
-the CUDA allocator's peak over the timed steps (weights, gradients and optimizer state included); on CPU,
-the profiler's allocation trace of one step.
+`AdamW(fused=True)`; `+adamw`: `kernel_pytorch.optim.AdamW`; `+packed`: packed rows of documents,
+e2e/batches.py). Each provider gets a fresh model from the same seed, `--warmup` untimed steps (the first
+one's time is the warm-up / compile time), then `--steps` timed steps (CUDA: synchronised wall time per
+step; the median is reported). Tokens/s = batch * seq / median step time; MFU = model FLOPs per step
+(e2e/families.py: 6 x matmul parameters x tokens + the attention pairs scored, within sliding windows and
+documents) / step time / the bf16 matmul ceiling measured in the same run. Peak memory is the CUDA
+allocator's peak over the timed steps (weights, gradients and optimizer state included); on CPU, the
+profiler's allocation trace of one step.
 
 Each provider runs in its own try/except, so one failure (or an out-of-memory) becomes a row with the
 reason and the others still run; a provider that does not parse stops the run before any row starts. The
@@ -34,13 +36,12 @@ and says which rows it skipped; the rows run in the order the target reads them 
 then the 16k row, then generation). Liger patches transformers' classes for the whole process, so each
 Liger row runs in a child process of its own.
 
-Under torchrun (benchmarks/e2e/distributed.py) every training provider takes `+fsdp2`: each rank runs each
-row on its GPU with the same per-GPU batch, tokens/s and MFU are per GPU, peak memory the largest rank's,
-and rank 0 writes the results; the Liger rows run in the process, after the others (Liger's patches are for
-the whole process), and the 16k-context and generate rows, which are one GPU's, are left out. With
-`--scaling-base`, the results of the same providers on one GPU, each row's note gives its scaling
-efficiency (per-GPU tokens/s over the one-GPU row's). `--size llama3-8b` is a Llama-3-8B-shaped model (32
-layers, hidden 4096), which fits only sharded over several GPUs.
+Under torchrun (e2e/distributed.py) every training provider takes `+fsdp2` or `+tp`: each rank runs each row
+on its GPU, with the same per-GPU batch under FSDP2 (tokens/s and MFU per GPU) and the group's one batch
+under tensor parallelism (tokens/s the group's, MFU per GPU), peak memory the largest rank's, rank 0
+writes; Liger's rows run last in the process, the 16k-context and generate rows are left out.
+`--scaling-base` (the same providers' results on one GPU) gives each row its scaling efficiency.
+`--size llama3-8b` is a Llama-3-8B-shaped model, which fits only sharded over several GPUs.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -59,7 +59,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the e2e helpers
 
 from e2e import distributed  # noqa: E402
-from e2e.models import LLAMA3_8B, QUICK, Size, build, free, hf_model, loss_of, ours, sync  # noqa: E402
+from e2e.batches import doc_lengths, training_batch  # noqa: E402
+from e2e.families import FAMILIES, Size, size_of  # noqa: E402
+from e2e.generate import inference_row  # noqa: E402
+from e2e.models import build, free, loss_of, sync  # noqa: E402
 from e2e.profiling import host_phases, profile_steps  # noqa: E402
 from e2e.providers import (  # noqa: E402
     DEFAULT_PROVIDERS,
@@ -69,9 +72,9 @@ from e2e.providers import (  # noqa: E402
     parse,
     parse_list,
 )
+from e2e.targets import scaling_notes, target_check  # noqa: E402
 
 from kernel_pytorch.benchmark.ceilings import device_name, measure_ceilings, percent_of, tflops  # noqa: E402
-from kernel_pytorch.benchmark.decode import compiled_frames, cudagraph_skips  # noqa: E402
 from kernel_pytorch.benchmark.memory import peak_memory  # noqa: E402
 from kernel_pytorch.benchmark.memory_peak import record_peak  # noqa: E402
 from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row  # noqa: E402
@@ -85,9 +88,10 @@ def train_row(provider: Provider, size: Size, dev: torch.device, dtype: torch.dt
         return _train_row(provider, size, dev, dtype, batch, seq, steps, warmup, matmul_tflops, profile_to)
 
 
-def _rates(row: Row, size: Size, batch: int, seq: int, matmul_tflops: float | None) -> str:
-    """Fill the timed row's FLOPs, TFLOP/s and % of the matmul ceiling; return its tokens/s for the note."""
-    row.flops = size.step_flops(batch, seq)
+def _rates(row: Row, size: Size, batch: int, seq: int, matmul_tflops: float | None, packed: bool = False) -> str:
+    """Fill the timed row's FLOPs (a packed row's attention over its documents), TFLOP/s and % of the matmul
+    ceiling; return its tokens/s for the note."""
+    row.flops = size.step_flops(batch, seq, doc_lengths(batch, seq) if packed else None)
     row.tflops = tflops(row.flops, row.median_ms)
     if matmul_tflops:
         row.pct_of_matmul = percent_of(row.tflops, matmul_tflops)
@@ -101,12 +105,12 @@ def mfu_note(row: Row) -> str:
 
 def training_step(provider: Provider, size: Size, dev: torch.device, dtype: torch.dtype, batch: int,
                   seq: int) -> tuple[Callable[[], torch.Tensor], Callable[[], None], Callable[[], torch.Tensor]]:
-    """The provider's model and optimizer, built, as (forward, update, step) closures over one fixed batch of
-    token ids: forward returns the loss, update steps the optimizer and drops the gradients, step does all three."""
+    """The provider's model and optimizer, built, as (forward, update, step) closures over one fixed batch
+    (e2e/batches.py: token ids, or packed rows for `+packed`): forward returns the loss, update steps the
+    optimizer and drops the gradients, step does all three."""
     model = build(provider, size, dev, dtype)
     opt = provider.variant.make_optimizer(model, dev)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    ids = torch.randint(0, size.vocab, (batch, seq), generator=g).to(dev)
+    inputs = training_batch(size.vocab, batch, seq, dev, provider.variant.packed)
 
     graphs = provider.base.endswith("-cg")
     options = provider.variant.call_kwargs()
@@ -114,7 +118,7 @@ def training_step(provider: Provider, size: Size, dev: torch.device, dtype: torc
     def forward() -> torch.Tensor:
         if graphs:  # a new training step: the graphs' previous outputs (the gradients) are consumed
             torch.compiler.cudagraph_mark_step_begin()
-        return loss_of(model, ids, **options)
+        return loss_of(model, inputs, **options)
 
     def update() -> None:
         opt.step()
@@ -174,12 +178,18 @@ def _train_row(provider: Provider, size: Size, dev: torch.device, dtype: torch.d
     else:
         m = peak_memory(step, dev)
         row.peak_mem_bytes, row.peak_mem_method = m.peak_bytes, m.method
-    if provider.variant.shard == "fsdp2":  # the largest rank's peak (each rank holds its shards)
+    if provider.variant.shard != "none":  # the largest rank's peak (each rank holds its shards)
         peak = distributed.largest(row.peak_mem_bytes, dev)
         row.peak_mem_bytes = None if peak is None else int(peak)
         row.peak_mem_method += "; the largest of the ranks'"
-    tok_s = _rates(row, size, batch, seq, matmul_tflops)
-    row.note = f"{tok_s}; warm-up {warm_s:.1f} s ({warmup} steps); {mfu_note(row)}{reserved}"
+    tok_s = _rates(row, size, batch, seq, matmul_tflops, provider.variant.packed)
+    if provider.variant.shard == "tp":  # every rank of the group on the one batch: a GPU does 1/N of the FLOPs
+        ranks = distributed.world_size()
+        row.tflops = None if row.tflops is None else row.tflops / ranks
+        row.pct_of_matmul = None if row.pct_of_matmul is None else row.pct_of_matmul / ranks
+        tok_s += f" for the tensor-parallel group of {ranks}"
+    docs = f"; {sum(map(len, doc_lengths(batch, seq)))} documents" if provider.variant.packed else ""
+    row.note = f"{tok_s}{docs}; warm-up {warm_s:.1f} s ({warmup} steps); {mfu_note(row)}{reserved}"
     if profile_to is not None:
         profile_steps(step, dev, profile_to)
         if dev.type == "cuda":  # the host's side of the step (is the device waiting on Python?), and what is
@@ -219,12 +229,13 @@ def paired_rows(pair: tuple[Provider, Provider], size: Size, dev: torch.device, 
     labels = tuple(p.label for p in pair)
     timings, medians = time_interleaved(steps, rounds=rounds, per_round=per_round, sync=lambda: sync(dev))
     rows = []
+    packed = {p.label: p.variant.packed for p in pair}
     for p, timing in timings.items():
         row = Row(op=f"paired train step {batch}x{seq}", shape=[batch, seq], config=size.label,
                   dtype=str(dtype).split(".")[-1], provider=p, pass_name="fwd+bwd+adamw")
         row.set_timing(timing)
         other = labels[1] if p == labels[0] else labels[0]
-        tok_s = _rates(row, size, batch, seq, matmul_tflops)
+        tok_s = _rates(row, size, batch, seq, matmul_tflops, packed[p])
         row.note = (f"{tok_s}; {mfu_note(row)}; in turns with {other}, {rounds} rounds of {per_round} steps; "
                     "peak: see the train step rows")
         rows.append(row)
@@ -234,45 +245,6 @@ def paired_rows(pair: tuple[Provider, Provider], size: Size, dev: torch.device, 
             f"tokens/s over all steps; per round {min(ratios):.3f}-{max(ratios):.3f}x (median "
             f"{statistics.median(ratios):.3f}x, {rounds} rounds)")
     return rows, note
-
-
-def inference_row(provider: Provider, size: Size, dev: torch.device, dtype: torch.dtype) -> Row:
-    """Prefill `size.prompt` tokens and decode `size.decode` greedily: ours with the DynamicCache (eager), and
-    ours or HF's model with the static cache (which generate() compiles). An "ours" provider with
-    `+reference_norms` has its RMSNorms on the reference math, one with `+reference` every module with a
-    backend (norms, MLP, embedding, RoPE): what Inductor makes of our ops' math at batch 1, beside our kernels."""
-    row = Row(op=f"generate {size.prompt}+{size.decode}", shape=[1, size.prompt + size.decode], config=size.label,
-              dtype=str(dtype).split(".")[-1], provider=provider.label, pass_name="prefill+decode")
-    model = hf_model(size, dev, dtype).eval()
-    if provider.base.startswith("ours"):
-        model = provider.variant.apply(ours(model, size, dev))
-    extra = {"cache_implementation": "static"} if "static cache" in provider.base else {}
-    ids = torch.randint(0, size.vocab, (1, size.prompt), device=dev)
-    kw = dict(max_new_tokens=size.decode, min_new_tokens=size.decode, do_sample=False, **extra)
-
-    def generate(**over: Any) -> float:
-        t = time.perf_counter()
-        with torch.no_grad():
-            model.generate(ids, **{**kw, **over})
-        sync(dev)
-        return (time.perf_counter() - t) * 1e3
-
-    frames, skips = compiled_frames(), cudagraph_skips()
-    warm_s = generate() / 1e3  # warm-up (compiles the static-cache forward)
-    frames, skips = compiled_frames() - frames, cudagraph_skips() - skips
-    # frames Dynamo converts (compiles, or finds no graph in and leaves to Python) from here on are recompiles
-    timed_from = compiled_frames()
-    samples = [generate() for _ in range(1 if size == QUICK else 2)]
-    timing = summarize(samples, "wall clock per generate() call, synchronised")
-    row.set_timing(timing)
-    # the prefill alone (one new token: generate()'s first forward, which it never compiles), so the note
-    # can say what a decode step costs
-    prefill = min(generate(max_new_tokens=1, min_new_tokens=1) for _ in range(2))
-    per_token = (timing.median_ms - prefill) / max(1, size.decode - 1)
-    row.note = (f"{size.decode / (timing.median_ms / 1e3):.0f} decode tok/s (prefill included); prefill "
-                f"{prefill:.1f} ms, then {per_token:.2f} ms a token; warm-up {warm_s:.1f} s: {frames} Dynamo "
-                f"frames converted, {skips} CUDA-graph skips; {compiled_frames() - timed_from} more while timed")
-    return row
 
 
 def in_child(fn: Callable[..., Row], args: tuple) -> Row:
@@ -324,6 +296,9 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[Prov
                     provider=p.label, pass_name="fwd+bwd+adamw")
         if p.base.startswith("liger") and not has_liger:
             results.add(Row(**args, status="not installed", note="liger_kernel is not importable"))
+            continue
+        if p.base == "builtin" and size.family != "llama":
+            results.add(Row(**args, status="not applicable", note="builtin is the built-in Llama"))
             continue
         name = p.label.replace("+", "_").replace(".", "_")
         where = out / f"e2e_profile_{name}.txt" if p in profile and out else None
@@ -382,63 +357,18 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[Prov
                          f"{time.perf_counter() - start:.0f} s of a {budget_s:.0f} s budget")
     if skipped:
         results.notes.append(f"skipped for the time budget: {', '.join(skipped)}")
-    results.notes.append("MFU: model FLOPs (6 x matmul params x tokens + causal attention) per step / step time / "
-                         "the matmul ceiling above; tokens/s, warm-up and MFU are in each row's status note")
+    results.notes.append("MFU: model FLOPs (6 x matmul params x tokens + causal attention, within sliding windows "
+                         "and packed documents) per step / step time / the matmul ceiling above; tokens/s, warm-up "
+                         "and MFU are in each row's status note")
+    if any(p.variant.shard == "tp" for p in providers):
+        results.notes.append(f"+tp rows: tensor and sequence parallelism over a world of {world.size} process(es), "
+                             "one batch for the group; tokens/s the group's, MFU per GPU, peak the largest rank's")
     if any(p.variant.shard == "fsdp2" for p in providers):
         results.notes.append(f"+fsdp2 rows: FSDP2 over a world of {world.size} process(es)"
                              f"{' (torchrun, one GPU each)' if world.launched else ''}, {size.batch} x {size.seq} "
                              "tokens per GPU; tokens/s and MFU per GPU, peak memory the largest rank's")
     results.notes.extend(target_check(results, f"train step {size.batch}x{size.seq}"))
     return results
-
-
-# The combined target, one provider: tokens/s >= SPEEDUP x torch.compile's AND peak <= MEMORY x Liger's
-TARGET_SPEEDUP, TARGET_MEMORY = 1.2, 0.9
-# under FSDP2 (+fsdp2 rows, against torch.compile+fsdp2 and liger+fsdp2 of the same run)
-FSDP2_SPEEDUP = 1.15
-
-
-def target_check(results: BenchmarkResults, op: str) -> list[str]:
-    """One note per measured `ours*` training row of `op`: its tokens/s over torch.compile's and its peak
-    over Liger's in this run, and whether both halves of the target hold (a half whose baseline did not
-    run is "-", and the target is then not judged)."""
-    rows = {r.provider: r for r in results.rows if r.op == op and r.status == "ok" and r.median_ms}
-    notes = []
-    for name, row in rows.items():
-        if not name.startswith("ours"):
-            continue
-        suffix = "+fsdp2" if name.endswith("+fsdp2") else ""  # compared with the baselines sharded alike
-        target_speedup = FSDP2_SPEEDUP if suffix else TARGET_SPEEDUP
-        base_t, base_m = rows.get("torch.compile" + suffix), rows.get("liger" + suffix)
-        speed = base_t.median_ms / row.median_ms if base_t else None
-        memory = row.peak_mem_bytes / base_m.peak_mem_bytes if base_m and base_m.peak_mem_bytes and row.peak_mem_bytes \
-            else None
-        if speed is None or memory is None:
-            verdict = "not judged (a baseline did not run)"
-        else:
-            verdict = "met" if speed >= target_speedup and memory <= TARGET_MEMORY else "not met"
-        notes.append(f"target (>= {target_speedup}x torch.compile{suffix}'s tokens/s and <= {TARGET_MEMORY}x "
-                     f"liger{suffix}'s peak): "
-                     f"{name} {'-' if speed is None else f'{speed:.3f}x'} and "
-                     f"{'-' if memory is None else f'{memory:.3f}x'}: {verdict}")
-    return notes
-
-
-def scaling_notes(results: BenchmarkResults, base: BenchmarkResults, world_size: int) -> list[str]:
-    """For each training row measured here and in `base` (the same provider and shape, a world of one GPU):
-    its scaling efficiency, this run's per-GPU tokens/s over the one-GPU row's (the per-GPU batch is the
-    same, so 100% is linear scaling)."""
-    one = {(r.op, r.provider): r for r in base.rows if r.ok and r.median_ms}
-    notes = []
-    for row in results.rows:
-        ref = one.get((row.op, row.provider))
-        if not (row.ok and row.median_ms and row.pass_name == "fwd+bwd+adamw" and ref):
-            continue
-        eff = ref.median_ms / row.median_ms
-        row.note += f"; scaling {100 * eff:.1f}% of one GPU's tokens/s per GPU"
-        notes.append(f"scaling efficiency, {row.provider} {row.op}: {100 * eff:.1f}% ({world_size} GPUs, per-GPU "
-                     f"tokens/s over the one-GPU run of {base.device})")
-    return notes
 
 
 def generate_rows(args: argparse.Namespace) -> tuple[Provider, ...]:
@@ -454,9 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=describe(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny config, 2 steps: checks the pipeline")
+    parser.add_argument("--family", choices=tuple(FAMILIES), default="llama",
+                        help="the decoder family (e2e/families.py): 8 layers of hidden 2048 each")
     parser.add_argument("--size", choices=("e2e", "llama3-8b"), default="e2e",
                         help="the model: the benchmark's 8-layer Llama (default) or a Llama-3-8B shape (with +fsdp2 "
                         "over several GPUs: it does not fit one)")
+    parser.add_argument("--batch", type=int, default=None, help="rows per training step (default 4)")
+    parser.add_argument("--seq", type=int, default=None, help="tokens per row (default 2048)")
     parser.add_argument("--scaling-base", default=None, help="e2e.json of the same providers on one GPU: each "
                         "row's scaling efficiency (per-GPU tokens/s over that run's)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
@@ -490,15 +424,16 @@ def main(argv: list[str] | None = None) -> int:
     if paired and len(paired) != 2:
         parser.error(f"--paired takes two providers, got {len(paired)}: {args.paired!r}")
     if distributed.launched():
-        unsharded = [p.label for p in (*providers, *paired) if p.variant.shard != "fsdp2"]
+        unsharded = [p.label for p in (*providers, *paired) if p.variant.shard == "none"]
         if unsharded:
-            parser.error(f"under torchrun every training provider takes +fsdp2; not: {', '.join(unsharded)}")
-    if args.quick and args.size != "e2e":
-        parser.error("--quick is its own tiny size; leave --size out")
+            parser.error(f"under torchrun every training provider takes +fsdp2 or +tp; not: {', '.join(unsharded)}")
+    try:
+        size = size_of(args.family, quick=args.quick, shape=args.size, batch=args.batch, seq=args.seq)
+    except ValueError as exc:
+        parser.error(str(exc))
     scaling_base = BenchmarkResults.load(Path(args.scaling_base)) if args.scaling_base else None
     rounds, per_round = (int(v) for v in args.paired_rounds.split("x"))
     world, dev = distributed.init(resolve_device(args.device))
-    size = QUICK if args.quick else LLAMA3_8B if args.size == "llama3-8b" else Size()
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     steps = args.steps or (2 if args.quick else 8)
     warmup = args.warmup or (1 if args.quick else 3)

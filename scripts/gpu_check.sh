@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The GPU check, in steps that each fit one run of at most ~10 minutes, everything packed into one file at the end.
 # usage: scripts/gpu_check.sh OUT_DIR [STEP ...]        (no STEP: every step, in the order below)
-#   steps: tests tests_subset compile_check grid sweep norm attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms
+#   steps: tests tests_subset compile_check grid sweep norm attention rope_pairs rope mlp cross_entropy e2e decode deploy corpus analyze ab_norms ab
 #   suite (a run of its own, 540 s): the test suite, unmarked and cuda tests, on the GPU with
 #   KP_SUITE_WORKERS (default 6) pytest-xdist workers, over KP_SUITE_PATHS (default: tests); its full log is
 #   pytest_suite.log. Measured on the H100 (2026-12-07, benchmarks/results/probes/tests/): 8 workers finished 41% of the whole suite in 560 s
 #   and tests/{ops,functional,nn,reference,optim} in 536 s, so the whole suite takes three runs, e.g.
 #   KP_SUITE_PATHS="tests/ops tests/functional tests/nn tests/reference tests/optim", then the rest.
 #   verdict (opt-in, one run of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
-#   opt-in: loss_curve; quant (our quantized matmuls: tests, then bench_quant_matmul); fsdp fsdp_8b (the e2e step under FSDP2, torchrun over every GPU); probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
+#   opt-in: loss_curve; quant (our quantized matmuls: tests, then bench_quant_matmul); fsdp fsdp_8b (the e2e step
+#   under FSDP2, torchrun over every GPU); e2e_families e2e_packed e2e_long (the e2e step on Qwen3 and Gemma 3,
+#   on packed rows, at long context; each ~9 min, one run of its own);
+#   probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
 #   aoti_toolchain quant_decode e2e_norms e2e_memory adamw e2e_host
 #   host (opt-in, < 30 s): benchmarks/probes/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole run's limit in seconds; a step starts only with >= 20 s
@@ -125,6 +128,31 @@ for s in $steps; do
            --providers "${KP_E2E_PROVIDERS-eager,torch.compile,ours+compile,liger,ours,liger+compile,builtin}" \
            ${KP_E2E_GENERATE:+--generate-providers "$KP_E2E_GENERATE"} \
            --profile "${KP_E2E_PROFILE-torch.compile,ours+compile,ours}" ;;
+    # the e2e step on transformers' Qwen3 and Gemma 3 at the same widths (8 layers, hidden 2048, 4 x 2048), one
+    # run per family in KP_FAMILIES, results in results/e2e_<family>/ (KP_FAMILIES_PROVIDERS, KP_FAMILIES_BUDGET_S,
+    # KP_FAMILIES_FLAGS, e.g. "--paired torch.compile,ours+compile")
+    e2e_families) for fam in ${KP_FAMILIES:-qwen3 gemma3}; do
+                    step $((${KP_FAMILIES_BUDGET_S:-180} + 90)) "bench_e2e_$fam" python3 benchmarks/bench_e2e.py \
+                      --family "$fam" --no-long --no-inference --budget-s "${KP_FAMILIES_BUDGET_S:-180}" \
+                      --out "$work/results/e2e_$fam" ${KP_FAMILIES_FLAGS:-} \
+                      --providers "${KP_FAMILIES_PROVIDERS-torch.compile,ours+compile,liger,ours}"
+                  done ;;
+    # packed rows (+packed: documents of random lengths, position_ids restarting) of 4 x 4096 tokens, ours (Flex's
+    # document block mask) against transformers' packed path (SDPA, dense block-diagonal mask), beside the unpacked
+    # ours+compile row; results in results/e2e_packed/ (KP_PACKED_FAMILY, KP_PACKED_PROVIDERS, KP_PACKED_BUDGET_S,
+    # KP_PACKED_FLAGS, e.g. "--seq 2048")
+    e2e_packed) step $((${KP_PACKED_BUDGET_S:-380} + 90)) bench_e2e_packed python3 benchmarks/bench_e2e.py \
+                  --family "${KP_PACKED_FAMILY:-llama}" --seq 4096 --no-long --no-inference \
+                  --budget-s "${KP_PACKED_BUDGET_S:-380}" --out "$work/results/e2e_packed" ${KP_PACKED_FLAGS:-} \
+                  --providers "${KP_PACKED_PROVIDERS-torch.compile+packed,ours+compile+packed,liger+packed,ours+compile,ours+packed}" ;;
+    # long context: the training rows at 1 x 16384 and 2 x 8192 tokens (KP_LONG_SHAPES as BATCHxSEQ, one run each,
+    # results in results/e2e_long_<shape>/; KP_LONG_FAMILY, KP_LONG_PROVIDERS, KP_LONG_BUDGET_S, KP_LONG_FLAGS)
+    e2e_long) for shape in ${KP_LONG_SHAPES:-1x16384 2x8192}; do
+                step $((${KP_LONG_BUDGET_S:-170} + 90)) "bench_e2e_long_$shape" python3 benchmarks/bench_e2e.py \
+                  --family "${KP_LONG_FAMILY:-llama}" --batch "${shape%x*}" --seq "${shape#*x}" --no-long \
+                  --no-inference --budget-s "${KP_LONG_BUDGET_S:-170}" --out "$work/results/e2e_long_$shape" \
+                  ${KP_LONG_FLAGS:-} --providers "${KP_LONG_PROVIDERS-torch.compile,ours+compile,liger}"
+              done ;;
     # every optimize() family on the e2e model under torch.compile, gradients against eager; a faulting set
     # is rerun synchronously with the generated code logged, and the faulting kernel named
     compile_check) step 430 compile_check python3 benchmarks/probes/probe_compile_components.py --sets auto --layers 8 \
@@ -139,6 +167,12 @@ for s in $steps; do
             benchmarks/bench_e2e.py --no-long --no-inference --budget-s "${KP_FSDP_BUDGET_S:-200}" \
             --out "$work/results/e2e_fsdp_w$n" --scaling-base "$work/results/e2e_fsdp_w1/e2e.json" \
             --providers "${KP_FSDP_PROVIDERS:-torch.compile+fsdp2,ours+compile+fsdp2,liger+fsdp2}" ;;
+    # tensor + sequence parallelism over every GPU (2 or more): ours against torch's styles on the plain model
+    tp) n=$(nvidia-smi -L | wc -l)
+        if [ "$n" -lt 2 ]; then echo "== tp: skipped, needs 2 or more GPUs" | tee -a "$work/device.txt"
+        else step $((${KP_TP_BUDGET_S:-240} + 60)) "bench_e2e_tp_w$n" torchrun --nproc-per-node "$n" benchmarks/bench_e2e.py \
+          --no-long --no-inference --budget-s "${KP_TP_BUDGET_S:-240}" --out "$work/results/e2e_tp_w$n" \
+          --providers "${KP_TP_PROVIDERS:-torch.compile+tp,ours+compile+tp}"; fi ;;
     # a Llama-3-8B-shaped model under FSDP2 over every GPU (2 or more: it does not fit one)
     fsdp_8b) n=$(nvidia-smi -L | wc -l)
              if [ "$n" -lt 2 ]; then echo "== fsdp_8b: skipped, needs 2 or more GPUs" | tee -a "$work/device.txt"
@@ -182,6 +216,11 @@ for s in $steps; do
                --json "$work/results/analyze_llama8l_h100.json" ;;
     # the old tree (git archive 0b0d643 src, unpacked into .ab/old and carried) against this one
     ab_norms) step 200 ab_norms bash scripts/ab_norms.sh .ab/old/src "$work/results" ;;
+    # an older tree (f3445f2: module-global launch knobs, flat packages) against this one, alternating
+    # (scripts/ab_suites.sh): carry .ab, made with
+    # mkdir -p .ab/old && git archive f3445f2 src benchmarks/bench_e2e.py | tar -x -C .ab/old
+    # (KP_AB_SUITES: "norm cross_entropy" in one run, "e2e" in another)
+    ab) step 560 ab_suites bash scripts/ab_suites.sh .ab/old "$work/results" ${KP_AB_SUITES:-norm cross_entropy} ;;
     *) echo "unknown step $s" | tee -a "$work/device.txt"; status=1 ;;
   esac
 done

@@ -110,6 +110,25 @@ def shard(model: torch.nn.Module, dev: torch.device, compute_dtype: torch.dtype,
     return fully_shard(model, **kw)
 
 
+def tensor_parallel(model: torch.nn.Module, dev: torch.device) -> torch.nn.Module:
+    """`model` under tensor and sequence parallelism over the whole world (kernel_pytorch.distributed's
+    Llama plan: our styles on an optimized model, torch's on the others); every rank runs the same batch."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from kernel_pytorch.distributed import tensor_parallel as plan
+
+    ensure_group(dev)
+    return plan(model, init_device_mesh(dev.type, (dist.get_world_size(),)))
+
+
+def world_size() -> int:
+    """The process group's size (1 without one)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def largest(value: float | int | None, dev: torch.device) -> float | None:
     """The largest of the ranks' `value` (a rank's None counts as missing); the value itself in a world of
     one process."""

@@ -1,64 +1,15 @@
-"""The end-to-end benchmark's models: the sizes, building a provider's model, the loss call, the device
-helpers."""
+"""The end-to-end benchmark's models: building a provider's model (the sizes and families are
+e2e/families.py's), the loss call, the device helpers."""
 
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from e2e.families import FAMILIES, LLAMA3_8B, QUICK, Size  # noqa: F401 (the sizes, as probes import them here)
 from e2e.providers import Provider, optimized, parse
-
-
-@dataclass(frozen=True)
-class Size:
-    """The decoder's sizes and the batch (the benchmark's config, or the --quick one)."""
-
-    hidden: int = 2048
-    intermediate: int = 5632
-    layers: int = 8
-    heads: int = 16
-    kv_heads: int = 8
-    vocab: int = 128256
-    batch: int = 4
-    seq: int = 2048
-    long_seq: int = 16384
-    prompt: int = 512
-    decode: int = 256
-
-    @property
-    def label(self) -> str:
-        return (f"HF Llama h{self.hidden} i{self.intermediate} L{self.layers} H{self.heads}/{self.kv_heads} "
-                f"V{self.vocab}")
-
-    def hf_config(self) -> Any:
-        from transformers import LlamaConfig
-
-        return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
-                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
-                           num_key_value_heads=self.kv_heads, max_position_embeddings=max(self.long_seq, 4096),
-                           attn_implementation="sdpa")
-
-    def matmul_params(self) -> int:
-        d, kv = self.hidden, self.hidden // self.heads * self.kv_heads
-        per_layer = 2 * d * d + 2 * d * kv + 3 * d * self.intermediate
-        return self.layers * per_layer + self.vocab * d  # the lm_head; the embedding is a lookup
-
-    def step_flops(self, batch: int, seq: int) -> int:
-        """Forward + backward FLOPs of one step: 6 N per token, plus causal attention (QK^T and PV, half)."""
-        tokens = batch * seq
-        attention = 6 * self.layers * batch * seq * seq * self.hidden  # 3 x (4 B T^2 d) / 2
-        return 6 * self.matmul_params() * tokens + attention
-
-
-# Llama-3-8B's shape (random weights): 8.0B parameters, 128 GB of fp32 weights, gradients and AdamW state,
-# so it trains only sharded (+fsdp2 over 2 or more 80 GB GPUs); 2 x 4096 tokens per GPU
-LLAMA3_8B = Size(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, vocab=128256, batch=2, seq=4096,
-                 long_seq=8192)
-QUICK = Size(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=256, batch=2, seq=32, long_seq=64,
-             prompt=8, decode=4)
 
 
 def sync(dev: torch.device) -> None:
@@ -74,12 +25,24 @@ def free(dev: torch.device) -> None:
 
 
 def hf_model(size: Size, dev: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import LlamaForCausalLM
+    """The family's transformers *ForCausalLM of `size`, random weights from seed 0, in training mode."""
+    import transformers
 
     torch.manual_seed(0)
     with torch.device(dev):
-        model = LlamaForCausalLM(size.hf_config())
+        model = getattr(transformers, FAMILIES[size.family].model_class)(size.hf_config())
     return model.to(dtype).train()
+
+
+def apply_liger(family: str) -> None:
+    """Liger-Kernel's patch of the family's transformers classes (every model built after is patched)."""
+    from liger_kernel import transformers as liger
+
+    name = FAMILIES[family].liger_patch
+    patch = getattr(liger, name, None)
+    if patch is None:
+        raise RuntimeError(f"this liger_kernel has no {name}")
+    patch()
 
 
 def builtin_model(size: Size, dev: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -113,10 +76,12 @@ def build(provider: Provider | str, size: Size, dev: torch.device, dtype: torch.
     base = provider.base
     sharded = provider.variant.shard == "fsdp2"
     compute_dtype, dtype = dtype, (torch.float32 if sharded else dtype)  # FSDP2 keeps fp32 parameters
+    if provider.variant.shard == "tp" and base.startswith("liger"):
+        raise ValueError("+tp: Liger's patched modules take no DTensors (it has no tensor-parallel path)")
     if base.startswith("liger"):
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
-
-        apply_liger_kernel_to_llama()  # patches transformers' Llama classes for every model built after
+        apply_liger(size.family)
+    if base == "builtin" and size.family != "llama":
+        raise ValueError(f"builtin is the built-in Llama: not a {size.family} row")
     if base == "builtin":
         model = ours(builtin_model(size, dev, dtype), size, dev)
     else:
@@ -131,6 +96,10 @@ def build(provider: Provider | str, size: Size, dev: torch.device, dtype: torch.
 
         compiles = base.endswith("compile") or base in ("builtin", "ours+compile-reuse")
         return shard(model, dev, compute_dtype, INDUCTOR_OPTIONS if base == "ours+compile" else None, compiles)
+    if provider.variant.shard == "tp":
+        from e2e.distributed import tensor_parallel
+
+        model = tensor_parallel(model, dev)
     if base.endswith("-cg"):
         model = torch.compile(model, mode="reduce-overhead")
     elif base == "ours+compile":  # compiled whole with the Inductor options optimize() recommends
@@ -148,7 +117,9 @@ def make_optimizer(provider: Provider | str, model: torch.nn.Module, dev: torch.
     return provider.variant.make_optimizer(model, dev)
 
 
-def loss_of(model: torch.nn.Module, ids: torch.Tensor, **options: Any) -> torch.Tensor:
-    """The model's loss on `ids` (labels = input_ids); `options` go to the call (`Variant.call_kwargs`)."""
-    out = model(input_ids=ids, labels=ids, **options)
+def loss_of(model: torch.nn.Module, batch: torch.Tensor | dict[str, torch.Tensor], **options: Any) -> torch.Tensor:
+    """The model's loss on `batch`: token ids (labels = input_ids) or the inputs of e2e/batches.py's
+    `training_batch`; `options` go to the call (`Variant.call_kwargs`)."""
+    inputs = {"input_ids": batch, "labels": batch} if isinstance(batch, torch.Tensor) else batch
+    out = model(**inputs, **options)
     return out if isinstance(out, torch.Tensor) else out.loss

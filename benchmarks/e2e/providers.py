@@ -4,9 +4,10 @@ A provider is written `BASE[+VARIANT...]`: `ours+compile`, `ours+compile+adamw`,
 `ours+compile+adamw+two_pass_ce`, `ours + static cache + compile+reference`. The base says how the model is
 built and compiled (`TRAIN_BASES`, `GENERATE_BASES`); each variant (`VARIANTS`) changes one field of a frozen
 `Variant`, which says what the row changes on its base: the optimizer, the `use_cache` argument, the
-backends of the optimized model's modules, and the kernel configs (`kernel_pytorch.ops.tuning`) in force
-while the row runs. The written form, with the variants in `VARIANTS`' order, is the row's provider label in
-the results; the variants may be written in any order.
+backends of the optimized model's modules, the kernel configs (`kernel_pytorch.ops.tuning`) in force
+while the row runs, the batch (packed documents) and the sharding. The written form, with the variants
+in `VARIANTS`' order, is the row's provider label in the results; the variants may be written in any
+order.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ import torch
 
 Kind = Literal["train", "generate"]
 
-# how each training base builds its model (an HF LlamaForCausalLM unless said otherwise)
+# how each training base builds its model (the family's HF *ForCausalLM unless said otherwise)
 TRAIN_BASES: Mapping[str, str] = {
     "eager": "the HF model, eager",
     "torch.compile": "the HF model through torch.compile(model)",
     "ours": "the HF model after kernel_pytorch.optimize(), eager",
     "ours+compile": "ours, then torch.compile(model, options=kernel_pytorch.optimize.INDUCTOR_OPTIONS)",
-    "liger": "the HF model after Liger-Kernel's apply_liger_kernel_to_llama (in a child process)",
+    "liger": "the HF model after Liger-Kernel's patch for its family (apply_liger_kernel_to_llama ...; in a child "
+             "process)",
     "liger+compile": "liger, then torch.compile(model)",
-    "builtin": "kernel_pytorch.models.llama of the same size, optimized, then torch.compile(model)",
+    "builtin": "kernel_pytorch.models.llama of the same size, optimized, then torch.compile(model) (Llama only)",
     "torch.compile-cg": "torch.compile(model, mode='reduce-overhead'): CUDA graphs (opt-in)",
     "ours+compile-cg": "ours, then torch.compile(model, mode='reduce-overhead') (opt-in)",
     "ours+compile-reuse": "ours, then torch.compile(model) with Inductor's default options (opt-in)",
@@ -64,8 +66,13 @@ class Variant:
         ce_kernel: the fused linear cross-entropy's forward kernel where the one-read kernel applies:
             "one_read" (the default config) or "two_pass" (tuning family "fused_linear_cross_entropy",
             one_read=False, for the row).
+        packed: the batch's rows hold documents of random lengths (e2e/batches.py), position_ids restarting
+            at each, each document's first label -100; the call passes use_cache=False unless `use_cache`
+            says otherwise (transformers reads the documents only from a call without a cache).
         shard: "fsdp2": the model under FSDP2, torchtitan's recipe (e2e/distributed.py: fp32 parameters
-            sharded over the world, bf16 compute on CUDA, a compiling base compiled per decoder layer).
+            sharded over the world, bf16 compute on CUDA, a compiling base compiled per decoder layer);
+            "tp": under tensor and sequence parallelism over the world (kernel_pytorch.distributed's Llama
+            plan: our styles on the optimized model, torch's on the others), compiled whole after it.
     """
 
     optimizer: Literal["torch", "kernel_pytorch"] = "torch"
@@ -73,7 +80,8 @@ class Variant:
     norms: Literal["default", "reference", "op"] = "default"
     reference: bool = False
     ce_kernel: Literal["one_read", "two_pass"] = "one_read"
-    shard: Literal["none", "fsdp2"] = "none"
+    packed: bool = False
+    shard: Literal["none", "fsdp2", "tp"] = "none"
 
     def __post_init__(self) -> None:
         if self.reference and self.norms != "default":
@@ -96,8 +104,12 @@ class Variant:
             yield
 
     def call_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments every call of the model gets (besides input_ids and labels)."""
-        return {} if self.use_cache is None else {"use_cache": self.use_cache}
+        """Keyword arguments every call of the model gets (besides the batch's input_ids, labels and
+        position_ids)."""
+        # packed rows need it for transformers to mask per document, and a DTensor model for its KV cache
+        # (which mixes plain tensors with DTensor keys)
+        use_cache = False if (self.packed or self.shard == "tp") and self.use_cache is None else self.use_cache
+        return {} if use_cache is None else {"use_cache": use_cache}
 
     def apply(self, model: torch.nn.Module) -> torch.nn.Module:
         """Set the optimized `model`'s modules as `norms` and `reference` say; returns the model."""
@@ -160,9 +172,14 @@ VARIANTS: tuple[NamedVariant, ...] = (
     NamedVariant("two_pass_ce", (("ce_kernel", "two_pass"),), ("train",), True,
                  "the fused loss runs the two-pass cross-entropy kernel (fused_linear_cross_entropy one_read=False)",
                  "twopass"),
+    NamedVariant("packed", (("packed", True),), ("train",), False,
+                 "packed rows: documents of random lengths (seeded), position_ids restarting at each, use_cache=False"),
     NamedVariant("fsdp2", (("shard", "fsdp2"),), ("train",), False,
                  "under FSDP2 (fully_shard per decoder layer and the root, bf16 compute, fp32 parameters; a "
                  "compiling base compiled per layer); under torchrun, sharded over the world"),
+    NamedVariant("tp", (("shard", "tp"),), ("train",), False,
+                 "under tensor + sequence parallelism (kernel_pytorch.distributed.tensor_parallel over the world, "
+                 "then compiled whole); under torchrun, the world is the tensor-parallel group"),
 )
 _BY_NAME = {v.name: v for v in VARIANTS}
 _RENAMED = {v.was: v.name for v in VARIANTS if v.was}
@@ -233,8 +250,8 @@ def parse(text: str, kind: Kind = "train") -> Provider:
                     f"variants {other!r} and {name!r} set the same field of Variant"
                 raise ValueError(f"{text!r}: {same}")
         names.append(name)
-    if "fsdp2" in names and base.endswith("-cg"):
-        raise ValueError(f"{text!r}: variant 'fsdp2' does not take a CUDA-graph base (FSDP2's collectives run "
+    if ("fsdp2" in names or "tp" in names) and base.endswith("-cg"):
+        raise ValueError(f"{text!r}: a sharded variant does not take a CUDA-graph base (the collectives run "
                          "between the graphs' replays)")
     provider = Provider(base, tuple(sorted(names, key=list(_BY_NAME).index)), kind)
     provider.variant  # noqa: B018 (a contradiction between fields raises here, not at the row)

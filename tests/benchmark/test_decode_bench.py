@@ -69,6 +69,21 @@ def test_quick_cpu_run(tmp_path: Path) -> None:
     md = (tmp_path / "decode.md").read_text()
     assert "## Decode summary" in md and "tok/s" in md and "transformers" in md
     assert "- batch 2: ours " in md and "x hf-compile" in md and "recompiles during the timed steps" in md
+    # the quantized rows' accuracy against ours unquantized: measured once, shown in both rows and the table
+    accuracy = {(s["provider"], s["batch"]): s.get("accuracy") for s in data["decode"]}
+    acc = accuracy[("ours+int4-kp", 2)]
+    assert acc is not None and "error" not in acc, acc
+    assert accuracy[("ours+int4-kp", 1)] == acc and acc["measured_at_batch"] == 2
+    assert 0 <= acc["agreement"] <= 1 and acc["new_tokens"] == bench.QUICK.new_tokens
+    assert len(acc["first_divergence"]) == 2 and acc["kl"] > 0 and acc["max_rel_err"] > 0
+    assert acc["err_over_rtol"] < 2 and acc["expected_rtol"] == pytest.approx(acc["max_rel_err"] / acc["err_over_rtol"])
+    assert acc["stream_tokens"] == 2 * (bench.QUICK.stream - 1) and acc["linear_layers"] > 0
+    assert 0.1 < acc["linear_bytes_ratio"] < 0.2  # int4 in groups against fp32 (the CPU run's dtype)
+    assert all(accuracy[("ours", b)] is None for b in (1, 2))
+    rows = {(r.provider, r.shape[0]): r for r in results.rows}
+    assert "greedy agreement" in rows[("ours+int4-kp", 2)].note and "mean KL" in rows[("ours+int4-kp", 1)].note
+    assert "measured with its B=2 row" in rows[("ours+int4-kp", 1)].note
+    assert "## Quantized accuracy" in md and "| ours+int4-kp | " in md
 
 
 def test_check_logits_budget_and_quant_rule() -> None:

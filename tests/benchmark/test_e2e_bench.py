@@ -144,7 +144,9 @@ VARIANT_FIELDS = {
     "op_norms": ("ours+compile", Variant(norms="op")),
     "reference": ("ours", Variant(reference=True)),
     "two_pass_ce": ("ours+compile", Variant(ce_kernel="two_pass")),
+    "packed": ("torch.compile", Variant(packed=True)),
     "fsdp2": ("torch.compile", Variant(shard="fsdp2")),
+    "tp": ("ours+compile", Variant(shard="tp")),
 }
 
 
@@ -352,6 +354,23 @@ def test_fsdp2_rows_in_a_world_of_one(tmp_path: Path) -> None:
     assert not torch.distributed.is_initialized()
 
 
+def test_tp_rows_in_a_world_of_one(tmp_path: Path) -> None:
+    """+tp without a launcher: the tensor-parallel plan over a world of one process, our styles on the
+    optimized model and torch's on the plain one, the rows judged against the baselines sharded alike; Liger
+    has no tensor-parallel path (its row says so)."""
+    bench = _bench()
+    assert bench.main(["--quick", "--device", "cpu", "--providers", "eager+tp,ours+tp,liger+tp", "--no-long",
+                       "--no-inference", "--steps", "1", "--out", str(tmp_path)]) == 0
+    results = BenchmarkResults.load(tmp_path / "e2e.json")
+    status = {r.provider: r for r in results.rows}
+    assert status["eager+tp"].ok and status["ours+tp"].ok
+    assert "tensor-parallel group of 1" in status["ours+tp"].note
+    assert status["liger+tp"].status in ("not installed", "error")
+    assert any("+tp rows: tensor and sequence parallelism" in n for n in results.notes)
+    assert any("torch.compile+tp's tokens/s" in n for n in results.notes)
+    assert not torch.distributed.is_initialized()
+
+
 def test_fsdp2_under_torchrun_scales_against_one_process(tmp_path: Path) -> None:
     """torchrun with two CPU processes (gloo): rank 0 alone writes, each row's peak is the largest rank's, and
     --scaling-base gives each row its efficiency against the world-of-one run; a provider without +fsdp2 is
@@ -374,4 +393,4 @@ def test_fsdp2_under_torchrun_scales_against_one_process(tmp_path: Path) -> None
     assert "one GPU's: left out under torchrun" in " ".join(results.notes)
     assert done.stdout.count("timed ours+fsdp2") == 1  # rank 0 prints
     refused = subprocess.run([*run, "--providers", "eager"], env=env, capture_output=True, text=True, timeout=120)
-    assert refused.returncode != 0 and "every training provider takes +fsdp2; not: eager" in refused.stderr
+    assert refused.returncode != 0 and "every training provider takes +fsdp2 or +tp; not: eager" in refused.stderr

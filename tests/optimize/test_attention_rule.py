@@ -82,13 +82,48 @@ def test_padding_mask_is_passed_on_and_correct() -> None:
     assert result.passed, result.message()
 
 
-def test_binding_sliding_window_uses_the_mask() -> None:
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+def test_binding_sliding_window_passes_the_window(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window shorter than the call (6 < 8 tokens: every Mistral layer, Gemma 3's sliding layer 0) goes to
+    attention(window=6), not transformers' dense mask (on the CPU SDPA gets the mask that window makes),
+    and computes what the original computes, gradients included."""
+    from kernel_pytorch.optimize.rules.attention import rule
+
     torch.manual_seed(0)
-    model, inputs = models.mistral()  # window 6 < 8 tokens
+    model, inputs = getattr(models, family)()
+    reference = copy.deepcopy(model)
     optimize(model, inputs, components="attention", seeds=(0,))
-    assert all(has_mask for has_mask, _, _ in _eager_sdpa_calls(model, input_ids=inputs["input_ids"]))
+    windows = []
+    real = rule.attention
+    monkeypatch.setattr(rule, "attention", lambda *a, **k: windows.append((k.get("window"), k.get("mask"))) or
+                        real(*a, **k))
+    ours, theirs = model(**inputs).loss, reference(**inputs).loss
+    assert windows == ([(6, None)] * 2 if family == "mistral" else [(6, None), (None, None)])
+    ours.backward()
+    theirs.backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        result = compare(p.grad, q.grad)
+        assert result.passed, f"{name}: {result.message()}"
+    assert all(has_mask for has_mask, _, _ in _eager_sdpa_calls(model, input_ids=inputs["input_ids"])[:1])
     short = inputs["input_ids"][:, :6]  # within the window: plain causal again
     assert _eager_sdpa_calls(model, input_ids=short) == [(False, True, True)] * 2
+
+
+def test_layer_window_is_the_one_transformers_masks_with() -> None:
+    """The layer's attribute (Gemma 3: 6 on sliding layers, None on full ones), else the config's layer_types
+    (Qwen2-MoE keeps the attribute on sliding layers only, and its config's window is 0 when unused), else the
+    config's window on every layer (Mistral); a window that is not a positive int is not understood."""
+    from kernel_pytorch.optimize.rules.attention.rule import _layer_window
+
+    gemma, _ = models.gemma3()
+    assert [_layer_window(m.self_attn, gemma.config) for m in gemma.model.layers] == [(6, True), (None, True)]
+    mistral, _ = models.mistral()
+    assert _layer_window(mistral.model.layers[1].self_attn, mistral.config) == (6, True)
+    moe, _ = models.qwen2_moe()
+    assert moe.config.sliding_window == 0 and _layer_window(moe.model.layers[0].self_attn, moe.config) == (None, True)
+    odd = torch.nn.Module()
+    odd.sliding_window = 0
+    assert _layer_window(odd, moe.config) == (None, False)
 
 
 def test_hint_hooks_follow_the_swaps() -> None:

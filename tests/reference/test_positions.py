@@ -1,4 +1,5 @@
-"""Absolute position encodings and ALiBi against transformers' DistilBERT, Marian, OPT and BLOOM."""
+"""Absolute position encodings and ALiBi against transformers' DistilBERT, Marian, OPT and BLOOM; document
+ids of packed rows against transformers' masking_utils."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from kernel_pytorch.reference.positions import (
     bloom_alibi,
     learned_positions,
     position_ids_from_attention_mask,
+    seq_ids_from_position_ids,
     sinusoidal_positions,
 )
 from kernel_pytorch.tolerances import compare
 from tests.grid import randn
 
 transformers = pytest.importorskip("transformers")
+from transformers.masking_utils import find_packed_sequence_indices  # noqa: E402
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor  # noqa: E402
 from transformers.models.distilbert.modeling_distilbert import _create_sinusoidal_embeddings  # noqa: E402
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding  # noqa: E402
@@ -84,3 +87,15 @@ def test_learned_positions_match_opt() -> None:
 def test_position_ids_from_left_padded_mask() -> None:
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
     assert torch.equal(position_ids_from_attention_mask(mask), torch.tensor([[1, 1, 0, 1], [0, 1, 2, 3]]))
+
+
+def test_seq_ids_read_packing_as_transformers_does() -> None:
+    """Documents of 5, 3, 8 and of 10, 2, 4 tokens, the last starting at position 3: a new document
+    wherever a position does not follow the one before it."""
+    positions = torch.tensor([[*range(5), *range(3), *range(8)], [*range(10), *range(2), *range(3, 7)]])
+    ids = seq_ids_from_position_ids(positions)
+    assert ids.tolist() == [[0] * 5 + [1] * 3 + [2] * 8, [0] * 10 + [1] * 2 + [2] * 4]
+    assert torch.equal(ids, find_packed_sequence_indices(positions))
+    assert seq_ids_from_position_ids(torch.arange(7)[None] + 4).tolist() == [[0] * 7]  # one document
+    with pytest.raises(ValueError, match="position_ids must be"):
+        seq_ids_from_position_ids(torch.arange(7))

@@ -3,7 +3,8 @@
 - save and load without pickle (`saving.py`, `loading.py`, the JSON manifest in `manifest.py`), and the
   one-time conversion of a trusted torch.save checkpoint (`convert.py`);
 - `torch.export` programs and AOTInductor packages (`export.py`);
-- deterministic weight-only quantization with torchao (`quantize.py`).
+- deterministic weight-only quantization with torchao or our own kernels (`quantize.py`), and how far
+  it moves a language model's predictions (`quant_accuracy.py`).
 
     kernel_pytorch.save(model, "out", report=report)        # safetensors + kernel_pytorch.json
     model = kernel_pytorch.load("out", make_model)           # the original architecture, re-optimized
@@ -34,6 +35,7 @@ from kernel_pytorch.deploy.export import (
 )
 from kernel_pytorch.deploy.loading import load
 from kernel_pytorch.deploy.manifest import Manifest, ManifestError, describe_differences, version_differences
+from kernel_pytorch.deploy.quant_accuracy import QuantAgreement, linear_weight_bytes, quantized_agreement
 from kernel_pytorch.deploy.quantize import (
     QuantDeterminism,
     QuantValidation,
@@ -53,6 +55,7 @@ __all__ = [
     "ManifestError",
     "PackageLoad",
     "PickleRefusedError",
+    "QuantAgreement",
     "QuantDeterminism",
     "QuantValidation",
     "aoti_package",
@@ -63,6 +66,7 @@ __all__ = [
     "dynamic_dims",
     "export",
     "fresh_inputs",
+    "linear_weight_bytes",
     "load",
     "load_package",
     "load_program",
@@ -70,6 +74,7 @@ __all__ = [
     "quant_determinism",
     "quant_rtol",
     "quantize",
+    "quantized_agreement",
     "save",
     "save_state_dict",
     "share_cxx_runtime",

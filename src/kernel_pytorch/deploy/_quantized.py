@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from kernel_pytorch.deploy._files import LoadError
 from kernel_pytorch.deploy.manifest import _version, dtype_name
+from kernel_pytorch.validation.runs import bitwise_equal
 
 INSTALL_HINT = "pip install 'kernel-pytorch[quant]'"
 SCHEME_ATTR = "_kernel_pytorch_quant_scheme"  # set on the model by deploy.quantize()
@@ -223,3 +224,26 @@ def check_against(model: nn.Module, state: Mapping[str, Tensor], quantized: Mapp
 
 __all__ = ["INSTALL_HINT", "SCHEME_ATTR", "check_against", "check_parts", "file_metadata", "flatten", "is_subclass",
            "logical", "check_can_save", "scheme_of", "torchao_support", "torchao_version", "unflatten"]
+
+
+def _inner(t: Tensor, name: str) -> list[tuple[str, Tensor]]:
+    """The plain tensors a (possibly subclass) tensor is made of: qdata, scale, zero_point ..."""
+    if not is_subclass(t) or not hasattr(t, "__tensor_flatten__"):
+        return [(name, t)]
+    attrs, _ = t.__tensor_flatten__()
+    return [leaf for a in attrs for leaf in _inner(getattr(t, a), f"{name}.{a}")]
+
+
+def tensors_of(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """{name: plain tensor} of a state dict, quantized tensors split into their parts."""
+    return {n: p for name, t in state.items() if isinstance(t, Tensor) for n, p in _inner(t, name)}
+
+
+def same_tensors(a: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[bool, str]:
+    """Whether two {name: tensor} maps hold the same names and bitwise-equal tensors, and what differs."""
+    if list(a) != list(b):
+        return False, f"different tensors: {sorted(set(a) ^ set(b))[:5]}"
+    differ = [n for n in a if not bitwise_equal(a[n], b[n])]
+    if differ:
+        return False, f"{len(differ)} of {len(a)} tensors differ: {', '.join(differ[:5])}"
+    return True, f"{len(a)} tensors bitwise identical"

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from kernel_pytorch._errors import short_error
 from kernel_pytorch._tree import call, flatten
 from kernel_pytorch.deploy import _packed
-from kernel_pytorch.deploy._quantized import INSTALL_HINT, SCHEME_ATTR, _torchao, is_subclass
+from kernel_pytorch.deploy._quantized import INSTALL_HINT, SCHEME_ATTR, _torchao, is_subclass, same_tensors, tensors_of
 from kernel_pytorch.deploy.export import export, our_ops
 from kernel_pytorch.reference.quant_matmul import rounding_step
 from kernel_pytorch.tolerances import BUDGET_FACTOR, tolerance_for
@@ -281,28 +281,6 @@ def validate_quantized(original: nn.Module, quantized: nn.Module, inputs: Any, s
     return QuantValidation(scheme, rtol, checks, result, errors, layers)
 
 
-def _inner(t: Tensor, name: str) -> list[tuple[str, Tensor]]:
-    """The plain tensors a (possibly subclass) tensor is made of: qdata, scale, zero_point ..."""
-    if not is_subclass(t) or not hasattr(t, "__tensor_flatten__"):
-        return [(name, t)]
-    attrs, _ = t.__tensor_flatten__()
-    return [leaf for a in attrs for leaf in _inner(getattr(t, a), f"{name}.{a}")]
-
-
-def tensors_of(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """{name: plain tensor} of a state dict, quantized tensors split into their parts."""
-    return {n: p for name, t in state.items() if isinstance(t, Tensor) for n, p in _inner(t, name)}
-
-
-def _same(a: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[bool, str]:
-    if list(a) != list(b):
-        return False, f"different tensors: {sorted(set(a) ^ set(b))[:5]}"
-    differ = [n for n in a if not bitwise_equal(a[n], b[n])]
-    if differ:
-        return False, f"{len(differ)} of {len(a)} tensors differ: {', '.join(differ[:5])}"
-    return True, f"{len(a)} tensors bitwise identical"
-
-
 @dataclass(frozen=True)
 class Step:
     """One determinism step: what was repeated, whether the repeat was bitwise identical, the detail."""
@@ -353,7 +331,7 @@ def quant_determinism(model: nn.Module, inputs: Any, scheme: str, *, backend: st
     first, second = (quantize(copy.deepcopy(model), scheme, backend=backend, group_size=group_size)
                      for _ in range(2))
     steps = [_repeat("quantize twice: quantized tensors and scales",
-                     lambda: _same(tensors_of(first.state_dict()), tensors_of(second.state_dict())))]
+                     lambda: same_tensors(tensors_of(first.state_dict()), tensors_of(second.state_dict())))]
     first.eval()
     programs: list[torch.export.ExportedProgram] = []
 
@@ -364,7 +342,7 @@ def quant_determinism(model: nn.Module, inputs: Any, scheme: str, *, backend: st
             where = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) if len(a) == len(b) else -1
             return False, f"graphs differ ({len(a)} vs {len(b)} nodes; first difference at node {where})"
         weights = [tensors_of({**p.state_dict, **p.constants}) for p in programs]
-        same, detail = _same(*weights)
+        same, detail = same_tensors(*weights)
         ops = ", ".join(our_ops(programs[0])) or "no kernel_pytorch ops"
         return same, f"{len(a)} nodes identical ({ops}); weights: {detail}"
 

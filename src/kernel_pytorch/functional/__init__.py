@@ -48,6 +48,7 @@ from kernel_pytorch.functional.norm import ATEN_LAYER_NORM_MAX_NUMEL, add_rms_no
 from kernel_pytorch.functional.quant_linear import quant_linear
 from kernel_pytorch.functional.rope import apply_rotary
 from kernel_pytorch.functional.vocab_parallel_cross_entropy import vocab_parallel_linear_cross_entropy
+from kernel_pytorch.reference.positions import seq_ids_from_position_ids
 from kernel_pytorch.reference.rms_norm import CASTINGS, Casting
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "rms_norm",
     "shared_input_linears",
     "seq_ids_from_cu_seqlens",
+    "seq_ids_from_position_ids",
     "swiglu",
     "swiglu_packed",
     "vocab_parallel_linear_cross_entropy",

@@ -222,7 +222,8 @@ def attention(
         softcap: scores -> softcap * tanh(scores / softcap) (flex, eager).
         window: sliding window (implies causal): a query sees its last `window` keys.
         alibi_slopes: (Hq,) ALiBi slopes (reference.alibi_slopes).
-        seq_ids: (B or 1, K) document ids of packed sequences; or cu_seqlens (n + 1,) for one packed row.
+        seq_ids: (B or 1, K) document ids of packed sequences (`seq_ids_from_position_ids` reads them from
+            position ids restarting at each document); or cu_seqlens (n + 1,) for one packed row.
         block_mask: a prebuilt FlexAttention BlockMask (replaces the structural masks; flex only).
         sdpa_kernel: pin SDPA's kernel(s), e.g. SDPBackend.FLASH_ATTENTION (sdpa only).
         backend: "auto" | "sdpa" | "flex" | "eager" (module docstring).

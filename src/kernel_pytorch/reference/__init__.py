@@ -31,6 +31,7 @@ from kernel_pytorch.reference.positions import (
     bloom_alibi,
     learned_positions,
     position_ids_from_attention_mask,
+    seq_ids_from_position_ids,
     sinusoidal_positions,
 )
 from kernel_pytorch.reference.quant_matmul import (
@@ -98,6 +99,7 @@ __all__ = [
     "rope",
     "rope_backward",
     "rotary_config",
+    "seq_ids_from_position_ids",
     "sinusoidal_positions",
     "swiglu",
 ]

@@ -1,5 +1,12 @@
 """Absolute and linear-bias position encodings: sinusoidal tables, learned tables, position ids from
-an attention mask, and ALiBi slopes and biases.
+an attention mask, document ids from position ids (packed sequences), and ALiBi slopes and biases.
+
+Packed sequences (several documents in one row, position ids restarting at each): a document starts
+wherever a position does not follow the one before it,
+
+    seq_ids[b, 0] = 0,  seq_ids[b, t] = seq_ids[b, t - 1] + (position_ids[b, t] != position_ids[b, t - 1] + 1)
+
+which is how transformers' masking_utils (`find_packed_sequence_indices`) reads packing from position ids.
 
 Sinusoidal (Vaswani et al.; transformers' DistilBERT/XLM and Marian tables), for position p, feature j:
 
@@ -60,6 +67,17 @@ def position_ids_from_attention_mask(attention_mask: Tensor, pad_value: int = 1)
     offset). Returns int64 (B, T). For decoding, take the last columns of the full mask's ids."""
     ids = attention_mask.long().cumsum(-1) - 1
     return ids.masked_fill(attention_mask == 0, pad_value)
+
+
+def seq_ids_from_position_ids(position_ids: Tensor) -> Tensor:
+    """Document ids (B, T) int64 of packed rows from their position ids (B, T) (module docstring): 0 for
+    the first document of each row, one more at every position that does not follow the one before it.
+    A row whose last id is 0 holds one document."""
+    if position_ids.dim() != 2:
+        raise ValueError(f"position_ids must be (B, T) (got shape {tuple(position_ids.shape)})")
+    step = position_ids[:, 1:] - position_ids[:, :-1]
+    starts = torch.cat([torch.zeros_like(position_ids[:, :1], dtype=torch.bool), step != 1], dim=1)
+    return starts.long().cumsum(-1)
 
 
 def alibi_slopes(n_heads: int, device: torch.device | str | None = None) -> Tensor:

@@ -52,6 +52,27 @@ def test_loop_counts_iterations_and_rms_cost() -> None:
     assert rms.data["details"]["eps"] == 1e-6 and "eps=1e-06" in rms.suggestion
 
 
+def test_rms_norm_fix_fits_where_the_norm_is_written() -> None:
+    """A norm module (HandRMSNorm) is replaced by ours; a norm written inside a bigger module's forward is
+    computed there with F.rms_norm or a child norm, not "replace each Block"."""
+    (module,) = _fusion(zoo.HandRMSNorm(), zoo.inputs("HandRMSNorm"))
+    assert "Replace each `HandRMSNorm`" in module.suggestion
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(32))
+            self.proj = torch.nn.Linear(32, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+            return self.proj(h)
+
+    (inline,) = [f for f in _fusion(Block(), (torch.randn(2, 8, 32),)) if f.id == "fusion.rms-norm"]
+    assert "In `Block.forward`" in inline.suggestion and "rms_norm(x, (32,), weight, eps=1e-06)" in inline.suggestion
+    assert "Replace each" not in inline.suggestion
+
+
 def test_components_in_development_say_so() -> None:
     assert component("rms_norm").available and "`kp.nn.RMSNorm`" in component("rms_norm").named()
     for key in ("gated_mlp", "rope", "attention", "linear_cross_entropy"):

@@ -76,6 +76,12 @@ def _rms_fix(inst: Instance) -> str:
         f"{rms.short}({d['hidden']}{eps}{affine})" if rms.available else f"torch.nn.RMSNorm({d['hidden']}{eps}{affine})"
     )
     applies = f" {_REWRITE}" if d.get("weighted") else ""
+    if "norm" not in inst.module_type.lower():  # written inline in a bigger module's forward, not a norm module
+        return (
+            f"In `{inst.module_type}.forward`, compute the norm with `torch.nn.functional.rms_norm(x, "
+            f"({d['hidden']},), weight{eps})`, or hold a `{new}` child (its `weight` the one used now) and call it; "
+            f"{rms.named()} runs it as one kernel, forward and backward.{applies}"
+        )
     return (
         f"Replace each `{inst.module_type}` with `{new}` (the same `weight`: "
         f"`new.load_state_dict(old.state_dict())`); {rms.named()} runs it as one kernel, forward and backward. "
@@ -133,8 +139,9 @@ def _attention_fix(inst: Instance) -> str:
 
 def _loop_fix(inst: Instance) -> str:
     return (
-        "Attend for every position at once: `out = torch.nn.functional.scaled_dot_product_attention(q, k, v, "
-        f"is_causal=True)` over the whole sequence, in one call instead of one per position; "
+        "Attend for every position and head at once: `out = torch.nn.functional.scaled_dot_product_attention(q, k, "
+        f"v, is_causal=True)` on (batch, heads, seq, head_dim) tensors, in one call instead of one per iteration "
+        "(`is_causal` only where the loop masked future positions); "
         f"{component('attention').named()} does this with a static KV cache for decoding."
     )
 
@@ -217,10 +224,11 @@ KINDS: dict[str, Kind] = {
         severity=Severity.WARNING,
     ),
     "attention-loop": Kind(
-        lambda i, n: f"Attention computed one position at a time {_in(i)} ({n} iterations per forward)",
+        lambda i, n: f"Attention computed in a Python loop {_in(i)} ({n} iterations per forward)",
         lambda i: (
-            f"the same `softmax(q @ k.T) @ v` runs once per position (scores {_shape(i.match.details.get('scores'))} "
-            "each), a Python loop Dynamo unrolls into one small subgraph per position"
+            f"the same `softmax(q @ k.T) @ v` runs once per iteration (over positions or heads; scores "
+            f"{_shape(i.match.details.get('scores'))} each), a loop Dynamo unrolls into one small subgraph per "
+            "iteration"
         ),
         _loop_fix,
         severity=Severity.WARNING,

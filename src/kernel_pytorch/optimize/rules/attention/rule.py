@@ -23,15 +23,27 @@ past_key_values / cache / layer_past, **kwargs) -> (attn_output, None), the chil
 The fast call. transformers builds the 4-D mask before the layers see it; whether it hands SDPA
 `is_causal=True` or a materialised (B, 1, T, T) mask with K/V repeated depends on its version and on
 tracing (under torch.compile 5.17 materialises it). `HFAttention` does not look at the mask's values:
-a pre-hook on the model (`MaskHint`) records, for the call in progress, whether the caller asked for
-plain causal attention (no `attention_mask`, or an all-ones 2-D one in eager mode; no `position_ids`
+a pre-hook on the model (`MaskHint`, hint.py) records, for the call in progress, whether the caller asked
+for plain causal attention (no `attention_mask`, or an all-ones 2-D one in eager mode; no `position_ids`
 without a mask, which could mark packed documents; no cache; no other input that may shape the mask).
 When it did, and the layer's queries and keys have the same length within any sliding window, the layer
-calls SDPA with `is_causal=True`, no mask and K/V not repeated (`enable_gqa`). In every other case
-(padding, a cache with earlier tokens, a window that binds, a 4-D mask from the caller) it passes
-transformers' mask on. The window is the layer's `sliding_window` where it has one (Qwen2/3, Gemma 2/3:
-None on full layers), else the config's (Mistral, Phi-3). An activation-checkpointing recompute, which
-runs after the hint is cleared, finds the decision on transformers' mask tensor.
+calls SDPA with `is_causal=True`, no mask and K/V not repeated (`enable_gqa`); where the layer's window
+binds it passes the window itself (`attention(window=...)`: FlexAttention's block mask on CUDA, whose
+tiles outside the window cost nothing) instead of transformers' dense mask. In every other case
+(padding, a cache with earlier tokens, a 4-D mask from the caller) it passes transformers' mask on. The
+window is the one transformers' mask gives the layer (`_layer_window`): the layer's `sliding_window` where
+it has one (Qwen2/3, Gemma 2/3: None on full layers), else its entry of the config's `layer_types` (Qwen2-
+MoE keeps the attribute on sliding layers only), else the config's `sliding_window` on every layer
+(Mistral, Phi-3); a window that is not a positive int is not understood, and such a layer always passes
+transformers' mask on. An activation-checkpointing recompute, which runs after the hint is cleared, finds
+the decision on transformers' mask tensor.
+
+Packed documents. Where transformers reads packed documents from `position_ids` (given without an
+`attention_mask`, and no cache in the layer: hint.py), the layer attends causally within each document
+(and its sliding window) through `attention(seq_ids=...)`, the ids read from the position ids, instead of
+transformers' dense (B, 1, T, T) mask: FlexAttention's block mask on CUDA (only the tiles inside
+documents run), SDPA with the block-diagonal boolean mask on the CPU (which has a backward; CPU Flex has
+none). RoPE needs nothing more: transformers' cos/sin are already those of the restarting positions.
 
 Left alone, with the reason: attention dropout > 0, flash / flex / paged attention implementations
 (their masks are other objects), ALiBi (Falcon's `alibi`: the bias rides in the mask, which the fast
@@ -55,53 +67,13 @@ from kernel_pytorch.functional.rope import apply_rotary
 from kernel_pytorch.nn._recompute import recompute_norm_outputs
 from kernel_pytorch.optimize.rules import Match
 from kernel_pytorch.optimize.rules._common import projections_left_alone, same_output
+from kernel_pytorch.optimize.rules.attention.hint import MaskHint, hint_of
 from kernel_pytorch.optimize.rules.attention.layouts import QKVLayout, qkv_layout, rotary_dims
 from kernel_pytorch.optimize.rules.norm import HFRMSNormRule
 
 _NORMS = ("q_norm", "k_norm")  # on (B, T, H, D); RMSNorms, swapped by the norm rule
 _HEAD_NORMS = ("q_layernorm", "k_layernorm")  # on (B, H, T, D) (StableLM's per-head LayerNorms), kept
 _IMPLEMENTATIONS = ("sdpa", "eager", None)
-# keyword arguments of a causal LM's forward that leave its mask plain causal (attention_mask and
-# position_ids are looked at separately)
-_PLAIN_KWARGS = frozenset({
-    "input_ids", "inputs_embeds", "labels", "use_cache", "attention_mask", "position_ids", "cache_position",
-    "logits_to_keep", "num_items_in_batch", "shift_labels", "ignore_index", "return_dict", "output_attentions",
-    "output_hidden_states",
-})
-
-
-class MaskHint:
-    """Whether the model call in progress asked for plain causal attention (`plain_causal`), set by a
-    forward pre-hook on the model and cleared after it; the hooks are this object's bound methods, so a
-    deep copy of the model gets its own hint."""
-
-    def __init__(self) -> None:
-        self.plain_causal = False
-        self.users = 0
-        self.handles: list[Any] = []  # RemovableHandles (a deep copy of the model rebinds them to the copy)
-
-    def before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
-        # anything else given (token_type_ids, pixel_values, a cache ...) may shape the mask: not plain
-        others = [k for k, v in kwargs.items() if v is not None and k not in _PLAIN_KWARGS]
-        plain = len(args) <= 1 and not others
-        if mask is None:
-            plain = plain and positions is None  # transformers reads packed documents from position_ids
-        elif isinstance(mask, Tensor) and mask.dim() == 2 and not torch.compiler.is_compiling():
-            plain = plain and bool(mask.all())  # a host sync, as transformers' own check in eager
-        else:
-            plain = False
-        self.plain_causal = plain
-
-    def after(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        self.plain_causal = False
-
-
-def _hint_of(model: nn.Module) -> MaskHint | None:
-    for hook in model._forward_pre_hooks.values():
-        if isinstance(getattr(hook, "__self__", None), MaskHint):
-            return hook.__self__
-    return None
 
 
 class HFAttention(nn.Module):
@@ -124,10 +96,9 @@ class HFAttention(nn.Module):
         self.softcap = getattr(old, "attn_logit_softcapping", None)
         # None with the eager implementation means no mask at all; with SDPA, causal
         self.none_is_causal = getattr(config, "_attn_implementation", None) != "eager"
-        # the layer's own window where it has the attribute (Qwen2/3, Gemma 2/3: None on full layers), else
-        # the config's, which then masks every layer (Mistral, Phi-3); the fast path only where none binds
-        window = old.sliding_window if hasattr(old, "sliding_window") else getattr(config, "sliding_window", None)
-        self.window_bound = window if isinstance(window, int) else None
+        # the window transformers' mask gives this layer; the structural calls (fast, windowed, documents)
+        # only where it is understood
+        self.window_bound, self.window_known = _layer_window(old, config)
         self.hint: MaskHint | None = None
         self.train(old.training)
 
@@ -137,7 +108,7 @@ class HFAttention(nn.Module):
 
     def attach(self, model: nn.Module) -> None:
         """Share the model's MaskHint (registering its hooks on the first attach)."""
-        hint = _hint_of(model)
+        hint = hint_of(model)
         if hint is None:
             hint = MaskHint()
             hint.handles = [model.register_forward_pre_hook(hint.before, with_kwargs=True),
@@ -182,7 +153,7 @@ class HFAttention(nn.Module):
         if past_key_values is not None:
             extra = () if cache_position is None else ({"sin": sin, "cos": cos, "cache_position": cache_position},)
             k, v = past_key_values.update(k, v, self.layer_idx, *extra)
-        out = self._attend(q, k, v, attention_mask)
+        out = self._attend(q, k, v, attention_mask, kwargs.get("position_ids"), past_key_values is not None)
         return getattr(self, self.layout.out)(out.transpose(1, 2).reshape(b, t, -1)), None
 
     def _split_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -195,18 +166,34 @@ class HFAttention(nn.Module):
             return shared_input_linears(x, *_weights_and_biases(*projs))
         return projs[0](x), projs[1](x), projs[2](x)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Any) -> Tensor:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Any, position_ids: Tensor | None,
+                cached: bool) -> Tensor:
         q_len, kv_len = q.shape[2], k.shape[2]
         options = dict(scale=self.scaling, softcap=self.softcap)
         eager = not torch.compiler.is_compiling()
-        # an activation-checkpointing recompute runs after the model's call has cleared the hint: the
-        # mask it was decided for carries the decision (eager only; a compiled graph recomputes itself)
-        plain = (self.hint is not None and self.hint.plain_causal) or (
-            eager and isinstance(mask, Tensor) and getattr(mask, "_kp_plain_causal", False))
-        if plain and q_len == kv_len and q_len > 1 and (self.window_bound is None or kv_len <= self.window_bound):
+        hint = self.hint
+        plain = hint is not None and hint.plain_causal
+        docs = None
+        if hint is not None and hint.documents and self.window_known and not cached \
+                and isinstance(position_ids, Tensor) and q_len == kv_len:
+            docs = hint.documents_of(position_ids, q.shape[0])
+            plain = docs is None  # every row one document (found in eager only): plain causal
+        elif eager and isinstance(mask, Tensor):
+            # an activation-checkpointing recompute runs after the model's call has cleared the hint: the
+            # mask it was decided for carries the decision (eager only; a compiled graph recomputes itself)
+            plain = plain or getattr(mask, "_kp_plain_causal", False)
+            docs = getattr(mask, "_kp_seq_ids", None)
+        if docs is not None:  # packed documents: causal within each, in any sliding window
+            if eager and isinstance(mask, Tensor):
+                mask._kp_seq_ids = docs
+            return attention(q, k, v, is_causal=True, window=self.window_bound, seq_ids=docs, **options)
+        if plain and self.window_known and q_len == kv_len and q_len > 1:
             if eager and isinstance(mask, Tensor):
                 mask._kp_plain_causal = True
-            return attention(q, k, v, is_causal=True, **options)  # the fast call: no mask, K/V not repeated
+            if self.window_bound is None or kv_len <= self.window_bound:
+                return attention(q, k, v, is_causal=True, **options)  # the fast call: no mask, K/V not repeated
+            # a window that binds, as the structural option: block-sparse Flex on CUDA, not a dense mask
+            return attention(q, k, v, is_causal=True, window=self.window_bound, **options)
         if mask is None:
             causal = self.none_is_causal and q_len > 1
             if causal and kv_len > q_len:  # a fresh static cache: transformers attends to its first q_len slots
@@ -215,6 +202,22 @@ class HFAttention(nn.Module):
         if mask.dim() == 4:
             mask = mask[:, :, :, :kv_len]
         return attention(q, k, v, mask=prepare_mask(mask, q_len, kv_len), **options)
+
+
+def _layer_window(module: nn.Module, config: Any) -> tuple[int | None, bool]:
+    """(the sliding window transformers' mask gives the layer, None for none; whether it is understood): the
+    module's `sliding_window` attribute, else the layer's entry of `config.layer_types`, else the config's
+    `sliding_window` (a window for every layer: Mistral, Phi-3); understood when None or a positive int."""
+    index = getattr(module, "layer_idx", None)
+    types = getattr(config, "layer_types", None)
+    if hasattr(module, "sliding_window"):
+        window = module.sliding_window
+    elif isinstance(types, (list, tuple)) and isinstance(index, int) and 0 <= index < len(types):
+        window = getattr(config, "sliding_window", None) if types[index] == "sliding_attention" else None
+    else:
+        window = getattr(config, "sliding_window", None)
+    known = window is None or (isinstance(window, int) and not isinstance(window, bool) and window > 0)
+    return (window if known else None), known
 
 
 def _weights_and_biases(*linears: nn.Linear) -> tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]:
@@ -322,4 +325,4 @@ class AttentionRule:
 
 ATTENTION_RULES = (AttentionRule(),)
 
-__all__ = ["ATTENTION_RULES", "AttentionRule", "HFAttention", "MaskHint"]
+__all__ = ["ATTENTION_RULES", "AttentionRule", "HFAttention"]
