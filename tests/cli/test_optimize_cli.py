@@ -100,3 +100,39 @@ def test_bad_extra_inputs_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     path.write_text(FACTORY + "\n\ndef get_extra_inputs():\n    return 3\n")
     assert main(["optimize", f"{path}:make"]) == 2
     assert "get_extra_inputs() must return a list" in capsys.readouterr().err
+
+
+HAND_WRITTEN = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+
+    class Model(nn.Module):
+        def __init__(self, dim=16):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(dim))
+            self.gate, self.up = nn.Linear(dim, 32), nn.Linear(dim, 32)
+
+        def forward(self, x):
+            h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+            return F.silu(self.gate(h)) * self.up(h)
+
+
+    def make():
+        return Model(), (torch.randn(4, 16),)
+''')
+
+
+def test_rewrite_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "hand.py"
+    path.write_text(HAND_WRITTEN)
+    assert main(["optimize", f"{path}:make", "--seeds", "1", "--compile", "off", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rewrites"] == []
+    assert main(["optimize", f"{path}:make", "--seeds", "1", "--compile", "off", "--json", "--rewrite"]) == 0
+    rewrites = json.loads(capsys.readouterr().out)["rewrites"]
+    assert [(r["kind"], r["status"]) for r in rewrites] == [("rms-norm", "applied"), ("gated-act", "applied")]
+    line = next(i for i, text in enumerate(HAND_WRITTEN.splitlines(), 1) if "rsqrt" in text)
+    assert rewrites[0]["location"] == f"{path}:{line}"
+    assert main(["optimize", f"{path}:make", "--seeds", "1", "--compile", "off", "--json", "--rewrite", "norm"]) == 0
+    assert [r["kind"] for r in json.loads(capsys.readouterr().out)["rewrites"]] == ["rms-norm"]

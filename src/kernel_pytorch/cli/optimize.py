@@ -53,6 +53,15 @@ def _components(text: str) -> Any:
     return [c.strip() for c in text.split(",") if c.strip()]
 
 
+def _rewrite(text: str | None) -> Any:
+    """--rewrite: absent (none), given alone (every family) or a comma list of families."""
+    if text is None:
+        return False
+    if text == "all":
+        return True
+    return [f.strip() for f in text.split(",") if f.strip()]
+
+
 def load(args: argparse.Namespace) -> tuple[nn.Module, Any, str]:
     """(model, example inputs, what it is) from the factory or the built-in model the args name."""
     if args.factory and args.model:
@@ -118,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model, report = optimize(model, inputs, extra_inputs=extra, components=_components(args.components),
                                  compile=compile_mode, validate=not args.no_validate, compile_options=options,
-                                 seeds=tuple(range(args.seeds)), tf32=args.tf32)
+                                 seeds=tuple(range(args.seeds)), tf32=args.tf32, rewrite=_rewrite(args.rewrite))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -144,6 +153,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default=None, help="torch.compile backend for --compile on (default inductor)")
     p.add_argument("--tf32", action="store_true",
                    help="opt in to TF32 for fp32 matmuls on CUDA (process-wide; kept if faster and within tolerance)")
+    p.add_argument("--rewrite", nargs="?", const="all", default=None, metavar="FAMILIES",
+                   help="also rewrite hand-written patterns in forwards (all families, or a list: norm,activation)")
     p.add_argument("--no-validate", action="store_true", help="skip validation (changes are then unchecked)")
     p.add_argument("--seeds", type=int, default=2, help="validation seeds (default 2)")
     p.add_argument("--save", default=None, metavar="DIR",

@@ -10,7 +10,8 @@ assigns to a third-party class or module attribute (STYLE rule 5).
 
 Parts: `core.py` (the function), `options.py` (`CompileOptions`; validation takes
 `kernel_pytorch.validation.ValidationOptions`), `rules/` (one file per component family), `swap.py`
-(finding and swapping instances), `compile.py` (regional compilation and the order of the compile
+(finding and swapping instances), `rewrite/` (hand-written patterns in forwards replaced by our ops,
+`rewrite=True`), `compile.py` (regional compilation and the order of the compile
 steps), `dynamic.py` (mark_dynamic from several shapes), `compile_steps.py` (channels_last, CUDA graphs,
 TF32), `report.py` (what it returns).
 
@@ -29,7 +30,7 @@ from kernel_pytorch.optimize.compile import INDUCTOR_OPTIONS
 from kernel_pytorch.optimize.core import optimize, select_rules
 from kernel_pytorch.optimize.dynamic import mark_dynamic_inputs
 from kernel_pytorch.optimize.options import CompileOptions
-from kernel_pytorch.optimize.report import Change, CompileStep, OptimizeReport
+from kernel_pytorch.optimize.report import Change, CompileStep, OptimizeReport, Rewrite
 from kernel_pytorch.optimize.rules import Match, Rule, default_rules
 
 
@@ -43,5 +44,5 @@ class _CallablePackage(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallablePackage
 
-__all__ = ["INDUCTOR_OPTIONS", "Change", "CompileOptions", "CompileStep", "Match", "OptimizeReport", "Rule",
+__all__ = ["INDUCTOR_OPTIONS", "Change", "CompileOptions", "CompileStep", "Match", "OptimizeReport", "Rewrite", "Rule",
            "default_rules", "mark_dynamic_inputs", "optimize", "select_rules"]

@@ -25,6 +25,8 @@ from kernel_pytorch.optimize.compile import CompileMode, compile_model
 from kernel_pytorch.optimize.compile_steps import tf32_step
 from kernel_pytorch.optimize.options import CompileOptions, typed
 from kernel_pytorch.optimize.report import CompileStep, OptimizeReport
+from kernel_pytorch.optimize.rewrite import patterns_of
+from kernel_pytorch.optimize.rewrite import sites as rewrites
 from kernel_pytorch.optimize.rules import Rule, default_rules
 from kernel_pytorch.validation import ValidationOptions, ValidationResult, validate_optimization
 
@@ -98,6 +100,7 @@ def optimize(
     tf32: bool = False,
     seeds: Sequence[int] = (0, 1),
     validate_options: ValidationOptions | None = None,
+    rewrite: bool | str | Sequence[str] = False,
 ) -> tuple[nn.Module, OptimizeReport]:
     """Optimize `model` in place with kernel_pytorch's modules and compile fixes, validated.
 
@@ -125,6 +128,10 @@ def optimize(
         seeds: validation seeds (the first uses the inputs as given; later ones redraw them).
         validate_options: what validation checks (`ValidationOptions`); default
             `ValidationOptions.correctness_only()`: outputs and gradients on every seed, nothing timed.
+        rewrite: graph rewrites of hand-written patterns in the modules' own forwards (`optimize.rewrite`):
+            False (default: none), True (every family) or family names ("norm", "activation"). Each is
+            validated with the rest and reverted alone if it fails; `report.rewrites` lists each at its
+            source line.
     Returns:
         (model, report): the same model object with the kept changes; the report lists every change,
         kept, reverted or skipped, with reasons, and the final validation.
@@ -138,6 +145,7 @@ def optimize(
         or ValidationOptions.correctness_only()
     report = OptimizeReport()
     rules = select_rules(components)
+    patterns = patterns_of(rewrite)
     inputs = as_inputs(example_inputs) if example_inputs is not None else None
     if inputs is None and isinstance(getattr(model, "dummy_inputs", None), dict):
         inputs = dict(model.dummy_inputs)
@@ -166,6 +174,14 @@ def optimize(
             return model, report
     report.changes += [s.change for s in swaps] + skipped
     swap.apply(model, swaps)
+    sites: list[rewrites.Site] = []
+    if patterns and (report.sharded or fsdp):
+        report.notes.append("rewrite: not run on a model holding sharded parameters (rewrite before sharding)")
+    elif patterns:
+        sites, notes = rewrites.plan(model, patterns)
+        report.notes += notes
+        report.rewrites += [s.record for s in sites]
+        rewrites.apply(model, sites, sites)
     extra = [as_inputs(x) for x in extra_inputs]
     compiled = compile_model(model, inputs, compile, compile_options, extra)
     report.compile_steps += compiled.steps
@@ -187,7 +203,13 @@ def optimize(
     if not result.passed and (compiled.blocks or compiled.channels_last):
         compiled.undo(model, f"failed validation: {_why(result)}")
         result = check()
-    if not result.passed and swaps:
+    if not result.passed and sites:
+        rewrites.revert(model, sites, sites, "")
+        result = check()
+        if not result.passed and swaps:
+            result = _bisect(model, swaps, check)
+        result = _bisect_rewrites(model, sites, check, result)
+    elif not result.passed and swaps:
         result = _bisect(model, swaps, check)
     report.validation = result
     if not result.passed:
@@ -236,6 +258,32 @@ def _bisect(model: nn.Module, swaps: list[swap.Swap], check: Any) -> ValidationR
     result = check()
     if not result.passed and kept:
         swap.revert(model, kept, f"passed rule by rule, failed together: {_why(result)}")
+        result = check()
+    return result
+
+
+def _bisect_rewrites(model: nn.Module, sites: list[rewrites.Site], check: Any, base: ValidationResult
+                     ) -> ValidationResult:
+    """The rewrites failed with the rest of the changes and are all out, `base` the result without them:
+    try each alone on top of the kept swaps, then the survivors together (reverting all if only the
+    combination fails). Returns the last result."""
+    if not base.passed:
+        for s in sites:
+            s.record.detail = "not kept: the model fails validation without any rewrite"
+        return base
+    kept: list[rewrites.Site] = []
+    for s in sites:
+        rewrites.apply(model, [s], sites)
+        result = check()
+        rewrites.revert(model, [s], sites, f"failed validation: {_why(result)}")
+        if result.passed:
+            kept.append(s)
+    if not kept:
+        return base
+    rewrites.apply(model, kept, sites)
+    result = check()
+    if not result.passed:
+        rewrites.revert(model, kept, sites, f"passed one by one, failed together: {_why(result)}")
         result = check()
     return result
 

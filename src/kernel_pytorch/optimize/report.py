@@ -1,7 +1,7 @@
 """What `optimize()` returns beside the model: every change it made, kept or reverted, every module a
-rule recognised and left alone, the modules holding sharded parameters (left as they are, not offered to
-the rules), the compile steps, and the final validation. Printable as text
-(`str(report)`) and JSON-able (`report.to_dict()`, `report.to_json()`)."""
+rule recognised and left alone, every graph rewrite (`rewrite=`) at its source line, the modules holding
+sharded parameters (left as they are, not offered to the rules), the compile steps, and the final
+validation. Printable as text (`str(report)`) and JSON-able (`report.to_dict()`, `report.to_json()`)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,27 @@ class Change:
 
 
 @dataclass
+class Rewrite:
+    """One graph rewrite: pattern `kind` ("rms-norm", "gated-act") at `location` ("file.py:12", the line
+    the analyser's finding names) in the forward of the module at `path`, `count` matches there, replaced
+    by `after`; what became of it (`status`) and why (`reason`, `detail`)."""
+
+    path: str
+    kind: str
+    family: str
+    module: str
+    after: str
+    location: str
+    count: int
+    status: Status
+    reason: str
+    detail: str = ""  # for a revert: the validation failure that caused it
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
 class CompileStep:
     """One compile-side fix (regional, mark_dynamic, channels_last, cuda_graphs, tf32): applied, reverted or skipped,
     with the measurement that decided it (None when nothing was measured, and `reason` says so)."""
@@ -73,6 +94,8 @@ class OptimizeReport:
     # paths of the modules holding sharded parameters of their own (DTensors, or under FSDP; "" for the model
     # itself): not offered to the rules, left as they are for SHARDED_REASON
     sharded: list[str] = field(default_factory=list)
+    # graph rewrites (`optimize(rewrite=...)`), kept and reverted
+    rewrites: list[Rewrite] = field(default_factory=list)
 
     def applied(self) -> list[Change]:
         return [c for c in self.changes if c.status == "applied"]
@@ -103,6 +126,7 @@ class OptimizeReport:
             "sharded": list(self.sharded),
             "counts": self.counts(),
             "changes": [c.to_dict() for c in self.changes],
+            "rewrites": [r.to_dict() for r in self.rewrites],
             "compile": [s.to_dict() for s in self.compile_steps],
             "dynamic_dims": {k: list(v) for k, v in self.dynamic_dims.items()},
             "validated": self.validated,
@@ -119,6 +143,9 @@ class OptimizeReport:
         compile steps, notes, and (with `validation`) the validation summary."""
         lines = [f"optimize: {len(self.applied())} modules replaced, {len(self.reverted())} reverted, "
                  f"{len(self.skipped()) + len(self.sharded)} left alone"]
+        if self.rewrites:
+            kept = sum(r.status == "applied" for r in self.rewrites)
+            lines[0] += f"; {kept} rewrites kept, {len(self.rewrites) - kept} reverted"
         groups: dict[tuple[str, str], list[str]] = {}
         for c in self.applied():
             groups.setdefault((c.rule, c.reason), []).append(c.path)
@@ -134,6 +161,13 @@ class OptimizeReport:
         if self.sharded:
             paths = [p or "the model itself" for p in self.sharded]
             lines.append(f"  left alone [sharded] {SHARDED_REASON}: {_paths(paths)}")
+        for r in self.rewrites:
+            times = f" ({r.count} matches)" if r.count > 1 else ""
+            at = f"{r.location} in `{r.path or r.module}`"
+            if r.status == "applied":
+                lines.append(f"  rewrite [{r.kind}] {at}{times}: -> {r.after}")
+            else:
+                lines.append(f"  REVERTED rewrite [{r.kind}] {at}: {r.detail or r.reason}")
         for s in self.compile_steps:
             measured = ""
             if s.measured:
@@ -142,7 +176,8 @@ class OptimizeReport:
         if self.dynamic_dims:
             lines.append("  dynamic dims: " + ", ".join(f"{k} {v}" for k, v in self.dynamic_dims.items()))
         lines += [f"  note: {n}" for n in self.notes]
-        if not self.validated and not (self.applied() or any(s.status == "applied" for s in self.compile_steps)):
+        kept = any(r.status == "applied" for r in (*self.rewrites, *self.compile_steps))
+        if not self.validated and not (self.applied() or kept):
             lines.append("  validation: not run: nothing was changed")
         elif not self.validated:
             lines.append("  validation: not run (validate=False): the changes are unchecked")
@@ -155,4 +190,4 @@ class OptimizeReport:
         return self.summary()
 
 
-__all__ = ["SHARDED_REASON", "Change", "CompileStep", "OptimizeReport", "Status"]
+__all__ = ["SHARDED_REASON", "Change", "CompileStep", "OptimizeReport", "Rewrite", "Status"]

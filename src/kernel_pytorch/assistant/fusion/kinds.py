@@ -58,6 +58,16 @@ def _many(n: int) -> str:
     return f" ({n} places)" if n > 1 else ""
 
 
+# the patterns `optimize(rewrite=True)` replaces where they are written (kernel_pytorch.optimize.rewrite:
+# weighted RMSNorms and the residual add before one, gated SiLU/GELU, a parameter bias before an
+# activation), said in those findings' fixes
+_REWRITE = (
+    "Or leave the code as it is: `model, report = kernel_pytorch.optimize(model, inputs, rewrite=True)` "
+    "replaces the pattern where it is written (its common spellings) with the fused op, validated against "
+    "the original and reverted if it fails; `report.rewrites` lists each line it rewrote."
+)
+
+
 def _rms_fix(inst: Instance) -> str:
     d = inst.match.details
     eps = f", eps={d['eps']}" if d.get("eps") is not None else ""
@@ -65,16 +75,17 @@ def _rms_fix(inst: Instance) -> str:
     new = (
         f"{rms.short}({d['hidden']}{eps}{affine})" if rms.available else f"torch.nn.RMSNorm({d['hidden']}{eps}{affine})"
     )
+    applies = f" {_REWRITE}" if d.get("weighted") else ""
     if "norm" not in inst.module_type.lower():  # written inline in a bigger module's forward, not a norm module
         return (
             f"In `{inst.module_type}.forward`, compute the norm with `torch.nn.functional.rms_norm(x, "
             f"({d['hidden']},), weight{eps})`, or hold a `{new}` child (its `weight` the one used now) and call it; "
-            f"{rms.named()} runs it as one kernel, forward and backward."
+            f"{rms.named()} runs it as one kernel, forward and backward.{applies}"
         )
     return (
         f"Replace each `{inst.module_type}` with `{new}` (the same `weight`: "
         f"`new.load_state_dict(old.state_dict())`); {rms.named()} runs it as one kernel, forward and backward. "
-        "Inline code: `torch.nn.functional.rms_norm(x, (D,), weight, eps)`."
+        f"Inline code: `torch.nn.functional.rms_norm(x, (D,), weight, eps)`.{applies}"
     )
 
 
@@ -109,7 +120,7 @@ def _act_fix(inst: Instance) -> str:
     comp = component(key)
     if comp.available:
         mlp = component("gated_mlp").short
-        return f"`{comp.short}(gate, up)` in place of `{act}(gate) * up` (or `{mlp}.from_module(mlp)`)."
+        return f"`{comp.short}(gate, up)` in place of `{act}(gate) * up` (or `{mlp}.from_module(mlp)`). {_REWRITE}"
     return (
         f"`model = torch.compile(model)` fuses `{act}(gate) * up` today; {comp.named()} also recomputes "
         f"{act} in the backward instead of saving it ({component('gated_mlp').named()} wraps the whole MLP)."
@@ -150,9 +161,10 @@ def _bias_fix(inst: Instance) -> str:
     if inst.match.details.get("linear_without_bias"):
         return (
             f"Give the Linear its bias (`nn.Linear(in_features, out_features, bias=True)`): the GEMM adds it in "
-            f"its epilogue and `{act}` runs alone; {component('bias_act').named()} fuses bias and {act} too."
+            f"its epilogue and `{act}` runs alone; {component('bias_act').named()} fuses bias and {act} too. "
+            f"{_REWRITE}"
         )
-    return _pending("bias_act", f"`model = torch.compile(model)` fuses the bias add into `{act}` today")
+    return f"{_pending('bias_act', f'`model = torch.compile(model)` fuses the bias add into `{act}` today')} {_REWRITE}"
 
 
 COMPONENT = {
@@ -239,7 +251,7 @@ KINDS: dict[str, Kind] = {
             f"`hidden, residual = {component('add_rms_norm').short}({i.match.details['hidden']}"
             + (f", eps={i.match.details['eps']}" if i.match.details.get("eps") is not None else "")
             + f")(hidden, residual)` in place of the add and the norm ({component('add_rms_norm').named()}; "
-            "same `weight` as the norm it replaces)."
+            f"same `weight` as the norm it replaces). {_REWRITE}"
         ),
         compiles_away=True,
     ),

@@ -1,0 +1,163 @@
+"""Graph rewrites against compile alone: for models holding hand-written patterns (KernelBench-style
+problems written here, and the built-in plain-torch models), the forward+backward time and peak memory of
+eager, `torch.compile`, `optimize(rewrite=True)` then `torch.compile`, the Inductor pre-grad rewrite pass
+(`rewrite.compiled.inductor_options()`), and `optimize(rewrite=True)` eager; with the rewrites kept.
+
+    python benchmarks/probes/probe_rewrite.py                      # on CUDA, bf16, the full sizes
+    python benchmarks/probes/probe_rewrite.py --tiny --device cpu  # a smoke run of the script itself
+    python benchmarks/probes/probe_rewrite.py --models hand_rms_norm swiglu --out results.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kernel_pytorch.benchmark.memory import peak_memory
+from kernel_pytorch.benchmark.module import make_pass
+from kernel_pytorch.benchmark.timer import time_fn
+from kernel_pytorch.models import build_model
+from kernel_pytorch.optimize import optimize
+from kernel_pytorch.optimize.rewrite.compiled import inductor_options
+
+
+class HandRMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm written out, between two projections (the norm is a fraction of the step)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int, i: int) -> None:
+        super().__init__()
+        self.gate, self.up, self.down = (nn.Linear(d, i, bias=False), nn.Linear(d, i, bias=False),
+                                         nn.Linear(i, d, bias=False))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class GemmBiasGelu(nn.Module):
+    """KernelBench level-2 style: GEMM, a bias added apart, GELU."""
+
+    def __init__(self, d: int, i: int) -> None:
+        super().__init__()
+        self.gemm, self.bias = nn.Linear(d, i, bias=False), nn.Parameter(torch.zeros(i))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(self.gemm(x) + self.bias)
+
+
+class NormMLPBlock(nn.Module):
+    """A pre-norm SwiGLU block written in one forward: norm, gated MLP, residual."""
+
+    def __init__(self, d: int, i: int) -> None:
+        super().__init__()
+        self.norm, self.mlp = HandRMSNorm(d), SwiGLU(d, i)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+def _problems(tiny: bool, device: str, dtype: torch.dtype) -> dict[str, Callable[[], tuple[nn.Module, tuple]]]:
+    b, t, d, i = (2, 16, 64, 128) if tiny else (8, 2048, 4096, 14336)
+
+    def x() -> Tensor:
+        return torch.randn(b, t, d, device=device, dtype=dtype)
+
+    def make(cls: type[nn.Module], *args: int) -> Callable[[], tuple[nn.Module, tuple]]:
+        def build() -> tuple[nn.Module, tuple]:
+            torch.manual_seed(0)
+            return cls(*args).to(device=device, dtype=dtype), (x(),)
+        return build
+
+    def builtin(name: str) -> Callable[[], tuple[nn.Module, tuple]]:
+        return lambda: build_model(name if not tiny else "llama-tiny", device=device, dtype=dtype)
+
+    return {
+        "hand_rms_norm": make(HandRMSNorm, d),
+        "swiglu": make(SwiGLU, d, i),
+        "gemm_bias_gelu": make(GemmBiasGelu, d, i),
+        "norm_mlp_block": make(NormMLPBlock, d, i),
+        "llama-8l-2048": builtin("llama-8l-2048"),
+    }
+
+
+def _variants() -> dict[str, Callable[[nn.Module, tuple], tuple[Callable[..., object], int]]]:
+    def eager(m: nn.Module, inputs: tuple) -> tuple[Callable[..., object], int]:
+        return m, 0
+
+    def compiled(m: nn.Module, inputs: tuple) -> tuple[Callable[..., object], int]:
+        return torch.compile(m), 0
+
+    def rewrite_then_compile(m: nn.Module, inputs: tuple) -> tuple[Callable[..., object], int]:
+        m, report = optimize(m, inputs, components=False, compile=False, rewrite=True)
+        return torch.compile(m), sum(r.status == "applied" for r in report.rewrites)
+
+    def inductor_pass(m: nn.Module, inputs: tuple) -> tuple[Callable[..., object], int]:
+        return torch.compile(m, options=inductor_options()), -1  # counted by the pass, not reported here
+
+    def rewrite_eager(m: nn.Module, inputs: tuple) -> tuple[Callable[..., object], int]:
+        m, report = optimize(m, inputs, components=False, compile=False, rewrite=True)
+        return m, sum(r.status == "applied" for r in report.rewrites)
+
+    return {"eager": eager, "compile": compiled, "rewrite+compile": rewrite_then_compile,
+            "inductor pass": inductor_pass, "rewrite eager": rewrite_eager}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--tiny", action="store_true", help="small shapes (a smoke run)")
+    parser.add_argument("--models", nargs="*", help="a subset of the problems")
+    parser.add_argument("--out", type=Path, help="also write the table here")
+    args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    problems = _problems(args.tiny, args.device, dtype)
+    names = args.models or list(problems)
+    rows = ["| model | variant | fwd+bwd ms (q20-q80) | vs compile | peak MiB | rewrites kept |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for name in names:
+        base = None
+        for variant, prepare in _variants().items():
+            torch._dynamo.reset()
+            model, inputs = problems[name]()
+            start = time.perf_counter()
+            fn, kept = prepare(model, inputs)
+            step = make_pass(fn, inputs, "fwd+bwd")
+            step()  # compiles
+            setup = time.perf_counter() - start
+            timing = time_fn(step, device=args.device)
+            memory = peak_memory(step, device=args.device)
+            base = timing.median_ms if variant == "compile" else base
+            ratio = f"{base / timing.median_ms:.3f}x" if base else ""
+            peak = f"{memory.peak_mib:.0f}" if memory.peak_mib is not None else "n/a"
+            rows.append(f"| {name} | {variant} | {timing.median_ms:.3f} ({timing.q20_ms:.3f}-{timing.q80_ms:.3f}) "
+                        f"| {ratio} | {peak} | {kept if kept >= 0 else 'pass'} |")
+            print(rows[-1], f"(setup {setup:.1f} s)", flush=True)
+            del fn, step, model
+    header = f"device {args.device} ({torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}), {args.dtype}"
+    text = "\n".join([header, "", *rows])
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
