@@ -8,7 +8,7 @@
 #   and tests/{ops,functional,nn,reference,optim} in 536 s, so the whole suite takes three runs, e.g.
 #   KP_SUITE_PATHS="tests/ops tests/functional tests/nn tests/reference tests/optim", then the rest.
 #   verdict (opt-in, one run of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
-#   opt-in: loss_curve; quant (our quantized matmuls: tests, then bench_quant_matmul); fsdp fsdp_8b (the e2e step
+#   opt-in: loss_curve; rewrite (optimize(rewrite=True): tests, then probe_rewrite); quant (our quantized matmuls: tests, then bench_quant_matmul); fsdp fsdp_8b (the e2e step
 #   under FSDP2, torchrun over every GPU); e2e_families e2e_packed e2e_long (the e2e step on Qwen3 and Gemma 3,
 #   on packed rows, at long context; each ~9 min, one run of its own);
 #   probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
@@ -194,6 +194,11 @@ for s in $steps; do
              tests/deploy/test_quantize_kernels.py tests/reference/test_quant_matmul.py
            step 200 bench_quant_matmul python3 benchmarks/bench_quant_matmul.py --out "$work/results" \
              ${KP_QUANT_SWEEP:+--sweep} ;;
+    # optimize(rewrite=True) on the GPU: its tests with the real kernels, then compile + rewrites against compile
+    # alone and eager on hand-written blocks and the built-in Llama (fwd+bwd time and peak memory)
+    rewrite) step 200 pytest_rewrite python3 -m pytest -q -p no:cacheprovider -rf tests/optimize/test_rewrite.py \
+               tests/cli/test_optimize_cli.py tests/assistant/fusion/test_fusion.py
+             step 300 probe_rewrite python3 benchmarks/probes/probe_rewrite.py --out "$work/results/probe_rewrite.md" ;;
     # the kernels of one quantized decode step (bf16, int8, fp8) under the decode bench's compile
     quant_decode) step 180 probe_quant_decode python3 benchmarks/probes/probe_quant_decode.py ;;
     # RMSNorm's launch variants at the e2e shapes beside torch.compile's (KP_NORM_SHAPES, KP_NORM_PASSES)
