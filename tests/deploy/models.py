@@ -1,4 +1,5 @@
-"""A small plain-torch model for the deploy tests: two norms that optimize() swaps and a linear layer."""
+"""Small plain-torch models for the deploy tests: two norms that optimize() swaps and a linear layer (`Small`), and
+an LM head tied to the embedding (`TiedHead`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ class Small(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.out(self.proj(self.norm(x)))
+
+
+class TiedHead(nn.Module):
+    """An embedding and an LM head sharing one (32, 16) weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.head = nn.Linear(16, 32, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.embed(ids))
 
 
 def optimized_small(**kwargs: object) -> tuple[nn.Module, kernel_pytorch.optimize.OptimizeReport]:

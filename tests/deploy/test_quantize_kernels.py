@@ -31,7 +31,7 @@ from kernel_pytorch.deploy.quantize import (
 from kernel_pytorch.models import MODELS, build_model
 from kernel_pytorch.nn import QuantizedLinear
 from kernel_pytorch.reference.quant_matmul import INT4_PACKING
-from tests.deploy.models import snapshot, unchanged
+from tests.deploy.models import TiedHead, snapshot, unchanged
 
 CONFIG = dataclasses.replace(MODELS["llama-tiny"].config, n_layers=1)
 OURS = {"backend": "kernel_pytorch"}
@@ -144,22 +144,11 @@ def test_shared_layer_written_once_and_loaded_shared(tmp_path: Path) -> None:
     assert loaded.a is loaded.b and torch.equal(loaded(x), model(x))
 
 
-class _Tied(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(32, 16)
-        self.head = nn.Linear(16, 32, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.embed(ids))
-
-
 def test_tied_head_is_quantized_on_its_own(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = quantize(_Tied(), "fp8", **OURS)
+    model = quantize(TiedHead(), "fp8", **OURS)
     kp.save(model, tmp_path / "tied")
-    loaded = kp.load(tmp_path / "tied", _Tied)
+    loaded = kp.load(tmp_path / "tied", TiedHead)
     ids = torch.randint(0, 32, (2, 5))
     assert torch.equal(loaded(ids), model(ids)) and type(loaded.embed.weight) is nn.Parameter
 

@@ -19,7 +19,7 @@ from torch import nn
 import kernel_pytorch as kp
 from kernel_pytorch.deploy import LoadError, quantize
 from kernel_pytorch.models import MODELS, build_model
-from tests.deploy.models import snapshot, unchanged
+from tests.deploy.models import TiedHead, snapshot, unchanged
 
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None,
                                    reason="torchao (the [quant] extra) is not installed")
@@ -69,24 +69,13 @@ def test_round_trip_bitwise(saved) -> None:
             assert torch.equal(loaded(*inputs), model(*inputs))
 
 
-class _Tied(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(32, 16)
-        self.head = nn.Linear(16, 32, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.embed(ids))
-
-
 @needs_torchao
 def test_tied_head_is_quantized_on_its_own(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = quantize(_Tied().to(torch.bfloat16), "int8")
+    model = quantize(TiedHead().to(torch.bfloat16), "int8")
     assert model.head.weight is not model.embed.weight  # torchao gives the Linear its own weight
     kp.save(model, tmp_path / "tied")
-    loaded = kp.load(tmp_path / "tied", lambda: _Tied().to(torch.bfloat16))
+    loaded = kp.load(tmp_path / "tied", lambda: TiedHead().to(torch.bfloat16))
     ids = torch.randint(0, 32, (2, 5))
     assert torch.equal(loaded(ids), model(ids)) and type(loaded.embed.weight) is nn.Parameter
 
