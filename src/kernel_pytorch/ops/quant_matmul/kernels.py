@@ -72,7 +72,8 @@ def _weight_tile(W, Z, rows, n_ok, k0, K, stride_wn, stride_zn, GROUP: tl.conste
         ok = n_ok[:, None] & (k < K)[None, :]
         if SCHEME == 2:
             if FP8_NATIVE:
-                return tl.load(ptrs, mask=ok, other=0.0).to(DTYPE)
+                # no `other`: Triton would cast it to e4m3, a rounding cast it refuses; masked lanes zeroed after
+                return tl.where(ok, tl.load(ptrs, mask=ok).to(DTYPE), 0.0)
             return _e4m3_from_bytes(tl.load(ptrs, mask=ok, other=0)).to(DTYPE)
         return tl.load(ptrs, mask=ok, other=0).to(tl.float32).to(DTYPE)
 
