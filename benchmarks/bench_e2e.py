@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the e2e helpers
 
 from e2e import distributed  # noqa: E402
 from e2e.batches import doc_lengths, training_batch  # noqa: E402
+from e2e.child import failure_name, in_child  # noqa: E402
 from e2e.families import FAMILIES, Size, size_of  # noqa: E402
 from e2e.generate import inference_row  # noqa: E402
 from e2e.models import build, free, loss_of, sync  # noqa: E402
@@ -247,22 +248,11 @@ def paired_rows(pair: tuple[Provider, Provider], size: Size, dev: torch.device, 
     return rows, note
 
 
-def in_child(fn: Callable[..., Row], args: tuple) -> Row:
-    """fn(*args) in a fresh (spawned) process, so what it patches in transformers dies with it, and a device
-    fault in it (an illegal address poisons its process's CUDA context) costs its row only."""
-    import concurrent.futures
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(fn, *args).result()
-
-
 def _failed(row_args: dict, exc: BaseException) -> Row:
     oom = isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
     status = "out of memory" if oom else "error"
-    return Row(**row_args, status=status, note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-               if str(exc) else type(exc).__name__)
+    name = failure_name(exc)
+    return Row(**row_args, status=status, note=f"{name}: {str(exc).splitlines()[0][:200]}" if str(exc) else name)
 
 
 def run(size: Size, dev: torch.device, dtype: torch.dtype, providers: tuple[Provider, ...], steps: int,

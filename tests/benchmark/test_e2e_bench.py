@@ -394,3 +394,28 @@ def test_fsdp2_under_torchrun_scales_against_one_process(tmp_path: Path) -> None
     assert done.stdout.count("timed ours+fsdp2") == 1  # rank 0 prints
     refused = subprocess.run([*run, "--providers", "eager"], env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "every training provider takes +fsdp2 or +tp; not: eager" in refused.stderr
+
+
+class _Unpicklable(RuntimeError):
+    """An exception that cannot cross a process boundary, like Dynamo's and Inductor's."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.module = os  # a module attribute: pickle refuses it
+
+
+def _fails_unpicklably(text: str) -> None:
+    raise _Unpicklable(text)
+
+
+def test_a_row_failing_in_its_child_names_the_real_error(capfd: pytest.CaptureFixture) -> None:
+    from e2e.child import ChildFailure, failure_name, in_child
+
+    with pytest.raises(ChildFailure) as info:
+        in_child(_fails_unpicklably, ("no valid triton configs for head_dim 256",))
+    assert failure_name(info.value) == "_Unpicklable"
+    assert str(info.value) == "no valid triton configs for head_dim 256"
+    assert "Traceback" in capfd.readouterr().err  # the child's whole traceback is in the run's log
+    row = _bench()._failed({"op": "train step", "shape": [4, 2048], "config": "Gemma3", "dtype": "bfloat16",
+                            "provider": "ours", "pass_name": "fwd+bwd"}, info.value)
+    assert row.status == "error" and row.note == "_Unpicklable: no valid triton configs for head_dim 256"
