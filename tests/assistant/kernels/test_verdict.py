@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,9 +74,11 @@ def _load_script():
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The corpus script's CPU smoke run (--limit 3: two models where compiling clearly wins, one where it
-    clearly loses), in a fresh process: its careful timings are the reference."""
+    clearly loses), in fresh processes: its careful timings are the reference. Two workers, as on the GPU:
+    one measures while the other is stopped."""
     out = tmp_path_factory.mktemp("verdict")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--limit", "3"],
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--limit", "3",
+                           "--workers", "2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "verdict_agreement.md").read_text().count("\n| ") == 3 + 1  # header and three rows
@@ -104,3 +107,20 @@ def test_the_verdict_agrees_with_a_careful_timing_in_a_fresh_process(smoke: dict
     # the fresh process's speedup inside the verdict's band, widened by 1.5x for a machine shared with others
     assert v["speedup_low"] / 1.5 <= careful["speedup"] <= v["speedup_high"] * 1.5, (careful, verdict.evidence)
     assert torch.is_grad_enabled()
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_the_other_workers_are_stopped_while_one_measures() -> None:
+    quiet = _load_script()._quiet
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        with quiet([other.pid, 0, os.getpgrp()]):  # an unstarted slot and this process's own group are left alone
+            assert _state(other.pid) == "T"
+        assert _state(other.pid) in ("S", "R")
+    finally:
+        other.kill()
+        other.wait()
