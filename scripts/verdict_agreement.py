@@ -311,6 +311,8 @@ def _quiet(groups: Any) -> Iterator[None]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(g, signal.SIGSTOP)
                 stopped.append(g)
+        if stopped:
+            time.sleep(0.05)  # signals land asynchronously: let them before the clock starts
         yield
     finally:
         for g in stopped:

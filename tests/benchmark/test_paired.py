@@ -75,3 +75,31 @@ def test_rounds_stop_rules_and_a_turn_of_its_own() -> None:
                               slot=lambda fn: [fn() or 1.0])
     assert order == ["a", "b", "a", "b", "b", "a"] and waited is None
     assert [r.ms for r in done] == [{"a": [1.0], "b": [1.0]}] * 2 and not any(r.disturbed for r in done)
+
+
+@pytest.mark.cuda
+def test_paired_cuda_times_turns_of_back_to_back_calls_in_turns() -> None:
+    import torch
+
+    from kernel_pytorch.benchmark.paired import paired_cuda
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    dev = torch.device("cuda")
+    small, big = torch.randn(1 << 16, device=dev), torch.randn(1 << 26, device=dev)
+    calls = {"small": 0, "big": 0}
+
+    def step(name: str, x: torch.Tensor) -> None:
+        calls[name] += 1
+        x.mul_(1.0)
+
+    fns = {"small": lambda: step("small", small), "big": lambda: step("big", big)}
+    timings, stats = paired_cuda(fns, dev, rounds=Rounds(4))
+    assert stats.rounds == 4 and timings["small"].median_ms < timings["big"].median_ms
+    moved = 2 * big.numel() * 4  # read and written per big call
+    assert moved / 100e12 * 1e3 < timings["big"].median_ms < moved / 50e9 * 1e3  # between 50 GB/s and 100 TB/s
+    # every counted call is one timed sample: 4 turns each, after two warm calls and a sizing turn of 3
+    for name in fns:
+        assert calls[name] == 2 + 3 + timings[name].reps
+    assert timings["small"].reps > timings["big"].reps  # a turn is about the same GPU time for each
+    assert "back-to-back" in timings["big"].method

@@ -54,6 +54,12 @@ class Rounds:
 CPU_PAIR_ROUNDS = Rounds(least=7, most=50, min_s=1.0, max_s=5.0)
 
 
+# the eager-against-compiled GPU timing of the analyser: turns of back-to-back calls (`paired_cuda`), at least
+# 5 and at most 20 rounds, at least 0.4 s when the rounds allow, none started past 3 s
+CUDA_PAIR_ROUNDS = Rounds(least=5, most=20, min_s=0.4, max_s=3.0)
+CUDA_TURN_MS = 20.0  # the GPU time one turn aims at: long enough to keep the queue full, short against drift
+
+
 @dataclass(frozen=True)
 class Round:
     """One round: each callable's call times (ms), and whether a turn waited for a CPU."""
@@ -197,10 +203,69 @@ def paired_cpu(
     return {n: summarize([ms for r in source for ms in r.ms[n]], method) for n in fns}, stats
 
 
+def _cuda_turns(device: object, turn_ms: float) -> Slot:
+    """A slot timing one turn on the GPU: n calls back to back, each between two CUDA events, one
+    synchronise at the end (n from the callable's first turn: about `turn_ms` of its calls)."""
+    import torch
+
+    counts: dict[int, int] = {}
+
+    def turn(fn: Callable[[], object]) -> list[float]:
+        with torch.cuda.device(device):  # type: ignore[arg-type]
+            n = counts.get(id(fn), 3)
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+            torch.cuda.synchronize()
+            for begin, end in events:
+                begin.record()
+                fn()
+                end.record()
+            torch.cuda.synchronize()
+            ms = [begin.elapsed_time(end) for begin, end in events]
+        if id(fn) not in counts:
+            counts[id(fn)] = max(1, min(200, round(turn_ms / max(statistics.median(ms), 1e-3))))
+        return ms
+
+    return turn
+
+
+def paired_cuda(
+    fns: Mapping[str, Callable[[], object]], device: object, *, rounds: Rounds = CUDA_PAIR_ROUNDS,
+    turn_ms: float = CUDA_TURN_MS,
+) -> tuple[dict[str, Timing], PairedStats]:
+    """Callables timed in turns on a CUDA device: per turn about `turn_ms` of one callable's calls back to
+    back (the host queues the next call while the GPU runs this one, as in a training loop), each call
+    between CUDA events, L2 warm; the order reversed every other round, so a clock or load drift falls on
+    each alike. Turns in which the process waited for a CPU mark their round (`paired_cpu`); the first
+    round sizes the turns and is not counted."""
+    slot = _cuda_turns(device, turn_ms)
+    for fn in fns.values():  # warm calls, then the turn that sizes the others
+        fn(), fn()
+        slot(fn)
+    done, waited = run_rounds(fns, rounds=rounds, slot=slot, count_waits=True)
+    clean = [r for r in done if not r.disturbed]
+    stats = PairedStats(len(done), len(clean), None if waited is None else waited * 1e3 / len(done), rounds.least)
+    source = clean if stats.reliable else done
+    method = f"cuda events, back-to-back calls, {' and '.join(fns)} in turns ({stats.describe()})"
+    return {n: summarize([ms for r in source for ms in r.ms[n]], method) for n in fns}, stats
+
+
 def round_ratios(medians: list[dict[str, float]], baseline: str, candidate: str) -> list[float]:
     """How many times faster `candidate` ran than `baseline` in each round (baseline's median over the candidate's)."""
     return [m[baseline] / m[candidate] for m in medians]
 
 
-__all__ = ["CPU_PAIR_ROUNDS", "WAIT_SHARE", "PairedStats", "Round", "Rounds", "paired_cpu", "round_ratios",
-           "run_rounds", "runqueue_wait_s", "time_interleaved"]
+__all__ = [
+    "CPU_PAIR_ROUNDS",
+    "CUDA_PAIR_ROUNDS",
+    "CUDA_TURN_MS",
+    "WAIT_SHARE",
+    "PairedStats",
+    "Round",
+    "Rounds",
+    "paired_cpu",
+    "paired_cuda",
+    "round_ratios",
+    "run_rounds",
+    "runqueue_wait_s",
+    "time_interleaved",
+]

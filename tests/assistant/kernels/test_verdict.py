@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,11 +75,9 @@ def _load_script():
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The corpus script's CPU smoke run (--limit 3: two models where compiling clearly wins, one where it
-    clearly loses), in fresh processes: its careful timings are the reference. Two workers, as on the GPU:
-    one measures while the other is stopped."""
+    clearly loses), in a fresh process: its careful timings are the reference."""
     out = tmp_path_factory.mktemp("verdict")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--limit", "3",
-                           "--workers", "2"],
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--limit", "3"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "verdict_agreement.md").read_text().count("\n| ") == 3 + 1  # header and three rows
@@ -109,8 +108,14 @@ def test_the_verdict_agrees_with_a_careful_timing_in_a_fresh_process(smoke: dict
     assert torch.is_grad_enabled()
 
 
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+def _settled(pid: int, states: str) -> bool:
+    """Whether the process reaches one of `states` within 5 s (a signal is delivered asynchronously)."""
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in states:
+            return True
+        time.sleep(0.01)
+    return False
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
@@ -119,8 +124,8 @@ def test_the_other_workers_are_stopped_while_one_measures() -> None:
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         with quiet([other.pid, 0, os.getpgrp()]):  # an unstarted slot and this process's own group are left alone
-            assert _state(other.pid) == "T"
-        assert _state(other.pid) in ("S", "R")
+            assert _settled(other.pid, "T")
+        assert _settled(other.pid, "SR")
     finally:
         other.kill()
         other.wait()

@@ -7,9 +7,10 @@ The compiled forward is measured while the compile-time analysis's compiled mode
 forward+backward pass needs a compile of its own (a joint graph); its compile time is the first call's
 cost beyond a steady call.
 
-On the CPU the eager and the compiled step of a pass are timed interleaved (`benchmark.paired.paired_cpu`:
-one call of each per round, rounds that waited for a CPU left out), so load from other processes falls on
-both alike; on CUDA each is timed with events.
+The eager and the compiled step of a pass are timed interleaved, so a drift of the machine's speed (other
+processes' load, a GPU's clock at its power cap) falls on both alike: on the CPU one call of each per round,
+rounds that waited for a CPU left out (`benchmark.paired.paired_cpu`); on CUDA turns of back-to-back calls
+between CUDA events (`benchmark.paired.paired_cuda`). A side without the other is timed alone (`time_fn`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from kernel_pytorch.assistant.options import AnalysisOptions
 from kernel_pytorch.assistant.records import CompileProfile, RunResult
 from kernel_pytorch.benchmark.ceilings import Ceilings, device_name, measure_ceilings
 from kernel_pytorch.benchmark.module import pass_closure
-from kernel_pytorch.benchmark.paired import PairedStats, paired_cpu
+from kernel_pytorch.benchmark.paired import PairedStats, paired_cpu, paired_cuda
 from kernel_pytorch.benchmark.timer import Timing, time_fn
 
 PASSES = ("fwd", "fwd+bwd")
@@ -148,12 +149,14 @@ def _measure(ctx: Analysed, out: RuntimeProfile, label: str, pass_name: str, fn:
 
 def _pair(ctx: Analysed, out: RuntimeProfile, pass_name: str, eager: Callable[[], Any] | None,
           compiled: Callable[[], Any]) -> None:
-    """On the CPU, the eager and compiled steps of `pass_name` timed interleaved into `out`."""
-    if ctx.device.type == "cuda" or eager is None:
+    """The eager and compiled steps of `pass_name` timed interleaved into `out` (module docstring)."""
+    if eager is None:
         return
     ctx.progress(f"timing the eager and the compiled model ({pass_name}, interleaved)")
+    steps = {"eager": eager, "compiled": compiled}
     try:
-        timings, out.paired[pass_name] = paired_cpu({"eager": eager, "compiled": compiled})
+        timings, out.paired[pass_name] = (paired_cuda(steps, ctx.device) if ctx.device.type == "cuda"
+                                          else paired_cpu(steps))
         out.timings[f"eager {pass_name}"], out.timings[f"compiled {pass_name}"] = timings["eager"], timings["compiled"]
     except Exception as exc:
         out.errors[f"compiled {pass_name}"] = short_error(exc)
