@@ -5,10 +5,11 @@ determinism), frozen, each with `to_dict()` for JSON. `report.py` holds them in 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from kernel_pytorch._tree import record
+from kernel_pytorch._tree import Recorded
 from kernel_pytorch.benchmark.timer import Timing
 from kernel_pytorch.tolerances import BUDGET_FACTOR, TOLERANCES
 from kernel_pytorch.validation.compare import TensorCheck
@@ -62,8 +63,10 @@ class CorrectnessReport:
 
 
 @dataclass(frozen=True)
-class PassComparison:
+class PassComparison(Recorded):
     """Original vs optimized timing for one pass; speedup = original / optimized (>1 is faster)."""
+
+    RENAME: ClassVar[Mapping[str, str]] = {"pass_name": "pass"}
 
     pass_name: str
     original: Timing | None
@@ -73,24 +76,20 @@ class PassComparison:
     speedup_high: float | None = None
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return record(self, pass_name="pass")
-
 
 @dataclass(frozen=True)
-class PerformanceReport:
+class PerformanceReport(Recorded):
     """Timings of both models per pass ("fwd", "fwd+bwd") on one device."""
 
     device: str
     passes: dict[str, PassComparison]
 
-    def to_dict(self) -> dict[str, Any]:
-        return record(self)
-
 
 @dataclass(frozen=True)
-class PassMemory:
+class PassMemory(Recorded):
     """Peak memory of one pass of each model; ratio = optimized / original (<1 uses less)."""
+
+    RENAME: ClassVar[Mapping[str, str]] = {"pass_name": "pass"}
 
     pass_name: str
     original_bytes: int | None
@@ -98,23 +97,17 @@ class PassMemory:
     ratio: float | None
     saved_bytes: int | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return record(self, pass_name="pass")
-
 
 @dataclass(frozen=True)
-class MemoryReport:
+class MemoryReport(Recorded):
     """Peak memory of both models per pass, and how it was measured."""
 
     method: str  # how the peak was measured on this device
     passes: dict[str, PassMemory]
 
-    def to_dict(self) -> dict[str, Any]:
-        return record(self)
-
 
 @dataclass(frozen=True)
-class CompilationReport:
+class CompilationReport(Recorded):
     """torch.compile(optimized, fullgraph=True) on the example inputs."""
 
     success: bool
@@ -128,20 +121,14 @@ class CompilationReport:
     mismatch: str | None = None
     break_locations: list[str | None] = field(default_factory=list)  # file:line of each break_reasons entry
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 @dataclass(frozen=True)
-class DeterminismReport:
+class DeterminismReport(Recorded):
     """Two runs of the optimized module on the same inputs, compared bit for bit."""
 
     deterministic: bool
     tensors_checked: int
     differing: list[str]  # "name: max abs diff X"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 __all__ = [
