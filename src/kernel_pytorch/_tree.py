@@ -150,10 +150,11 @@ def record(obj: Any, **rename: str) -> dict[str, Any]:
 
 
 class Recorded:
-    """A dataclass whose `to_dict()` is `record(self)`, its fields renamed by `RENAME` (e.g. `pass_name` to
-    "pass"): the one JSON form of the results and reports."""
+    """A dataclass whose `to_dict()` is `record(self)`, its fields renamed by `RENAME`: the one JSON form of
+    the results and reports. A per-pass row's `pass_name` is written "pass" (a Python keyword, hence the
+    field's name)."""
 
-    RENAME: ClassVar[Mapping[str, str]] = {}
+    RENAME: ClassVar[Mapping[str, str]] = {"pass_name": "pass"}
 
     def to_dict(self) -> dict[str, Any]:
         return record(self, **self.RENAME)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -136,8 +136,6 @@ def make_pass(module: Callable[..., Any], inputs: tuple | dict, pass_name: str, 
 @dataclass
 class PassResult(Recorded):
     """Measurements of one pass; `error` set (and the rest None) when the pass could not run."""
-
-    RENAME: ClassVar[Mapping[str, str]] = {"pass_name": "pass"}
 
     pass_name: str
     timing: Timing | None = None

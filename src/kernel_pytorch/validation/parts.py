@@ -5,9 +5,8 @@ determinism), frozen, each with `to_dict()` for JSON. `report.py` holds them in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from kernel_pytorch._tree import Recorded
 from kernel_pytorch.benchmark.timer import Timing
@@ -66,8 +65,6 @@ class CorrectnessReport:
 class PassComparison(Recorded):
     """Original vs optimized timing for one pass; speedup = original / optimized (>1 is faster)."""
 
-    RENAME: ClassVar[Mapping[str, str]] = {"pass_name": "pass"}
-
     pass_name: str
     original: Timing | None
     optimized: Timing | None
@@ -88,8 +85,6 @@ class PerformanceReport(Recorded):
 @dataclass(frozen=True)
 class PassMemory(Recorded):
     """Peak memory of one pass of each model; ratio = optimized / original (<1 uses less)."""
-
-    RENAME: ClassVar[Mapping[str, str]] = {"pass_name": "pass"}
 
     pass_name: str
     original_bytes: int | None
