@@ -196,6 +196,13 @@ def fused_linear_cross_entropy(
                                            token_scale=token_scale, backend=backend)
 
 
+def linear_grads_needed(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[bool, bool, bool]:
+    """Whether this call must give the gradients of (x, weight, bias): grad mode on, and each requires it."""
+    grad = torch.is_grad_enabled()
+    return (grad and x.requires_grad, grad and weight.requires_grad,
+            grad and bias is not None and bias.requires_grad)
+
+
 def fused_linear_cross_entropy_with(
     x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, options: CrossEntropyOptions, *,
     ce_weight: Tensor | None = None, token_scale: Tensor | None = None, backend: Backend = "auto",
@@ -219,10 +226,7 @@ def fused_linear_cross_entropy_with(
                 logits = torch.nn.functional.linear(x, weight, bias)
             lse, pred = _reference_extras(logits, target, options)
     else:
-        grad = torch.is_grad_enabled()
-        needs = (grad and x.requires_grad, grad and weight.requires_grad,
-                 grad and bias is not None and bias.requires_grad)
-        args = (x, weight, target, bias, ce_weight, *options.flat(), *needs, token_scale)
+        args = (x, weight, target, bias, ce_weight, *options.flat(), *linear_grads_needed(x, weight, bias), token_scale)
         if path == "eager" and not options.extras:
             return kernels().fused_linear_cross_entropy_eager(*args)
         outs = torch.ops.kernel_pytorch.fused_linear_cross_entropy_fwd(*args, options.argmax)

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from kernel_pytorch.functional._dispatch import Backend, _resolve, kernels
 from kernel_pytorch.functional._vocab_shards import Group, Layout, resolve_layout
+from kernel_pytorch.functional.cross_entropy import linear_grads_needed
 from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions
 from kernel_pytorch.reference.cross_entropy_checks import (
     check_linear_args,
@@ -204,9 +205,7 @@ def vocab_parallel_linear_cross_entropy_with(
         _check(layout, options)
     path = _resolve(backend, NAME, layout.x, compiling)
     use_kernels = path == "eager" or (path == "op" and layout.x.is_cuda)
-    grad = torch.is_grad_enabled()
-    needs = (grad and x.requires_grad, grad and weight.requires_grad,
-             grad and bias is not None and bias.requires_grad)
+    needs = linear_grads_needed(x, weight, bias)
     run = _Run(layout.shard, layout.group, options, use_kernels, path == "eager", needs)
     loss, lse = _VocabParallelLinearCrossEntropy.apply(layout.x, layout.weight, layout.bias, layout.target,
                                                        layout.token_scale, run)
