@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -149,6 +149,17 @@ def record(obj: Any, **rename: str) -> dict[str, Any]:
     return {rename.get(f.name, f.name): _recorded(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
+class Recorded:
+    """A dataclass whose `to_dict()` is `record(self)`, its fields renamed by `RENAME`: the one JSON form of
+    the results and reports. A per-pass row's `pass_name` is written "pass" (a Python keyword, hence the
+    field's name)."""
+
+    RENAME: ClassVar[Mapping[str, str]] = {"pass_name": "pass"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return record(self, **self.RENAME)
+
+
 def _recorded(value: Any) -> Any:
     if hasattr(value, "to_dict"):
         return value.to_dict()
@@ -160,7 +171,7 @@ def _recorded(value: Any) -> Any:
 
 
 __all__ = [
-    "Inputs", "as_inputs", "bitwise_equal", "call", "children", "clone_detached", "devices", "flatten", "map_tensors",
-    "move", "nbytes", "record", "split_inputs", "tensors",
+    "Inputs", "Recorded", "as_inputs", "bitwise_equal", "call", "children", "clone_detached", "devices", "flatten",
+    "map_tensors", "move", "nbytes", "record", "split_inputs", "tensors",
 ]
 

@@ -99,6 +99,23 @@ def _worst(values: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), values.shape))
 
 
+def _judged(diff: torch.Tensor, scale: torch.Tensor, nonfinite: bool, bound: torch.Tensor | float,
+            allowed: str) -> Comparison:
+    """The verdict on `_errors`' (diff, scale, nonfinite) under `bound`, a tensor of diff's shape (elementwise)
+    or one number: passed when every diff is within its bound and no non-finite value differs; the worst
+    index is where diff most exceeds its bound; `allowed` says what the bound was."""
+    excess = diff - bound
+    rel = diff / scale.clamp_min(torch.finfo(torch.float64).tiny)
+    return Comparison(
+        passed=not nonfinite and bool((excess <= 0).all()),
+        max_abs_err=float(diff.max()) if diff.numel() else 0.0,
+        max_rel_err=float(rel.max()) if rel.numel() else 0.0,
+        worst_index=_worst(excess),
+        allowed=allowed,
+        nonfinite_mismatch=nonfinite,
+    )
+
+
 def compare(
     actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None
 ) -> Comparison:
@@ -111,17 +128,7 @@ def compare(
     """
     tol = tolerance_for(dtype or actual.dtype)
     diff, scale, nonfinite = _errors(actual, expected)
-    excess = diff - (tol.atol + tol.rtol * scale)
-    rel = diff / scale.clamp_min(torch.finfo(torch.float64).tiny)
-    passed = not nonfinite and bool((excess <= 0).all())
-    return Comparison(
-        passed=passed,
-        max_abs_err=float(diff.max()) if diff.numel() else 0.0,
-        max_rel_err=float(rel.max()) if rel.numel() else 0.0,
-        worst_index=_worst(excess),
-        allowed=f"atol {tol.atol:g} + rtol {tol.rtol:g}",
-        nonfinite_mismatch=nonfinite,
-    )
+    return _judged(diff, scale, nonfinite, tol.atol + tol.rtol * scale, f"atol {tol.atol:g} + rtol {tol.rtol:g}")
 
 
 def compare_reordered(
@@ -144,16 +151,8 @@ def compare_reordered(
     diff, scale, nonfinite = _errors(actual, expected)
     finite = scale[torch.isfinite(scale)]
     top = float(finite.max()) if finite.numel() else 0.0
-    rel = diff / scale.clamp_min(torch.finfo(torch.float64).tiny)
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    return Comparison(
-        passed=not nonfinite and max_abs <= tol.atol + tol.rtol * top,
-        max_abs_err=max_abs,
-        max_rel_err=float(rel.max()) if rel.numel() else 0.0,
-        worst_index=_worst(diff),
-        allowed=f"atol {tol.atol:g} + rtol {tol.rtol:g} x largest |expected| {top:.3g}",
-        nonfinite_mismatch=nonfinite,
-    )
+    return _judged(diff, scale, nonfinite, tol.atol + tol.rtol * top,
+                   f"atol {tol.atol:g} + rtol {tol.rtol:g} x largest |expected| {top:.3g}")
 
 
 def matmul_sum_bound(k: int) -> float:
@@ -193,16 +192,8 @@ def compare_matmul(
     tol = tolerance_for(dtype or actual.dtype)
     diff, scale, nonfinite = _errors(actual, expected)
     sums = matmul_sum_bound(k) * magnitude.detach().to(torch.float64).cpu()
-    excess = diff - (tol.atol + tol.rtol * scale + sums)
-    rel = diff / scale.clamp_min(torch.finfo(torch.float64).tiny)
-    return Comparison(
-        passed=not nonfinite and bool((excess <= 0).all()),
-        max_abs_err=float(diff.max()) if diff.numel() else 0.0,
-        max_rel_err=float(rel.max()) if rel.numel() else 0.0,
-        worst_index=_worst(excess),
-        allowed=f"atol {tol.atol:g} + rtol {tol.rtol:g} + {matmul_sum_bound(k):.3g} x sum|terms| (K = {k})",
-        nonfinite_mismatch=nonfinite,
-    )
+    return _judged(diff, scale, nonfinite, tol.atol + tol.rtol * scale + sums,
+                   f"atol {tol.atol:g} + rtol {tol.rtol:g} + {matmul_sum_bound(k):.3g} x sum|terms| (K = {k})")
 
 
 def fp64_budget(
@@ -226,13 +217,5 @@ def fp64_budget(
     # the floor keeps an exact eager op (err 0) from demanding bit-exactness of a reordered sum
     floor = float(torch.finfo(actual.dtype).eps) * float(scale.max()) if scale.numel() else 0.0
     budget = factor * float(eager_diff.max()) + floor if eager_diff.numel() else floor
-    rel = diff / scale.clamp_min(torch.finfo(torch.float64).tiny)
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    return Comparison(
-        passed=not nonfinite and max_abs <= budget,
-        max_abs_err=max_abs,
-        max_rel_err=float(rel.max()) if rel.numel() else 0.0,
-        worst_index=_worst(diff),
-        allowed=f"{factor:g} x eager's max abs err {float(eager_diff.max()):.3g} + floor {floor:.3g}",
-        nonfinite_mismatch=nonfinite,
-    )
+    return _judged(diff, scale, nonfinite, budget,
+                   f"{factor:g} x eager's max abs err {float(eager_diff.max()):.3g} + floor {floor:.3g}")

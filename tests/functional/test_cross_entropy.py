@@ -192,6 +192,16 @@ def test_extras_errors_name_the_argument() -> None:
         F.fused_linear_cross_entropy(x, w, target, token_scale=torch.ones(6, 1))
 
 
+def test_unknown_keyword_names_the_function_and_the_options() -> None:
+    logits, target = _inputs()
+    with pytest.raises(TypeError, match=r"cross_entropy\(\) got an unexpected keyword argument 'soft_cap' "
+                                        r"\(its options: ignore_index, reduction"):
+        F.cross_entropy(logits, target, soft_cap=30.0)
+    with pytest.raises(TypeError, match=r"fused_linear_cross_entropy\(\) got an unexpected keyword argument "
+                                        "'weight_decay'"):
+        F.fused_linear_cross_entropy(randn(6, 8), randn(11, 8), target, weight_decay=0.1)
+
+
 @pytest.mark.parametrize("backend", ["auto", "reference"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_loss_output_is_what_a_loop_logs(backend: str, reduction: str) -> None:

@@ -276,16 +276,14 @@ def bad_inputs(ctx: Ctx) -> None:
         (dict(weight=w, group="tp"), "group must be a ProcessGroup, a DeviceMesh or None"),
         (dict(group=dist.group.WORLD), "group: weight is a DTensor"),
         (dict(target=torch.full_like(t, V)), f"target {V} at index .* out of range for {V} classes"),
-        (dict(return_token_accuracy=True), "return_token_accuracy"),
+        (dict(return_token_accuracy=True), "return_token_accuracy: the vocabulary-parallel loss returns"),
+        (dict(ce_weight=torch.ones(V)), r"vocab_parallel_linear_cross_entropy\(\) got an unexpected keyword "
+                                        "argument 'ce_weight'"),
     ]
     for change, message in cases:
         args = dict(x=x, weight=wd, target=t, bias=None, ignore_index=IGNORE) | change
         try:
-            if "return_token_accuracy" in change:
-                VPF.vocab_parallel_linear_cross_entropy_with(
-                    x, wd, t, None, VPF.CrossEntropyOptions(IGNORE, return_token_accuracy=True))
-            else:
-                vocab_parallel_linear_cross_entropy(**args)
+            vocab_parallel_linear_cross_entropy(**args)
         except (ValueError, TypeError) as e:
             assert re.search(message, str(e)), (change, message, str(e))
         else:

@@ -16,7 +16,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kernel_pytorch._tree import as_inputs, call, clone_detached, devices, map_tensors, nbytes, record, tensors
+from kernel_pytorch._tree import (
+    Recorded,
+    as_inputs,
+    call,
+    clone_detached,
+    devices,
+    map_tensors,
+    nbytes,
+    tensors,
+)
 from kernel_pytorch.benchmark.ceilings import Ceilings, RooflinePoint, device_name, roofline
 from kernel_pytorch.benchmark.graph_timer import time_cuda_graph
 from kernel_pytorch.benchmark.memory import MemoryMeasurement, peak_memory
@@ -125,7 +134,7 @@ def make_pass(module: Callable[..., Any], inputs: tuple | dict, pass_name: str, 
 
 
 @dataclass
-class PassResult:
+class PassResult(Recorded):
     """Measurements of one pass; `error` set (and the rest None) when the pass could not run."""
 
     pass_name: str
@@ -136,20 +145,14 @@ class PassResult:
     roofline: RooflinePoint | None = None
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return record(self, pass_name="pass")
-
 
 @dataclass
-class ModuleBenchmark:
+class ModuleBenchmark(Recorded):
     """`benchmark_module`'s result: one `PassResult` per pass."""
 
     name: str
     device: str
     passes: dict[str, PassResult] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return record(self)
 
     def __str__(self) -> str:
         lines = [f"{self.name} on {self.device}"]

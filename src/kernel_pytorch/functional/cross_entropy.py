@@ -21,12 +21,14 @@ logits, so the fused loss still never holds them. Such a call runs the registere
 mode: the eager entry returns the loss alone, the op its lse and argmax too. `token_scale` (target's
 shape) multiplies each row's loss and gradient before the reduction (reference/cross_entropy.py).
 
-The public functions take the options as keyword arguments and build one `CrossEntropyOptions`
-(reference/cross_entropy.py) from them; `cross_entropy_with` and `fused_linear_cross_entropy_with`
-take that object (the nn modules call them).
+The public functions take the options (the fields of `CrossEntropyOptions`, reference/cross_entropy.py)
+as keyword arguments and build that one object from them, naming any keyword that is no option;
+`cross_entropy_with` and `fused_linear_cross_entropy_with` take the object (the nn modules call them).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -101,18 +103,11 @@ def cross_entropy(
     target: Tensor,
     weight: Tensor | None = None,
     *,
-    ignore_index: int = -100,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
-    lse_square_scale: float = 0.0,
-    softcap: float | None = None,
     token_scale: Tensor | None = None,
     inplace_backward: bool = False,
     check_finite: bool = False,
-    return_z_loss: bool = False,
-    return_token_accuracy: bool = False,
-    return_predicted_tokens: bool = False,
     backend: Backend = "auto",
+    **options: Any,
 ) -> Tensor | LossOutput:
     """Cross-entropy over class indices (torch.nn.functional.cross_entropy semantics, the class dim
     last), with z-loss and logit soft-capping; loss and gradient in one pass (reference/cross_entropy.py).
@@ -121,20 +116,20 @@ def cross_entropy(
         logits: (..., V) fp32/bf16/fp16 (fp64 runs the reference).
         target: (...) int64 (or uint8) class indices, or ignore_index.
         weight: (V,) class weights or None.
-        reduction: "mean", "sum" or "none"; label_smoothing: in [0, 1].
-        lse_square_scale: z-loss scale (adds scale * lse^2 per row); softcap: c in c * tanh(x / c), or None.
         token_scale: (...) of target's shape, a float factor of each row's loss and gradient, or None.
         inplace_backward: write the gradient over the logits (eager CUDA; module docstring).
         check_finite: raise FloatingPointError naming the first row whose loss is not finite (a host sync).
-        return_z_loss, return_token_accuracy, return_predicted_tokens: return a LossOutput with these
-            (module docstring; reference/cross_entropy_extras.py gives their values).
         backend: "auto", "triton" or "reference" (kernel_pytorch.functional's docstring).
+        options: the fields of `CrossEntropyOptions`, by name (each defaults to its default there):
+            ignore_index (-100); reduction ("mean", "sum" or "none"); label_smoothing (in [0, 1]);
+            lse_square_scale (z-loss scale: adds scale * lse^2 per row); softcap (c in c * tanh(x / c), or
+            None); return_z_loss, return_token_accuracy, return_predicted_tokens (return a LossOutput with
+            these: module docstring; reference/cross_entropy_extras.py gives their values).
     Returns:
         fp32 loss (fp64 for fp64 logits): 0-d, or target's shape for "none"; a LossOutput where an
         extra is asked for.
     """
-    options = CrossEntropyOptions(ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
-                                  return_z_loss, return_token_accuracy, return_predicted_tokens)
+    options = CrossEntropyOptions.from_keywords("cross_entropy", options)
     return cross_entropy_with(logits, target, weight, options, token_scale=token_scale,
                               inplace_backward=inplace_backward, check_finite=check_finite, backend=backend)
 
@@ -180,16 +175,9 @@ def fused_linear_cross_entropy(
     bias: Tensor | None = None,
     *,
     ce_weight: Tensor | None = None,
-    ignore_index: int = -100,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
-    lse_square_scale: float = 0.0,
-    softcap: float | None = None,
     token_scale: Tensor | None = None,
-    return_z_loss: bool = False,
-    return_token_accuracy: bool = False,
-    return_predicted_tokens: bool = False,
     backend: Backend = "auto",
+    **options: Any,
 ) -> Tensor | LossOutput:
     """cross_entropy(x @ weight.T + bias, target) without holding all the logits: chunks of rows sized
     from the shapes and the free memory (ops/cross_entropy/fused_linear.py).
@@ -197,16 +185,22 @@ def fused_linear_cross_entropy(
     Args:
         x: (..., H) fp32/bf16/fp16; weight: (V, H) of x's dtype (may be tied to the input embedding);
             target: (...) class indices; bias: (V,) or None.
-        ce_weight: (V,) class weights (torch's `weight`); the other options, token_scale and the
-            return_* flags as in `cross_entropy`.
+        ce_weight: (V,) class weights (torch's `weight`); token_scale, backend and the options (the
+            fields of `CrossEntropyOptions`, by name) as in `cross_entropy`.
     Returns:
         fp32 loss (fp64 for fp64 x): 0-d, or target's shape for "none"; a LossOutput where an extra is
         asked for.
     """
-    options = CrossEntropyOptions(ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
-                                  return_z_loss, return_token_accuracy, return_predicted_tokens)
+    options = CrossEntropyOptions.from_keywords("fused_linear_cross_entropy", options)
     return fused_linear_cross_entropy_with(x, weight, target, bias, options, ce_weight=ce_weight,
                                            token_scale=token_scale, backend=backend)
+
+
+def linear_grads_needed(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[bool, bool, bool]:
+    """Whether this call must give the gradients of (x, weight, bias): grad mode on, and each requires it."""
+    grad = torch.is_grad_enabled()
+    return (grad and x.requires_grad, grad and weight.requires_grad,
+            grad and bias is not None and bias.requires_grad)
 
 
 def fused_linear_cross_entropy_with(
@@ -232,10 +226,7 @@ def fused_linear_cross_entropy_with(
                 logits = torch.nn.functional.linear(x, weight, bias)
             lse, pred = _reference_extras(logits, target, options)
     else:
-        grad = torch.is_grad_enabled()
-        needs = (grad and x.requires_grad, grad and weight.requires_grad,
-                 grad and bias is not None and bias.requires_grad)
-        args = (x, weight, target, bias, ce_weight, *options.flat(), *needs, token_scale)
+        args = (x, weight, target, bias, ce_weight, *options.flat(), *linear_grads_needed(x, weight, bias), token_scale)
         if path == "eager" and not options.extras:
             return kernels().fused_linear_cross_entropy_eager(*args)
         outs = torch.ops.kernel_pytorch.fused_linear_cross_entropy_fwd(*args, options.argmax)

@@ -1,7 +1,7 @@
 """The LM head's loss with its weight split over the vocabulary (tensor parallelism): each rank computes its
 classes' logits chunk by chunk, and the ranks exchange O(rows) statistics, never the logits.
 
-    vocab_parallel_linear_cross_entropy(x, weight, target, bias, *, group, mesh_dim, shard_sizes, options...)
+    vocab_parallel_linear_cross_entropy(x, weight, target, bias, *, group, mesh_dim, shard_sizes, **options)
 
 weight is a DTensor Shard(0) over one dim of its mesh (what `parallelize_module` with ColwiseParallel on
 the LM head leaves; call the loss on the head's weight instead of the head, so its output is never
@@ -41,6 +41,7 @@ from torch import Tensor
 
 from kernel_pytorch.functional._dispatch import Backend, _resolve, kernels
 from kernel_pytorch.functional._vocab_shards import Group, Layout, resolve_layout
+from kernel_pytorch.functional.cross_entropy import linear_grads_needed
 from kernel_pytorch.reference.cross_entropy import CrossEntropyOptions
 from kernel_pytorch.reference.cross_entropy_checks import (
     check_linear_args,
@@ -144,6 +145,11 @@ def _check(layout: Layout, options: CrossEntropyOptions) -> None:
     check_options(options)
     check_token_scale(layout.token_scale, target)
     check_target_range(target, layout.shard.vocab, options.ignore_index)
+
+
+def _check_extras(options: CrossEntropyOptions) -> None:
+    """No argmax extras (a check of the options alone: it runs under compile too, where the call would
+    otherwise return what it cannot compute)."""
     if options.return_token_accuracy or options.return_predicted_tokens:
         name = "return_token_accuracy" if options.return_token_accuracy else "return_predicted_tokens"
         raise ValueError(f"{name}: the vocabulary-parallel loss returns the loss and return_z_loss only (an argmax "
@@ -159,14 +165,9 @@ def vocab_parallel_linear_cross_entropy(
     group: Group = None,
     mesh_dim: int | str | None = None,
     shard_sizes: Sequence[int] | None = None,
-    ignore_index: int = -100,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
-    lse_square_scale: float = 0.0,
-    softcap: float | None = None,
     token_scale: Tensor | None = None,
-    return_z_loss: bool = False,
     backend: Backend = "auto",
+    **options: Any,
 ) -> Tensor | LossOutput:
     """cross_entropy(x @ weight.T + bias, target) over a vocabulary split by rows over a group of ranks,
     no rank holding all the logits (module docstring).
@@ -180,13 +181,13 @@ def vocab_parallel_linear_cross_entropy(
             several dims); None in a single process. For a DTensor weight, None or its mesh.
         mesh_dim: the mesh dim (name or index) the vocabulary is split over; for a DTensor weight a check.
         shard_sizes: for a plain weight, every rank's row count in group rank order (default: gathered).
-        ignore_index, reduction, label_smoothing, lse_square_scale, softcap, token_scale, return_z_loss: as in
-            fused_linear_cross_entropy.
-        backend: "auto", "triton" or "reference" (kernel_pytorch.functional's docstring).
+        token_scale, backend: as in fused_linear_cross_entropy.
+        options: the fields of `CrossEntropyOptions` by name, as in fused_linear_cross_entropy, but for
+            return_token_accuracy and return_predicted_tokens (a ValueError: module docstring).
     Returns:
         fp32 loss (fp64 for fp64 x): 0-d, or target's shape for "none"; a LossOutput with return_z_loss.
     """
-    options = CrossEntropyOptions(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
+    options = CrossEntropyOptions.from_keywords(NAME, options)
     return vocab_parallel_linear_cross_entropy_with(x, weight, target, bias, options, group=group, mesh_dim=mesh_dim,
                                                     shard_sizes=shard_sizes, token_scale=token_scale, backend=backend)
 
@@ -197,15 +198,14 @@ def vocab_parallel_linear_cross_entropy_with(
     token_scale: Tensor | None = None, backend: Backend = "auto",
 ) -> Tensor | LossOutput:
     """`vocab_parallel_linear_cross_entropy` with its options as one object (the arguments as there)."""
+    _check_extras(options)
     compiling = torch.compiler.is_compiling()
     layout = resolve_layout(x, weight, bias, target, token_scale, group, mesh_dim, shard_sizes)
     if not compiling:
         _check(layout, options)
     path = _resolve(backend, NAME, layout.x, compiling)
     use_kernels = path == "eager" or (path == "op" and layout.x.is_cuda)
-    grad = torch.is_grad_enabled()
-    needs = (grad and x.requires_grad, grad and weight.requires_grad,
-             grad and bias is not None and bias.requires_grad)
+    needs = linear_grads_needed(x, weight, bias)
     run = _Run(layout.shard, layout.group, options, use_kernels, path == "eager", needs)
     loss, lse = _VocabParallelLinearCrossEntropy.apply(layout.x, layout.weight, layout.bias, layout.target,
                                                        layout.token_scale, run)

@@ -15,6 +15,8 @@ one `CrossEntropyOptions` at each forward, so a changed attribute takes effect.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -135,15 +137,10 @@ class VocabParallelLinearCrossEntropyLoss(FusedLinearCrossEntropyLoss):
     LossOutput (return_z_loss).
     """
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
-                 lse_square_scale: float = 0.0, softcap: float | None = None,
-                 ce_weight: Tensor | None = None, *, return_z_loss: bool = False, return_token_accuracy: bool = False,
-                 return_predicted_tokens: bool = False, group: Group = None, mesh_dim: int | str | None = None) -> None:
-        if ce_weight is not None:
+    def __init__(self, *args: Any, group: Group = None, mesh_dim: int | str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # the same arguments, so one signature serves both losses
+        if self.ce_weight is not None:
             raise ValueError("ce_weight: the vocabulary-parallel loss takes no class weights")
-        super().__init__(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, None,
-                         return_z_loss=return_z_loss, return_token_accuracy=return_token_accuracy,
-                         return_predicted_tokens=return_predicted_tokens)
         self.group, self.mesh_dim = group, mesh_dim
 
     def forward(self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,

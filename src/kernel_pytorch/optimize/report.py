@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from kernel_pytorch._tree import Recorded
+
 if TYPE_CHECKING:
     from kernel_pytorch.validation import ValidationResult
 
@@ -27,7 +29,7 @@ def _paths(paths: list[str]) -> str:
 
 
 @dataclass
-class Change:
+class Change(Recorded):
     """One module a rule looked at: `path` in the model ("model.layers.0.input_layernorm"), the rule,
     the classes before and after, and what became of it (`status`) and why (`reason`, `detail`)."""
 
@@ -40,12 +42,9 @@ class Change:
     reason: str
     detail: str = ""  # for a revert: the validation failure that caused it
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
 
 @dataclass
-class Rewrite:
+class Rewrite(Recorded):
     """One graph rewrite: pattern `kind` ("rms-norm", "gated-act") at `location` ("file.py:12", the line
     the analyser's finding names) in the forward of the module at `path`, `count` matches there, replaced
     by `after`; what became of it (`status`) and why (`reason`, `detail`)."""
@@ -61,12 +60,9 @@ class Rewrite:
     reason: str
     detail: str = ""  # for a revert: the validation failure that caused it
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
 
 @dataclass
-class CompileStep:
+class CompileStep(Recorded):
     """One compile-side fix (regional, mark_dynamic, channels_last, cuda_graphs, tf32): applied, reverted or skipped,
     with the measurement that decided it (None when nothing was measured, and `reason` says so)."""
 
@@ -74,9 +70,6 @@ class CompileStep:
     status: Status
     reason: str
     measured: dict[str, float] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
 
 
 @dataclass

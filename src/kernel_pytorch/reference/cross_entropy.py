@@ -39,8 +39,9 @@ applies it in the logits' dtype (three roundings) before the loss: ours is the u
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -87,6 +88,17 @@ class CrossEntropyOptions:
                   softcap: float) -> CrossEntropyOptions:
         """`flat`'s inverse (the return_* flags at their defaults)."""
         return cls(ignore_index, reduction, label_smoothing, lse_square_scale, softcap or None)
+
+    @classmethod
+    def from_keywords(cls, caller: str, options: Mapping[str, Any]) -> CrossEntropyOptions:
+        """The options a public function takes as keyword arguments (`**options`), as one object; a
+        TypeError naming `caller` and the first keyword that is no option."""
+        names = cls.__match_args__  # the fields, in order (dataclass makes it; torch.compile reads it, not fields())
+        for key in options:
+            if key not in names:
+                raise TypeError(f"{caller}() got an unexpected keyword argument {key!r} (its options: "
+                                f"{', '.join(names)})")
+        return cls(**options)
 
     @property
     def extras(self) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel_pytorch._tree import record
+from kernel_pytorch._tree import Recorded
 from kernel_pytorch.benchmark.timer import Timing
 from kernel_pytorch.tolerances import BUDGET_FACTOR, TOLERANCES
 from kernel_pytorch.validation.compare import TensorCheck
@@ -62,7 +62,7 @@ class CorrectnessReport:
 
 
 @dataclass(frozen=True)
-class PassComparison:
+class PassComparison(Recorded):
     """Original vs optimized timing for one pass; speedup = original / optimized (>1 is faster)."""
 
     pass_name: str
@@ -73,23 +73,17 @@ class PassComparison:
     speedup_high: float | None = None
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return record(self, pass_name="pass")
-
 
 @dataclass(frozen=True)
-class PerformanceReport:
+class PerformanceReport(Recorded):
     """Timings of both models per pass ("fwd", "fwd+bwd") on one device."""
 
     device: str
     passes: dict[str, PassComparison]
 
-    def to_dict(self) -> dict[str, Any]:
-        return record(self)
-
 
 @dataclass(frozen=True)
-class PassMemory:
+class PassMemory(Recorded):
     """Peak memory of one pass of each model; ratio = optimized / original (<1 uses less)."""
 
     pass_name: str
@@ -98,23 +92,17 @@ class PassMemory:
     ratio: float | None
     saved_bytes: int | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return record(self, pass_name="pass")
-
 
 @dataclass(frozen=True)
-class MemoryReport:
+class MemoryReport(Recorded):
     """Peak memory of both models per pass, and how it was measured."""
 
     method: str  # how the peak was measured on this device
     passes: dict[str, PassMemory]
 
-    def to_dict(self) -> dict[str, Any]:
-        return record(self)
-
 
 @dataclass(frozen=True)
-class CompilationReport:
+class CompilationReport(Recorded):
     """torch.compile(optimized, fullgraph=True) on the example inputs."""
 
     success: bool
@@ -128,20 +116,14 @@ class CompilationReport:
     mismatch: str | None = None
     break_locations: list[str | None] = field(default_factory=list)  # file:line of each break_reasons entry
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 @dataclass(frozen=True)
-class DeterminismReport:
+class DeterminismReport(Recorded):
     """Two runs of the optimized module on the same inputs, compared bit for bit."""
 
     deterministic: bool
     tensors_checked: int
     differing: list[str]  # "name: max abs diff X"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 __all__ = [
