@@ -1,8 +1,9 @@
 """The guide's exercises: every chapter of docs/guide/ ends with an "## Exercise" section whose python
 blocks stand alone and define a checker, `check_exercise_NN(solution) -> list[str]` (what is left to
 fix; empty when solved). Here each chapter's checker runs on the solution in
-tests/guide_solutions/<chapter>.py (its `SOLUTION`), and must find nothing left, and on the exercise's
-starting point, where the chapter's own blocks assert what it finds."""
+tests/guide_solutions/ch<chapter>.py (its `SOLUTION`), and must find nothing left, and on the exercise's
+starting point, where the chapter's own blocks assert what it finds. An example page of docs/examples/
+with an Exercise section is held to the same, its solution in tests/guide_solutions/ex_<page>.py."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ from tests.test_docs import FENCE
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "docs" / "guide").glob("[0-9][0-9]_*.md"))
 SECTION = re.compile(r"^## Exercise\n(.*?)(?=^## |\Z)", re.S | re.M)
+SOLUTIONS = ROOT / "tests" / "guide_solutions"
+EXAMPLES = sorted(p for p in (ROOT / "docs" / "examples").glob("*.md") if SECTION.search(p.read_text()))
+
+
+def solution_module(path: Path) -> str:
+    """The module holding `path`'s SOLUTION: ch<stem> for a guide chapter, ex_<stem> for an example page."""
+    return f"tests.guide_solutions.{'ch' if path.parent.name == 'guide' else 'ex_'}{path.stem}"
 
 
 def exercise_blocks(path: Path) -> list[str]:
@@ -31,17 +39,24 @@ def test_every_chapter_has_an_exercise_and_a_solution() -> None:
     assert CHAPTERS, "docs/guide/ has no chapters"
     for path in CHAPTERS:
         assert exercise_blocks(path), f"{path.name}: its Exercise section has no python block"
-        assert (ROOT / "tests" / "guide_solutions" / f"ch{path.stem}.py").is_file(), path.name
+        assert (SOLUTIONS / f"ch{path.stem}.py").is_file(), path.name
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_example_exercises_and_solutions_match() -> None:
+    # each example page's exercise has a solution, and each ex_ solution a page whose exercise it solves
+    assert {f"ex_{p.stem}" for p in EXAMPLES} == {p.stem for p in SOLUTIONS.glob("ex_*.py")}
+    for path in EXAMPLES:
+        assert exercise_blocks(path), f"{path.name}: its Exercise section has no python block"
+
+
+@pytest.mark.parametrize("path", CHAPTERS + EXAMPLES, ids=lambda p: p.stem)
 def test_solution_passes_the_checker(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": f"exercise_{path.stem}"}
     for i, block in enumerate(exercise_blocks(path)):
         exec(compile(block, f"{path.name}[exercise block {i}]", "exec"), namespace)  # ours; running it is the point
     (checker,) = [v for k, v in namespace.items() if k.startswith("check_exercise_")]
-    solution = importlib.import_module(f"tests.guide_solutions.ch{path.stem}").SOLUTION
+    solution = importlib.import_module(solution_module(path)).SOLUTION
     assert checker(solution) == []
 
 
