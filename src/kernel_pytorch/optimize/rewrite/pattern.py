@@ -5,12 +5,19 @@ A pattern matches a traced forward when the forward calls the same torch functio
 operators with the same constants; its arguments (placeholders) match any value, a number included
 (an `eps` written as `self.eps` is traced as its value). Spellings differ in the graph
 (`x.pow(2)`, `x ** 2`, `x * x`), so a family lists each spelling it covers as its own pattern.
+
+Slices (`x[..., :half]`) are literals to the matcher, compared by value, so one holding a node (a split
+point computed from `x.shape`) or a pattern argument never matches: a pattern that indexes with slices
+(`Pattern.slices`) is matched on a graph whose slices are nodes of their own (`sliced`), put back after.
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+import operator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +46,11 @@ class Pattern:
             the op takes them (shapes, dtypes); in a graph without example values validation judges.
         dtype: the search argument that is a dtype literal (`.to(torch.bfloat16)`, as Dynamo folds
             `.to(x.dtype)`): matched only where it is x's own dtype, read from the example values.
+        proof: on the bound arguments (literals as themselves, nodes as their example values, None in a
+            graph without them), whether a match is the computation the replacement does; checked in every
+            graph (a split point Dynamo folded to a literal is proven only by the example shapes, so such a
+            pattern matches only in a compiled graph). None: the structure is the proof.
+        slices: the search indexes with slices (matched on a graph whose slices are nodes: `sliced`).
     """
 
     name: str
@@ -52,11 +64,16 @@ class Pattern:
     fits: Callable[[Mapping[str, Any]], bool]
     weight: str | None = None
     dtype: str | None = None
+    proof: Callable[[Mapping[str, Any]], bool] | None = None
+    slices: bool = False
 
     @functools.cached_property
     def graph(self) -> torch.fx.Graph:
-        """The search function, traced once."""
-        return torch.fx.symbolic_trace(self.search).graph
+        """The search function, traced once (its slices as nodes where `slices`)."""
+        graph = torch.fx.symbolic_trace(self.search).graph
+        if self.slices:
+            _slices_as_nodes(graph)
+        return graph
 
     @functools.cached_property
     def replacement(self) -> torch.fx.Graph:
@@ -70,8 +87,8 @@ class Pattern:
 
     @functools.cached_property
     def calls(self) -> frozenset[str]:
-        """The names the search graph calls: a graph lacking one cannot match."""
-        return frozenset(target_name(n) for n in self.graph.nodes) - {""}
+        """The names the search graph calls: a graph lacking one cannot match (slices are not calls)."""
+        return frozenset(target_name(n) for n in self.graph.nodes) - {"", "slice"}
 
 
 def target_name(node: torch.fx.Node) -> str:
@@ -96,6 +113,53 @@ def example(value: Any) -> Any:
     return value
 
 
+def proven(pattern: Pattern, bound: Mapping[str, Any]) -> bool:
+    """`pattern.proof` on a match's bound arguments (True for a pattern without one)."""
+    return pattern.proof is None or pattern.proof({k: example(v) for k, v in bound.items()})
+
+
+def _slices_as_nodes(graph: torch.fx.Graph) -> None:
+    """Each slice in a getitem's index becomes a `slice(start, stop, step)` node the matcher walks."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+            continue
+        index = node.args[1]
+        parts = index if isinstance(index, tuple) else (index,)
+        if not any(isinstance(p, slice) for p in parts):
+            continue
+        with graph.inserting_before(node):
+            new = tuple(graph.call_function(builtins.slice, (p.start, p.stop, p.step)) if isinstance(p, slice)
+                        else p for p in parts)
+        node.args = (node.args[0], new if isinstance(index, tuple) else new[0])
+
+
+def _slices_as_literals(graph: torch.fx.Graph) -> None:
+    """`_slices_as_nodes` undone: each slice node back into the indexes that read it as a literal."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not builtins.slice:
+            continue
+        value = slice(*node.args)
+        for user in list(node.users):
+            index = user.args[1]
+            parts = index if isinstance(index, tuple) else (index,)
+            new = tuple(value if p is node else p for p in parts)
+            user.args = (user.args[0], new if isinstance(index, tuple) else new[0])
+        graph.erase_node(node)
+
+
+@contextlib.contextmanager
+def sliced(gm: torch.fx.GraphModule, pattern: Pattern) -> Iterator[None]:
+    """For a pattern that indexes with slices: `gm`'s slices as nodes while it is matched, literals after."""
+    if not pattern.slices:
+        yield
+        return
+    _slices_as_nodes(gm.graph)
+    try:
+        yield
+    finally:
+        _slices_as_literals(gm.graph)
+
+
 def dtype_ok(pattern: Pattern, bound: Mapping[str, Any]) -> bool:
     """For a pattern with a dtype literal: whether it is x's own dtype (known only from example values)."""
     if pattern.dtype is None:
@@ -104,4 +168,4 @@ def dtype_ok(pattern: Pattern, bound: Mapping[str, Any]) -> bool:
     return isinstance(x, torch.Tensor) and bound.get(pattern.dtype) == x.dtype
 
 
-__all__ = ["Pattern", "arguments", "dtype_ok", "example", "target_name"]
+__all__ = ["Pattern", "arguments", "dtype_ok", "example", "proven", "sliced", "target_name"]
