@@ -40,14 +40,23 @@ def halves_swapped(x: Tensor) -> Tensor:
     return torch.cat((-x1, x2), dim=-1)
 
 
-class Attention(nn.Module):
-    """Attention with transformers' apply_rotary_pos_emb written inline; `rot` and `swap_k` make near misses."""
+def rotate_chunks(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
 
-    def __init__(self, rot: str = "half", swap_k: bool = False) -> None:
+
+ROTATIONS = {"half": rotate_half, "swapped": halves_swapped, "chunk": rotate_chunks}
+
+
+class Attention(nn.Module):
+    """Attention with transformers' apply_rotary_pos_emb written inline; `rot` and `swap_k` make near misses,
+    `rotary` < D/H a partial rotary width (transformers' form: the first features rotated, the rest passed)."""
+
+    def __init__(self, rot: str = "half", swap_k: bool = False, rotary: int = D // H) -> None:
         super().__init__()
-        self.rot, self.swap_k, self.hd = rot, swap_k, D // H
+        self.rot, self.swap_k, self.hd, self.r = rot, swap_k, D // H, rotary
         self.qkv = nn.Linear(D, 3 * D, bias=False)
-        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, self.hd, 2).float() / self.hd), False)
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, rotary, 2).float() / rotary), False)
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -58,12 +67,14 @@ class Attention(nn.Module):
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         cos = cos.unsqueeze(1)
         sin = sin.unsqueeze(1)
-        rot = rotate_half if self.rot == "half" else halves_swapped
+        rot = ROTATIONS[self.rot]
+        (q, q_pass), (k, k_pass) = (t.split([self.r, self.hd - self.r], dim=-1) for t in (q, k))
         q = (q * cos) + (rot(q) * sin)  # AT:rope-q
         if self.swap_k:
             k = (k * sin) + (rot(k) * cos)
         else:
             k = (k * cos) + (rot(k) * sin)
+        q, k = torch.cat((q, q_pass), dim=-1), torch.cat((k, k_pass), dim=-1)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return o.transpose(1, 2).reshape(b, t, D)
 
@@ -122,6 +133,16 @@ def _where(r: object) -> int:
     return int(r.location.rsplit(":", 1)[1])
 
 
+@pytest.mark.parametrize("kw", [{"rot": "chunk"}, {"rotary": 8}], ids=["chunk", "partial-rotary"])
+def test_rope_other_spellings(kw: dict) -> None:
+    """`chunk(2, dim=-1)` halves; a partial width's rotated slice (the rest passes through as written)."""
+    inputs = _attention_inputs()
+    model, report = optimize(_build(Attention, **kw), inputs, components=False, compile=False, rewrite="rope")
+    (r,) = report.rewrites
+    assert report.passed and (r.kind, r.status, _where(r)) == ("rope", "applied", _line("rope-q"))
+    _same_outputs_and_grads(model, _build(Attention, **kw), inputs)
+
+
 def test_rope_of_q_and_k_rewritten_at_the_analysers_line() -> None:
     inputs = _attention_inputs()
     model, report = optimize(_build(Attention), inputs, components=False, compile=False, rewrite="rope")
@@ -155,7 +176,7 @@ def test_rope_bf16_is_the_written_rounding() -> None:
     assert torch.equal(qo, q * c + rotate_half(q) * s) and torch.equal(ko, k * c + rotate_half(k) * s)
 
 
-def test_rope_in_the_inductor_pass_and_after_optimize_compiled() -> None:
+def test_rope_in_the_inductor_pass() -> None:
     """Dynamo folds `x.shape[-1] // 2`: the literal split is proven by the example shapes there."""
     from kernel_pytorch.optimize.rewrite.compiled import inductor_options
 

@@ -32,7 +32,8 @@ class Pattern:
         name: unique, e.g. "rms_norm.llama.pow.rsqrt.weight_left".
         kind: the analyser's fusion kind it implements ("rms-norm", "gated-act"): its finding names the
             same source line as the rewrite.
-        family: the family name of every layer ("norm", "activation"), as `optimize(rewrite=...)` takes it.
+        family: the family name of every layer ("norm", "activation", "rope", "cross_entropy"), as
+            `optimize(rewrite=...)` takes it.
         search: the plain-torch spelling, a function of the pattern's inputs.
         replace: the same inputs to our call (a function `torch.fx.wrap` keeps as one node).
         anchor: the name of the search graph's node that locates a match, the analyser's anchor (`mean`

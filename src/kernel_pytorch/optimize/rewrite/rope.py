@@ -6,10 +6,11 @@
     k_embed = k * cos + rotate_half(k) * sin                  cos, sin: (B or 1, T, D), q's dtype
 
 transformers' `apply_rotary_pos_emb` written inline. The halves are proven by the graph or the shapes:
-split at `x.shape[-1] // 2` of the same x (as transformers' rotate_half writes it), or, where Dynamo has
-folded that to a literal, at a point the example shapes show is D/2 (so that spelling matches only in a
-compiled graph). The negated half first, concatenated on the last dim; q and k rotated by the same
-cos/sin. Other orders, an interleaved pairing, a partial rotary width or cos and sin that differ
+split at `x.shape[-1] // 2` of the same x (as transformers' rotate_half writes it) or by `x.chunk(2,
+dim=-1)`, or, where Dynamo has folded the split point to a literal, at a point the example shapes show
+is D/2 (so that spelling matches only in a compiled graph; an odd D, which `chunk` splits unequally,
+is left to the written code at run time). The negated half first, concatenated on the last dim; q and
+k rotated by the same cos/sin. Other orders, an interleaved pairing, a partial rotary width or cos and sin that differ
 between q and k do not match. The replacement rounds as the written code does (`hf_rounding=True`:
 each product and the sum in q's dtype), so it computes the same function; where, at run time, the
 tensors are not of that form (cos of another shape or dtype), the written formula runs and a log line
@@ -46,32 +47,55 @@ def rope_ok(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> bool:
             and q.device == k.device == cos.device == sin.device and q.device.type in ("cuda", "cpu"))
 
 
-def _written(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+def _written(x: Tensor, cos: Tensor, sin: Tensor, chunked: bool) -> Tensor:
+    if chunked:  # unequal halves for an odd D, as `chunk` splits
+        x1, x2 = x.chunk(2, dim=-1)
+    else:
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def kp_rotate_half_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
-    """Our rotary embedding of q and k, rounded as the written code (one node in a rewritten graph)."""
+def kp_rotate_half_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, chunked: bool = False
+                        ) -> tuple[Tensor, Tensor]:
+    """Our rotary embedding of q and k, rounded as the written code (one node in a rewritten graph);
+    `chunked`: the halves were written with `chunk` (what the written code does where our op cannot)."""
     if not rope_ok(q, k, cos, sin, unsqueeze_dim):
         log_once("kernel_pytorch rewrite: a rotary embedding's tensors are not of the form our op takes "
-                 "(q, k 4-D; cos, sin (B or 1, T, D) of q's dtype); the written formula runs")
+                 "(q, k 4-D with an even head dim; cos, sin (B or 1, T, D) of q's dtype); the written formula runs")
         c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        return _written(q, c, s), _written(k, c, s)
+        return _written(q, c, s, chunked), _written(k, c, s, chunked)
     return kp_functional.apply_rotary(q, k, cos, sin, unsqueeze_dim=int(unsqueeze_dim), hf_rounding=True)
 
 
 torch.fx.wrap("kp_rotate_half_rope")
 
 
-def _halves_by_shape(x: Tensor) -> tuple[Tensor, Tensor]:
+def _halves_by_shape(x: Tensor, half: Any) -> tuple[Tensor, Tensor]:
     # transformers' rotate_half: each half's bound computed from x.shape where it is used
     return x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
 
 
-def _search(literal: bool) -> Callable[..., tuple[Tensor, Tensor]]:
+def _halves_by_literal(x: Tensor, half: Any) -> tuple[Tensor, Tensor]:
+    return x[..., :half], x[..., half:]
+
+
+def _halves_by_chunk(x: Tensor, half: Any) -> tuple[Tensor, Tensor]:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x1, x2
+
+
+# spelling -> (the halves of x, whether the split point is a literal the shapes must prove)
+HALVES: dict[str, tuple[Callable[[Tensor, Any], tuple[Tensor, Tensor]], bool]] = {
+    "shape_half": (_halves_by_shape, False),
+    "chunk": (_halves_by_chunk, False),
+    "literal_half": (_halves_by_literal, True),
+}
+
+
+def _search(halves: Callable[[Tensor, Any], tuple[Tensor, Tensor]], literal: bool
+            ) -> Callable[..., tuple[Tensor, Tensor]]:
     def rotate_half(x: Tensor, half: Any) -> Tensor:
-        x1, x2 = (x[..., :half], x[..., half:]) if literal else _halves_by_shape(x)
+        x1, x2 = halves(x, half)
         return torch.cat((-x2, x1), dim=-1)
 
     def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: Any, half: Any
@@ -91,10 +115,10 @@ def _search(literal: bool) -> Callable[..., tuple[Tensor, Tensor]]:
     return search_literal if literal else search
 
 
-def _replace(literal: bool) -> Callable[..., tuple[Tensor, Tensor]]:
+def _replace(literal: bool, chunked: bool) -> Callable[..., tuple[Tensor, Tensor]]:
     # by its global name, which torch.fx.wrap patches while a replacement is traced
     def replace(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: Any) -> tuple[Tensor, Tensor]:
-        out = kp_rotate_half_rope(q, k, cos, sin, unsqueeze_dim)
+        out = kp_rotate_half_rope(q, k, cos, sin, unsqueeze_dim, chunked)
         return out[0], out[1]
 
     def replace_literal(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: Any, half: Any
@@ -130,19 +154,19 @@ def half_proven(values: Mapping[str, Any]) -> bool:
 
 ROPE_PATTERNS = tuple(
     Pattern(
-        name=f"rope.rotate_half.{'literal_half' if literal else 'shape_half'}",
+        name=f"rope.rotate_half.{spelling}",
         kind="rope",
         family="rope",
-        search=_search(literal),
-        replace=_replace(literal),
+        search=_search(halves, literal),
+        replace=_replace(literal, spelling == "chunk"),
         op=_op(literal),
         anchor="add",  # q's `q * cos + rotate_half(q) * sin`, the line the analyser's finding names
         what="kernel_pytorch.functional.apply_rotary(hf_rounding=True)",
         fits=fits,
         proof=half_proven if literal else None,
-        slices=True,
+        slices=spelling != "chunk",
     )
-    for literal in (False, True)
+    for spelling, (halves, literal) in HALVES.items()
 )
 
-__all__ = ["ROPE_PATTERNS", "fits", "half_proven", "kp_rotate_half_rope", "rope_ok"]
+__all__ = ["HALVES", "ROPE_PATTERNS", "fits", "half_proven", "kp_rotate_half_rope", "rope_ok"]
