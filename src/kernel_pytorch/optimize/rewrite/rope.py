@@ -10,9 +10,11 @@ split at `x.shape[-1] // 2` of the same x (as transformers' rotate_half writes i
 dim=-1)`, or, where Dynamo has folded the split point to a literal, at a point the example shapes show
 is D/2 (so that spelling matches only in a compiled graph; an odd D, which `chunk` splits unequally,
 is left to the written code at run time). The negated half first, concatenated on the last dim; q and
-k rotated by the same cos/sin. Other orders, an interleaved pairing, a partial rotary width or cos and sin that differ
-between q and k do not match. The replacement rounds as the written code does (`hf_rounding=True`:
-each product and the sum in q's dtype), so it computes the same function; where, at run time, the
+k rotated by the same cos/sin. Other orders, an interleaved pairing, or cos and sin that differ between
+q and k do not match. With a partial rotary width (transformers' `q[..., :r]` rotated, the rest passed
+through) the rotated slice is this computation on that slice, and is rewritten as such. The
+replacement rounds as the written code does (`hf_rounding=True`: each product and the sum in q's
+dtype), so it computes the same function; where, at run time, the
 tensors are not of that form (cos of another shape or dtype), the written formula runs and a log line
 says so once.
 """
