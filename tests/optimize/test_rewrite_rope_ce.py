@@ -235,3 +235,25 @@ def test_linear_cross_entropy_compiled_after_optimize_holds_our_op() -> None:
     targets = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
     assert any("kernel_pytorch.fused_linear_cross_entropy_fwd" in t for t in targets)
     assert not any("cross_entropy" in t and "kernel_pytorch" not in t for t in targets)
+
+
+@pytest.mark.parametrize("matmul", [False, True], ids=["linear-view-float", "matmul-rows"])
+def test_linear_cross_entropy_in_the_inductor_pass(matmul: bool) -> None:
+    """Dynamo keeps only the keywords written and folds `logits.size(-1)`: the pass writes the keywords
+    out and the example shapes prove the literal row width."""
+    from kernel_pytorch.optimize.rewrite.compiled import inductor_options
+
+    rewrite = inductor_options("cross_entropy")["pre_grad_custom_pass"]
+    seen: set[str] = set()
+
+    def pre_grad(graph: torch.fx.Graph) -> None:
+        rewrite(graph)
+        seen.update(str(n.target) for n in graph.nodes if n.op == "call_function")
+
+    torch._dynamo.reset()
+    inputs = _lm_inputs()
+    loss = {"ignore_index": -1, "label_smoothing": 0.05}
+    model, original = _build(LMHeadLoss, matmul=matmul, **loss), _build(LMHeadLoss, matmul=matmul, **loss)
+    _same_outputs_and_grads(torch.compile(model, options={"pre_grad_custom_pass": pre_grad}), original, inputs)
+    assert rewrite.counts == {"linear-cross-entropy": 1}
+    assert not any(t.endswith("cross_entropy") for t in seen)

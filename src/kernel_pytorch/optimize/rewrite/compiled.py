@@ -28,7 +28,7 @@ from kernel_pytorch._env import log_once
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.functional._dispatch import kernels_ready
 from kernel_pytorch.optimize.rewrite import patterns_of
-from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok, example, proven, sliced, target_name
+from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok, example, prepared, proven, target_name
 
 
 class RewritePass(CustomGraphPass):
@@ -54,7 +54,7 @@ class RewritePass(CustomGraphPass):
         names = {target_name(n) for n in graph.nodes}
         for p in self.patterns:
             if p.calls <= names:
-                with sliced(gm, p):
+                with prepared(gm, p):
                     done = replace_pattern_with_filters(gm, p.graph, p.op_replacement, [_fits(p)])
                 if done:
                     self.counts[p.kind] = self.counts.get(p.kind, 0) + len(done)

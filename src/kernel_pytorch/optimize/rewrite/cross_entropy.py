@@ -10,10 +10,8 @@ or the same without the views on 2-D h (N, H) and labels (N,). The options are m
 another reduction, class weights or the deprecated `size_average`/`reduce` leave the loss alone. Our
 loss is fp32; the replacement rounds it to the logits' dtype, as torch's loss is. Where, at run time,
 the tensors are not of that form (integer labels, one row per label, W (V, H) of h's dtype), the written
-code runs and a log line says so once.
-
-The Inductor pass (`compiled.py`) does not rewrite these: Dynamo's graph keeps only the keywords the
-call wrote, so its cross-entropy calls do not read as this pattern; `optimize(rewrite=True)` does.
+code runs and a log line says so once. In a compiled graph, where Dynamo has folded `logits.size(-1)`
+to a literal, the example shapes prove it is V (so that spelling matches only there).
 """
 
 from __future__ import annotations
@@ -84,31 +82,54 @@ LOGITS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 }
 
 
-def _search(logits_of: Callable[[Tensor, Tensor], Tensor], upcast: bool, flat: bool) -> Callable[..., Tensor]:
-    def search(h: Tensor, w: Tensor, target: Tensor, ignore_index: Any, reduction: Any, label_smoothing: Any
-               ) -> Tensor:
+# how the logits become rows: not at all (2-D already), `.view(-1, logits.size(-1))`, or `.view(-1, V)`
+# with V a literal (Dynamo's folding of the size; proven by the example shapes)
+FLATS = ("rows", "view", "view_literal")
+
+
+def _search(logits_of: Callable[[Tensor, Tensor], Tensor], upcast: bool, flat: str) -> Callable[..., Tensor]:
+    def loss(h: Tensor, w: Tensor, target: Tensor, ignore_index: Any, reduction: Any, label_smoothing: Any,
+             vocab: Any) -> Tensor:
         logits = logits_of(h, w)
         if upcast:
             logits = logits.float()
-        if flat:
-            logits, target = logits.view(-1, logits.size(-1)), target.view(-1)
+        if flat != "rows":
+            rows = logits.view(-1, vocab) if flat == "view_literal" else logits.view(-1, logits.size(-1))
+            logits, target = rows, target.view(-1)
         return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
                                label_smoothing=label_smoothing)
-    return search
+
+    def search(h: Tensor, w: Tensor, target: Tensor, ignore_index: Any, reduction: Any, label_smoothing: Any
+               ) -> Tensor:
+        return loss(h, w, target, ignore_index, reduction, label_smoothing, None)
+
+    def search_literal(h: Tensor, w: Tensor, target: Tensor, ignore_index: Any, reduction: Any,
+                       label_smoothing: Any, vocab: Any) -> Tensor:
+        return loss(h, w, target, ignore_index, reduction, label_smoothing, vocab)
+    return search_literal if flat == "view_literal" else search
 
 
-def _replace(upcast: bool, flat: bool) -> Callable[..., Tensor]:
+def _replace(upcast: bool, flat: str) -> Callable[..., Tensor]:
     # by its global name, which torch.fx.wrap patches while a replacement is traced
     def replace(h: Tensor, w: Tensor, target: Tensor, ignore_index: Any, reduction: Any, label_smoothing: Any
                 ) -> Tensor:
-        return kp_linear_cross_entropy(h, w, target, ignore_index, reduction, label_smoothing, upcast, flat)
-    return replace
+        return kp_linear_cross_entropy(h, w, target, ignore_index, reduction, label_smoothing, upcast,
+                                       flat != "rows")
+
+    def replace_literal(h: Tensor, w: Tensor, target: Tensor, ignore_index: Any, reduction: Any,
+                        label_smoothing: Any, vocab: Any) -> Tensor:
+        return kp_linear_cross_entropy(h, w, target, ignore_index, reduction, label_smoothing, upcast, True)
+    return replace_literal if flat == "view_literal" else replace
 
 
-def _op(upcast: bool) -> Callable[..., Tensor]:
+def _op(upcast: bool, flat: str) -> Callable[..., Tensor]:
     def op(h: Tensor, w: Tensor, target: Tensor, ignore_index: Any, reduction: Any, label_smoothing: Any) -> Tensor:
         return kp_linear_cross_entropy_op(h, w, target, ignore_index, reduction, label_smoothing, upcast)
-    return op
+
+    def op_literal(h: Tensor, w: Tensor, target: Tensor, ignore_index: Any, reduction: Any, label_smoothing: Any,
+                   vocab: Any) -> Tensor:
+        return kp_linear_cross_entropy_op(h, w, target, ignore_index, reduction, label_smoothing, upcast)
+    return op_literal if flat == "view_literal" else op
 
 
 def options_supported(values: Mapping[str, Any]) -> bool:
@@ -118,31 +139,39 @@ def options_supported(values: Mapping[str, Any]) -> bool:
             and isinstance(ls, (int, float)) and not isinstance(ls, bool) and 0.0 <= ls < 1.0)
 
 
-def _fits(flat: bool) -> Callable[[Mapping[str, Any]], bool]:
+def vocab_proven(values: Mapping[str, Any]) -> bool:
+    """`options_supported`, and a literal row width is V of W's example value (none without shapes)."""
+    w, vocab = values.get("w"), values.get("vocab")
+    return (options_supported(values) and isinstance(w, Tensor) and w.dim() == 2 and isinstance(vocab, int)
+            and vocab == w.shape[0])
+
+
+def _fits(flat: str) -> Callable[[Mapping[str, Any]], bool]:
     def fits(values: Mapping[str, Any]) -> bool:
-        return ce_ok(values.get("h"), values.get("w"), values.get("target"), flat)
+        return ce_ok(values.get("h"), values.get("w"), values.get("target"), flat != "rows")
     return fits
 
 
 def _patterns() -> tuple[Pattern, ...]:
     out = []
-    for (name, logits_of), upcast, flat in itertools.product(LOGITS.items(), (False, True), (True, False)):
+    for (name, logits_of), upcast, flat in itertools.product(LOGITS.items(), (False, True), FLATS):
         out.append(Pattern(
-            name=f"linear_cross_entropy.{name}.{'float' if upcast else 'as_is'}.{'view' if flat else 'rows'}",
+            name=f"linear_cross_entropy.{name}.{'float' if upcast else 'as_is'}.{flat}",
             kind="linear-cross-entropy",
             family="cross_entropy",
             search=_search(logits_of, upcast, flat),
             replace=_replace(upcast, flat),
-            op=_op(upcast),
+            op=_op(upcast, flat),
             anchor="cross_entropy",  # the loss call, the line the analyser's finding names
             what="kernel_pytorch.functional.fused_linear_cross_entropy",
             fits=_fits(flat),
-            proof=options_supported,
+            proof=vocab_proven if flat == "view_literal" else options_supported,
+            keywords=(F.cross_entropy,),  # Dynamo records only the keywords written
         ))
     return tuple(out)
 
 
 CROSS_ENTROPY_PATTERNS = _patterns()
 
-__all__ = ["CROSS_ENTROPY_PATTERNS", "ce_ok", "kp_linear_cross_entropy", "kp_linear_cross_entropy_op",
-           "options_supported"]
+__all__ = ["CROSS_ENTROPY_PATTERNS", "FLATS", "ce_ok", "kp_linear_cross_entropy", "kp_linear_cross_entropy_op",
+           "options_supported", "vocab_proven"]

@@ -8,7 +8,10 @@ operators with the same constants; its arguments (placeholders) match any value,
 
 Slices (`x[..., :half]`) are literals to the matcher, compared by value, so one holding a node (a split
 point computed from `x.shape`) or a pattern argument never matches: a pattern that indexes with slices
-(`Pattern.slices`) is matched on a graph whose slices are nodes of their own (`sliced`), put back after.
+(`Pattern.slices`) is matched on a graph whose slices are nodes of their own (`prepared`), put back
+after. Keywords are compared by name, and Dynamo records only those a call wrote where symbolic tracing
+records every one (`F.cross_entropy`): a pattern's such functions (`Pattern.keywords`) are called with
+all their keywords, defaults written out, in the graph it is matched on.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.fx
+from torch.fx.operator_schemas import normalize_function
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,8 @@ class Pattern:
             graph without them), whether a match is the computation the replacement does; checked in every
             graph (a split point Dynamo folded to a literal is proven only by the example shapes, so such a
             pattern matches only in a compiled graph). None: the structure is the proof.
-        slices: the search indexes with slices (matched on a graph whose slices are nodes: `sliced`).
+        slices: the search indexes with slices (matched on a graph whose slices are nodes: `prepared`).
+        keywords: functions the search calls with every keyword: their calls in a graph get theirs too.
     """
 
     name: str
@@ -67,6 +72,7 @@ class Pattern:
     dtype: str | None = None
     proof: Callable[[Mapping[str, Any]], bool] | None = None
     slices: bool = False
+    keywords: tuple[Callable[..., Any], ...] = ()
 
     @functools.cached_property
     def graph(self) -> torch.fx.Graph:
@@ -148,9 +154,21 @@ def _slices_as_literals(graph: torch.fx.Graph) -> None:
         graph.erase_node(node)
 
 
+def _all_keywords(graph: torch.fx.Graph, functions: tuple[Callable[..., Any], ...]) -> None:
+    """Calls of `functions` with every keyword after the tensors, as symbolic tracing records them."""
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in functions:
+            continue
+        normal = normalize_function(node.target, node.args, node.kwargs)
+        if normal is not None:  # None: a signature it cannot bind, left as it is
+            node.args, node.kwargs = tuple(normal.args), dict(normal.kwargs)
+
+
 @contextlib.contextmanager
-def sliced(gm: torch.fx.GraphModule, pattern: Pattern) -> Iterator[None]:
-    """For a pattern that indexes with slices: `gm`'s slices as nodes while it is matched, literals after."""
+def prepared(gm: torch.fx.GraphModule, pattern: Pattern) -> Iterator[None]:
+    """`gm` in the form `pattern` is matched on while it is: slices as nodes (literals again after), the
+    keywords of `pattern.keywords`' calls written out (the same calls: kept)."""
+    _all_keywords(gm.graph, pattern.keywords)
     if not pattern.slices:
         yield
         return
@@ -169,4 +187,4 @@ def dtype_ok(pattern: Pattern, bound: Mapping[str, Any]) -> bool:
     return isinstance(x, torch.Tensor) and bound.get(pattern.dtype) == x.dtype
 
 
-__all__ = ["Pattern", "arguments", "dtype_ok", "example", "proven", "sliced", "target_name"]
+__all__ = ["Pattern", "arguments", "dtype_ok", "example", "prepared", "proven", "target_name"]

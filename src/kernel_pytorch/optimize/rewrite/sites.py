@@ -30,7 +30,7 @@ from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.findings import Location
 from kernel_pytorch.assistant.locate import model_location, parse_stack
 from kernel_pytorch.optimize.report import Rewrite
-from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok, proven, sliced, target_name
+from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok, prepared, proven, target_name
 
 # stateless activation modules traced into (`F.silu(x, inplace=False)`), so `self.act_fn(gate) * up`
 # reads as the functional spelling the patterns match (hooks on such a module are not called by a
@@ -175,7 +175,7 @@ def _rewrite(gm: torch.fx.GraphModule, module: nn.Module, model: nn.Module, patt
             found[key] = (p, loc, n + 1)
             return True
 
-        with sliced(gm, p):
+        with prepared(gm, p):
             replace_pattern_with_filters(gm, p.graph, p.replacement, [keep])
     gm.recompile()
 
