@@ -14,9 +14,8 @@ k rotated by the same cos/sin. Other orders, an interleaved pairing, or cos and 
 q and k do not match. With a partial rotary width (transformers' `q[..., :r]` rotated, the rest passed
 through) the rotated slice is this computation on that slice, and is rewritten as such. The
 replacement rounds as the written code does (`hf_rounding=True`: each product and the sum in q's
-dtype), so it computes the same function; where, at run time, the
-tensors are not of that form (cos of another shape or dtype), the written formula runs and a log line
-says so once.
+dtype), so it computes the same function; where, at run time, the tensors are not of that form (cos
+of another shape or dtype), the written formula runs and a log line says so once.
 """
 
 from __future__ import annotations
