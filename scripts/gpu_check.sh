@@ -197,8 +197,9 @@ for s in $steps; do
     # optimize(rewrite=True) on the GPU: its tests with the real kernels, then compile + rewrites against compile
     # alone and eager on hand-written blocks and the built-in Llama (fwd+bwd time and peak memory)
     rewrite) step 200 pytest_rewrite python3 -m pytest -q -p no:cacheprovider -rf tests/optimize/test_rewrite.py \
+               tests/optimize/test_rewrite_rope_ce.py \
                tests/cli/test_optimize_cli.py tests/assistant/fusion/test_fusion.py
-             step 300 probe_rewrite python3 benchmarks/probes/probe_rewrite.py --out "$work/results/probe_rewrite.md" ;;
+             step 420 probe_rewrite python3 benchmarks/probes/probe_rewrite.py --out "$work/results/probe_rewrite.md" ;;
     # the kernels of one quantized decode step (bf16, int8, fp8) under the decode bench's compile
     quant_decode) step 180 probe_quant_decode python3 benchmarks/probes/probe_quant_decode.py ;;
     # RMSNorm's launch variants at the e2e shapes beside torch.compile's (KP_NORM_SHAPES, KP_NORM_PASSES)

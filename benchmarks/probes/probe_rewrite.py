@@ -1,5 +1,6 @@
 """Graph rewrites against compile alone: for models holding hand-written patterns (KernelBench-style
-problems written here, and the built-in plain-torch models), the forward+backward time and peak memory of
+problems written here: a norm, gated and bias activations, RoPE attention, an LM head and its loss; and
+the built-in plain-torch models), the forward+backward time and peak memory of
 eager, `torch.compile`, `optimize(rewrite=True)` then `torch.compile`, the Inductor pre-grad rewrite pass
 (`rewrite.compiled.inductor_options()`), and `optimize(rewrite=True)` eager; with the rewrites kept.
 
@@ -73,8 +74,50 @@ class NormMLPBlock(nn.Module):
         return x + self.mlp(self.norm(x))
 
 
+def rotate_half(x: Tensor) -> Tensor:
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RopeAttention(nn.Module):
+    """Attention with transformers' apply_rotary_pos_emb written inline (cos/sin from the positions)."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.qkv, self.out = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.register_buffer("inv_freq", 1.0 / 500000 ** (torch.arange(0, self.hd, 2).float() / self.hd), False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4).unbind(0)
+        freqs = torch.outer(torch.arange(t, device=x.device, dtype=torch.float32), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)[None]
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos = cos.unsqueeze(1)
+        sin = sin.unsqueeze(1)
+        q = (q * cos) + (rotate_half(q) * sin)
+        k = (k * cos) + (rotate_half(k) * sin)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(o.transpose(1, 2).reshape(b, t, d))
+
+
+class LMHeadLoss(nn.Module):
+    """An LM head and its loss written out, as Hugging Face's causal-LM loss does (fp32 upcast, views)."""
+
+    def __init__(self, d: int, vocab: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab, d) * d ** -0.5)
+
+    def forward(self, h: Tensor, labels: Tensor) -> Tensor:
+        logits = F.linear(h, self.weight).float()
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100)
+
+
 def _problems(tiny: bool, device: str, dtype: torch.dtype) -> dict[str, Callable[[], tuple[nn.Module, tuple]]]:
     b, t, d, i = (2, 16, 64, 128) if tiny else (8, 2048, 4096, 14336)
+    heads, vocab = (4, 256) if tiny else (32, 128256)
 
     def x() -> Tensor:
         return torch.randn(b, t, d, device=device, dtype=dtype)
@@ -85,6 +128,12 @@ def _problems(tiny: bool, device: str, dtype: torch.dtype) -> dict[str, Callable
             return cls(*args).to(device=device, dtype=dtype), (x(),)
         return build
 
+    def lm_head_loss() -> tuple[nn.Module, tuple]:
+        torch.manual_seed(0)
+        labels = torch.randint(0, vocab, (b, t), device=device)
+        labels[:, : t // 8] = -100  # a prompt's tokens, ignored
+        return LMHeadLoss(d, vocab).to(device=device, dtype=dtype), (x(), labels)
+
     def builtin(name: str) -> Callable[[], tuple[nn.Module, tuple]]:
         return lambda: build_model(name if not tiny else "llama-tiny", device=device, dtype=dtype)
 
@@ -93,6 +142,8 @@ def _problems(tiny: bool, device: str, dtype: torch.dtype) -> dict[str, Callable
         "swiglu": make(SwiGLU, d, i),
         "gemm_bias_gelu": make(GemmBiasGelu, d, i),
         "norm_mlp_block": make(NormMLPBlock, d, i),
+        "rope_attention": make(RopeAttention, d, heads),
+        "lm_head_loss": lm_head_loss,
         "llama-8l-2048": builtin("llama-8l-2048"),
     }
 

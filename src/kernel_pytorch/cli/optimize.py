@@ -154,7 +154,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tf32", action="store_true",
                    help="opt in to TF32 for fp32 matmuls on CUDA (process-wide; kept if faster and within tolerance)")
     p.add_argument("--rewrite", nargs="?", const="all", default=None, metavar="FAMILIES",
-                   help="also rewrite hand-written patterns in forwards (all families, or a list: norm,activation)")
+                   help="also rewrite hand-written patterns in forwards (all families, or a list of: "
+                        "norm,activation,rope,cross_entropy)")
     p.add_argument("--no-validate", action="store_true", help="skip validation (changes are then unchecked)")
     p.add_argument("--seeds", type=int, default=2, help="validation seeds (default 2)")
     p.add_argument("--save", default=None, metavar="DIR",

@@ -129,9 +129,9 @@ def optimize(
         validate_options: what validation checks (`ValidationOptions`); default
             `ValidationOptions.correctness_only()`: outputs and gradients on every seed, nothing timed.
         rewrite: graph rewrites of hand-written patterns in the modules' own forwards (`optimize.rewrite`):
-            False (default: none), True (every family) or family names ("norm", "activation"). Each is
-            validated with the rest and reverted alone if it fails; `report.rewrites` lists each at its
-            source line.
+            False (default: none), True (every family) or family names ("norm", "activation", "rope",
+            "cross_entropy"). Each is validated with the rest and reverted alone if it fails;
+            `report.rewrites` lists each at its source line.
     Returns:
         (model, report): the same model object with the kept changes; the report lists every change,
         kept, reverted or skipped, with reasons, and the final validation.

@@ -60,7 +60,7 @@ def _many(n: int) -> str:
 
 # the patterns `optimize(rewrite=True)` replaces where they are written (kernel_pytorch.optimize.rewrite:
 # weighted RMSNorms and the residual add before one, gated SiLU/GELU, a parameter bias before an
-# activation), said in those findings' fixes
+# activation, rotate-half RoPE of q and k, a linear head into cross-entropy), said in those findings' fixes
 _REWRITE = (
     "Or leave the code as it is: `model, report = kernel_pytorch.optimize(model, inputs, rewrite=True)` "
     "replaces the pattern where it is written (its common spellings) with the fused op, validated against "
@@ -111,7 +111,9 @@ def _rope_fix() -> str:
     if not comp.available:
         return _pending("rope", "`model = torch.compile(model)` fuses the chain today")
     return (f"`q, k = kp.functional.apply_rotary(q, k, cos, sin)` rotates q and k in one kernel, forward and "
-            f"backward, from the same cos/sin ({comp.named()} makes them).")
+            f"backward, from the same cos/sin ({comp.named()} makes them). {_REWRITE} (The spelling it takes: "
+            "transformers' `apply_rotary_pos_emb` written out, q and k rotated by one cos/sin unsqueezed at the "
+            "heads' dim.)")
 
 
 def _act_fix(inst: Instance) -> str:
@@ -149,7 +151,9 @@ def _loop_fix(inst: Instance) -> str:
 def _ce_fix(inst: Instance) -> str:
     comp = component("linear_cross_entropy")
     if comp.available:
-        return f"`loss = {comp.short}()(hidden, lm_head.weight, targets)` computes the loss without the logits."
+        return (f"`loss = {comp.short}()(hidden, lm_head.weight, targets)` computes the loss without the logits. "
+                f"{_REWRITE} (The spelling it takes: a head written `F.linear(h, W)` or `h @ W.T`, the loss "
+                "with reduction 'mean' or 'sum', no class weights.)")
     return (
         f"{comp.named()} computes the loss chunk by chunk without ever holding the logits; meanwhile "
         "`torch.compile` of the loss fuses the fp32 cast and the softmax but still writes the logits."

@@ -28,7 +28,7 @@ from kernel_pytorch._env import log_once
 from kernel_pytorch._errors import short_error
 from kernel_pytorch.functional._dispatch import kernels_ready
 from kernel_pytorch.optimize.rewrite import patterns_of
-from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok, example, target_name
+from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok, example, prepared, proven, target_name
 
 
 class RewritePass(CustomGraphPass):
@@ -54,7 +54,8 @@ class RewritePass(CustomGraphPass):
         names = {target_name(n) for n in graph.nodes}
         for p in self.patterns:
             if p.calls <= names:
-                done = replace_pattern_with_filters(gm, p.graph, p.op_replacement, [_fits(p)])
+                with prepared(gm, p):
+                    done = replace_pattern_with_filters(gm, p.graph, p.op_replacement, [_fits(p)])
                 if done:
                     self.counts[p.kind] = self.counts.get(p.kind, 0) + len(done)
                     _refresh_examples(gm)
@@ -85,7 +86,7 @@ def _refresh_examples(gm: torch.fx.GraphModule) -> None:
 def _fits(p: Pattern) -> Any:
     def keep(match: InternalMatch, original: torch.fx.Graph, pattern: torch.fx.Graph) -> bool:
         bound = arguments(match)
-        return dtype_ok(p, bound) and p.fits({k: example(v) for k, v in bound.items()})
+        return dtype_ok(p, bound) and proven(p, bound) and p.fits({k: example(v) for k, v in bound.items()})
     return keep
 
 

@@ -30,7 +30,7 @@ from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.findings import Location
 from kernel_pytorch.assistant.locate import model_location, parse_stack
 from kernel_pytorch.optimize.report import Rewrite
-from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok, target_name
+from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok, prepared, proven, target_name
 
 # stateless activation modules traced into (`F.silu(x, inplace=False)`), so `self.act_fn(gate) * up`
 # reads as the functional spelling the patterns match (hooks on such a module are not called by a
@@ -169,13 +169,14 @@ def _rewrite(gm: torch.fx.GraphModule, module: nn.Module, model: nn.Module, patt
             key = (p.kind, loc.file if loc else None, loc.line if loc else None)
             if (accept is not None and key not in accept) or not _weight_ok(p, match, module):
                 return False
-            if not dtype_ok(p, arguments(match)):
+            if not (dtype_ok(p, arguments(match)) and proven(p, arguments(match))):
                 return False
             _, _, n = found.get(key, (p, loc, 0))
             found[key] = (p, loc, n + 1)
             return True
 
-        replace_pattern_with_filters(gm, p.graph, p.replacement, [keep])
+        with prepared(gm, p):
+            replace_pattern_with_filters(gm, p.graph, p.replacement, [keep])
     gm.recompile()
 
 
