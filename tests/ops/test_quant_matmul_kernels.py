@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernel_pytorch.ops import tuning
-from kernel_pytorch.ops.quant_matmul import SplitKLaunch, TileLaunch, dequantize, plan, quant_matmul
+from kernel_pytorch.ops.quant_matmul import GemvLaunch, SplitKLaunch, TileLaunch, dequantize, plan, quant_matmul
 from kernel_pytorch.ops.quant_matmul.launch import quant_matmul_backward
 from kernel_pytorch.reference import quant_matmul as R
 from tests.grid import DTYPES, Poisoned, device_under_test, randn
@@ -28,7 +28,7 @@ N, K, GROUP = 20, 70, 32  # K: 3 blocks of 32 (the last short), 3 int4 groups (t
 def _small(cfg, gemv_block_k: int = 32):
     """Tiles of 16 x 32 on every path, tiled from M = 9 on: several column blocks, K steps and slices."""
     split = SplitKLaunch(block_n=16, block_k=32, num_warps=2, num_stages=1, programs_per_sm=2, max_split=8)
-    gemv = dataclasses.replace(split, block_k=gemv_block_k)
+    gemv = GemvLaunch(block_n=16, block_k=gemv_block_k, num_warps=2, programs_per_sm=2, max_split=8)
     launches = dataclasses.replace(cfg.int8, gemv=gemv, split_k=split,
                                    tiled=TileLaunch(block_m=16, block_n=16, block_k=32, group_m=2, num_warps=2,
                                                     num_stages=1))
