@@ -124,16 +124,18 @@ class SchemeLaunch:
     tiled: TileLaunch = field(default_factory=TileLaunch)
 
 
-# gemv (M = 1, the weight read once): 16 KiB of weight per program per step, 128 bytes (8 loads of 16)
-# per thread of 4 warps, and 2 programs per SM, so that ~32 KiB per SM are in flight (H100: ~3 TB/s x
-# ~1 us of latency over 132 SMs is ~23 KiB). Llama-3-8B's q/o (4096 x 4096) then has 256 programs, one
-# slice of K each: no partial sums, one launch. int8 and fp8 read one byte per weight: 16 x 1024; int4
-# half a byte: 16 x 2048 (runs of 64 bytes, one group of 128 each).
+# gemv (M = 1, the weight read once; ptxas for sm_90 on the kernel, pending the GPU sweep): H100's ~3
+# TB/s over ~1 us of latency is ~23 KiB in flight per SM. int8 and fp8: 16 x 1024 is 16 KiB a step, 128
+# bytes (8 loads of 16) a thread of 4 warps, 96 registers; 2 programs per SM at Llama-3-8B's q/o
+# (4096 x 4096: 256 programs, all of K each, one launch). int4 turns a byte into two weights in ~12
+# instructions (the budget at 3 TB/s is ~10), so it wants warps to issue from: 8 x 1024 (4 KiB a step,
+# 32 bytes a thread) takes 127 registers, 4 programs per SM, 512 programs at q/o; 16 x 1024 takes 195
+# registers (2 per SM), 16 x 2048 spills.
 # split_k: 128-column tiles so that the x tile (M padded to 16, bf16) a program re-reads from L2 is at
 # most a quarter of the weight bytes it streams; int4's block_k is capped at the group size there.
 _BYTE = SchemeLaunch(gemv=GemvLaunch(block_n=16, block_k=1024),
                      split_k=SplitKLaunch(block_n=128, block_k=128, programs_per_sm=2))
-_NIBBLE = SchemeLaunch(gemv=GemvLaunch(block_n=16, block_k=1024),
+_NIBBLE = SchemeLaunch(gemv=GemvLaunch(block_n=8, block_k=1024),
                        split_k=SplitKLaunch(block_n=128, block_k=128, programs_per_sm=2))
 
 

@@ -66,12 +66,17 @@ def _weight_tile(W, Z, rows, n_ok, k0, K, stride_wn, stride_zn, GROUP: tl.conste
     else:
         ptrs = W + rows[:, None] * stride_wn + k[None, :]
         ok = n_ok[:, None] & (k < K)[None, :]
+        # if/else, not an early return: Triton's compiler goes on past a return inside a constexpr `if`,
+        # and the byte decode's `other=0` on an e4m3 pointer is a cast it refuses
         if SCHEME == 2:
             if FP8_NATIVE:
                 # no `other`: Triton would cast it to e4m3, a rounding cast it refuses; masked lanes zeroed after
-                return tl.where(ok, tl.load(ptrs, mask=ok).to(DTYPE), 0.0)
-            return _e4m3_from_bytes(tl.load(ptrs, mask=ok, other=0)).to(DTYPE)
-        return tl.load(ptrs, mask=ok, other=0).to(tl.float32).to(DTYPE)
+                w = tl.where(ok, tl.load(ptrs, mask=ok).to(DTYPE), 0.0)
+            else:
+                w = _e4m3_from_bytes(tl.load(ptrs, mask=ok, other=0)).to(DTYPE)
+        else:
+            w = tl.load(ptrs, mask=ok, other=0).to(tl.float32).to(DTYPE)
+        return w
 
 
 @triton.jit
