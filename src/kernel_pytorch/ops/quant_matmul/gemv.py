@@ -27,9 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernel_pytorch.ops.quant_matmul.kernels import _e4m3_from_bytes
+from kernel_pytorch.ops.quant_matmul.kernels import TWO_23, _e4m3_from_bytes
 
-_TWO_23 = tl.constexpr(8388608.0)  # 2^23: the fp32 whose bits are 0x4B000000
 _TWO_19 = tl.constexpr(524288.0)  # 2^19: bits 0x49000000, a unit in the last place of 2^-4
 
 
@@ -67,14 +66,14 @@ def _gemv_kernel(
             zero = tl.load(Z + rows[:, None] * stride_zn + g, mask=g_ok, other=0).to(tl.float32)[:, :, None]
             scale = tl.load(S + rows[:, None] * stride_sn + g, mask=g_ok, other=0.0).to(tl.float32)
             # q - zero, exact: 2^23 + q_lo and 2^19 + q_hi from the bits, less 2^23 + zero and 2^19 + zero
-            w_lo = (byte & 0x0F | 0x4B000000).to(tl.float32, bitcast=True) - (zero + _TWO_23)
+            w_lo = (byte & 0x0F | 0x4B000000).to(tl.float32, bitcast=True) - (zero + TWO_23)
             w_hi = (byte & 0xF0 | 0x49000000).to(tl.float32, bitcast=True) - (zero + _TWO_19)
             acc += tl.sum(w_lo * x_even[None, :, :] + w_hi * x_odd[None, :, :], axis=2) * scale
         else:
             x = tl.load(x_row + kb, mask=kb_ok, other=0.0).to(tl.float32)
             if SCHEME == 0:  # the int8 read as uint8 u: u ^ 0x80 = q + 128, so q = float(bits) - (2^23 + 128)
                 byte = tl.load(w_rows + kb[None, :, :], mask=ok, other=0).to(tl.int32)
-                w = (byte ^ 0x4B000080).to(tl.float32, bitcast=True) - (_TWO_23 + 128.0)
+                w = (byte ^ 0x4B000080).to(tl.float32, bitcast=True) - (TWO_23 + 128.0)
             elif FP8_NATIVE:  # no `other` (a rounding cast to e4m3 Triton refuses): masked lanes zeroed
                 w = tl.where(ok, tl.load(w_rows + kb[None, :, :], mask=ok).to(tl.float32), 0.0)
             else:
