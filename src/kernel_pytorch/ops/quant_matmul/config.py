@@ -18,7 +18,8 @@ Benchmarks, probes and tests change it with `tuning.override(quant_matmul=...)` 
 `tuning.changed("quant_matmul", ...)`, e.g. `tuning.changed("quant_matmul", prefill="dequant")`.
 
 The defaults below were chosen from the kernels' arithmetic (bytes in flight per program, tiles per
-SM), not yet from a measurement on a GPU: `benchmarks/bench_quant_matmul.py --sweep` times the
+SM) and ptxas's registers and instructions for sm_90 (compiled off the GPU), not yet from a
+measurement on a GPU: `benchmarks/bench_quant_matmul.py --sweep` times the
 alternatives at the Llama-3-8B decode shapes, and its result is what these comments will name.
 """
 
@@ -53,8 +54,9 @@ class GemvLaunch:
 
     Fields:
         block_n, block_k: the weight tile a program reads per step (block_k in weights: int4's bytes
-            are half of it); block_n x block_k bytes (int4: half) should keep 16-32 KiB in flight.
-        num_warps, num_stages: Triton's.
+            are half of it); its bytes times the programs an SM holds should be 16-32 KiB in flight.
+        num_warps, num_stages: Triton's (Triton does not pipeline this loop's loads: ptxas for sm_90
+            gets the same code from 1 and 3 stages).
         programs_per_sm: K is sliced into the most slices that keep the programs at or under this many
             per SM (at least one slice; a slice costs its partial sums and the second kernel).
         max_split: the most K slices.
