@@ -125,9 +125,9 @@ def build(provider: str, w: Tensor, group: int, backend: str) -> Layer:
 # gemv tiles to time against the default, (block_n, block_k, num_warps): bytes a step (int4: half) from
 # 4 to 32 KiB, 32 to 256 bytes a thread; none that ptxas spills for sm_90 (int4 at 16 x 2048 does)
 GEMV_TILES = {
-    "int8": ((8, 1024, 4), (16, 512, 4), (16, 2048, 4), (16, 1024, 8), (32, 1024, 8), (64, 512, 8)),
-    "fp8": ((8, 1024, 4), (16, 2048, 4), (32, 1024, 8)),
-    "int4": ((16, 512, 4), (16, 1024, 4), (32, 512, 4), (8, 2048, 4), (16, 2048, 8), (32, 1024, 8)),
+    "int8": ((8, 1024, 4), (16, 512, 4), (16, 2048, 4), (32, 1024, 8)),
+    "fp8": ((8, 1024, 4), (32, 1024, 8)),
+    "int4": ((16, 1024, 4), (16, 512, 4), (8, 2048, 4), (32, 1024, 8)),
 }
 
 
@@ -140,7 +140,8 @@ def _with(cfg: object, scheme: str, path: str, **changes: object) -> object:
 
 def variants(cfg: object, m: int) -> Iterator[tuple[str, object]]:
     """(label, QuantMatmulConfig) alternatives to the default for --sweep, those of the path M takes:
-    gemv (M <= gemv_max_m): tl.dot instead, other tiles, K sliced for 1, 4 or 8 programs per SM;
+    gemv (M <= gemv_max_m): tl.dot instead, K sliced for 1, 4 or 8 programs per SM, 1, 2 or 4 stages
+    (1: no pipelining), other tiles;
     split_k: programs per SM and block_n."""
     if m <= cfg.gemv_max_m:
         yield "gemv off (M = 1 on tl.dot)", dataclasses.replace(cfg, gemv_max_m=0)
@@ -148,6 +149,9 @@ def variants(cfg: object, m: int) -> Iterator[tuple[str, object]]:
             g = cfg.scheme(scheme).gemv
             for per_sm in (1, 4, 8):
                 yield f"{scheme} gemv {per_sm}/SM", _with(cfg, scheme, "gemv", programs_per_sm=per_sm)
+            for stages in (1, 2, 4):
+                if stages != g.num_stages:
+                    yield f"{scheme} gemv {stages} stages", _with(cfg, scheme, "gemv", num_stages=stages)
             for bn, bk, warps in GEMV_TILES[scheme]:
                 if (bn, bk, warps) != (g.block_n, g.block_k, g.num_warps):
                     yield (f"{scheme} gemv {bn} x {bk} {warps} warps",

@@ -55,8 +55,9 @@ class GemvLaunch:
     Fields:
         block_n, block_k: the weight tile a program reads per step (block_k in weights: int4's bytes
             are half of it); its bytes times the programs an SM holds should be 16-32 KiB in flight.
-        num_warps, num_stages: Triton's (Triton does not pipeline this loop's loads: ptxas for sm_90
-            gets the same code from 1 and 3 stages).
+        num_warps: Triton's.
+        num_stages: the loop's stages (tl.range): the next num_stages - 1 steps' weight tiles stream
+            into shared memory (cp.async) while one is summed; 1: none, each step waits for its loads.
         programs_per_sm: K is sliced into the most slices that keep the programs at or under this many
             per SM (at least one slice; a slice costs its partial sums and the second kernel).
         max_split: the most K slices.
@@ -65,7 +66,7 @@ class GemvLaunch:
     block_n: int
     block_k: int
     num_warps: int = 4
-    num_stages: int = 1
+    num_stages: int = 3
     programs_per_sm: int = 2
     max_split: int = 16
 
@@ -127,12 +128,13 @@ class SchemeLaunch:
 
 
 # gemv (M = 1, the weight read once; ptxas for sm_90 on the kernel, pending the GPU sweep): H100's ~3
-# TB/s over ~1 us of latency is ~23 KiB in flight per SM. int8 and fp8: 16 x 1024 is 16 KiB a step, 128
-# bytes (8 loads of 16) a thread of 4 warps, 96 registers; 2 programs per SM at Llama-3-8B's q/o
-# (4096 x 4096: 256 programs, all of K each, one launch). int4 turns a byte into two weights in ~12
-# instructions (the budget at 3 TB/s is ~10), so it wants warps to issue from: 8 x 1024 (4 KiB a step,
-# 32 bytes a thread) takes 127 registers, 4 programs per SM, 512 programs at q/o; 16 x 1024 takes 195
-# registers (2 per SM), 16 x 2048 spills.
+# TB/s over ~1 us of latency is ~23 KiB in flight per SM; 3 stages keep two steps a program in flight
+# while a third is summed. int8 and fp8: 16 x 1024 is 16 KiB a step, 128 bytes (8 loads of 16) a thread
+# of 4 warps, 80 registers and 37 KiB of shared memory; 2 programs per SM at Llama-3-8B's q/o (4096 x
+# 4096: 256 programs, all of K each, one launch), 64 KiB in flight. int4 turns a byte into two weights
+# in ~13 instructions (the budget at 3 TB/s is ~10), so it wants warps to issue from: 8 x 1024 (4 KiB a
+# step, 32 bytes a thread) takes 127 registers, 4 programs per SM, 512 programs at q/o; 16 x 1024 takes
+# 197 registers (2 per SM), 16 x 2048 spills.
 # split_k: 128-column tiles so that the x tile (M padded to 16, bf16) a program re-reads from L2 is at
 # most a quarter of the weight bytes it streams; int4's block_k is capped at the group size there.
 _BYTE = SchemeLaunch(gemv=GemvLaunch(block_n=16, block_k=1024),

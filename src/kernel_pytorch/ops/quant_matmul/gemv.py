@@ -37,6 +37,7 @@ def _gemv_kernel(
     X, W, S, Z, B, OUT, M, N, K, KB, kb_per_split, stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
     SCHEME: tl.constexpr, GROUP: tl.constexpr, FP8_NATIVE: tl.constexpr, PARTIAL: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CB: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     # grid (N blocks, M rows, K slices). W's rows are KB bytes (int4: K / 2, two weights a byte; int8 as
     # uint8, fp8 as e4m3 or uint8); a step reads CHUNKS x CB bytes of each of BLOCK_N rows
@@ -52,7 +53,9 @@ def _gemv_kernel(
     b_start = split * kb_per_split
     b_end = tl.minimum(b_start + kb_per_split, KB)
     acc = tl.zeros([BLOCK_N, CHUNKS], dtype=tl.float32)
-    for b0 in range(b_start, b_end, CHUNKS * CB):
+    # NUM_STAGES > 1: the weight tiles of the next steps stream into shared memory (cp.async) while
+    # this one is summed (a plain range is not pipelined: no tl.dot in the loop)
+    for b0 in tl.range(b_start, b_end, CHUNKS * CB, num_stages=NUM_STAGES):
         kb = b0 + run[:, None] * CB + col[None, :]  # [CHUNKS, CB] byte columns
         kb_ok = kb < KB
         ok = n_ok[:, None, None] & kb_ok[None, :, :]

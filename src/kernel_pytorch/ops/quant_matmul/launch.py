@@ -189,7 +189,7 @@ def _launch_gemv(p: Plan, scheme: str, x2: Tensor, w: Tensor, s: Tensor, z: Tens
         (triton.cdiv(n, p.block_n), m, p.splits), x2, w, s, z, b, out, m, n, k, k // per_byte,
         p.k_per_split // per_byte, x2.stride(0), w.stride(0), stride_sn, stride_zn, stride_om,
         SCHEME=SCHEME_CODES.index(scheme), GROUP=group_size if scheme == "int4" else 1, FP8_NATIVE=native,
-        PARTIAL=partial, HAS_BIAS=has_bias, BLOCK_N=p.block_n, CHUNKS=chunks, CB=cb,
+        PARTIAL=partial, HAS_BIAS=has_bias, BLOCK_N=p.block_n, CHUNKS=chunks, CB=cb, NUM_STAGES=p.num_stages,
         num_warps=p.num_warps, num_stages=p.num_stages, eager=eager,
     )
 
