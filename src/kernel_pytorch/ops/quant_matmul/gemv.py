@@ -1,6 +1,7 @@
-"""The gemv kernel: y[m, :] = x[m, :] @ dequant(W).T for M = 1 (one program per row of x and block of N;
-rows past the first re-read the weight from L2), the path of one-token decode. The weight is read once,
-16 bytes a load along K, and turned into fp32 in a few full-rate instructions per weight:
+"""The gemv kernel: y[m, :] = x[m, :] @ dequant(W).T for M = 1, the path of one-token decode (one
+program per row of x and block of N: a few rows read each block's weight from L2 after the first). The
+weight is read once, 16 bytes a load along K, and turned into fp32 in a few full-rate instructions per
+weight:
 
   - a tile is [BLOCK_N, CHUNKS, CB] bytes: CHUNKS runs of CB contiguous bytes per row, each run inside
     one int4 group, so the group's scale and zero point are one load per (row, run), not per weight
@@ -39,11 +40,12 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CB: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
-    # grid (N blocks, M rows, K slices). W's rows are KB bytes (int4: K / 2, two weights a byte; int8 as
-    # uint8, fp8 as e4m3 or uint8); a step reads CHUNKS x CB bytes of each of BLOCK_N rows
-    pid_n = tl.program_id(0)
-    m = tl.program_id(1)
-    split = tl.program_id(2)
+    # grid (M rows x N blocks, K slices), the rows of x innermost: the programs of one block of N run
+    # together and read its weight once from memory. W's rows are KB bytes (int4: K / 2, two weights a
+    # byte; int8 as uint8, fp8 as e4m3 or uint8); a step reads CHUNKS x CB bytes of each of BLOCK_N rows
+    m = tl.program_id(0) % M
+    pid_n = tl.program_id(0) // M
+    split = tl.program_id(1)
     rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     n_ok = rows < N
     run = tl.arange(0, CHUNKS)

@@ -180,13 +180,13 @@ def quant_matmul(
 def _launch_gemv(p: Plan, scheme: str, x2: Tensor, w: Tensor, s: Tensor, z: Tensor, b: Tensor, out: Tensor,
                  m: int, n: int, k: int, stride_sn: int, stride_zn: int, stride_om: int, group_size: int,
                  native: bool, partial: bool, has_bias: bool, eager: bool) -> None:
-    """gemv.py's kernel: grid (N blocks, rows, K slices); rows of W in bytes (int4: two weights each)."""
+    """gemv.py's kernel: grid (rows x N blocks, K slices); rows of W in bytes (int4: two weights each)."""
     if scheme == "int8":
         w = w.view(torch.uint8)  # the kernel turns u ^ 0x80 = q + 128 into fp32 through its bits
     chunks, cb = gemv_runs(scheme, p.block_k, group_size)
     per_byte = 2 if scheme == "int4" else 1
     _gemv(
-        (triton.cdiv(n, p.block_n), m, p.splits), x2, w, s, z, b, out, m, n, k, k // per_byte,
+        (m * triton.cdiv(n, p.block_n), p.splits), x2, w, s, z, b, out, m, n, k, k // per_byte,
         p.k_per_split // per_byte, x2.stride(0), w.stride(0), stride_sn, stride_zn, stride_om,
         SCHEME=SCHEME_CODES.index(scheme), GROUP=group_size if scheme == "int4" else 1, FP8_NATIVE=native,
         PARTIAL=partial, HAS_BIAS=has_bias, BLOCK_N=p.block_n, CHUNKS=chunks, CB=cb, NUM_STAGES=p.num_stages,
