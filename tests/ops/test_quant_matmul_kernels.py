@@ -156,6 +156,35 @@ def test_backward_matches_the_reference(scheme: str) -> None:
                                  False)[1] is None
 
 
+def test_launches_name_only_kernel_parameters(monkeypatch, small_tiles) -> None:
+    """Every keyword a launcher passes is a parameter of its kernel or a launch option: Triton's
+    interpreter ignores others, the GPU compiler refuses them."""
+    from kernel_pytorch.ops.quant_matmul import launch
+
+    seen = set()
+    for name in ("_matmul", "_gemv", "_sum_splits", "_dequant"):
+        launcher = getattr(launch, name)
+
+        def checked(grid, *args, launcher=launcher, name=name, **meta):
+            unknown = set(meta) - set(launcher.fn.arg_names) - {"num_warps", "num_stages", "eager"}
+            assert not unknown, f"{name} passes {sorted(unknown)}"
+            seen.add(name)
+            return launcher(grid, *args, **meta)
+
+        monkeypatch.setattr(launch, name, checked)
+    for scheme in SCHEMES:
+        for m in (1, 3, 17):
+            _check(scheme, m, torch.float32, True)
+        dequantize(scheme, *quantized_args(scheme), GROUP, K, torch.float32)
+    assert seen == {"_matmul", "_gemv", "_sum_splits", "_dequant"}
+
+
+def quantized_args(scheme: str) -> tuple:
+    """(qweight, scale, zero or None) of a random N x K weight."""
+    parts = quantized(scheme, N, K, GROUP, DEV)
+    return parts["qweight"], parts["scale"], parts.get("zero")
+
+
 def test_empty_rows() -> None:
     parts = quantized("int8", N, K, device=DEV)
     y = quant_matmul("int8", randn(0, K, device=DEV), parts["qweight"], parts["scale"], None, 0, None)

@@ -203,9 +203,8 @@ def _launch_matmul(p: Plan, scheme: str, x2: Tensor, w: Tensor, s: Tensor, z: Te
         grid, x2, w, s, z, b, out, m, n, k, p.k_per_split, x2.stride(0), w.stride(0), stride_sn, stride_zn,
         y.stride(0),
         SCHEME=SCHEME_CODES.index(scheme), GROUP=group_size if scheme == "int4" else 1, FP8_NATIVE=native,
-        USE_DOT=True, PER_TILE=p.block_k <= group_size, DOT_FP32=_dot_fp32(x2),
-        PARTIAL=partial, HAS_BIAS=has_bias, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k,
-        GROUP_M=p.group_m, num_warps=p.num_warps, num_stages=p.num_stages, eager=eager,
+        DOT_FP32=_dot_fp32(x2), PARTIAL=partial, HAS_BIAS=has_bias, BLOCK_M=p.block_m, BLOCK_N=p.block_n,
+        BLOCK_K=p.block_k, GROUP_M=p.group_m, num_warps=p.num_warps, num_stages=p.num_stages, eager=eager,
     )
 
 
