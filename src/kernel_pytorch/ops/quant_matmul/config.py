@@ -133,8 +133,8 @@ class SchemeLaunch:
 # of 4 warps, 80 registers and 37 KiB of shared memory; 2 programs per SM at Llama-3-8B's q/o (4096 x
 # 4096: 256 programs, all of K each, one launch), 64 KiB in flight. int4 turns a byte into two weights
 # in ~13 instructions (the budget at 3 TB/s is ~10), so it wants warps to issue from: 8 x 1024 (4 KiB a
-# step, 32 bytes a thread) takes 127 registers, 4 programs per SM, 512 programs at q/o; 16 x 1024 takes
-# 197 registers (2 per SM), 16 x 2048 spills.
+# step, 32 bytes a thread) takes 128 registers, 4 programs per SM, 512 programs at q/o, 32 KiB in flight;
+# 16 x 1024 takes 197 registers (2 per SM), 16 x 2048 spills.
 # split_k: 128-column tiles so that the x tile (M padded to 16, bf16) a program re-reads from L2 is at
 # most a quarter of the weight bytes it streams; int4's block_k is capped at the group size there.
 _BYTE = SchemeLaunch(gemv=GemvLaunch(block_n=16, block_k=1024),
