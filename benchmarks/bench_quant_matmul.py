@@ -3,6 +3,8 @@ torchao's weight-only configs, in one run, in roofline terms.
 
     python benchmarks/bench_quant_matmul.py --out benchmarks/results            # GPU, ~2 min
     python benchmarks/bench_quant_matmul.py --sweep --out DIR                   # + our config alternatives
+    python benchmarks/bench_quant_matmul.py --sweep --batches 1 --providers bf16,ours-int8,ours-int4,ours-fp8
+                                                                                # the gemv sweep alone
     python benchmarks/bench_quant_matmul.py --quick --device cpu                # tiny shapes: the pipeline
 
 Shapes: M tokens (1, 8, 32: batch-1..32 decode) x the (N, K) projections of Llama-3-8B: q/o (4096, 4096),
@@ -120,21 +122,48 @@ def build(provider: str, w: Tensor, group: int, backend: str) -> Layer:
     raise ValueError(f"unknown provider {provider!r}; providers: {', '.join(PROVIDERS)}")
 
 
-def variants(cfg: object) -> Iterator[tuple[str, object]]:
-    """(label, QuantMatmulConfig) alternatives to the default, for --sweep."""
-    yield "gemv off (M = 1 on tl.dot)", dataclasses.replace(cfg, gemv_max_m=0)
+# gemv tiles to time against the default, (block_n, block_k, num_warps): bytes a step (int4: half) from
+# 4 to 32 KiB, 32 to 256 bytes a thread; none that ptxas spills for sm_90 (int4 at 16 x 2048 does)
+GEMV_TILES = {
+    "int8": ((8, 1024, 4), (16, 512, 4), (16, 2048, 4), (32, 1024, 8)),
+    "fp8": ((8, 1024, 4), (32, 1024, 8)),
+    "int4": ((16, 1024, 4), (16, 512, 4), (8, 2048, 4), (32, 1024, 8)),
+}
+
+
+def _with(cfg: object, scheme: str, path: str, **changes: object) -> object:
+    """cfg with `changes` to scheme's launch of `path` ("gemv" or "split_k")."""
+    launches = cfg.scheme(scheme)
+    launch = dataclasses.replace(getattr(launches, path), **changes)
+    return dataclasses.replace(cfg, **{scheme: dataclasses.replace(launches, **{path: launch})})
+
+
+def variants(cfg: object, m: int) -> Iterator[tuple[str, object]]:
+    """(label, QuantMatmulConfig) alternatives to the default for --sweep, those of the path M takes:
+    gemv (M <= gemv_max_m): tl.dot instead, K sliced for 1, 4 or 8 programs per SM, 1, 2 or 4 stages
+    (1: no pipelining), other tiles;
+    split_k: programs per SM and block_n."""
+    if m <= cfg.gemv_max_m:
+        yield "gemv off (M = 1 on tl.dot)", dataclasses.replace(cfg, gemv_max_m=0)
+        for scheme in ("int8", "int4", "fp8"):
+            g = cfg.scheme(scheme).gemv
+            for per_sm in (1, 4, 8):
+                yield f"{scheme} gemv {per_sm}/SM", _with(cfg, scheme, "gemv", programs_per_sm=per_sm)
+            for stages in (1, 2, 4):
+                if stages != g.num_stages:
+                    yield f"{scheme} gemv {stages} stages", _with(cfg, scheme, "gemv", num_stages=stages)
+            for bn, bk, warps in GEMV_TILES[scheme]:
+                if (bn, bk, warps) != (g.block_n, g.block_k, g.num_warps):
+                    yield (f"{scheme} gemv {bn} x {bk} {warps} warps",
+                           _with(cfg, scheme, "gemv", block_n=bn, block_k=bk, num_warps=warps))
+        return
+    if m > cfg.decode_max_m:
+        return
     for scheme in ("int8", "int4", "fp8"):
-        launches = cfg.scheme(scheme)
-        for per_sm in (1, 2, 8):
-            yield (f"{scheme} split_k {per_sm}/SM", dataclasses.replace(cfg, **{scheme: dataclasses.replace(
-                launches, split_k=dataclasses.replace(launches.split_k, programs_per_sm=per_sm),
-                gemv=dataclasses.replace(launches.gemv, programs_per_sm=per_sm))}))
+        for per_sm in (1, 4, 8):
+            yield f"{scheme} split_k {per_sm}/SM", _with(cfg, scheme, "split_k", programs_per_sm=per_sm)
         for bn in (64, 256):
-            yield (f"{scheme} split_k block_n {bn}", dataclasses.replace(cfg, **{scheme: dataclasses.replace(
-                launches, split_k=dataclasses.replace(launches.split_k, block_n=bn))}))
-        for bk in (128, 512):
-            yield (f"{scheme} gemv block_k {bk}", dataclasses.replace(cfg, **{scheme: dataclasses.replace(
-                launches, gemv=dataclasses.replace(launches.gemv, block_k=bk))}))
+            yield f"{scheme} split_k block_n {bn}", _with(cfg, scheme, "split_k", block_n=bn)
 
 
 def measure(results: BenchmarkResults, provider: str, label: str, name: str, m: int, n: int, k: int,
@@ -197,11 +226,17 @@ def run(args: argparse.Namespace) -> BenchmarkResults:
                                         dtype="bfloat16", provider=provider, pass_name=label, status="error",
                                         note=f"{type(exc).__name__}: {str(exc)[:200]}"))
                 if args.sweep and provider.startswith("ours"):
-                    for what, cfg in variants(tuning.current("quant_matmul")):
+                    for what, cfg in variants(tuning.current("quant_matmul"), m):
                         if provider.split("-")[1] in what or what.startswith("gemv off"):
-                            with tuning.override(quant_matmul=cfg):
-                                measure(results, f"{provider} [{what}]", passes[-1], name, m, n, k, layers, x, dev,
-                                        args.quick)
+                            label = f"{provider} [{what}]"
+                            try:
+                                with tuning.override(quant_matmul=cfg):
+                                    measure(results, label, passes[-1], name, m, n, k, layers, x, dev, args.quick)
+                            except Exception as exc:  # noqa: BLE001 (a config that fails is a row saying why)
+                                results.add(Row(op=f"quant matmul {name} N={n} K={k}", shape=[m, n, k],
+                                                config=CONFIG, dtype="bfloat16", provider=label,
+                                                pass_name=passes[-1], status="error",
+                                                note=f"{type(exc).__name__}: {str(exc)[:200]}"))
             del layers
             free_device_memory(dev)
     return results

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernel_pytorch.ops import tuning
-from kernel_pytorch.ops.quant_matmul import SplitKLaunch, TileLaunch, dequantize, plan, quant_matmul
+from kernel_pytorch.ops.quant_matmul import GemvLaunch, SplitKLaunch, TileLaunch, dequantize, plan, quant_matmul
 from kernel_pytorch.ops.quant_matmul.launch import quant_matmul_backward
 from kernel_pytorch.reference import quant_matmul as R
 from tests.grid import DTYPES, Poisoned, device_under_test, randn
@@ -28,7 +28,7 @@ N, K, GROUP = 20, 70, 32  # K: 3 blocks of 32 (the last short), 3 int4 groups (t
 def _small(cfg, gemv_block_k: int = 32):
     """Tiles of 16 x 32 on every path, tiled from M = 9 on: several column blocks, K steps and slices."""
     split = SplitKLaunch(block_n=16, block_k=32, num_warps=2, num_stages=1, programs_per_sm=2, max_split=8)
-    gemv = dataclasses.replace(split, block_k=gemv_block_k)
+    gemv = GemvLaunch(block_n=16, block_k=gemv_block_k, num_warps=2, programs_per_sm=2, max_split=8)
     launches = dataclasses.replace(cfg.int8, gemv=gemv, split_k=split,
                                    tiled=TileLaunch(block_m=16, block_n=16, block_k=32, group_m=2, num_warps=2,
                                                     num_stages=1))
@@ -154,6 +154,35 @@ def test_backward_matches_the_reference(scheme: str) -> None:
     assert_matmul_close(dbias, want_db, dy.double().abs().sum((0, 1)), 6, "dbias")
     assert quant_matmul_backward(scheme, dy, parts["qweight"], parts["scale"], parts.get("zero"), GROUP,
                                  False)[1] is None
+
+
+def test_launches_name_only_kernel_parameters(monkeypatch, small_tiles) -> None:
+    """Every keyword a launcher passes is a parameter of its kernel or a launch option: Triton's
+    interpreter ignores others, the GPU compiler refuses them."""
+    from kernel_pytorch.ops.quant_matmul import launch
+
+    seen = set()
+    for name in ("_matmul", "_gemv", "_sum_splits", "_dequant"):
+        launcher = getattr(launch, name)
+
+        def checked(grid, *args, launcher=launcher, name=name, **meta):
+            unknown = set(meta) - set(launcher.fn.arg_names) - {"num_warps", "num_stages", "eager"}
+            assert not unknown, f"{name} passes {sorted(unknown)}"
+            seen.add(name)
+            return launcher(grid, *args, **meta)
+
+        monkeypatch.setattr(launch, name, checked)
+    for scheme in SCHEMES:
+        for m in (1, 3, 17):
+            _check(scheme, m, torch.float32, True)
+        dequantize(scheme, *quantized_args(scheme), GROUP, K, torch.float32)
+    assert seen == {"_matmul", "_gemv", "_sum_splits", "_dequant"}
+
+
+def quantized_args(scheme: str) -> tuple:
+    """(qweight, scale, zero or None) of a random N x K weight."""
+    parts = quantized(scheme, N, K, GROUP, DEV)
+    return parts["qweight"], parts["scale"], parts.get("zero")
 
 
 def test_empty_rows() -> None:

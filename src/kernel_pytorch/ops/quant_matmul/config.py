@@ -2,20 +2,24 @@
 
 `QuantMatmulConfig` says which path a call of M rows takes and holds one `SchemeLaunch` per scheme:
 
-    M <= gemv_max_m     "gemv": split-K, products summed with tl.sum on the CUDA cores (no M padding)
+    M <= gemv_max_m     "gemv" (gemv.py): one program per block of N and row of x, products on the CUDA
+                        cores, K sliced only where the blocks of N leave the SMs short
     M <= decode_max_m   "split_k": split-K, tl.dot on a tile of M padded to 16 rows
     otherwise           "tiled" (prefill): M x N output tiles, grouped for L2 reuse, no split;
                         or, with prefill="dequant", the weight dequantized once into x's dtype and
                         torch's matmul (cuBLAS), the choice for compute-bound shapes if it measures faster
 
-Split-K paths pick the split count from the SMs (`SplitKLaunch.programs_per_sm`), so that even one
-output tile row (M = 1) reads the weight with enough programs in flight.
+The split_k path picks the split count from the SMs (`SplitKLaunch.programs_per_sm`: the fewest
+slices giving that many programs per SM), so that one output tile row reads the weight with enough
+programs in flight; gemv slices K only while it stays at or under `GemvLaunch.programs_per_sm`, since
+its blocks of N alone fill the SMs at the Llama shapes and a slice costs a second kernel.
 
 Benchmarks, probes and tests change it with `tuning.override(quant_matmul=...)` or
 `tuning.changed("quant_matmul", ...)`, e.g. `tuning.changed("quant_matmul", prefill="dequant")`.
 
 The defaults below were chosen from the kernels' arithmetic (bytes in flight per program, tiles per
-SM), not yet from a measurement on a GPU: `benchmarks/bench_quant_matmul.py --sweep` times the
+SM) and ptxas's registers and instructions for sm_90 (compiled off the GPU), not yet from a
+measurement on a GPU: `benchmarks/bench_quant_matmul.py --sweep` times the
 alternatives at the Llama-3-8B decode shapes, and its result is what these comments will name.
 """
 
@@ -41,6 +45,34 @@ def _power_of_two(config: object, *names: str) -> None:
         value = getattr(config, name)
         if value & (value - 1):
             raise ValueError(f"{type(config).__name__}.{name} must be a power of two, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GemvLaunch:
+    """The gemv launch (gemv.py): one program per block_n rows of the weight and row of x, walking its
+    slice of K block_k weights a step; slices only where the blocks of N alone leave the SMs short.
+
+    Fields:
+        block_n, block_k: the weight tile a program reads per step (block_k in weights: int4's bytes
+            are half of it); its bytes times the programs an SM holds should be 16-32 KiB in flight.
+        num_warps: Triton's.
+        num_stages: the loop's stages (tl.range): the next num_stages - 1 steps' weight tiles stream
+            into shared memory (cp.async) while one is summed; 1: none, each step waits for its loads.
+        programs_per_sm: K is sliced into the most slices that keep the programs at or under this many
+            per SM (at least one slice; a slice costs its partial sums and the second kernel).
+        max_split: the most K slices.
+    """
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    programs_per_sm: int = 2
+    max_split: int = 16
+
+    def __post_init__(self) -> None:
+        _power_of_two(self, "block_n", "block_k")
+        _positive(self, "num_warps", "num_stages", "programs_per_sm", "max_split")
 
 
 @dataclass(frozen=True)
@@ -90,19 +122,24 @@ class TileLaunch:
 class SchemeLaunch:
     """One scheme's launches, one per path."""
 
-    gemv: SplitKLaunch
+    gemv: GemvLaunch
     split_k: SplitKLaunch
     tiled: TileLaunch = field(default_factory=TileLaunch)
 
 
-# int8 and fp8 read one byte per weight. gemv: a 32 x 256 tile is 8 KiB a step, 64 bytes per thread of
-# 4 warps. split_k: 128-column tiles so that the x tile (M padded to 16, bf16) a program re-reads from
-# L2 is at most a quarter of the weight bytes it streams.
-_BYTE = SchemeLaunch(gemv=SplitKLaunch(block_n=32, block_k=256),
+# gemv (M = 1, the weight read once; ptxas for sm_90 on the kernel, pending the GPU sweep): H100's ~3
+# TB/s over ~1 us of latency is ~23 KiB in flight per SM; 3 stages keep two steps a program in flight
+# while a third is summed. int8 and fp8: 16 x 1024 is 16 KiB a step, 128 bytes (8 loads of 16) a thread
+# of 4 warps, 80 registers and 37 KiB of shared memory; 2 programs per SM at Llama-3-8B's q/o (4096 x
+# 4096: 256 programs, all of K each, one launch), 64 KiB in flight. int4 turns a byte into two weights
+# in ~13 instructions (the budget at 3 TB/s is ~10), so it wants warps to issue from: 8 x 1024 (4 KiB a
+# step, 32 bytes a thread) takes 128 registers, 4 programs per SM, 512 programs at q/o, 32 KiB in flight;
+# 16 x 1024 takes 197 registers (2 per SM), 16 x 2048 spills.
+# split_k: 128-column tiles so that the x tile (M padded to 16, bf16) a program re-reads from L2 is at
+# most a quarter of the weight bytes it streams; int4's block_k is capped at the group size there.
+_BYTE = SchemeLaunch(gemv=GemvLaunch(block_n=16, block_k=1024),
                      split_k=SplitKLaunch(block_n=128, block_k=128, programs_per_sm=2))
-# int4 reads half a byte per weight: twice the K per step for the same bytes in flight; the tl.dot path
-# caps block_k at the group size.
-_NIBBLE = SchemeLaunch(gemv=SplitKLaunch(block_n=32, block_k=512),
+_NIBBLE = SchemeLaunch(gemv=GemvLaunch(block_n=8, block_k=1024),
                        split_k=SplitKLaunch(block_n=128, block_k=128, programs_per_sm=2))
 
 

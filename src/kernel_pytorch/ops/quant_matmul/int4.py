@@ -6,10 +6,12 @@ Math (reference/quant_matmul.py): qweight uint8 (N, K/2) holding two 4-bit value
 group_size (32, 64 or 128) columns, G = ceil(K / group_size):
     W[n, k] = (q[n, k] - zero[n, k // group_size]) * scale[n, k // group_size]
     y = x @ W.T + bias                                     (..., K) -> (..., N), x's dtype
-The kernel (kernels.py) reads a tile of K as BLOCK_K / 2 contiguous bytes per row, splits the nibbles
-(tl.join puts each byte's pair back side by side), subtracts the zero point (q - zero is an exact
-integer in x's dtype) and, on the tl.dot paths, scales each tile's fp32 sum by its group's scale
-(a tile never spans two groups there). Half a byte per weight plus the group's scale and zero point.
+The tl.dot kernel (kernels.py) reads a tile of K as BLOCK_K / 2 contiguous bytes per row, splits the
+nibbles (tl.join puts each byte's pair back side by side), subtracts the zero point (q - zero is an
+exact integer in x's dtype) and scales each tile's fp32 sum by its group's scale (a tile never spans
+two groups there); the gemv kernel (gemv.py, M = 1) keeps the low and high nibbles as the even and odd
+columns of K and scales each run of a group once. Half a byte per weight plus the group's scale and
+zero point.
 Backward: dx and dbias.
 """
 

@@ -1,19 +1,15 @@
 """The quantized matmuls' Triton kernels: y[M, N] = x[M, K] @ dequant(W)[N, K].T (+ bias), the weight
-dequantized in registers, tile by tile. One kernel serves the three schemes (SCHEME: the index in
-SCHEME_CODES) and the three paths (launch.py picks one per call):
+dequantized in registers, tile by tile. The kernels serve the three schemes (SCHEME: the index in
+SCHEME_CODES); launch.py picks a path per call (gemv, M = 1, is gemv.py's kernel):
 
-  _quant_matmul_kernel   grid (M x N tiles, K slices). Each program walks its slice of K a tile at a
-                         time: the x tile [BLOCK_M, BLOCK_K], the weight tile [BLOCK_N, BLOCK_K] as
-                         stored (int8, e4m3 or packed nibbles) turned into exact values of x's dtype
-                         (`_weight_tile`), multiplied in fp32:
-                           USE_DOT   tl.dot (M padded to 16 rows); int4's tile lies in one group
-                                     (BLOCK_K <= group size), so each tile's sum is scaled once per row
-                           else      products summed on the CUDA cores (the gemv path, M = 1 or so),
-                                     each weight scaled first, one fp32 accumulator per product slot
-                                     reduced once after the loop
-                         int8 and fp8 apply the row scale once after the loop. With one K slice the
-                         program adds the bias and stores y in x's dtype; with several it stores its
-                         fp32 partial sum, and
+  _quant_matmul_kernel   split_k and tiled: grid (M x N tiles, K slices). Each program walks its slice
+                         of K a tile at a time: the x tile [BLOCK_M, BLOCK_K], the weight tile
+                         [BLOCK_N, BLOCK_K] as stored (int8, e4m3 or packed nibbles) turned into exact
+                         values of x's dtype (`_weight_tile`), multiplied by tl.dot in fp32 (M padded to
+                         16 rows); int4's tile lies in one group (BLOCK_K <= group size), so each tile's
+                         sum is scaled once per row; int8 and fp8 apply the row scale once after the
+                         loop. With one K slice the program adds the bias and stores y in x's dtype;
+                         with several it stores its fp32 partial sum (so does gemv.py's kernel), and
   _sum_splits_kernel     adds the slices' partial sums in slice order (the same order on every run:
                          deterministic, no atomics), adds the bias and stores y.
   _dequant_kernel        the weight dequantized into a dense (N, K) tensor: the backward's dx = dy @ W
@@ -35,6 +31,7 @@ import triton
 import triton.language as tl
 
 SCHEME_CODES = ("int8", "int4", "fp8")  # a kernel's SCHEME is the scheme's index here
+TWO_23 = tl.constexpr(8388608.0)  # 2^23, the fp32 of bits 0x4B000000: 0x4B000000 | i is 2^23 + i, 0 <= i < 2^23
 
 
 @triton.jit
@@ -58,24 +55,31 @@ def _weight_tile(W, Z, rows, n_ok, k0, K, stride_wn, stride_zn, GROUP: tl.conste
         b = tl.load(W + rows[:, None] * stride_wn + kb[None, :], mask=n_ok[:, None] & (kb < K // 2)[None, :],
                     other=0)
         q = tl.reshape(tl.join(b & 15, b >> 4), [BLOCK_N, BLOCK_K]).to(tl.int32)
+        # q (and the zero point) into fp32 through their bits, 2^23 + i, not the conversion instruction
+        # (an eighth of the fp32 rate): q - zero exact, then exact in DTYPE
+        q = (q | 0x4B000000).to(tl.float32, bitcast=True)
         if PER_TILE:
-            z = tl.load(Z + rows * stride_zn + k0 // GROUP, mask=n_ok, other=0).to(tl.int32)
-            q = q - z[:, None]
+            z = tl.load(Z + rows * stride_zn + k0 // GROUP, mask=n_ok, other=0).to(tl.float32) + TWO_23
+            w = q - z[:, None]
         else:
             z = tl.load(Z + rows[:, None] * stride_zn + (k // GROUP)[None, :],
                         mask=n_ok[:, None] & (k < K)[None, :], other=0).to(tl.int32)
-            q = q - z
-        # integers through fp32 (exact): Triton's interpreter has no int -> bf16 conversion
-        return q.to(tl.float32).to(DTYPE)
+            w = q - (z | 0x4B000000).to(tl.float32, bitcast=True)
+        return w.to(DTYPE)
     else:
         ptrs = W + rows[:, None] * stride_wn + k[None, :]
         ok = n_ok[:, None] & (k < K)[None, :]
+        # if/else, not an early return: Triton's compiler goes on past a return inside a constexpr `if`,
+        # and the byte decode's `other=0` on an e4m3 pointer is a cast it refuses
         if SCHEME == 2:
             if FP8_NATIVE:
                 # no `other`: Triton would cast it to e4m3, a rounding cast it refuses; masked lanes zeroed after
-                return tl.where(ok, tl.load(ptrs, mask=ok).to(DTYPE), 0.0)
-            return _e4m3_from_bytes(tl.load(ptrs, mask=ok, other=0)).to(DTYPE)
-        return tl.load(ptrs, mask=ok, other=0).to(tl.float32).to(DTYPE)
+                w = tl.where(ok, tl.load(ptrs, mask=ok).to(DTYPE), 0.0)
+            else:
+                w = _e4m3_from_bytes(tl.load(ptrs, mask=ok, other=0)).to(DTYPE)
+        else:
+            w = tl.load(ptrs, mask=ok, other=0).to(tl.float32).to(DTYPE)
+        return w
 
 
 @triton.jit
@@ -89,9 +93,9 @@ def _group_scales(S, rows, n_ok, k0, K, stride_sn, GROUP: tl.constexpr, BLOCK_K:
 @triton.jit
 def _quant_matmul_kernel(
     X, W, S, Z, B, OUT, M, N, K, k_per_split, stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
-    SCHEME: tl.constexpr, GROUP: tl.constexpr, FP8_NATIVE: tl.constexpr, USE_DOT: tl.constexpr,
-    PER_TILE: tl.constexpr, DOT_FP32: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SCHEME: tl.constexpr, GROUP: tl.constexpr, FP8_NATIVE: tl.constexpr, DOT_FP32: tl.constexpr,
+    PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # output tiles in groups of GROUP_M tile rows, column by column within a group: the group's programs
     # share weight tiles in L2 (GROUP_M = 1: row-major order)
@@ -112,38 +116,25 @@ def _quant_matmul_kernel(
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     x_rows = X + m.to(tl.int64)[:, None] * stride_xm
-    if USE_DOT:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    else:
-        acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
-        if USE_DOT:  # the tile in x's dtype (exact), products and sums in fp32 on the tensor cores
-            if DOT_FP32:
-                x = x.to(tl.float32)
-                w = _weight_tile(W, Z, rows, n_ok, k0, K, stride_wn, stride_zn, GROUP, SCHEME, FP8_NATIVE, PER_TILE,
-                                 tl.float32, BLOCK_N, BLOCK_K)
-                part = tl.dot(x, tl.trans(w), input_precision="ieee")
-            else:
-                w = _weight_tile(W, Z, rows, n_ok, k0, K, stride_wn, stride_zn, GROUP, SCHEME, FP8_NATIVE, PER_TILE,
-                                 X.dtype.element_ty, BLOCK_N, BLOCK_K)
-                part = tl.dot(x, tl.trans(w))
-            if SCHEME == 1:  # one scale per row for the whole tile (BLOCK_K <= GROUP on this path)
-                acc += part * tl.load(S + rows * stride_sn + k0 // GROUP, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            else:
-                acc += part
-        else:  # products in fp32 on the CUDA cores, one accumulator per (m, n, k slot)
-            w = _weight_tile(W, Z, rows, n_ok, k0, K, stride_wn, stride_zn, GROUP, SCHEME, FP8_NATIVE, PER_TILE,
+        # the tile in x's dtype (exact), products and sums in fp32 on the tensor cores; int4's tile lies
+        # in one group (BLOCK_K <= GROUP on these paths): one zero point per row
+        if DOT_FP32:
+            x = x.to(tl.float32)
+            w = _weight_tile(W, Z, rows, n_ok, k0, K, stride_wn, stride_zn, GROUP, SCHEME, FP8_NATIVE, True,
                              tl.float32, BLOCK_N, BLOCK_K)
-            if SCHEME == 1:
-                if PER_TILE:
-                    w = w * tl.load(S + rows * stride_sn + k0 // GROUP, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-                else:
-                    w = w * _group_scales(S, rows, n_ok, k0, K, stride_sn, GROUP, BLOCK_K)
-            acc3 += x.to(tl.float32)[:, None, :] * w[None, :, :]
-    if not USE_DOT:
-        acc = tl.sum(acc3, axis=2)
+            part = tl.dot(x, tl.trans(w), input_precision="ieee")
+        else:
+            w = _weight_tile(W, Z, rows, n_ok, k0, K, stride_wn, stride_zn, GROUP, SCHEME, FP8_NATIVE, True,
+                             X.dtype.element_ty, BLOCK_N, BLOCK_K)
+            part = tl.dot(x, tl.trans(w))
+        if SCHEME == 1:  # one scale per row for the whole tile
+            acc += part * tl.load(S + rows * stride_sn + k0 // GROUP, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        else:
+            acc += part
     if SCHEME != 1:  # int8, fp8: the row's scale, once
         acc = acc * tl.load(S + rows, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if PARTIAL:  # this K slice's fp32 sums, slice-major: OUT[split, m, n]

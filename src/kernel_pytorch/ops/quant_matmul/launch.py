@@ -13,7 +13,8 @@ from torch import Tensor
 
 from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common.launch import Launcher, device_programs, next_power_of_2
-from kernel_pytorch.ops.quant_matmul.config import QuantMatmulConfig
+from kernel_pytorch.ops.quant_matmul.config import GemvLaunch, QuantMatmulConfig
+from kernel_pytorch.ops.quant_matmul.gemv import _gemv_kernel, gemv_runs
 from kernel_pytorch.ops.quant_matmul.kernels import (
     SCHEME_CODES,
     _dequant_kernel,
@@ -22,6 +23,7 @@ from kernel_pytorch.ops.quant_matmul.kernels import (
 )
 
 _matmul = Launcher(_quant_matmul_kernel)
+_gemv = Launcher(_gemv_kernel)
 _sum_splits = Launcher(_sum_splits_kernel)
 _dequant = Launcher(_dequant_kernel)
 
@@ -58,12 +60,13 @@ def plan(m: int, n: int, k: int, scheme: str, group: int, device: torch.device, 
             bk = min(bk, group)
         return Plan("tiled", _block(m, t.block_m, 16), _block(n, t.block_n, 16), bk, t.group_m, 1,
                     triton.cdiv(k, bk) * bk, t.num_warps, t.num_stages)
-    gemv = m <= config.gemv_max_m
-    launch = launches.gemv if gemv else launches.split_k
-    bm = _block(m, m, 1) if gemv else _block(m, config.decode_max_m, 16)  # tl.dot takes 16 rows or more
+    if m <= config.gemv_max_m:
+        return _gemv_plan(n, k, scheme, group, device, launches.gemv)
+    launch = launches.split_k
+    bm = _block(m, config.decode_max_m, 16)  # tl.dot takes 16 rows or more
     bn = _block(n, launch.block_n, 16)
     bk = _block(k, launch.block_k, 16)
-    if scheme == "int4" and not gemv:
+    if scheme == "int4":
         bk = min(bk, group)  # one scale per row per tile
     steps = triton.cdiv(k, bk)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
@@ -71,8 +74,21 @@ def plan(m: int, n: int, k: int, scheme: str, group: int, device: torch.device, 
     splits = max(1, min(launch.max_split, steps, triton.cdiv(want, tiles)))
     k_per_split = max(1, triton.cdiv(steps, splits)) * bk
     splits = max(1, triton.cdiv(k, k_per_split))
-    return Plan("gemv" if gemv else "split_k", bm, bn, bk, 1, splits, k_per_split, launch.num_warps,
-                launch.num_stages)
+    return Plan("split_k", bm, bn, bk, 1, splits, k_per_split, launch.num_warps, launch.num_stages)
+
+
+def _gemv_plan(n: int, k: int, scheme: str, group: int, device: torch.device, launch: GemvLaunch) -> Plan:
+    """gemv: blocks of N, K sliced into the most slices that keep the programs of one row of x at or
+    under programs_per_sm per SM (the blocks of N are counted per row: rows run one after another's
+    weight in L2). int4's step is at least 32 weights (16 bytes, one load)."""
+    bn = _block(n, launch.block_n, 8)
+    bk = _block(k, launch.block_k, 32 if scheme == "int4" else 16)
+    steps = triton.cdiv(k, bk)
+    tiles = triton.cdiv(n, bn)
+    splits = max(1, min(launch.max_split, steps, device_programs(device, launch.programs_per_sm) // tiles))
+    k_per_split = triton.cdiv(steps, splits) * bk
+    splits = triton.cdiv(k, k_per_split)
+    return Plan("gemv", 1, bn, bk, 1, splits, k_per_split, launch.num_warps, launch.num_stages)
 
 
 def _size_hint(size: int | torch.SymInt, unhinted: int) -> int:
@@ -148,20 +164,48 @@ def quant_matmul(
     b = bias if bias is not None else s
     partial = p.splits > 1
     out = torch.empty(p.splits, m, n, dtype=torch.float32, device=x.device) if partial else y
-    grid = (triton.cdiv(m, p.block_m) * triton.cdiv(n, p.block_n), p.splits)
-    _matmul(
-        grid, x2, w, s, z, b, out, m, n, k, p.k_per_split, x2.stride(0), w.stride(0), stride_sn, stride_zn,
-        y.stride(0),
-        SCHEME=SCHEME_CODES.index(scheme), GROUP=group_size if scheme == "int4" else 1, FP8_NATIVE=native,
-        USE_DOT=p.path != "gemv", PER_TILE=p.block_k <= group_size, DOT_FP32=_dot_fp32(x),
-        PARTIAL=partial, HAS_BIAS=bias is not None, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k,
-        GROUP_M=p.group_m, num_warps=p.num_warps, num_stages=p.num_stages, eager=eager,
-    )
+    if p.path == "gemv":
+        _launch_gemv(p, scheme, x2, w, s, z, b, out, m, n, k, stride_sn, stride_zn, y.stride(0), group_size,
+                     native, partial, bias is not None, eager)
+    else:
+        _launch_matmul(p, scheme, x2, w, s, z, b, out, m, n, k, stride_sn, stride_zn, y, group_size, native,
+                       partial, bias is not None, eager)
     if partial:
         block = 1024
         _sum_splits((triton.cdiv(m * n, block),), out, b, y, m, n, p.splits, y.stride(0),
                     HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, eager=eager)
     return y.reshape(*lead, n)
+
+
+def _launch_gemv(p: Plan, scheme: str, x2: Tensor, w: Tensor, s: Tensor, z: Tensor, b: Tensor, out: Tensor,
+                 m: int, n: int, k: int, stride_sn: int, stride_zn: int, stride_om: int, group_size: int,
+                 native: bool, partial: bool, has_bias: bool, eager: bool) -> None:
+    """gemv.py's kernel: grid (rows x N blocks, K slices); rows of W in bytes (int4: two weights each)."""
+    if scheme == "int8":
+        w = w.view(torch.uint8)  # the kernel turns u ^ 0x80 = q + 128 into fp32 through its bits
+    chunks, cb = gemv_runs(scheme, p.block_k, group_size)
+    per_byte = 2 if scheme == "int4" else 1
+    _gemv(
+        (m * triton.cdiv(n, p.block_n), p.splits), x2, w, s, z, b, out, m, n, k, k // per_byte,
+        p.k_per_split // per_byte, x2.stride(0), w.stride(0), stride_sn, stride_zn, stride_om,
+        SCHEME=SCHEME_CODES.index(scheme), GROUP=group_size if scheme == "int4" else 1, FP8_NATIVE=native,
+        PARTIAL=partial, HAS_BIAS=has_bias, BLOCK_N=p.block_n, CHUNKS=chunks, CB=cb, NUM_STAGES=p.num_stages,
+        num_warps=p.num_warps, num_stages=p.num_stages, eager=eager,
+    )
+
+
+def _launch_matmul(p: Plan, scheme: str, x2: Tensor, w: Tensor, s: Tensor, z: Tensor, b: Tensor, out: Tensor,
+                   m: int, n: int, k: int, stride_sn: int, stride_zn: int, y: Tensor, group_size: int,
+                   native: bool, partial: bool, has_bias: bool, eager: bool) -> None:
+    """kernels.py's matmul (split_k and tiled): grid (M x N tiles, K slices)."""
+    grid = (triton.cdiv(m, p.block_m) * triton.cdiv(n, p.block_n), p.splits)
+    _matmul(
+        grid, x2, w, s, z, b, out, m, n, k, p.k_per_split, x2.stride(0), w.stride(0), stride_sn, stride_zn,
+        y.stride(0),
+        SCHEME=SCHEME_CODES.index(scheme), GROUP=group_size if scheme == "int4" else 1, FP8_NATIVE=native,
+        DOT_FP32=_dot_fp32(x2), PARTIAL=partial, HAS_BIAS=has_bias, BLOCK_M=p.block_m, BLOCK_N=p.block_n,
+        BLOCK_K=p.block_k, GROUP_M=p.group_m, num_warps=p.num_warps, num_stages=p.num_stages, eager=eager,
+    )
 
 
 def dequantize(
