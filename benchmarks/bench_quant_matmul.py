@@ -168,22 +168,27 @@ def variants(cfg: object, m: int) -> Iterator[tuple[str, object]]:
 
 def measure(results: BenchmarkResults, provider: str, label: str, name: str, m: int, n: int, k: int,
             layers: list[Layer], x: Tensor, dev: torch.device, quick: bool) -> Row:
+    """One row: the layer's output checked, then timed; a failure (a kernel that does not compile, a
+    config that does not launch) is the row's status, so one config's failure costs its row only."""
     row = results.add(Row(op=f"quant matmul {name} N={n} K={k}", shape=[m, n, k], config=CONFIG,
                           dtype=str(x.dtype).removeprefix("torch."), provider=provider, pass_name=label))
-    ok, text = layers[0].check(layers[0].call(x), x)
-    row.note = text
-    if not ok:
-        row.status = "wrong"
-        return row
-    nbytes = layers[0].nbytes + _nbytes(x) + m * n * x.element_size()
-    fns = [lambda layer=layer: layer.call(x) for layer in layers]
-    if label.endswith("graph"):
-        eager = time_fn(fns, device=dev, rep_ms=20.0)
-        row.set_timing(time_cuda_graph(fns, device=dev, call_ms=eager.median_ms))
-    else:
-        row.set_timing(time_fn(fns, device=dev, rep_ms=10.0 if quick else 100.0, cpu_min_run_time=0.05))
-    row.bytes = nbytes
-    row.set_roofline(roofline(row.median_ms, nbytes=nbytes, flops=2 * m * n * k, ceilings=results.ceilings))
+    try:
+        ok, text = layers[0].check(layers[0].call(x), x)
+        row.note = text
+        if not ok:
+            row.status = "wrong"
+            return row
+        nbytes = layers[0].nbytes + _nbytes(x) + m * n * x.element_size()
+        fns = [lambda layer=layer: layer.call(x) for layer in layers]
+        if label.endswith("graph"):
+            eager = time_fn(fns, device=dev, rep_ms=20.0)
+            row.set_timing(time_cuda_graph(fns, device=dev, call_ms=eager.median_ms))
+        else:
+            row.set_timing(time_fn(fns, device=dev, rep_ms=10.0 if quick else 100.0, cpu_min_run_time=0.05))
+        row.bytes = nbytes
+        row.set_roofline(roofline(row.median_ms, nbytes=nbytes, flops=2 * m * n * k, ceilings=results.ceilings))
+    except Exception as exc:  # noqa: BLE001
+        row.status, row.note = "error", f"{type(exc).__name__}: {str(exc)[:200]}"
     return row
 
 
@@ -219,24 +224,13 @@ def run(args: argparse.Namespace) -> BenchmarkResults:
             for m in batches:
                 x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
                 for label in passes:
-                    try:
-                        measure(results, provider, label, name, m, n, k, layers, x, dev, args.quick)
-                    except Exception as exc:  # noqa: BLE001
-                        results.add(Row(op=f"quant matmul {name} N={n} K={k}", shape=[m, n, k], config=CONFIG,
-                                        dtype="bfloat16", provider=provider, pass_name=label, status="error",
-                                        note=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                    measure(results, provider, label, name, m, n, k, layers, x, dev, args.quick)
                 if args.sweep and provider.startswith("ours"):
                     for what, cfg in variants(tuning.current("quant_matmul"), m):
                         if provider.split("-")[1] in what or what.startswith("gemv off"):
                             label = f"{provider} [{what}]"
-                            try:
-                                with tuning.override(quant_matmul=cfg):
-                                    measure(results, label, passes[-1], name, m, n, k, layers, x, dev, args.quick)
-                            except Exception as exc:  # noqa: BLE001 (a config that fails is a row saying why)
-                                results.add(Row(op=f"quant matmul {name} N={n} K={k}", shape=[m, n, k],
-                                                config=CONFIG, dtype="bfloat16", provider=label,
-                                                pass_name=passes[-1], status="error",
-                                                note=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                            with tuning.override(quant_matmul=cfg):
+                                measure(results, label, passes[-1], name, m, n, k, layers, x, dev, args.quick)
             del layers
             free_device_memory(dev)
     return results

@@ -47,3 +47,19 @@ def test_quick_cpu_run(tmp_path: Path) -> None:
     int8 = next(r for r in ours if r.provider == "ours-int8")
     assert int8.bytes == 96 * 128 + 96 * 4 + (1 * 128 + 1 * 96) * 2  # int8 weight, fp32 scales, bf16 x and y
     assert "## quant matmul tiny" in (tmp_path / "quant_matmul.md").read_text()
+
+
+def test_a_failing_measurement_is_its_row_alone(tmp_path: Path) -> None:
+    import torch
+
+    bench = _bench()
+    results = BenchmarkResults("quant_matmul", "cpu", smoke=True)
+
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("at 40:20: cannot cast int32 to fp8e4nv")
+
+    layer = bench.Layer(call=broken, check=lambda y, x: (True, ""), nbytes=1)
+    row = bench.measure(results, "ours-fp8", "cpu", "tiny", 1, 4, 8, [layer], torch.zeros(1, 8), torch.device("cpu"),
+                        True)
+    assert results.rows == [row]  # one row, not an empty "ok" row beside an error row
+    assert row.status == "error" and row.note == "RuntimeError: at 40:20: cannot cast int32 to fp8e4nv"
