@@ -1,8 +1,8 @@
 """Graph rewrites: hand-written patterns the analyser's fusion findings name (an RMSNorm in plain torch
 ops with or without the residual add before it, `silu(gate) * up`, `gelu(x + bias)`, a rotate-half
 rotary embedding of q and k, `softmax(q @ k^T * scale + mask) @ v`, a linear layer's logits into
-cross-entropy) replaced in a module's traced forward by our registered ops, through `kernel_pytorch.functional` (so eager, autograd
-and torch.compile all run them).
+cross-entropy) replaced in a module's traced forward by our registered ops, through
+`kernel_pytorch.functional` (so eager, autograd and torch.compile all run them).
 
 `optimize(model, inputs, rewrite=True)` plans them (`sites.plan`), installs them, validates the model
 against the original (outputs and gradients) and reverts any rewrite that fails, alone, with its reason;

@@ -30,8 +30,15 @@ from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.findings import Location
 from kernel_pytorch.assistant.locate import model_location, parse_stack
 from kernel_pytorch.optimize.report import Rewrite
-from kernel_pytorch.optimize.rewrite.pattern import (Pattern, arguments, dtype_ok, prepared, proven, stand_in_calls,
-                                                     target_name)
+from kernel_pytorch.optimize.rewrite.pattern import (
+    Pattern,
+    arguments,
+    dtype_ok,
+    prepared,
+    proven,
+    stand_in_calls,
+    target_name,
+)
 
 # stateless activation modules traced into (`F.silu(x, inplace=False)`), so `self.act_fn(gate) * up`
 # reads as the functional spelling the patterns match (hooks on such a module are not called by a
