@@ -6,13 +6,13 @@
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1),
                            ignore_index=i, reduction="mean" | "sum", label_smoothing=s)
 
-or the same without the views on 2-D h (N, H) and labels (N,); `lm_head` an `nn.Linear` without bias
-(its call read as `F.linear(h, lm_head.weight)`, its forward hooks not run by the rewritten forward).
-The options are matched as literals: another reduction, class weights or the deprecated `size_average`/`reduce` leave the loss alone. Our
-loss is fp32; the replacement rounds it to the logits' dtype, as torch's loss is. Where, at run time,
-the tensors are not of that form (integer labels, one row per label, W (V, H) of h's dtype), the written
-code runs and a log line says so once. In a compiled graph, where Dynamo has folded `logits.size(-1)`
-to a literal, the example shapes prove it is V (so that spelling matches only there).
+or the same without the views on 2-D h (N, H) and labels (N,); `lm_head` an `nn.Linear` without bias (its
+call read as `F.linear(h, lm_head.weight)`, its forward hooks not run by the rewritten forward). The options
+are matched as literals: another reduction, class weights or the deprecated `size_average`/`reduce` leave
+the loss alone. Our loss is fp32; the replacement rounds it to the logits' dtype, as torch's loss is. Where,
+at run time, the tensors are not of that form (integer labels, one row per label, W (V, H) of h's dtype),
+the written code runs and a log line says so once. In a compiled graph, where Dynamo has folded
+`logits.size(-1)` to a literal, the example shapes prove it is V (so that spelling matches only there).
 """
 
 from __future__ import annotations
