@@ -1,5 +1,6 @@
 """Graph rewrites against compile alone: for models holding hand-written patterns (KernelBench-style
-problems written here: a norm, gated and bias activations, RoPE attention, an LM head and its loss; and
+problems written here: a norm, gated and bias activations, RoPE attention, attention written out, an LM head and its
+loss; and
 the built-in plain-torch models), the forward+backward time and peak memory of
 eager, `torch.compile`, `optimize(rewrite=True)` then `torch.compile`, the Inductor pre-grad rewrite pass
 (`rewrite.compiled.inductor_options()`), and `optimize(rewrite=True)` eager; with the rewrites kept.
@@ -103,6 +104,26 @@ class RopeAttention(nn.Module):
         return self.out(o.transpose(1, 2).reshape(b, t, d))
 
 
+class HandAttention(nn.Module):
+    """Causal attention written out (nanoGPT's form): the scores scaled, a -inf fill of a lower-triangular
+    boolean buffer, softmax, dropout(0), then the values."""
+
+    def __init__(self, d: int, heads: int, t: int) -> None:
+        super().__init__()
+        self.heads, self.hd, self.scale = heads, d // heads, (d // heads) ** -0.5
+        self.qkv, self.out = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.drop = nn.Dropout(0.0)
+        self.register_buffer("causal", torch.ones(t, t, dtype=torch.bool).tril(), False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4).unbind(0)
+        att = (q @ k.transpose(-2, -1)) * self.scale
+        att = att.masked_fill(~self.causal[:t, :t], float("-inf"))
+        att = self.drop(F.softmax(att, dim=-1))
+        return self.out((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
 class LMHeadLoss(nn.Module):
     """An LM head and its loss written out, as Hugging Face's causal-LM loss does (fp32 upcast, views)."""
 
@@ -143,6 +164,7 @@ def _problems(tiny: bool, device: str, dtype: torch.dtype) -> dict[str, Callable
         "gemm_bias_gelu": make(GemmBiasGelu, d, i),
         "norm_mlp_block": make(NormMLPBlock, d, i),
         "rope_attention": make(RopeAttention, d, heads),
+        "hand_attention": make(HandAttention, d, heads, t),
         "lm_head_loss": lm_head_loss,
         "llama-8l-2048": builtin("llama-8l-2048"),
     }

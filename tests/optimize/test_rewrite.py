@@ -300,8 +300,8 @@ def test_default_changes_nothing_and_families_select() -> None:
     model, report = _optimize(_build(Model), rewrite="activation")
     assert {r.kind for r in report.rewrites} == {"gated-act"}
     assert {p.family for p in patterns_of(True)} == set(FAMILIES)
-    with pytest.raises(ValueError, match="rewrite: unknown family 'attention'"):
-        _optimize(_build(Model), rewrite=["attention"])
+    with pytest.raises(ValueError, match="rewrite: unknown family 'flash'"):
+        _optimize(_build(Model), rewrite=["flash"])
 
 
 @pytest.mark.parametrize("kind", ["rms-norm", "gated-act", "bias-act"])

@@ -60,7 +60,8 @@ def _many(n: int) -> str:
 
 # the patterns `optimize(rewrite=True)` replaces where they are written (kernel_pytorch.optimize.rewrite:
 # weighted RMSNorms and the residual add before one, gated SiLU/GELU, a parameter bias before an
-# activation, rotate-half RoPE of q and k, a linear head into cross-entropy), said in those findings' fixes
+# activation, rotate-half RoPE of q and k, attention written out, a linear head into cross-entropy), said in
+# those findings' fixes
 _REWRITE = (
     "Or leave the code as it is: `model, report = kernel_pytorch.optimize(model, inputs, rewrite=True)` "
     "replaces the pattern where it is written (its common spellings) with the fused op, validated against "
@@ -135,7 +136,10 @@ def _attention_fix(inst: Instance) -> str:
     scale = ", scale=scale" if d.get("scaled") else ""
     return (
         f"`out = torch.nn.functional.scaled_dot_product_attention(q, k, v{mask}{scale})` (`is_causal=True` in "
-        f"place of a causal mask) never materialises the scores; {component('attention').named()} wraps it."
+        f"place of a causal mask) never materialises the scores; {component('attention').named()} wraps it. "
+        f"{_REWRITE} (The spelling it takes: `softmax(q @ k.transpose(-2, -1)` times a number or divided by one "
+        "(`/ math.sqrt(d)`), plus an additive float mask or `.masked_fill(mask, float('-inf'))`, `dim=-1) @ v` "
+        "on 4-D q, k, v, a dropout with p=0 between; the scale and mask carried as written.)"
     )
 
 
@@ -152,7 +156,8 @@ def _ce_fix(inst: Instance) -> str:
     comp = component("linear_cross_entropy")
     if comp.available:
         return (f"`loss = {comp.short}()(hidden, lm_head.weight, targets)` computes the loss without the logits. "
-                f"{_REWRITE} (The spelling it takes: a head written `F.linear(h, W)` or `h @ W.T`, the loss "
+                f"{_REWRITE} (The spelling it takes: a head written `F.linear(h, W)`, `h @ W.T` or a bias-free "
+                "`nn.Linear` called (`self.lm_head(h)`), the loss "
                 "with reduction 'mean' or 'sum', no class weights.)")
     return (
         f"{comp.named()} computes the loss chunk by chunk without ever holding the logits; meanwhile "

@@ -1,17 +1,18 @@
 """Cross-entropy family rewrites: a linear layer's logits straight into cross-entropy ->
 `kernel_pytorch.functional.fused_linear_cross_entropy`, which never holds the logits.
 
-    logits = F.linear(h, W)   or   h @ W.T                    h: (..., H), W: (V, H) of h's dtype
+    logits = F.linear(h, W)   or   h @ W.T   or   lm_head(h)  h: (..., H), W: (V, H) of h's dtype
     logits = logits.float()                                    (optional: the loss in fp32)
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1),
                            ignore_index=i, reduction="mean" | "sum", label_smoothing=s)
 
-or the same without the views on 2-D h (N, H) and labels (N,). The options are matched as literals:
-another reduction, class weights or the deprecated `size_average`/`reduce` leave the loss alone. Our
-loss is fp32; the replacement rounds it to the logits' dtype, as torch's loss is. Where, at run time,
-the tensors are not of that form (integer labels, one row per label, W (V, H) of h's dtype), the written
-code runs and a log line says so once. In a compiled graph, where Dynamo has folded `logits.size(-1)`
-to a literal, the example shapes prove it is V (so that spelling matches only there).
+or the same without the views on 2-D h (N, H) and labels (N,); `lm_head` an `nn.Linear` without bias (its
+call read as `F.linear(h, lm_head.weight)`, its forward hooks not run by the rewritten forward). The options
+are matched as literals: another reduction, class weights or the deprecated `size_average`/`reduce` leave
+the loss alone. Our loss is fp32; the replacement rounds it to the logits' dtype, as torch's loss is. Where,
+at run time, the tensors are not of that form (integer labels, one row per label, W (V, H) of h's dtype),
+the written code runs and a log line says so once. In a compiled graph, where Dynamo has folded
+`logits.size(-1)` to a literal, the example shapes prove it is V (so that spelling matches only there).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from kernel_pytorch import functional as kp_functional
 from kernel_pytorch._env import log_once
@@ -166,7 +167,8 @@ def _patterns() -> tuple[Pattern, ...]:
             what="kernel_pytorch.functional.fused_linear_cross_entropy",
             fits=_fits(flat),
             proof=vocab_proven if flat == "view_literal" else options_supported,
-            keywords=(F.cross_entropy,),  # Dynamo records only the keywords written
+            keywords=(F.cross_entropy, F.linear),  # Dynamo records only the keywords written, and a bias of None
+            modules=(nn.Linear,),  # `self.lm_head(h)`, a Linear without bias, read as F.linear(h, lm_head.weight)
         ))
     return tuple(out)
 

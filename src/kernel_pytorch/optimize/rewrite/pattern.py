@@ -11,7 +11,12 @@ point computed from `x.shape`) or a pattern argument never matches: a pattern th
 (`Pattern.slices`) is matched on a graph whose slices are nodes of their own (`prepared`), put back
 after. Keywords are compared by name, and Dynamo records only those a call wrote where symbolic tracing
 records every one (`F.cross_entropy`): a pattern's such functions (`Pattern.keywords`) are called with
-all their keywords, defaults written out, in the graph it is matched on.
+all their keywords, defaults written out, in the graph it is matched on (Dynamo's `linear(h, W, None)`
+of a Linear without bias as `linear(h, W)`).
+
+A child module is one node of a traced forward (`self.lm_head(h)`); the modules a pattern reads in their
+functional form (`Pattern.modules`: an `nn.Linear` without bias as `F.linear(h, lm_head.weight)`, an
+`nn.Dropout` as `F.dropout`) are matched as that form and put back where no match took them.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import math
 import operator
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch.fx
+import torch.nn.functional as F
+from torch import nn
 from torch.fx.operator_schemas import normalize_function
 
 
@@ -57,6 +65,8 @@ class Pattern:
             pattern matches only in a compiled graph). None: the structure is the proof.
         slices: the search indexes with slices (matched on a graph whose slices are nodes: `prepared`).
         keywords: functions the search calls with every keyword: their calls in a graph get theirs too.
+        modules: child module types the search reads in their functional form (`STAND_INS`).
+        numbers: search arguments that must be Python numbers (a literal, or computed from sizes), not tensors.
     """
 
     name: str
@@ -73,6 +83,8 @@ class Pattern:
     proof: Callable[[Mapping[str, Any]], bool] | None = None
     slices: bool = False
     keywords: tuple[Callable[..., Any], ...] = ()
+    modules: tuple[type[nn.Module], ...] = ()
+    numbers: tuple[str, ...] = ()
 
     @functools.cached_property
     def graph(self) -> torch.fx.Graph:
@@ -121,8 +133,44 @@ def example(value: Any) -> Any:
 
 
 def proven(pattern: Pattern, bound: Mapping[str, Any]) -> bool:
-    """`pattern.proof` on a match's bound arguments (True for a pattern without one)."""
+    """`pattern.proof` on a match's bound arguments (True for a pattern without one), and its `numbers`
+    numbers."""
+    if not all(is_number(bound.get(name)) for name in pattern.numbers):
+        return False
     return pattern.proof is None or pattern.proof({k: example(v) for k, v in bound.items()})
+
+
+# what a number computed from sizes is made of in a graph without example values (`q.size(-1) ** -0.5`)
+_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.pow,
+               operator.neg, operator.getitem, math.sqrt, builtins.float, builtins.int, builtins.getattr}
+
+
+def is_number(value: Any) -> bool:
+    """Whether a bound argument is a Python number: a literal int or float, a node whose example value is
+    one, or (no example values) a node computed only from `size()` / `.shape` reads and literals."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float, torch.SymInt, torch.SymFloat)):
+        return True
+    if not isinstance(value, torch.fx.Node):
+        return isinstance(value, (tuple, torch.Size)) and all(is_number(v) for v in value)
+    known = example(value)
+    if known is not None:
+        return is_number(known) and not isinstance(known, (tuple, torch.Size))
+    return _sized(value)
+
+
+def _sized(node: Any) -> bool:
+    """A value (no example values) computed only from sizes and literals."""
+    if not isinstance(node, torch.fx.Node):
+        return isinstance(node, (int, float, str, tuple)) and not isinstance(node, bool)
+    if node.op == "call_method" and node.target == "size":
+        return True
+    if node.op == "call_function" and node.target is builtins.getattr:
+        return node.args[1:] == ("shape",)
+    if node.op != "call_function" or node.target not in _ARITHMETIC:
+        return False
+    return all(_sized(a) for a in node.args)
 
 
 def _slices_as_nodes(graph: torch.fx.Graph) -> None:
@@ -154,29 +202,115 @@ def _slices_as_literals(graph: torch.fx.Graph) -> None:
         graph.erase_node(node)
 
 
+# functions symbolic tracing records with their first argument alone positional
+_FIRST_POSITIONAL = (F.dropout,)
+
+
 def _all_keywords(graph: torch.fx.Graph, functions: tuple[Callable[..., Any], ...]) -> None:
     """Calls of `functions` with every keyword after the tensors, as symbolic tracing records them."""
     for node in graph.nodes:
         if node.op != "call_function" or node.target not in functions:
+            continue
+        if node.target is F.linear:  # Dynamo's form of a Linear without bias: linear(h, W, None)
+            if len(node.args) == 3 and node.args[2] is None and not node.kwargs:
+                node.args = node.args[:2]
+            continue
+        if node.target in _FIRST_POSITIONAL:
+            normal = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+            if normal is not None:
+                kwargs = dict(normal.kwargs)
+                node.args, node.kwargs = (kwargs.pop("input"),), kwargs
             continue
         normal = normalize_function(node.target, node.args, node.kwargs)
         if normal is not None:  # None: a signature it cannot bind, left as it is
             node.args, node.kwargs = tuple(normal.args), dict(normal.kwargs)
 
 
+def _stand_in(module: nn.Module) -> tuple[Callable[..., Any], str | None, dict[str, Any]] | None:
+    """(function, the weight it reads or None, its keywords): a module's functional form; None: none."""
+    if type(module) is nn.Linear and module.bias is None:
+        return F.linear, "weight", {}
+    if type(module) is nn.Dropout:
+        # training=True: a traced forward serves both modes, so only p == 0 is the identity in both
+        return F.dropout, None, {"p": module.p, "training": True, "inplace": module.inplace}
+    return None
+
+
+STAND_INS = (nn.Linear, nn.Dropout)
+_STAND_IN = "kernel_pytorch_stand_in"  # node.meta key: the module call a functional node stands for
+
+
+def _modules_as_functions(gm: torch.fx.GraphModule, types: tuple[type[nn.Module], ...]) -> None:
+    """Each call of a child module of `types` (one tensor argument) as its functional form."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+            continue
+        try:
+            module = gm.get_submodule(str(node.target))
+        except AttributeError:
+            continue
+        form = _stand_in(module) if isinstance(module, types) else None
+        if form is None:
+            continue
+        fn, weight, kwargs = form
+        with graph.inserting_before(node):
+            args = (node.args[0], graph.get_attr(f"{node.target}.{weight}")) if weight else node.args
+            new = graph.call_function(fn, args, kwargs)
+        new.meta = {**node.meta, _STAND_IN: str(node.target)}
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+
+
+def _functions_as_modules(gm: torch.fx.GraphModule) -> None:
+    """`_modules_as_functions` undone where no match took the functional form."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        target = node.meta.get(_STAND_IN)
+        if target is None or node.op != "call_function":
+            continue
+        with graph.inserting_before(node):
+            call = graph.call_module(target, (node.args[0],))
+        call.meta = {k: v for k, v in node.meta.items() if k != _STAND_IN}
+        node.replace_all_uses_with(call)
+        weight = node.args[1] if len(node.args) > 1 else None
+        graph.erase_node(node)
+        if isinstance(weight, torch.fx.Node) and not weight.users:
+            graph.erase_node(weight)
+
+
+def stand_in_calls(gm: torch.fx.GraphModule) -> set[str]:
+    """The function names `gm`'s child module calls read as (`_stand_in`), for `Pattern.calls` checks."""
+    names = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            try:
+                form = _stand_in(gm.get_submodule(str(node.target)))
+            except AttributeError:
+                continue
+            if form is not None:
+                names.add(form[0].__name__)
+    return names
+
+
 @contextlib.contextmanager
 def prepared(gm: torch.fx.GraphModule, pattern: Pattern) -> Iterator[None]:
     """`gm` in the form `pattern` is matched on while it is: slices as nodes (literals again after), the
-    keywords of `pattern.keywords`' calls written out (the same calls: kept)."""
+    keywords of `pattern.keywords`' calls written out (the same calls: kept), child modules of
+    `pattern.modules` as their functional form (module calls again where no match took them)."""
     _all_keywords(gm.graph, pattern.keywords)
-    if not pattern.slices:
-        yield
-        return
-    _slices_as_nodes(gm.graph)
+    if pattern.modules:
+        _modules_as_functions(gm, pattern.modules)
+        _all_keywords(gm.graph, pattern.keywords)
+    if pattern.slices:
+        _slices_as_nodes(gm.graph)
     try:
         yield
     finally:
-        _slices_as_literals(gm.graph)
+        if pattern.slices:
+            _slices_as_literals(gm.graph)
+        if pattern.modules:
+            _functions_as_modules(gm)
 
 
 def dtype_ok(pattern: Pattern, bound: Mapping[str, Any]) -> bool:
@@ -187,4 +321,5 @@ def dtype_ok(pattern: Pattern, bound: Mapping[str, Any]) -> bool:
     return isinstance(x, torch.Tensor) and bound.get(pattern.dtype) == x.dtype
 
 
-__all__ = ["Pattern", "arguments", "dtype_ok", "example", "prepared", "proven", "target_name"]
+__all__ = ["STAND_INS", "Pattern", "arguments", "dtype_ok", "example", "is_number", "prepared", "proven",
+           "stand_in_calls", "target_name"]

@@ -30,7 +30,15 @@ from kernel_pytorch._errors import short_error
 from kernel_pytorch.assistant.findings import Location
 from kernel_pytorch.assistant.locate import model_location, parse_stack
 from kernel_pytorch.optimize.report import Rewrite
-from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok, prepared, proven, target_name
+from kernel_pytorch.optimize.rewrite.pattern import (
+    Pattern,
+    arguments,
+    dtype_ok,
+    prepared,
+    proven,
+    stand_in_calls,
+    target_name,
+)
 
 # stateless activation modules traced into (`F.silu(x, inplace=False)`), so `self.act_fn(gate) * up`
 # reads as the functional spelling the patterns match (hooks on such a module are not called by a
@@ -50,6 +58,7 @@ class _OwnCode(torch.fx.Tracer):
     """Traces one module's forward only: every child module is one call_module node, but activations."""
 
     record_stack_traces = True
+    proxy_buffer_attributes = True  # a buffer sliced by a size (`self.bias[:, :, :T, :T]`) is a node, not a constant
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return not _inlined(m)
@@ -157,7 +166,7 @@ def _rewrite(gm: torch.fx.GraphModule, module: nn.Module, model: nn.Module, patt
              accept: set[_Key] | None, found: dict[_Key, tuple[Pattern, Location | None, int]]) -> None:
     """Rewrite `gm`, `module`'s traced forward, with `patterns`, keeping the matches whose (kind, file,
     line) is in `accept` (None: all), each counted in `found`."""
-    names = {target_name(n) for n in gm.graph.nodes}
+    names = {target_name(n) for n in gm.graph.nodes} | stand_in_calls(gm)
     for p in patterns:
         if not p.calls <= names:
             continue
