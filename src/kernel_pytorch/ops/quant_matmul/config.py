@@ -48,18 +48,17 @@ def _power_of_two(config: object, *names: str) -> None:
 
 
 @dataclass(frozen=True)
-class GemvLaunch:
-    """The gemv launch (gemv.py): one program per block_n rows of the weight and row of x, walking its
-    slice of K block_k weights a step; slices only where the blocks of N alone leave the SMs short.
+class _SlicedLaunch:
+    """A launch whose programs each read block_n rows of the weight over one slice of K, block_k
+    weights a step; the slices' fp32 partial sums are added in a second kernel in a fixed order
+    (deterministic, no atomics). GemvLaunch and SplitKLaunch say how each picks its slice count.
 
     Fields:
-        block_n, block_k: the weight tile a program reads per step (block_k in weights: int4's bytes
-            are half of it); its bytes times the programs an SM holds should be 16-32 KiB in flight.
+        block_n, block_k: the weight tile a program reads per step (powers of two).
         num_warps: Triton's.
-        num_stages: the loop's stages (tl.range): the next num_stages - 1 steps' weight tiles stream
-            into shared memory (cp.async) while one is summed; 1: none, each step waits for its loads.
-        programs_per_sm: K is sliced into the most slices that keep the programs at or under this many
-            per SM (at least one slice; a slice costs its partial sums and the second kernel).
+        num_stages: the loop's stages: the next num_stages - 1 steps' weight tiles stream into shared
+            memory (cp.async) while one is summed; 1: none, each step waits for its loads.
+        programs_per_sm: the programs per SM the slice count aims at (each subclass says how).
         max_split: the most K slices.
     """
 
@@ -76,29 +75,33 @@ class GemvLaunch:
 
 
 @dataclass(frozen=True)
-class SplitKLaunch:
-    """A split-K launch for small M: every program covers all M rows (up to the path's limit), one
-    block of N columns and one slice of K; the slices' fp32 partial sums are added in a second kernel
-    in a fixed order (deterministic, no atomics).
+class GemvLaunch(_SlicedLaunch):
+    """The gemv launch (gemv.py): one program per block_n rows of the weight and row of x, walking its
+    slice of K block_k weights a step; slices only where the blocks of N alone leave the SMs short.
 
-    Fields:
-        block_n, block_k: the weight tile a program reads per step (int4's block_k is capped at its
-            group size on the tl.dot path, so that one scale and zero point cover a tile).
-        num_warps, num_stages: Triton's.
-        programs_per_sm: the split count is the smallest that gives this many programs per SM.
-        max_split: the most K slices (bounds the partial sums' memory: split x M x N fp32).
+    Fields (_SlicedLaunch's):
+        block_n, block_k: block_k in weights (int4's bytes are half of it); the tile's bytes times the
+            programs an SM holds should be 16-32 KiB in flight.
+        programs_per_sm: K is sliced into the most slices that keep the programs at or under this many
+            per SM (at least one slice; a slice costs its partial sums and the second kernel).
     """
 
-    block_n: int
-    block_k: int
-    num_warps: int = 4
-    num_stages: int = 3
-    programs_per_sm: int = 4
-    max_split: int = 16
+    programs_per_sm: int = 2
 
-    def __post_init__(self) -> None:
-        _power_of_two(self, "block_n", "block_k")
-        _positive(self, "num_warps", "num_stages", "programs_per_sm", "max_split")
+
+@dataclass(frozen=True)
+class SplitKLaunch(_SlicedLaunch):
+    """A split-K launch for small M: every program covers all M rows (up to the path's limit), one
+    block of N columns and one slice of K.
+
+    Fields (_SlicedLaunch's):
+        block_n, block_k: int4's block_k is capped at its group size on the tl.dot path, so that one
+            scale and zero point cover a tile.
+        programs_per_sm: the split count is the smallest that gives this many programs per SM.
+        max_split: bounds the partial sums' memory (split x M x N fp32).
+    """
+
+    programs_per_sm: int = 4
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops.quant_matmul.config import QuantMatmulConfig
-from kernel_pytorch.ops.quant_matmul.launch import quant_matmul, quant_matmul_backward
+from kernel_pytorch.ops.quant_matmul.launch import quant_matmul, quant_matmul_backward, register_scheme
 from kernel_pytorch.reference.quant_matmul import fp8_matmul, fp8_matmul_backward
 
 
@@ -32,12 +31,6 @@ def fp8_matmul_bwd(dy: Tensor, qweight: Tensor, scale: Tensor, has_bias: bool, *
 
 # kernel_pytorch::quant_matmul_fp8_fwd (x, qweight, scale, bias) -> y and _bwd (dy, qweight, scale,
 # has_bias) -> (dx, dbias); fp8_matmul_eager(same arguments as _fwd) -> y
-fp8_matmul_fwd_op, fp8_matmul_bwd_op, fp8_matmul_eager = register_op(
-    "quant_matmul_fp8",
-    Impl(fp8_matmul_fwd, fp8_matmul, "reference", outputs=("y",)),
-    Impl(fp8_matmul_bwd, fp8_matmul_backward, "reference", outputs=("dx", "dbias")),
-    differentiable=("y",),
-    save=("qweight", "scale"),
-    present=("bias",),
-    grads={"x": "dx", "bias": "dbias"},
+fp8_matmul_fwd_op, fp8_matmul_bwd_op, fp8_matmul_eager = register_scheme(
+    "fp8", fp8_matmul_fwd, fp8_matmul_bwd, fp8_matmul, fp8_matmul_backward
 )

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops.quant_matmul.config import QuantMatmulConfig
-from kernel_pytorch.ops.quant_matmul.launch import quant_matmul, quant_matmul_backward
+from kernel_pytorch.ops.quant_matmul.launch import quant_matmul, quant_matmul_backward, register_scheme
 from kernel_pytorch.reference.quant_matmul import int4_matmul, int4_matmul_backward
 
 
@@ -40,13 +39,7 @@ def int4_matmul_bwd(dy: Tensor, qweight: Tensor, scale: Tensor, zero: Tensor, gr
 
 # kernel_pytorch::quant_matmul_int4_fwd (x, qweight, scale, zero, group_size, bias) -> y and _bwd (dy,
 # qweight, scale, zero, group_size, has_bias) -> (dx, dbias); int4_matmul_eager(as _fwd) -> y
-int4_matmul_fwd_op, int4_matmul_bwd_op, int4_matmul_eager = register_op(
-    "quant_matmul_int4",
-    Impl(int4_matmul_fwd, int4_matmul, "reference", outputs=("y",)),
-    Impl(int4_matmul_bwd, int4_matmul_backward, "reference", outputs=("dx", "dbias")),
-    differentiable=("y",),
-    save=("qweight", "scale", "zero"),
-    keep=("group_size",),
-    present=("bias",),
-    grads={"x": "dx", "bias": "dbias"},
+int4_matmul_fwd_op, int4_matmul_bwd_op, int4_matmul_eager = register_scheme(
+    "int4", int4_matmul_fwd, int4_matmul_bwd, int4_matmul, int4_matmul_backward,
+    weight=("qweight", "scale", "zero"), keep=("group_size",),
 )

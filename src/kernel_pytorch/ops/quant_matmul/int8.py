@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops.quant_matmul.config import QuantMatmulConfig
-from kernel_pytorch.ops.quant_matmul.launch import quant_matmul, quant_matmul_backward
+from kernel_pytorch.ops.quant_matmul.launch import quant_matmul, quant_matmul_backward, register_scheme
 from kernel_pytorch.reference.quant_matmul import int8_matmul, int8_matmul_backward
 
 
@@ -30,12 +29,6 @@ def int8_matmul_bwd(dy: Tensor, qweight: Tensor, scale: Tensor, has_bias: bool, 
 
 # kernel_pytorch::quant_matmul_int8_fwd (x, qweight, scale, bias) -> y and _bwd (dy, qweight, scale,
 # has_bias) -> (dx, dbias); int8_matmul_eager(same arguments as _fwd) -> y
-int8_matmul_fwd_op, int8_matmul_bwd_op, int8_matmul_eager = register_op(
-    "quant_matmul_int8",
-    Impl(int8_matmul_fwd, int8_matmul, "reference", outputs=("y",)),
-    Impl(int8_matmul_bwd, int8_matmul_backward, "reference", outputs=("dx", "dbias")),
-    differentiable=("y",),
-    save=("qweight", "scale"),
-    present=("bias",),
-    grads={"x": "dx", "bias": "dbias"},
+int8_matmul_fwd_op, int8_matmul_bwd_op, int8_matmul_eager = register_scheme(
+    "int8", int8_matmul_fwd, int8_matmul_bwd, int8_matmul, int8_matmul_backward
 )

@@ -1,11 +1,13 @@
 """The quantized matmuls' launchers: the plan of a call (path, tiles, K slices) from its shape and the
-config in force, the forward launch (one kernel, or two with K slices), the dequantization kernel and
-the backward (dx = dy @ dequant(W), dbias = dy summed over rows). The math is kernels.py's."""
+config in force, the forward launch (one kernel, or two with K slices), the dequantization kernel, the
+backward (dx = dy @ dequant(W), dbias = dy summed over rows) and the registration every scheme shares.
+The math is kernels.py's."""
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -13,6 +15,7 @@ from torch import Tensor
 
 from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops._common.launch import Launcher, device_programs, next_power_of_2
+from kernel_pytorch.ops._common.register import Impl, RegisteredOp, register_op
 from kernel_pytorch.ops.quant_matmul.config import GemvLaunch, QuantMatmulConfig
 from kernel_pytorch.ops.quant_matmul.gemv import _gemv_kernel, gemv_runs
 from kernel_pytorch.ops.quant_matmul.kernels import (
@@ -241,3 +244,29 @@ def quant_matmul_backward(
     dx = (dy2 @ w).reshape(*dy.shape[:-1], k)
     dbias = dy2.sum(0, dtype=torch.float32).to(dy.dtype) if has_bias else None
     return dx, dbias
+
+
+def register_scheme(
+    scheme: str, forward: Callable[..., Any], backward: Callable[..., Any], reference: Callable[..., Any],
+    reference_backward: Callable[..., Any], *, weight: Sequence[str] = ("qweight", "scale"),
+    keep: Sequence[str] = (),
+) -> RegisteredOp:
+    """Register `kernel_pytorch::quant_matmul_<scheme>_fwd` (x, *weight, *keep, bias) -> y and `_bwd` (dy,
+    *weight, *keep, has_bias) -> (dx, dbias): the weight is frozen, so only x and bias get gradients.
+
+    Args:
+        scheme: "int8", "int4" or "fp8"; forward, backward: its launchers; reference, reference_backward:
+            reference/quant_matmul.py's math for it.
+        weight: the weight's tensors, saved for the backward; keep: its non-tensor arguments (int4's
+            group_size), kept for the backward.
+    """
+    return register_op(
+        f"quant_matmul_{scheme}",
+        Impl(forward, reference, "reference", outputs=("y",)),
+        Impl(backward, reference_backward, "reference", outputs=("dx", "dbias")),
+        differentiable=("y",),
+        save=weight,
+        keep=keep,
+        present=("bias",),
+        grads={"x": "dx", "bias": "dbias"},
+    )

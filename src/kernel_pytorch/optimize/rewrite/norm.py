@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
@@ -121,31 +121,50 @@ def search_function(square: Callable, mean: Callable, root: Callable, cast: Call
     return search
 
 
-def _patterns() -> tuple[Pattern, ...]:
+class Spelling(NamedTuple):
+    """One spelling of the norm: its name (cast.square.mean.root.side), its search function
+    (`search_function`), the casting that rounds as it does, and whether it casts back to a dtype literal."""
+
+    name: str
+    search: Callable
+    casting: str
+    literal: bool
+
+
+def spellings(squares: Mapping[str, Callable] = SQUARES, means: Mapping[str, Callable] = MEANS) -> list[Spelling]:
+    """Every spelling over these squares and means, and all of ROOTS, CASTS and the weight's sides."""
     out = []
     for (sq, square), (mn, mean), (rt, root), (cs, cast), left in itertools.product(
-        SQUARES.items(), MEANS.items(), ROOTS.items(), CASTS.items(), (True, False)
+        squares.items(), means.items(), ROOTS.items(), CASTS.items(), (True, False)
     ):
-        casting = "none" if cast is None else "llama"
         literal = cast is not None and cast[1]
         side = "weight_left" if left else "weight_right"
-        out.append(Pattern(
-            name=f"rms_norm.{cs}.{sq}.{mn}.{rt}.{side}",
+        out.append(Spelling(f"{cs}.{sq}.{mn}.{rt}.{side}",
+                            search_function(square, mean, root, cast[0] if cast else None, literal, left),
+                            "none" if cast is None else "llama", literal))
+    return out
+
+
+def _patterns() -> tuple[Pattern, ...]:
+    return tuple(
+        Pattern(
+            name=f"rms_norm.{s.name}",
             kind="rms-norm",
             family="norm",
-            search=search_function(square, mean, root, cast[0] if cast else None, literal, left),
-            replace=_replace(casting, literal),
-            op=_op(casting, literal),
+            search=s.search,
+            replace=_replace(s.casting, s.literal),
+            op=_op(s.casting, s.literal),
             anchor="mean",
-            what=f"kernel_pytorch.functional.rms_norm(casting={casting!r})",
+            what=f"kernel_pytorch.functional.rms_norm(casting={s.casting!r})",
             fits=fits,
             weight="weight",
-            dtype="dtype" if literal else None,
-        ))
-    return tuple(out)
+            dtype="dtype" if s.literal else None,
+        )
+        for s in spellings()
+    )
 
 
 NORM_PATTERNS = _patterns()
 
-__all__ = ["CASTS", "MEANS", "NORM_PATTERNS", "ROOTS", "SQUARES", "fits", "kp_rms_norm_llama", "kp_rms_norm_none",
-           "search_function"]
+__all__ = ["CASTS", "MEANS", "NORM_PATTERNS", "ROOTS", "SQUARES", "Spelling", "fits", "kp_rms_norm_llama",
+           "kp_rms_norm_none", "search_function", "spellings"]

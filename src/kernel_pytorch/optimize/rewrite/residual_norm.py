@@ -11,7 +11,6 @@ plain norm's patterns, so a norm after a residual add becomes the fused pair.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -74,9 +73,8 @@ def fits(values: Mapping[str, Any]) -> bool:
             and x.dtype == residual.dtype and x.device == residual.device and norm.fits(values))
 
 
-def _search(square: Callable, mean: Callable, root: Callable, cast: Callable | None, literal: bool, left: bool,
-            x_first: bool) -> Callable:
-    normed = norm.search_function(square, mean, root, cast, literal, left)
+def _search(normed: Callable, literal: bool, x_first: bool) -> Callable:
+    """The residual add, in either order, feeding `normed` (one of norm.spellings' search functions)."""
     if literal:
         def search(x: Tensor, residual: Tensor, weight: Tensor, eps: Any, dtype: Any) -> tuple[Tensor, Tensor]:
             h = x + residual if x_first else residual + x
@@ -91,27 +89,23 @@ def _search(square: Callable, mean: Callable, root: Callable, cast: Callable | N
 def _patterns() -> tuple[Pattern, ...]:
     squares = {k: norm.SQUARES[k] for k in ("pow", "mul")}
     means = {k: norm.MEANS[k] for k in ("mean", "mean_dim")}
-    out = []
-    for (sq, square), (mn, mean), (rt, root), (cs, cast), left, x_first in itertools.product(
-        squares.items(), means.items(), norm.ROOTS.items(), norm.CASTS.items(), (True, False), (True, False)
-    ):
-        casting = "none" if cast is None else "llama"
-        literal = cast is not None and cast[1]
-        out.append(Pattern(
-            name=f"add_rms_norm.{cs}.{sq}.{mn}.{rt}.{'weight_left' if left else 'weight_right'}."
-                 f"{'x_first' if x_first else 'residual_first'}",
+    return tuple(
+        Pattern(
+            name=f"add_rms_norm.{s.name}.{'x_first' if x_first else 'residual_first'}",
             kind="residual-norm",
             family="norm",
-            search=_search(square, mean, root, cast[0] if cast else None, literal, left, x_first),
-            replace=_replace(casting, literal),
-            op=_op(casting, literal),
+            search=_search(s.search, s.literal, x_first),
+            replace=_replace(s.casting, s.literal),
+            op=_op(s.casting, s.literal),
             anchor="add",  # the residual add: the first node of the search, as the analyser's finding names it
-            what=f"kernel_pytorch.functional.add_rms_norm(casting={casting!r})",
+            what=f"kernel_pytorch.functional.add_rms_norm(casting={s.casting!r})",
             fits=fits,
             weight="weight",
-            dtype="dtype" if literal else None,
-        ))
-    return tuple(out)
+            dtype="dtype" if s.literal else None,
+        )
+        for s in norm.spellings(squares, means)
+        for x_first in (True, False)
+    )
 
 
 RESIDUAL_NORM_PATTERNS = _patterns()
