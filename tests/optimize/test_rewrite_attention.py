@@ -1,7 +1,8 @@
 """optimize(rewrite=...) on attention written out (`softmax(q @ k^T * scale + mask) @ v`) and on a linear
 head called as a module into cross-entropy: found, replaced, validated (outputs and gradients), reported at
 the analyser's line; near misses (a softmax over another dim, a learned scale, a finite fill value) left
-alone; in the Inductor pass, the graph holds SDPA and our loss op."""
+alone; a fill mask proven causal carried as is_causal=True, and no other (an upper triangle, a tril buffer
+with one entry changed); in the Inductor pass, the graph holds SDPA and our loss op."""
 
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def test_attention_rewritten_at_the_analysers_line() -> None:
                              rewrite="attention")
     (r,) = report.rewrites
     assert report.passed and (r.kind, r.status, _where(r)) == ("attention", "applied", _line("qk"))
-    assert "attention" in r.after
+    assert "attention" in r.after and "is_causal=True" in r.after
     _same_outputs_and_grads(model, _build(CausalSelfAttention), _x())
     assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(measure_compile_time=False), device="cpu")
     findings = analyze_fusion(assistant.context(_build(CausalSelfAttention).cpu(), (_x()[0].cpu(),)))
@@ -175,7 +176,8 @@ def test_attention_in_the_inductor_pass() -> None:
     torch._dynamo.reset()
     model, original = _build(CausalSelfAttention).eval(), _build(CausalSelfAttention).eval()
     _same_outputs_and_grads(torch.compile(model, options={"pre_grad_custom_pass": pre_grad}), original, _x())
-    assert rewrite.counts == {"attention": 1} and not any("softmax" in t for t in seen)
+    assert rewrite.counts == {"attention": 1, "attention.causal": 1} and not any("softmax" in t for t in seen)
+    assert any("kp_attention_causal_op" in t for t in seen) and not any("eq" == t.split(".")[-1] for t in seen)
 
 
 def test_linear_head_module_call_rewritten() -> None:
@@ -204,3 +206,74 @@ def test_linear_head_module_call_in_the_inductor_pass() -> None:
     model = torch.compile(_build(LinearHead), options={"pre_grad_custom_pass": pre_grad})
     _same_outputs_and_grads(model, _build(LinearHead), inputs)
     assert rewrite.counts == {"linear-cross-entropy": 1}
+
+
+class MaskedAttention(nn.Module):
+    """A fill mask of a buffer sliced [:t, :t] (`mask` the buffer: tril, triu, or tril with one entry changed;
+    `== 0`) or built in the forward (`~torch.tril(torch.ones((t, t), dtype=torch.bool))`)."""
+
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.mask = mask
+        self.proj = nn.Linear(C, 3 * C)
+        buffer = torch.ones(T + 2, T + 2).triu() if mask == "triu" else torch.ones(T + 2, T + 2).tril()
+        if mask == "tril-changed":
+            buffer[T + 1, 0] = 0.0  # outside every [:t, :t] a call reads: the proof covers the whole buffer
+        self.register_buffer("bias", buffer.view(1, 1, T + 2, T + 2))
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.proj(x).view(b, t, 3, H, C // H).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.mask == "built-sizes":  # Dynamo's spelling; torch.fx does not trace a size that is a proxy here
+            m = ~torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device))
+        elif self.mask == "built":
+            m = ~torch.tril(torch.ones((t, t), dtype=torch.bool, device=x.device))  # torch.fx traces a size tuple
+        else:
+            m = self.bias[:, :, :t, :t] == 0
+        att = (q @ k.transpose(-2, -1)).masked_fill(m, float("-inf"))
+        return (att.softmax(-1) @ v).sum(1)
+
+
+@pytest.mark.parametrize("mask,causal", [("tril", True), ("built", True), ("triu", False), ("tril-changed", False)])
+def test_attention_causal_mask_only_where_proven(mask: str, causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel_pytorch import functional
+
+    model, report = optimize(_build(MaskedAttention, mask=mask), _x(), components=False, compile=False,
+                             rewrite="attention")
+    (r,) = report.rewrites
+    assert report.passed and r.status == "applied" and ("is_causal=True" in r.after) == causal
+    calls: list[dict[str, object]] = []
+    attention = functional.attention
+    monkeypatch.setattr(functional, "attention", lambda *a, **kw: calls.append(kw) or attention(*a, **kw))
+    _same_outputs_and_grads(model, _build(MaskedAttention, mask=mask), _x())
+    shorter = (torch.randn(B, T - 2, C, device=DEV),)  # another length: the slice follows it
+    _close(model(*shorter), _build(MaskedAttention, mask=mask)(*shorter))
+    assert len(calls) == 2 and all((c.get("is_causal", False), c.get("mask") is None) == (causal, causal)
+                                   for c in calls)
+
+
+def test_attention_causal_runs_the_dense_mask_off_the_square() -> None:
+    from kernel_pytorch.optimize.rewrite.causal import kp_attention_causal
+
+    q, k, v = (torch.randn(1, 2, n, 4, device=DEV) for n in (3, 4, 4))
+    written = ((q @ k.transpose(-2, -1)) / 2.0).softmax(-1) @ v  # a [:1, :1] slice masks nothing
+    _close(kp_attention_causal(q, k, v, 2.0, 1, 6, 2, "div"), written)
+    q = torch.randn(1, 2, 4, 4, device=DEV)
+    causal = torch.ones(4, 4, dtype=torch.bool, device=DEV).triu(1)
+    written = ((q @ k.transpose(-2, -1)) / 2.0).masked_fill(causal, float("-inf")).softmax(-1) @ v
+    _close(kp_attention_causal(q, k, v, 2.0, 4, 6, 2, "div"), written)
+
+
+@pytest.mark.parametrize("mask,causal", [("built-sizes", True), ("tril-changed", False)])
+def test_attention_causal_mask_in_the_inductor_pass(mask: str, causal: bool) -> None:
+    from kernel_pytorch.optimize.rewrite.compiled import inductor_options
+
+    rewrite = inductor_options("attention")["pre_grad_custom_pass"]
+
+    def pre_grad(graph: torch.fx.Graph) -> None:
+        rewrite(graph)
+
+    torch._dynamo.reset()
+    model = torch.compile(_build(MaskedAttention, mask=mask), options={"pre_grad_custom_pass": pre_grad})
+    _same_outputs_and_grads(model, _build(MaskedAttention, mask=mask), _x())
+    assert rewrite.counts == ({"attention": 1, "attention.causal": 1} if causal else {"attention": 1})

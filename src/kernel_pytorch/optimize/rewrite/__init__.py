@@ -10,8 +10,8 @@ the report lists each at its source line, the line the analyser's finding names.
 the model's graph holds our ops (`torch.ops.kernel_pytorch.*`).
 
 Parts: `pattern.py` (`Pattern`: one spelling and its replacement), one file per family (`norm.py` and its
-residual form `residual_norm.py`, `activation.py`, `rope.py`, `attention.py`,
-`cross_entropy.py`), `sites.py` (tracing, matching with
+residual form `residual_norm.py`, `activation.py`, `rope.py`, `attention.py` and its causal mask
+`causal.py`, `cross_entropy.py`), `sites.py` (tracing, matching with
 `torch.fx.subgraph_rewriter`, installing and reverting), `compiled.py` (the same patterns as Inductor's
 pre-grad pass, for a model compiled without optimize()).
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kernel_pytorch.optimize.rewrite.activation import ACTIVATION_PATTERNS, BIAS_ACT_PATTERNS
-from kernel_pytorch.optimize.rewrite.attention import ATTENTION_PATTERNS
+from kernel_pytorch.optimize.rewrite.causal import CAUSAL_ATTENTION_PATTERNS
 from kernel_pytorch.optimize.rewrite.cross_entropy import CROSS_ENTROPY_PATTERNS
 from kernel_pytorch.optimize.rewrite.norm import NORM_PATTERNS
 from kernel_pytorch.optimize.rewrite.pattern import Pattern
@@ -35,7 +35,7 @@ def patterns_of(families: bool | str | Iterable[str]) -> tuple[Pattern, ...]:
     """The patterns of `families`: True (all), False (none), a family name or names (`FAMILIES`)."""
     # the residual form before the plain norm; gated before bias-act (silu(g + b) * up is gated)
     every = (*RESIDUAL_NORM_PATTERNS, *NORM_PATTERNS, *ACTIVATION_PATTERNS, *BIAS_ACT_PATTERNS, *ROPE_PATTERNS,
-             *ATTENTION_PATTERNS, *CROSS_ENTROPY_PATTERNS)
+             *CAUSAL_ATTENTION_PATTERNS, *CROSS_ENTROPY_PATTERNS)
     if families is True:
         return every
     if families is False or families is None:

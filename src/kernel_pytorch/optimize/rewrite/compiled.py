@@ -34,7 +34,8 @@ from kernel_pytorch.optimize.rewrite.pattern import Pattern, arguments, dtype_ok
 class RewritePass(CustomGraphPass):
     """Inductor pre-grad pass replacing the patterns of `families` (True: all; names: `FAMILIES`).
 
-    `counts` holds, per pattern kind, the matches rewritten in the graphs this pass has seen.
+    `counts` holds, per pattern kind, the matches rewritten in the graphs this pass has seen, and under
+    "<kind>.causal" those of them whose mask was carried as causal (`Pattern.finish`).
     """
 
     def __init__(self, families: bool | str | Iterable[str] = True) -> None:
@@ -58,6 +59,9 @@ class RewritePass(CustomGraphPass):
                     done = replace_pattern_with_filters(gm, p.graph, p.op_replacement, [_fits(p)])
                 if done:
                     self.counts[p.kind] = self.counts.get(p.kind, 0) + len(done)
+                    carried = p.finish(gm, True) if p.finish is not None else 0
+                    if carried:
+                        self.counts[f"{p.kind}.causal"] = self.counts.get(f"{p.kind}.causal", 0) + carried
                     _refresh_examples(gm)
 
     def uuid(self) -> Any:

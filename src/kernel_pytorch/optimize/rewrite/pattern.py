@@ -67,6 +67,9 @@ class Pattern:
         keywords: functions the search calls with every keyword: their calls in a graph get theirs too.
         modules: child module types the search reads in their functional form (`STAND_INS`).
         numbers: search arguments that must be Python numbers (a literal, or computed from sizes), not tensors.
+        note: on a match's bound arguments (graph nodes, literals), words the report adds to `what` ("": none).
+        finish: a step on the whole graph after the replacements, (graph, compiled graph?) -> how many
+            replacements it changed (the attention's causal mask: `causal.carry_causal`).
     """
 
     name: str
@@ -85,6 +88,8 @@ class Pattern:
     keywords: tuple[Callable[..., Any], ...] = ()
     modules: tuple[type[nn.Module], ...] = ()
     numbers: tuple[str, ...] = ()
+    note: Callable[[Mapping[str, Any]], str] | None = None
+    finish: Callable[[torch.fx.GraphModule, bool], int] | None = None
 
     @functools.cached_property
     def graph(self) -> torch.fx.Graph:

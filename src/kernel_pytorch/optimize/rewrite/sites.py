@@ -163,7 +163,7 @@ _Key = tuple[str, "str | None", "int | None"]  # (kind, file, line)
 
 
 def _rewrite(gm: torch.fx.GraphModule, module: nn.Module, model: nn.Module, patterns: Sequence[Pattern],
-             accept: set[_Key] | None, found: dict[_Key, tuple[Pattern, Location | None, int]]) -> None:
+             accept: set[_Key] | None, found: dict[_Key, tuple[Pattern, Location | None, int, str]]) -> None:
     """Rewrite `gm`, `module`'s traced forward, with `patterns`, keeping the matches whose (kind, file,
     line) is in `accept` (None: all), each counted in `found`."""
     names = {target_name(n) for n in gm.graph.nodes} | stand_in_calls(gm)
@@ -180,12 +180,14 @@ def _rewrite(gm: torch.fx.GraphModule, module: nn.Module, model: nn.Module, patt
                 return False
             if not (dtype_ok(p, arguments(match)) and proven(p, arguments(match))):
                 return False
-            _, _, n = found.get(key, (p, loc, 0))
-            found[key] = (p, loc, n + 1)
+            _, _, n, _ = found.get(key, (p, loc, 0, ""))
+            found[key] = (p, loc, n + 1, p.note(arguments(match)) if p.note else "")
             return True
 
         with prepared(gm, p):
             replace_pattern_with_filters(gm, p.graph, p.replacement, [keep])
+    for finish in dict.fromkeys(p.finish for p in patterns if p.finish is not None):
+        finish(gm, False)
     gm.recompile()
 
 
@@ -204,17 +206,17 @@ def plan(model: nn.Module, patterns: Sequence[Pattern]) -> tuple[list[Site], lis
                 notes.append("rewrite: the model's own forward not looked at: the instance holds a forward of "
                              "its own (a wrapper's), which a rewrite would replace")
             continue
-        found: dict[_Key, tuple[Pattern, Location | None, int]] = {}
+        found: dict[_Key, tuple[Pattern, Location | None, int, str]] = {}
         gm, why = _traced(module)
         if gm is None:
             if not path:  # the model's own forward; submodules that do not trace are many and quiet
                 notes.append(f"rewrite: the model's own forward ({type(module).__name__}) not looked at: {why}")
             continue
         _rewrite(gm, module, model, patterns, None, found)
-        for (kind, file, line), (p, loc, n) in found.items():
+        for (kind, file, line), (p, loc, n, note) in found.items():
             where = str(loc) if loc else "(no source line)"
-            record = Rewrite(path, kind, p.family, type(module).__name__, p.what, where, n, "applied",
-                             f"{kind} -> {p.what}")
+            record = Rewrite(path, kind, p.family, type(module).__name__, p.what + note, where, n, "applied",
+                             f"{kind} -> {p.what}{note}")
             sites.append(Site(path, kind, file, line, record, tuple(patterns)))
     return sites, notes
 
