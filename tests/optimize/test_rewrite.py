@@ -14,19 +14,15 @@ import kernel_pytorch as kp
 from kernel_pytorch.assistant.fusion.fusion import analyze_fusion
 from kernel_pytorch.optimize import optimize
 from kernel_pytorch.optimize.rewrite import FAMILIES, patterns_of
-from kernel_pytorch.tolerances import compare
 from tests.grid import device_under_test
+from tests.optimize.rewrite_checks import close, marked_line
 
 DEV = device_under_test()
 B, T, D, I = 2, 5, 32, 48  # noqa: E741 (the intermediate size's usual name)
 
 
 def _line(marker: str) -> int:
-    """1-based line of this file's line ending in `# AT:<marker>`."""
-    with open(__file__) as f:
-        hits = [i for i, text in enumerate(f, 1) if text.rstrip().endswith(f"# AT:{marker}")]
-    assert len(hits) == 1, marker
-    return hits[0]
+    return marked_line(__file__, marker)
 
 
 class LlamaStyleNorm(nn.Module):
@@ -138,10 +134,6 @@ def _optimize(model: nn.Module, rewrite: object = True) -> tuple[nn.Module, kp.o
     return optimize(model, tuple(get_inputs()), components=False, compile=False, rewrite=rewrite)
 
 
-def _close(actual: Tensor, expected: Tensor) -> None:
-    result = compare(actual, expected)
-    assert result.passed, result.message()
-
 
 @pytest.fixture(scope="module")
 def rewritten() -> dict:
@@ -176,14 +168,14 @@ def test_rewritten_model_matches_outputs_and_gradients(rewritten: dict) -> None:
     x = get_inputs()[0]
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     ya, yb = model(xa), original(xb)
-    _close(ya, yb)
+    close(ya, yb)
     g = torch.randn_like(ya)
     ya.backward(g)
     yb.backward(g)
-    _close(xa.grad, xb.grad)
+    close(xa.grad, xb.grad)
     for (name, pa), (_, pb) in zip(model.named_parameters(), original.named_parameters()):
         assert pa.grad is not None, name
-        _close(pa.grad, pb.grad)
+        close(pa.grad, pb.grad)
 
 
 def test_analyser_names_the_same_lines(rewritten: dict) -> None:
@@ -210,7 +202,7 @@ def test_compiled_graph_holds_our_ops(rewritten: dict) -> None:
     torch._dynamo.reset()
     model = rewritten["model"]
     x = get_inputs()[0]
-    _close(torch.compile(model, backend=backend)(x), rewritten["original"](x))
+    close(torch.compile(model, backend=backend)(x), rewritten["original"](x))
     targets = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
     assert any("kernel_pytorch.rms_norm_fwd" in t for t in targets)
     assert any("kernel_pytorch.add_rms_norm_fwd" in t for t in targets)
@@ -338,12 +330,12 @@ def test_inductor_pass_puts_our_ops_in_the_compiled_graph() -> None:
     x = get_inputs()[0]
     y = torch.compile(model, options={"pre_grad_custom_pass": pre_grad})(x)
     expected = original(x)
-    _close(y, expected)
+    close(y, expected)
     y.sum().backward()
     expected.sum().backward()
     for (name, pa), (_, pb) in zip(model.named_parameters(), original.named_parameters()):
         assert pa.grad is not None, name
-        _close(pa.grad, pb.grad)
+        close(pa.grad, pb.grad)
     # whole-model graph: the second and the final norm follow a residual add
     assert rewrite.counts == {"rms-norm": 1, "residual-norm": 2, "gated-act": 2}
     assert any("kernel_pytorch.rms_norm_fwd" in t for t in rewritten)

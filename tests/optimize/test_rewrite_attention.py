@@ -16,19 +16,15 @@ from torch import Tensor, nn
 import kernel_pytorch as kp
 from kernel_pytorch.assistant.fusion.fusion import analyze_fusion
 from kernel_pytorch.optimize import optimize
-from kernel_pytorch.tolerances import compare
 from tests.grid import device_under_test
+from tests.optimize.rewrite_checks import close, marked_line, same_outputs_and_grads
 
 DEV = device_under_test()
 B, T, C, H, V = 2, 5, 16, 2, 24
 
 
 def _line(marker: str) -> int:
-    """1-based line of this file's line ending in `# AT:<marker>`."""
-    with open(__file__) as f:
-        hits = [i for i, text in enumerate(f, 1) if text.rstrip().endswith(f"# AT:{marker}")]
-    assert len(hits) == 1, marker
-    return hits[0]
+    return marked_line(__file__, marker)
 
 
 class CausalSelfAttention(nn.Module):
@@ -102,21 +98,6 @@ def _lm_inputs() -> tuple[Tensor, Tensor]:
     return torch.randint(0, V, (B, T), device=DEV), torch.randint(0, V, (B, T), device=DEV)
 
 
-def _close(actual: Tensor, expected: Tensor) -> None:
-    result = compare(actual, expected)
-    assert result.passed, result.message()
-
-
-def _same_outputs_and_grads(model: nn.Module, original: nn.Module, inputs: tuple[Tensor, ...]) -> None:
-    ya, yb = model(*inputs), original(*inputs)
-    _close(ya, yb)
-    g = torch.randn_like(ya)
-    ya.backward(g)
-    yb.backward(g)
-    for (name, pa), (_, pb) in zip(model.named_parameters(), original.named_parameters()):
-        if pb.grad is not None:
-            assert pa.grad is not None, name
-            _close(pa.grad, pb.grad)
 
 
 def _where(r: object) -> int:
@@ -129,7 +110,7 @@ def test_attention_rewritten_at_the_analysers_line() -> None:
     (r,) = report.rewrites
     assert report.passed and (r.kind, r.status, _where(r)) == ("attention", "applied", _line("qk"))
     assert "attention" in r.after and "is_causal=True" in r.after
-    _same_outputs_and_grads(model, _build(CausalSelfAttention), _x())
+    same_outputs_and_grads(model, _build(CausalSelfAttention), _x())
     assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(measure_compile_time=False), device="cpu")
     findings = analyze_fusion(assistant.context(_build(CausalSelfAttention).cpu(), (_x()[0].cpu(),)))
     (finding,) = [f for f in findings if f.id == "fusion.attention"]
@@ -142,7 +123,7 @@ def test_attention_other_spellings(sized: bool) -> None:
                              rewrite="attention")
     (r,) = report.rewrites
     assert report.passed and (r.status, _where(r)) == ("applied", _line("sized" if sized else "div"))
-    _same_outputs_and_grads(model, _build(OtherSpellings, sized=sized), _x())
+    same_outputs_and_grads(model, _build(OtherSpellings, sized=sized), _x())
 
 
 @pytest.mark.parametrize("near", ["softmax-dim", "learned-scale", "finite-fill"])
@@ -159,7 +140,7 @@ def test_attention_fully_masked_row_stays_nan() -> None:
     fill = torch.tensor([[False, True], [True, True]], device=DEV)
     out = kp_attention_written(q, k, v, 2.0, fill, float("-inf"), "div", "fill")
     written = ((q @ k.transpose(-2, -1)) / 2.0).masked_fill(fill, float("-inf")).softmax(-1) @ v
-    _close(out[..., 0, :], written[..., 0, :])
+    close(out[..., 0, :], written[..., 0, :])
     assert out[..., 1, :].isnan().all()
 
 
@@ -175,7 +156,7 @@ def test_attention_in_the_inductor_pass() -> None:
 
     torch._dynamo.reset()
     model, original = _build(CausalSelfAttention).eval(), _build(CausalSelfAttention).eval()
-    _same_outputs_and_grads(torch.compile(model, options={"pre_grad_custom_pass": pre_grad}), original, _x())
+    same_outputs_and_grads(torch.compile(model, options={"pre_grad_custom_pass": pre_grad}), original, _x())
     assert rewrite.counts == {"attention": 1, "attention.causal": 1} and not any("softmax" in t for t in seen)
     assert any("kp_attention_causal_op" in t for t in seen) and not any("eq" == t.split(".")[-1] for t in seen)
 
@@ -185,7 +166,7 @@ def test_linear_head_module_call_rewritten() -> None:
     model, report = optimize(_build(LinearHead), inputs, components=False, compile=False, rewrite="cross_entropy")
     (r,) = report.rewrites
     assert report.passed and (r.kind, r.status, _where(r)) == ("linear-cross-entropy", "applied", _line("head"))
-    _same_outputs_and_grads(model, _build(LinearHead), inputs)
+    same_outputs_and_grads(model, _build(LinearHead), inputs)
     # a Linear with a bias is not our op's form: its call stays the module's
     model, report = optimize(_build(LinearHead, bias=True), inputs, components=False, compile=False,
                              rewrite="cross_entropy")
@@ -204,7 +185,7 @@ def test_linear_head_module_call_in_the_inductor_pass() -> None:
     torch._dynamo.reset()
     inputs = _lm_inputs()
     model = torch.compile(_build(LinearHead), options={"pre_grad_custom_pass": pre_grad})
-    _same_outputs_and_grads(model, _build(LinearHead), inputs)
+    same_outputs_and_grads(model, _build(LinearHead), inputs)
     assert rewrite.counts == {"linear-cross-entropy": 1}
 
 
@@ -245,9 +226,9 @@ def test_attention_causal_mask_only_where_proven(mask: str, causal: bool, monkey
     calls: list[dict[str, object]] = []
     attention = functional.attention
     monkeypatch.setattr(functional, "attention", lambda *a, **kw: calls.append(kw) or attention(*a, **kw))
-    _same_outputs_and_grads(model, _build(MaskedAttention, mask=mask), _x())
+    same_outputs_and_grads(model, _build(MaskedAttention, mask=mask), _x())
     shorter = (torch.randn(B, T - 2, C, device=DEV),)  # another length: the slice follows it
-    _close(model(*shorter), _build(MaskedAttention, mask=mask)(*shorter))
+    close(model(*shorter), _build(MaskedAttention, mask=mask)(*shorter))
     assert len(calls) == 2 and all((c.get("is_causal", False), c.get("mask") is None) == (causal, causal)
                                    for c in calls)
 
@@ -257,11 +238,11 @@ def test_attention_causal_runs_the_dense_mask_off_the_square() -> None:
 
     q, k, v = (torch.randn(1, 2, n, 4, device=DEV) for n in (3, 4, 4))
     written = ((q @ k.transpose(-2, -1)) / 2.0).softmax(-1) @ v  # a [:1, :1] slice masks nothing
-    _close(kp_attention_causal(q, k, v, 2.0, 1, 6, 2, "div"), written)
+    close(kp_attention_causal(q, k, v, 2.0, 1, 6, 2, "div"), written)
     q = torch.randn(1, 2, 4, 4, device=DEV)
     causal = torch.ones(4, 4, dtype=torch.bool, device=DEV).triu(1)
     written = ((q @ k.transpose(-2, -1)) / 2.0).masked_fill(causal, float("-inf")).softmax(-1) @ v
-    _close(kp_attention_causal(q, k, v, 2.0, 4, 6, 2, "div"), written)
+    close(kp_attention_causal(q, k, v, 2.0, 4, 6, 2, "div"), written)
 
 
 @pytest.mark.parametrize("mask,causal", [("built-sizes", True), ("tril-changed", False)])
@@ -275,5 +256,5 @@ def test_attention_causal_mask_in_the_inductor_pass(mask: str, causal: bool) -> 
 
     torch._dynamo.reset()
     model = torch.compile(_build(MaskedAttention, mask=mask), options={"pre_grad_custom_pass": pre_grad})
-    _same_outputs_and_grads(model, _build(MaskedAttention, mask=mask), _x())
+    same_outputs_and_grads(model, _build(MaskedAttention, mask=mask), _x())
     assert rewrite.counts == ({"attention": 1, "attention.causal": 1} if causal else {"attention": 1})

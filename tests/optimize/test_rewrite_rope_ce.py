@@ -13,19 +13,15 @@ from torch import Tensor, nn
 import kernel_pytorch as kp
 from kernel_pytorch.assistant.fusion.fusion import analyze_fusion
 from kernel_pytorch.optimize import optimize
-from kernel_pytorch.tolerances import compare
 from tests.grid import device_under_test
+from tests.optimize.rewrite_checks import marked_line, same_outputs_and_grads
 
 DEV = device_under_test()
 B, T, D, H, V = 2, 5, 32, 2, 40
 
 
 def _line(marker: str) -> int:
-    """1-based line of this file's line ending in `# AT:<marker>`."""
-    with open(__file__) as f:
-        hits = [i for i, text in enumerate(f, 1) if text.rstrip().endswith(f"# AT:{marker}")]
-    assert len(hits) == 1, marker
-    return hits[0]
+    return marked_line(__file__, marker)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -113,20 +109,6 @@ def _build(cls: type[nn.Module], **kw: object) -> nn.Module:
     return cls(**kw).to(DEV)
 
 
-def _close(actual: Tensor, expected: Tensor) -> None:
-    result = compare(actual, expected)
-    assert result.passed, result.message()
-
-
-def _same_outputs_and_grads(model: nn.Module, original: nn.Module, inputs: tuple[Tensor, ...]) -> None:
-    ya, yb = model(*inputs), original(*inputs)
-    _close(ya, yb)
-    g = torch.randn_like(ya)
-    ya.backward(g)
-    yb.backward(g)
-    for (name, pa), (_, pb) in zip(model.named_parameters(), original.named_parameters()):
-        assert pa.grad is not None, name
-        _close(pa.grad, pb.grad)
 
 
 def _where(r: object) -> int:
@@ -140,7 +122,7 @@ def test_rope_other_spellings(kw: dict) -> None:
     model, report = optimize(_build(Attention, **kw), inputs, components=False, compile=False, rewrite="rope")
     (r,) = report.rewrites
     assert report.passed and (r.kind, r.status, _where(r)) == ("rope", "applied", _line("rope-q"))
-    _same_outputs_and_grads(model, _build(Attention, **kw), inputs)
+    same_outputs_and_grads(model, _build(Attention, **kw), inputs)
 
 
 def test_rope_of_q_and_k_rewritten_at_the_analysers_line() -> None:
@@ -149,7 +131,7 @@ def test_rope_of_q_and_k_rewritten_at_the_analysers_line() -> None:
     (r,) = report.rewrites
     assert report.passed and (r.kind, r.status, _where(r)) == ("rope", "applied", _line("rope-q"))
     assert r.location.startswith(__file__) and "apply_rotary" in r.after
-    _same_outputs_and_grads(model, _build(Attention), inputs)
+    same_outputs_and_grads(model, _build(Attention), inputs)
     assistant = kp.CompilerOptimizationAssistant(kp.AnalysisOptions(measure_compile_time=False), device="cpu")
     findings = analyze_fusion(assistant.context(_build(Attention).cpu(), (inputs[0].cpu(),)))
     (finding,) = [f for f in findings if f.id == "fusion.rope"]
@@ -190,7 +172,7 @@ def test_rope_in_the_inductor_pass() -> None:
     torch._dynamo.reset()
     inputs = _attention_inputs()
     model, original = _build(Attention), _build(Attention)
-    _same_outputs_and_grads(torch.compile(model, options={"pre_grad_custom_pass": pre_grad}), original, inputs)
+    same_outputs_and_grads(torch.compile(model, options={"pre_grad_custom_pass": pre_grad}), original, inputs)
     assert rewrite.counts == {"rope": 1} and any("kernel_pytorch.rope_fwd" in t for t in seen)
     assert not any(t.endswith("cat") for t in seen)
 
@@ -206,7 +188,7 @@ def test_linear_cross_entropy_rewritten(matmul: bool, loss: dict) -> None:
     (r,) = report.rewrites
     where = _line("ce-rows" if matmul else "ce-view")
     assert report.passed and (r.kind, r.status, _where(r)) == ("linear-cross-entropy", "applied", where)
-    _same_outputs_and_grads(model, _build(LMHeadLoss, matmul=matmul, **loss), inputs)
+    same_outputs_and_grads(model, _build(LMHeadLoss, matmul=matmul, **loss), inputs)
 
 
 @pytest.mark.parametrize("loss", [
@@ -231,7 +213,7 @@ def test_linear_cross_entropy_compiled_after_optimize_holds_our_op() -> None:
     inputs = _lm_inputs()
     loss = {"ignore_index": -1}
     model, _ = optimize(_build(LMHeadLoss, **loss), inputs, components=False, compile=False, rewrite=True)
-    _same_outputs_and_grads(torch.compile(model, backend=backend), _build(LMHeadLoss, **loss), inputs)
+    same_outputs_and_grads(torch.compile(model, backend=backend), _build(LMHeadLoss, **loss), inputs)
     targets = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
     assert any("kernel_pytorch.fused_linear_cross_entropy_fwd" in t for t in targets)
     assert not any("cross_entropy" in t and "kernel_pytorch" not in t for t in targets)
@@ -254,6 +236,6 @@ def test_linear_cross_entropy_in_the_inductor_pass(matmul: bool) -> None:
     inputs = _lm_inputs()
     loss = {"ignore_index": -1, "label_smoothing": 0.05}
     model, original = _build(LMHeadLoss, matmul=matmul, **loss), _build(LMHeadLoss, matmul=matmul, **loss)
-    _same_outputs_and_grads(torch.compile(model, options={"pre_grad_custom_pass": pre_grad}), original, inputs)
+    same_outputs_and_grads(torch.compile(model, options={"pre_grad_custom_pass": pre_grad}), original, inputs)
     assert rewrite.counts == {"linear-cross-entropy": 1}
     assert not any(t.endswith("cross_entropy") for t in seen)
