@@ -3,6 +3,9 @@ gradients against the written one's (kernel_pytorch.tolerances' table)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -36,3 +39,19 @@ def same_outputs_and_grads(model: nn.Module, original: nn.Module, inputs: tuple[
         if pb.grad is not None:
             close(pa.grad, pb.grad)
 
+
+
+def recording_pass(families: bool | str = True) -> tuple[Any, Callable[[torch.fx.Graph], None], set[str]]:
+    """(our pre-grad rewrite pass for `families`, a plain function running it to pass as Inductor's
+    `pre_grad_custom_pass`, the call targets it leaves in the graphs it rewrites). A function, not the pass
+    object: it has no uuid, so Inductor's cache never skips the pass."""
+    from kernel_pytorch.optimize.rewrite.compiled import inductor_options
+
+    rewrite = inductor_options(families)["pre_grad_custom_pass"]
+    seen: set[str] = set()
+
+    def pre_grad(graph: torch.fx.Graph) -> None:
+        rewrite(graph)
+        seen.update(str(n.target) for n in graph.nodes if n.op == "call_function")
+
+    return rewrite, pre_grad, seen

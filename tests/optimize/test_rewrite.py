@@ -15,7 +15,7 @@ from kernel_pytorch.assistant.fusion.fusion import analyze_fusion
 from kernel_pytorch.optimize import optimize
 from kernel_pytorch.optimize.rewrite import FAMILIES, patterns_of
 from tests.grid import device_under_test
-from tests.optimize.rewrite_checks import close, marked_line
+from tests.optimize.rewrite_checks import close, marked_line, recording_pass
 
 DEV = device_under_test()
 B, T, D, I = 2, 5, 32, 48  # noqa: E741 (the intermediate size's usual name)
@@ -316,15 +316,7 @@ def test_inductor_pass_puts_our_ops_in_the_compiled_graph() -> None:
     """A model compiled without optimize(): the pre-grad pass rewrites Dynamo's graph to our ops (which
     AOT autograd then traces through: their CPU bodies here, their Triton kernels on CUDA); forward and
     backward match eager."""
-    from kernel_pytorch.optimize.rewrite.compiled import inductor_options
-
-    rewrite = inductor_options()["pre_grad_custom_pass"]
-    rewritten: set[str] = set()
-
-    def pre_grad(graph: torch.fx.Graph) -> None:
-        rewrite(graph)
-        rewritten.update(str(n.target) for n in graph.nodes if n.op == "call_function")
-
+    rewrite, pre_grad, rewritten = recording_pass()
     torch._dynamo.reset()
     model, original = _build(Model), _build(Model)
     x = get_inputs()[0]

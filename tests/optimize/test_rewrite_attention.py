@@ -17,7 +17,7 @@ import kernel_pytorch as kp
 from kernel_pytorch.assistant.fusion.fusion import analyze_fusion
 from kernel_pytorch.optimize import optimize
 from tests.grid import device_under_test
-from tests.optimize.rewrite_checks import close, marked_line, same_outputs_and_grads
+from tests.optimize.rewrite_checks import close, marked_line, recording_pass, same_outputs_and_grads
 
 DEV = device_under_test()
 B, T, C, H, V = 2, 5, 16, 2, 24
@@ -145,15 +145,7 @@ def test_attention_fully_masked_row_stays_nan() -> None:
 
 
 def test_attention_in_the_inductor_pass() -> None:
-    from kernel_pytorch.optimize.rewrite.compiled import inductor_options
-
-    rewrite = inductor_options("attention")["pre_grad_custom_pass"]
-    seen: set[str] = set()
-
-    def pre_grad(graph: torch.fx.Graph) -> None:
-        rewrite(graph)
-        seen.update(str(n.target) for n in graph.nodes if n.op == "call_function")
-
+    rewrite, pre_grad, seen = recording_pass("attention")
     torch._dynamo.reset()
     model, original = _build(CausalSelfAttention).eval(), _build(CausalSelfAttention).eval()
     same_outputs_and_grads(torch.compile(model, options={"pre_grad_custom_pass": pre_grad}), original, _x())
@@ -175,13 +167,7 @@ def test_linear_head_module_call_rewritten() -> None:
 
 def test_linear_head_module_call_in_the_inductor_pass() -> None:
     """Dynamo inlines the Linear as `linear(h, W, None)`: matched as `F.linear(h, W)`."""
-    from kernel_pytorch.optimize.rewrite.compiled import inductor_options
-
-    rewrite = inductor_options("cross_entropy")["pre_grad_custom_pass"]
-
-    def pre_grad(graph: torch.fx.Graph) -> None:  # a function: no uuid, so Inductor's cache never skips the pass
-        rewrite(graph)
-
+    rewrite, pre_grad, _ = recording_pass("cross_entropy")
     torch._dynamo.reset()
     inputs = _lm_inputs()
     model = torch.compile(_build(LinearHead), options={"pre_grad_custom_pass": pre_grad})
@@ -247,13 +233,7 @@ def test_attention_causal_runs_the_dense_mask_off_the_square() -> None:
 
 @pytest.mark.parametrize("mask,causal", [("built-sizes", True), ("tril-changed", False)])
 def test_attention_causal_mask_in_the_inductor_pass(mask: str, causal: bool) -> None:
-    from kernel_pytorch.optimize.rewrite.compiled import inductor_options
-
-    rewrite = inductor_options("attention")["pre_grad_custom_pass"]
-
-    def pre_grad(graph: torch.fx.Graph) -> None:
-        rewrite(graph)
-
+    rewrite, pre_grad, _ = recording_pass("attention")
     torch._dynamo.reset()
     model = torch.compile(_build(MaskedAttention, mask=mask), options={"pre_grad_custom_pass": pre_grad})
     same_outputs_and_grads(model, _build(MaskedAttention, mask=mask), _x())

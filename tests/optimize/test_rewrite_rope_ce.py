@@ -14,7 +14,7 @@ import kernel_pytorch as kp
 from kernel_pytorch.assistant.fusion.fusion import analyze_fusion
 from kernel_pytorch.optimize import optimize
 from tests.grid import device_under_test
-from tests.optimize.rewrite_checks import marked_line, same_outputs_and_grads
+from tests.optimize.rewrite_checks import marked_line, recording_pass, same_outputs_and_grads
 
 DEV = device_under_test()
 B, T, D, H, V = 2, 5, 32, 2, 40
@@ -160,15 +160,7 @@ def test_rope_bf16_is_the_written_rounding() -> None:
 
 def test_rope_in_the_inductor_pass() -> None:
     """Dynamo folds `x.shape[-1] // 2`: the literal split is proven by the example shapes there."""
-    from kernel_pytorch.optimize.rewrite.compiled import inductor_options
-
-    rewrite = inductor_options("rope")["pre_grad_custom_pass"]
-    seen: set[str] = set()
-
-    def pre_grad(graph: torch.fx.Graph) -> None:
-        rewrite(graph)
-        seen.update(str(n.target) for n in graph.nodes if n.op == "call_function")
-
+    rewrite, pre_grad, seen = recording_pass("rope")
     torch._dynamo.reset()
     inputs = _attention_inputs()
     model, original = _build(Attention), _build(Attention)
@@ -223,15 +215,7 @@ def test_linear_cross_entropy_compiled_after_optimize_holds_our_op() -> None:
 def test_linear_cross_entropy_in_the_inductor_pass(matmul: bool) -> None:
     """Dynamo keeps only the keywords written and folds `logits.size(-1)`: the pass writes the keywords
     out and the example shapes prove the literal row width."""
-    from kernel_pytorch.optimize.rewrite.compiled import inductor_options
-
-    rewrite = inductor_options("cross_entropy")["pre_grad_custom_pass"]
-    seen: set[str] = set()
-
-    def pre_grad(graph: torch.fx.Graph) -> None:
-        rewrite(graph)
-        seen.update(str(n.target) for n in graph.nodes if n.op == "call_function")
-
+    rewrite, pre_grad, seen = recording_pass("cross_entropy")
     torch._dynamo.reset()
     inputs = _lm_inputs()
     loss = {"ignore_index": -1, "label_smoothing": 0.05}
