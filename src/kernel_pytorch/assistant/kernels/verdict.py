@@ -46,10 +46,10 @@ def pass_verdict(rt: RuntimeProfile, pass_name: str) -> dict[str, Any] | None:
     verdict = "compile" if low > 1.0 else "eager" if high < 1.0 else "no difference"
     why = None
     paired = rt.paired.get(pass_name)
-    spread = max(relative_spread(eager), relative_spread(compiled))
     if paired is not None and not paired.reliable:
         why = f"the machine was busy: only {paired.describe()}"
     elif verdict == "no difference" and not 1 / NO_DIFFERENCE_BAND <= low <= high <= NO_DIFFERENCE_BAND:
+        spread = max(relative_spread(eager), relative_spread(compiled))
         why = (f"the q20-q80 bands are too wide to decide (up to {100 * spread:.0f}% of the median; "
                f"speedup between {low:.2f}x and {high:.2f}x)")
     if why is not None:
