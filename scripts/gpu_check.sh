@@ -12,7 +12,7 @@
 #   under FSDP2, torchrun over every GPU); e2e_families e2e_packed e2e_long (the e2e step on Qwen3 and Gemma 3,
 #   on packed rows, at long context; each ~9 min, one run of its own);
 #   probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
-#   aoti_toolchain quant_decode e2e_norms e2e_memory adamw e2e_host
+#   aoti_toolchain quant_decode e2e_norms e2e_memory memory_timeline adamw e2e_host
 #   host (opt-in, < 30 s): benchmarks/probes/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole run's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -208,6 +208,11 @@ for s in $steps; do
     # what is live at the e2e step's memory peak, by variant (up to about 2 min each: compile, steps, the trace)
     e2e_memory) step 300 probe_e2e_memory python3 benchmarks/probes/probe_e2e_memory.py \
                   --variants "${KP_E2E_MEMORY_VARIANTS:-ours+compile,ours+compile@noreuse}" ;;
+    # the guide's memory timeline: one e2e training step per provider, bytes allocated over time (JSON for
+    # scripts/guide_figures.py; commit it as benchmarks/results/memory_timeline_<device>.json) and the peaks' report
+    memory_timeline) step 360 probe_memory_timeline python3 benchmarks/probes/probe_e2e_memory.py \
+                       --variants "${KP_TIMELINE_VARIANTS:-eager,torch.compile,ours+compile@noreuse,liger}" \
+                       --timeline "$work/results/memory_timeline.json" --out "$work/results/memory_timeline_peaks.txt" ;;
     # the e2e step's host side: lead-in before the first kernel, synchronising calls, chrome traces
     e2e_host) step 300 probe_e2e_host python3 benchmarks/probes/probe_e2e_host.py --out "$work/results/e2e_host" \
                 --providers "${KP_E2E_HOST_PROVIDERS:-torch.compile,ours+compile+adamw}" ;;

@@ -7,6 +7,10 @@ writes
                         CUDA-graph replay: ours, torch.compile and eager PyTorch under the roofs measured
                         in those runs (TFLOP/s against FLOPs per minimum byte)
     pct_copy_h200.png   the memory-bound ops' share of the measured copy ceiling, same rows
+    memory_timeline_<device>.png   one training step of the e2e model (HF Llama, forward, backward and
+                        AdamW), the bytes allocated over the step on top of weights and optimizer state,
+                        per provider, from benchmarks/results/memory_timeline_<device>.json (written by
+                        benchmarks/probes/probe_e2e_memory.py --timeline; drawn when that file exists)
 
 Each point is a row of a result file; the figure's note names the files. Nothing is measured here.
 """
@@ -125,12 +129,55 @@ def plot_pct_copy(rows: list[dict], files: Sequence[str], path: Path) -> Path:
     return path
 
 
+TIMELINE_LABELS = {"eager": "eager HF", "torch.compile": "torch.compile",
+                   "ours+compile@noreuse": "optimize() + compile", "liger": "Liger (eager)"}
+
+
+def plot_memory_timeline(source: Path, path: Path) -> Path:
+    """GiB allocated over one training step (ms from its first allocation), a line per provider, its peak
+    marked; a provider whose recording failed is named in the note."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(source.read_text())
+    fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=110)
+    failed = []
+    for variant, record in data["variants"].items():
+        if "timeline" not in record:
+            failed.append(variant)
+            continue
+        line = record["timeline"]
+        gib = [b / 2**30 for b in line["nbytes"]]
+        label = (f"{TIMELINE_LABELS.get(variant, variant)}: peak +{line['peak'] / 2**30:.1f} GiB, "
+                 f"step {record['step_ms']:.0f} ms")
+        (drawn,) = ax.plot(line["t_ms"], gib, lw=1.2, label=label)
+        top = max(range(len(gib)), key=gib.__getitem__)
+        ax.plot([line["t_ms"][top]], [gib[top]], marker="o", color=drawn.get_color(), ms=4)
+    ax.set_xlabel("time in the step (ms, the allocator's clock)")
+    ax.set_ylabel("GiB allocated on top of weights + optimizer state")
+    ax.set_title(f"One training step of the e2e model on the {data['device']}: memory over time", fontsize=10)
+    ax.legend(fontsize=8, loc="upper right")
+    note = f"from benchmarks/results/{source.name} ({data['date']}, torch {data['torch']})"
+    if failed:
+        note += "; not recorded: " + ", ".join(failed)
+    fig.text(0.01, 0.01, note, fontsize=6)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def write_figures(out: Path, results: Path = RESULTS) -> list[Path]:
-    """Both figures into `out`; returns their paths."""
+    """The figures into `out` (a memory timeline for each committed timeline file); returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     rows, ceilings, files = load_rows(results)
-    return [plot_roofline(rows, ceilings, files, out / "roofline_h200.png"),
-            plot_pct_copy(rows, files, out / "pct_copy_h200.png")]
+    paths = [plot_roofline(rows, ceilings, files, out / "roofline_h200.png"),
+             plot_pct_copy(rows, files, out / "pct_copy_h200.png")]
+    for source in sorted(results.glob("memory_timeline_*.json")):
+        paths.append(plot_memory_timeline(source, out / source.with_suffix(".png").name))
+    return paths
 
 
 def main(argv: Sequence[str] | None = None) -> int:

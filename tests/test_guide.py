@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -71,3 +72,21 @@ def test_figure_script_draws_from_the_committed_results(tmp_path: Path) -> None:
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
     for p in paths:  # the committed figures are the script's
         assert (ROOT / "docs" / "guide" / "figures" / p.name).is_file()
+
+
+def test_figure_script_draws_a_memory_timeline_from_a_probe_file(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("guide_figures", ROOT / "scripts" / "guide_figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    from kernel_pytorch.benchmark.memory_peak import allocated_over_time
+
+    trace = [{"action": "alloc", "addr": i, "size": 2**28, "time_us": 1000 * i} for i in range(8)]
+    trace += [{"action": "free_requested", "addr": i, "time_us": 9000 + 1000 * i} for i in range(8)]
+    line = allocated_over_time(trace).to_dict()
+    source = tmp_path / "results" / "memory_timeline_test.json"
+    source.parent.mkdir()
+    source.write_text(json.dumps({"device": "Test GPU", "date": "2026-01-01", "torch": "2.x", "variants": {
+        "torch.compile": {"step_ms": 12.0, "peak_mib": 2048.0, "timeline": line},
+        "liger": {"error": "ImportError: no liger"}}}))
+    path = figures.plot_memory_timeline(source, tmp_path / "memory_timeline_test.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"

@@ -10,6 +10,13 @@ model compiled here whole. Options after `@`: `noreuse` compiles with Inductor's
 dead buffer is freed, not held for a later one of its size); `amb=F` sets
 torch._functorch.config.activation_memory_budget to F before the first compile (the partitioner then
 recomputes more to save less); `layers=N` changes the depth.
+
+`--timeline FILE.json` also writes each variant's memory timeline over the recorded step (the bytes
+allocated on top of the weights and optimizer state, `benchmark.memory_peak.allocated_over_time`), with
+the device and versions; scripts/guide_figures.py draws it (the guide's memory figure):
+
+    python benchmarks/probes/probe_e2e_memory.py --variants "eager,torch.compile,ours+compile@noreuse" \
+        --timeline benchmarks/results/memory_timeline_h100.json
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import statistics
 import sys
 import time
@@ -30,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from e2e import models  # noqa: E402
 
-from kernel_pytorch.benchmark.memory_peak import record_peak  # noqa: E402
+from kernel_pytorch.benchmark.memory_peak import allocated_over_time, live_at_peak, record_trace  # noqa: E402
 
 
 def source_of(frame: str) -> str:
@@ -46,8 +54,8 @@ def source_of(frame: str) -> str:
     return ""
 
 
-def run(variant: str, dev: torch.device) -> str:
-    """One variant's report (the model and optimizer are freed when it returns)."""
+def run(variant: str, dev: torch.device) -> tuple[str, dict]:
+    """One variant's report, and its timeline record (the model and optimizer are freed when it returns)."""
     provider, *opts = variant.split("@")
     size = models.Size()
     amb, reuse = None, True
@@ -97,7 +105,8 @@ def run(variant: str, dev: torch.device) -> str:
             times.append((time.perf_counter() - t) * 1e3)
         peak = torch.cuda.max_memory_allocated() / 2**20
         reserved = torch.cuda.max_memory_reserved() / 2**20
-        breakdown = record_peak(step, dev)
+        baseline, trace = record_trace(step, dev)
+        breakdown, timeline = live_at_peak(trace, baseline), allocated_over_time(trace, baseline)
     finally:
         torch._functorch.config.activation_memory_budget, torch._inductor.config.allow_buffer_reuse = old
     lines = [f"== {variant}: step {statistics.median(times):.2f} ms (median of 6), peak {peak:.1f} MiB "
@@ -107,25 +116,41 @@ def run(variant: str, dev: torch.device) -> str:
         src = source_of(g.frame)
         if src:
             lines.append(f"    {g.frame.rsplit('/', 1)[-1]}: {src}")
-    return "\n".join(lines) + "\n"
+    record = {"step_ms": statistics.median(times), "peak_mib": peak, "reserved_mib": reserved,
+              "timeline": timeline.to_dict()}
+    return "\n".join(lines) + "\n", record
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default="ours+compile,ours")
     parser.add_argument("--out", default=None, help="also write the report here (a file)")
+    parser.add_argument("--timeline", type=Path, default=None, help="write the variants' memory timelines here (JSON)")
     args = parser.parse_args()
     dev = torch.device("cuda")
     report = []
+    timelines = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+                 "date": time.strftime("%Y-%m-%d", time.gmtime()), "model": dataclasses.asdict(models.Size()),
+                 "variants": {}}
+    try:
+        import transformers
+
+        timelines["transformers"] = transformers.__version__
+    except ImportError:
+        pass
     for variant in args.variants.split(","):
         try:
-            text = run(variant, dev)
+            text, record = run(variant, dev)
+            timelines["variants"][variant] = record
         except Exception as exc:  # noqa: BLE001 - one variant failing is a line of the report
             text = f"== {variant}: failed: {type(exc).__name__}: {str(exc)[:300]}\n"
+            timelines["variants"][variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         gc.collect()
         torch.cuda.empty_cache()
         print(text, flush=True)
         report.append(text)
+        if args.timeline:  # after every variant, so a run stopped early keeps what it measured
+            args.timeline.write_text(json.dumps(timelines, indent=1))
     if args.out:
         Path(args.out).write_text("".join(report))
 

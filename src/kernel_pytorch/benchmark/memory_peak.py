@@ -5,7 +5,8 @@ made it; `live_at_peak` replays that trace, finds the moment the bytes allocated
 highest, and groups what was live then by the frame that allocated it (the first frame outside torch's
 own Python: a model's line, one of our functional/ops files, Inductor's generated code), largest first.
 What was allocated before recording started (weights, optimizer state) is the baseline, one number.
-`record_peak(fn)` does the recording around one call on CUDA.
+`allocated_over_time` replays the same trace into the bytes allocated over the call's time (a memory
+timeline). `record_trace(fn)` does the recording around one call on CUDA; `record_peak(fn)` reads its peak.
 """
 
 from __future__ import annotations
@@ -99,10 +100,61 @@ def live_at_peak(trace: Iterable[Mapping[str, Any]], baseline: int = 0) -> PeakB
     return PeakBreakdown(baseline=baseline, peak=best, groups=tuple(ordered))
 
 
-def record_peak(fn: Callable[[], Any], device: torch.device | str | None = None,
-                max_entries: int = 1_000_000) -> PeakBreakdown:
-    """Run `fn()` once on CUDA with the allocator's history recorded (Python stacks) and return what was
-    live at its peak. Raises ValueError off CUDA, where there is no such allocator trace."""
+@dataclass(frozen=True)
+class Timeline:
+    """Bytes allocated during a call, over its time: `t_ms[i]` from the first event (the allocator's own
+    clock; the event's position where a trace has no times) and `nbytes[i]` on top of `baseline`. Long
+    traces are reduced to one sample per time bucket, each the bucket's highest value, so `peak` (the
+    highest of the whole trace) is always one of the samples."""
+
+    baseline: int
+    t_ms: tuple[float, ...]
+    nbytes: tuple[int, ...]
+
+    @property
+    def peak(self) -> int:
+        return max(self.nbytes, default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"baseline": self.baseline, "peak": self.peak, "t_ms": list(self.t_ms), "nbytes": list(self.nbytes)}
+
+
+def allocated_over_time(trace: Iterable[Mapping[str, Any]], baseline: int = 0, points: int = 500) -> Timeline:
+    """Replay an allocator trace (as `live_at_peak` does) into the running bytes allocated after each
+    alloc or free, reduced to at most `points` samples (each time bucket's highest value)."""
+    if points < 1:
+        raise ValueError(f"points must be >= 1 (got {points})")
+    events = list(trace)
+    timed = bool(events) and all("time_us" in e for e in events)  # µs on the allocator's clock
+    sizes: dict[int, int] = {}
+    now = 0
+    series: list[tuple[float, int]] = []
+    for i, event in enumerate(events):
+        action, addr = event.get("action"), event.get("addr")
+        if action == "alloc":
+            sizes[addr] = int(event["size"])
+            now += sizes[addr]
+        elif action in ("free_requested", "free_completed") and addr in sizes:
+            now -= sizes.pop(addr)
+        else:
+            continue
+        series.append((float(event["time_us"]) * 1e-3 if timed else float(i), now))
+    if not series:
+        return Timeline(baseline, (), ())
+    start, span = series[0][0], series[-1][0] - series[0][0]
+    buckets: dict[int, tuple[float, int]] = {}
+    for t, nbytes in series:
+        b = min(int((t - start) / span * points), points - 1) if span > 0 else 0
+        if b not in buckets or nbytes > buckets[b][1]:
+            buckets[b] = (t, nbytes)
+    kept = [buckets[b] for b in sorted(buckets)]
+    return Timeline(baseline, tuple(t - start for t, _ in kept), tuple(n for _, n in kept))
+
+
+def record_trace(fn: Callable[[], Any], device: torch.device | str | None = None,
+                 max_entries: int = 1_000_000) -> tuple[int, list[dict[str, Any]]]:
+    """Run `fn()` once on CUDA with the allocator's history recorded (Python stacks): (the bytes allocated
+    before the call, the call's allocator trace). Raises ValueError off CUDA, where there is no such trace."""
     dev = resolve_device(device)
     if dev.type != "cuda":
         raise ValueError(f"device must be a CUDA device: the allocator trace is CUDA's (got {dev})")
@@ -115,7 +167,15 @@ def record_peak(fn: Callable[[], Any], device: torch.device | str | None = None,
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    return live_at_peak(snapshot["device_traces"][dev.index], baseline)
+    return baseline, snapshot["device_traces"][dev.index]
 
 
-__all__ = ["PeakBreakdown", "PeakGroup", "live_at_peak", "record_peak"]
+def record_peak(fn: Callable[[], Any], device: torch.device | str | None = None,
+                max_entries: int = 1_000_000) -> PeakBreakdown:
+    """What was live at the peak of one call of `fn()` on CUDA (`record_trace`, then `live_at_peak`)."""
+    baseline, trace = record_trace(fn, device, max_entries)
+    return live_at_peak(trace, baseline)
+
+
+__all__ = ["PeakBreakdown", "PeakGroup", "Timeline", "allocated_over_time", "live_at_peak", "record_peak",
+           "record_trace"]
