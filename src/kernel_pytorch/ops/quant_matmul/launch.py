@@ -164,50 +164,70 @@ def quant_matmul(
         return torch.nn.functional.linear(x2, w, bias).reshape(*lead, n)
     native = fp8_native(x.device) if native_fp8 is None else native_fp8
     w, s, z, stride_sn, stride_zn = _weight_args(scheme, qweight, scale, zero, native)
-    b = bias if bias is not None else s
     partial = p.splits > 1
     out = torch.empty(p.splits, m, n, dtype=torch.float32, device=x.device) if partial else y
-    if p.path == "gemv":
-        _launch_gemv(p, scheme, x2, w, s, z, b, out, m, n, k, stride_sn, stride_zn, y.stride(0), group_size,
-                     native, partial, bias is not None, eager)
-    else:
-        _launch_matmul(p, scheme, x2, w, s, z, b, out, m, n, k, stride_sn, stride_zn, y, group_size, native,
-                       partial, bias is not None, eager)
+    call = Operands(scheme, x2, w, s, z, bias if bias is not None else s, out, y, m, n, k, stride_sn, stride_zn,
+                    group_size if scheme == "int4" else 1, native, bias is not None)
+    (_launch_gemv if p.path == "gemv" else _launch_matmul)(p, call, eager)
     if partial:
         block = 1024
-        _sum_splits((triton.cdiv(m * n, block),), out, b, y, m, n, p.splits, y.stride(0),
-                    HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, eager=eager)
+        _sum_splits((triton.cdiv(m * n, block),), out, call.b, y, m, n, p.splits, y.stride(0),
+                    HAS_BIAS=call.has_bias, BLOCK=block, num_warps=4, eager=eager)
     return y.reshape(*lead, n)
 
 
-def _launch_gemv(p: Plan, scheme: str, x2: Tensor, w: Tensor, s: Tensor, z: Tensor, b: Tensor, out: Tensor,
-                 m: int, n: int, k: int, stride_sn: int, stride_zn: int, stride_om: int, group_size: int,
-                 native: bool, partial: bool, has_bias: bool, eager: bool) -> None:
+class Operands(NamedTuple):
+    """One call's tensors and sizes as the kernels take them.
+
+    x: (m, k), unit stride along K; w, s, z: the weight, its scales and zero points (`_weight_args`: s stands
+    in for z where the scheme has none); b: the bias, or s standing in when `has_bias` is False; out: y
+    itself, or the (splits, m, n) fp32 partials of a plan with K slices; y: the (m, n) result; stride_sn,
+    stride_zn: the scales' and zero points' row strides; group: int4's group size (1 for int8 and fp8);
+    native: e4m3 decoded in hardware."""
+
+    scheme: str
+    x: Tensor
+    w: Tensor
+    s: Tensor
+    z: Tensor
+    b: Tensor
+    out: Tensor
+    y: Tensor
+    m: int
+    n: int
+    k: int
+    stride_sn: int
+    stride_zn: int
+    group: int
+    native: bool
+    has_bias: bool
+
+
+def _launch_gemv(p: Plan, c: Operands, eager: bool) -> None:
     """gemv.py's kernel: grid (rows x N blocks, K slices); rows of W in bytes (int4: two weights each)."""
-    if scheme == "int8":
-        w = w.view(torch.uint8)  # the kernel turns u ^ 0x80 = q + 128 into fp32 through its bits
-    chunks, cb = gemv_runs(scheme, p.block_k, group_size)
-    per_byte = 2 if scheme == "int4" else 1
+    # int8 as bytes: the kernel turns u ^ 0x80 = q + 128 into fp32 through its bits
+    w = c.w.view(torch.uint8) if c.scheme == "int8" else c.w
+    chunks, cb = gemv_runs(c.scheme, p.block_k, c.group)
+    per_byte = 2 if c.scheme == "int4" else 1
     _gemv(
-        (m * triton.cdiv(n, p.block_n), p.splits), x2, w, s, z, b, out, m, n, k, k // per_byte,
-        p.k_per_split // per_byte, x2.stride(0), w.stride(0), stride_sn, stride_zn, stride_om,
-        SCHEME=SCHEME_CODES.index(scheme), GROUP=group_size if scheme == "int4" else 1, FP8_NATIVE=native,
-        PARTIAL=partial, HAS_BIAS=has_bias, BLOCK_N=p.block_n, CHUNKS=chunks, CB=cb, NUM_STAGES=p.num_stages,
+        (c.m * triton.cdiv(c.n, p.block_n), p.splits), c.x, w, c.s, c.z, c.b, c.out, c.m, c.n, c.k,
+        c.k // per_byte, p.k_per_split // per_byte, c.x.stride(0), w.stride(0), c.stride_sn, c.stride_zn,
+        c.y.stride(0),
+        SCHEME=SCHEME_CODES.index(c.scheme), GROUP=c.group, FP8_NATIVE=c.native, PARTIAL=p.splits > 1,
+        HAS_BIAS=c.has_bias, BLOCK_N=p.block_n, CHUNKS=chunks, CB=cb, NUM_STAGES=p.num_stages,
         num_warps=p.num_warps, num_stages=p.num_stages, eager=eager,
     )
 
 
-def _launch_matmul(p: Plan, scheme: str, x2: Tensor, w: Tensor, s: Tensor, z: Tensor, b: Tensor, out: Tensor,
-                   m: int, n: int, k: int, stride_sn: int, stride_zn: int, y: Tensor, group_size: int,
-                   native: bool, partial: bool, has_bias: bool, eager: bool) -> None:
+def _launch_matmul(p: Plan, c: Operands, eager: bool) -> None:
     """kernels.py's matmul (split_k and tiled): grid (M x N tiles, K slices)."""
-    grid = (triton.cdiv(m, p.block_m) * triton.cdiv(n, p.block_n), p.splits)
+    grid = (triton.cdiv(c.m, p.block_m) * triton.cdiv(c.n, p.block_n), p.splits)
     _matmul(
-        grid, x2, w, s, z, b, out, m, n, k, p.k_per_split, x2.stride(0), w.stride(0), stride_sn, stride_zn,
-        y.stride(0),
-        SCHEME=SCHEME_CODES.index(scheme), GROUP=group_size if scheme == "int4" else 1, FP8_NATIVE=native,
-        DOT_FP32=_dot_fp32(x2), PARTIAL=partial, HAS_BIAS=has_bias, BLOCK_M=p.block_m, BLOCK_N=p.block_n,
-        BLOCK_K=p.block_k, GROUP_M=p.group_m, num_warps=p.num_warps, num_stages=p.num_stages, eager=eager,
+        grid, c.x, c.w, c.s, c.z, c.b, c.out, c.m, c.n, c.k, p.k_per_split, c.x.stride(0), c.w.stride(0),
+        c.stride_sn, c.stride_zn, c.y.stride(0),
+        SCHEME=SCHEME_CODES.index(c.scheme), GROUP=c.group, FP8_NATIVE=c.native, DOT_FP32=_dot_fp32(c.x),
+        PARTIAL=p.splits > 1, HAS_BIAS=c.has_bias, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k,
+        GROUP_M=p.group_m, num_warps=p.num_warps, num_stages=p.num_stages, eager=eager,
     )
 
 
