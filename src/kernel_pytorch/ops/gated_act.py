@@ -46,6 +46,8 @@ registered in ops/gated_act_packed.py with these launchers.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -122,32 +124,53 @@ def _gated_act_bwd_kernel(
 _fwd_kernel = Launcher(_gated_act_fwd_kernel)
 _bwd_kernel = Launcher(_gated_act_bwd_kernel)
 
-def _launch_fwd(g: Tensor, u: Tensor, h: Tensor, n_rows: int, n_cols: int, st: tuple[int, ...], act: str,
-                gate_mul: float, eager: bool, config: MlpConfig | None) -> None:
-    """One launch over (n_rows, n_cols) elements; `st` holds each operand's (row, column) strides."""
-    if n_rows == 0 or n_cols == 0:
+class Streams(NamedTuple):
+    """The operands of one launch as (rows, cols) elements: the tensors in the kernel's order and each
+    one's (row, column) strides, flattened in that order."""
+
+    tensors: tuple[Tensor, ...]
+    rows: int
+    cols: int
+    strides: tuple[int, ...]
+
+
+class Act(NamedTuple):
+    """The activation: its name ("silu", "gelu", "gelu_tanh", "relu") and the gate's multiplier."""
+
+    name: str
+    gate_mul: float
+
+
+def _launch_fwd(ops: Streams, act: Act, eager: bool, config: MlpConfig | None) -> None:
+    """One launch over (g, u, h)."""
+    if ops.rows == 0 or ops.cols == 0:
         return
-    t = tiles(n_rows, n_cols, config)
+    t = tiles(ops.rows, ops.cols, config)
+    g = ops.tensors[0]
     _fwd_kernel(
-        (t.row_tiles * t.col_tiles,), g, u, h, n_rows, n_cols, t.col_tiles, gate_mul, *st,
-        ACT=act, PRECISE=precise_math(g), BLOCK_R=t.block_r, BLOCK_C=t.block_c, num_warps=t.num_warps, eager=eager,
+        (t.row_tiles * t.col_tiles,), *ops.tensors, ops.rows, ops.cols, t.col_tiles, act.gate_mul, *ops.strides,
+        ACT=act.name, PRECISE=precise_math(g), BLOCK_R=t.block_r, BLOCK_C=t.block_c, num_warps=t.num_warps,
+        eager=eager,
     )
 
 
-def _launch_bwd(
-    dh: Tensor, g: Tensor, u: Tensor, dg: Tensor, du: Tensor, h: Tensor | None, n_rows: int, n_cols: int,
-    st: tuple[int, ...], act: str, gate_mul: float, eager: bool, config: MlpConfig | None,
-) -> None:
-    """One launch; `st` holds (row, column) strides of dh, g, u, dg, du and h (dg's where h is None)."""
-    if n_rows == 0 or n_cols == 0:
+def _launch_bwd(ops: Streams, has_h: bool, act: Act, eager: bool, config: MlpConfig | None) -> None:
+    """One launch over (dh, g, u, dg, du, h); where `has_h` is False dg stands in the h slot, unwritten."""
+    if ops.rows == 0 or ops.cols == 0:
         return
     cfg = config or tuning.current("mlp")
-    t = tiles(n_rows, n_cols, cfg, cfg.gated_bwd_tile_elements)
+    t = tiles(ops.rows, ops.cols, cfg, cfg.gated_bwd_tile_elements)
+    g = ops.tensors[1]
     _bwd_kernel(
-        (t.row_tiles * t.col_tiles,), dh, g, u, dg, du, h if h is not None else dg, n_rows, n_cols, t.col_tiles,
-        gate_mul, *st, ACT=act, PRECISE=precise_math(g), HAS_H=h is not None, BLOCK_R=t.block_r, BLOCK_C=t.block_c,
+        (t.row_tiles * t.col_tiles,), *ops.tensors, ops.rows, ops.cols, t.col_tiles, act.gate_mul, *ops.strides,
+        ACT=act.name, PRECISE=precise_math(g), HAS_H=has_h, BLOCK_R=t.block_r, BLOCK_C=t.block_c,
         num_warps=t.num_warps, eager=eager,
     )
+
+
+def _streams(*views: Tensor) -> Streams:
+    """(rows, cols) views streamed as they are: their shape is the first one's."""
+    return Streams(views, *views[0].shape, tuple(s for v in views for s in strides(v)))
 
 
 def _flat(n: int, operands: int) -> tuple[int, ...]:
@@ -173,11 +196,9 @@ def gated_act_fwd(gate: Tensor, up: Tensor, act: str, gate_multiplier: float = 1
     h = torch.empty_like(gate, memory_format=torch.contiguous_format) if out is None else out
     if dense(gate, up, h):
         n = gate.numel()
-        _launch_fwd(gate, up, h, 1, n, _flat(n, 3), act, gate_multiplier, eager, config)
+        _launch_fwd(Streams((gate, up, h), 1, n, _flat(n, 3)), Act(act, gate_multiplier), eager, config)
     else:
-        g2, u2, h2 = as_2d(gate), as_2d(up), as_2d_out(h, "out")
-        _launch_fwd(g2, u2, h2, *g2.shape, (*strides(g2), *strides(u2), *strides(h2)), act, gate_multiplier, eager,
-                    config)
+        _launch_fwd(_streams(as_2d(gate), as_2d(up), as_2d_out(h, "out")), Act(act, gate_multiplier), eager, config)
     return h
 
 
@@ -208,12 +229,11 @@ def gated_act_bwd(
         h = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if dense(dh, gate, up, d_gate, d_up) and (h is None or h.is_contiguous()):
         n = gate.numel()
-        _launch_bwd(dh, gate, up, d_gate, d_up, h, 1, n, _flat(n, 6), act, gate_multiplier, eager, config)
+        ops = Streams((dh, gate, up, d_gate, d_up, h if h is not None else d_gate), 1, n, _flat(n, 6))
     else:
         views = (as_2d(dh), as_2d(gate), as_2d(up), as_2d_out(d_gate, "d_gate"), as_2d_out(d_up, "d_up"))
-        h2 = as_2d_out(h, "h") if h is not None else None
-        st = tuple(s for v in (*views, h2 if h2 is not None else views[3]) for s in strides(v))
-        _launch_bwd(*views, h2, *views[1].shape, st, act, gate_multiplier, eager, config)
+        ops = _streams(*views, as_2d_out(h, "h") if h is not None else views[3])
+    _launch_bwd(ops, h is not None, Act(act, gate_multiplier), eager, config)
     return d_gate, d_up, h
 
 
@@ -222,10 +242,6 @@ def _halves(t2: Tensor) -> tuple[Tensor, Tensor]:
     return t2[:, :half], t2[:, half:]
 
 
-def _packed_views(gate_up: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
-    """The gate and up halves of gate_up as (rows, I) views, and their strides."""
-    g2, u2 = _halves(as_2d(gate_up))
-    return g2, u2, (*strides(g2), *strides(u2))
 
 
 def gated_act_packed_fwd(gate_up: Tensor, act: str, gate_multiplier: float = 1.0, *, out: Tensor | None = None,
@@ -240,9 +256,7 @@ def gated_act_packed_fwd(gate_up: Tensor, act: str, gate_multiplier: float = 1.0
     """
     shape = gate_up.shape[:-1] + (gate_up.shape[-1] // 2,)
     h = torch.empty(shape, dtype=gate_up.dtype, device=gate_up.device) if out is None else out
-    g2, u2, st = _packed_views(gate_up)
-    h2 = as_2d_out(h, "out")
-    _launch_fwd(g2, u2, h2, *g2.shape, (*st, *strides(h2)), act, gate_multiplier, eager, config)
+    _launch_fwd(_streams(*_halves(as_2d(gate_up)), as_2d_out(h, "out")), Act(act, gate_multiplier), eager, config)
     return h
 
 
@@ -264,12 +278,9 @@ def gated_act_packed_bwd(
         h = None
     elif h is None:
         h = torch.empty(dh.shape, dtype=gate_up.dtype, device=gate_up.device)
-    dh2 = as_2d(dh)
-    g2, u2, st = _packed_views(gate_up)
     dg2, du2 = _halves(as_2d_out(d, "out"))
-    h2 = as_2d_out(h, "h") if h is not None else None
-    st = (*strides(dh2), *st, *strides(dg2), *strides(du2), *strides(h2 if h2 is not None else dg2))
-    _launch_bwd(dh2, g2, u2, dg2, du2, h2, *g2.shape, st, act, gate_multiplier, eager, config)
+    ops = _streams(as_2d(dh), *_halves(as_2d(gate_up)), dg2, du2, as_2d_out(h, "h") if h is not None else dg2)
+    _launch_bwd(ops, h is not None, Act(act, gate_multiplier), eager, config)
     return d, h
 
 
