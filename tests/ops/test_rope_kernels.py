@@ -14,6 +14,7 @@ import torch
 
 from kernel_pytorch.ops import tuning
 from kernel_pytorch.ops.rope import FlatConfig, RopeConfig, TileConfig, TokenConfig, flat, rope_bwd, rope_fwd, token
+from kernel_pytorch.ops.rope.call import Flags, Operands
 from kernel_pytorch.ops.rope.tile import tile_shape
 from kernel_pytorch.reference.rope import rope, rope_backward
 from tests.grid import DTYPES, Poisoned, device_under_test, randn
@@ -149,13 +150,15 @@ def test_flat_takes_dense_layouts_and_falls_back(interleaved: bool) -> None:
     """The flat kernel plans for q/k dense in (B, H, T, D) or (B, T, H, D) order (also seen through a
     transpose), and nothing for views of a fused QKV projection or a sliced q, which then run the
     config's fallback and still give the reference's values."""
-    flags = dict(interleaved=interleaved, has_pos=False, copy_pass=False, backward=False, hf_rounding=False,
-                 config=FlatConfig())
+    flags = Flags(interleaved=interleaved, has_pos=False, copy_pass=False, backward=False, hf_rounding=False)
+
+    def planned_for(q: torch.Tensor, k: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor, unsqueeze_dim: int,
+                    half: int) -> tuple | None:
+        return flat.plan(Operands(q, k, qo, ko, q, q, None), unsqueeze_dim, half, (0,) * 6, 0, flags, FlatConfig())
     for layout in ("bhtd", "bthd", "bthd_as_bhtd"):
         case = RopeCase(2, 3, 2, 1, 8, 8, layout)
         q, k = make_heads(case, 2, torch.float32, DEV), make_heads(case, 1, torch.float32, DEV)
-        planned = flat.plan(q, k, torch.empty_like(q), torch.empty_like(k), case.unsqueeze_dim, 4, (0,) * 6, 0,
-                            **flags)
+        planned = planned_for(q, k, torch.empty_like(q), torch.empty_like(k), case.unsqueeze_dim, 4)
         assert planned is not None, layout
     b, t, hq, hk, d = 2, 3, 2, 1, 8
     qkv = randn(b, t, hq + 2 * hk, d, dtype=torch.bfloat16, device=DEV)
@@ -167,7 +170,7 @@ def test_flat_takes_dense_layouts_and_falls_back(interleaved: bool) -> None:
     cos, sin = rotation_rows(torch.arange(t, device=DEV)[None], d, torch.bfloat16, interleaved)
     assert tuning.current("rope").schedule == "flat"
     for qq, kk in ((q, k), (sliced, dense_k)):
-        assert flat.plan(qq, kk, qq, kk, 2, d // 2, (0,) * 6, 0, **flags) is None
+        assert planned_for(qq, kk, qq, kk, 2, d // 2) is None
         _check(qq, kk, cos, sin, None, interleaved, 2)  # in place: test_fused_qkv_views_in_place[flat-*]
 
 

@@ -16,6 +16,7 @@ The package:
     __init__.py  the launchers `rope_fwd` / `rope_bwd` and the registration
     config.py    RopeConfig (which kernel runs, each kernel's launch knobs), the "rope" tuning family
     plan.py      the choice of kernel for given inputs, and the eager plan cache keyed on the config
+    call.py      the records a launch is planned from (options, tensors, kernel flags, sizes)
     flat.py      the flat kernel: a 1-D grid over runs of whole rows, for q/k dense in one of two orders
     tile.py      the tile kernel: [tokens, heads, r] tiles at any strides
     token.py     the per-token kernel: one program per token, all its heads, at any strides
@@ -40,6 +41,7 @@ from torch import Tensor
 
 from kernel_pytorch.ops._common.register import Impl, register_op
 from kernel_pytorch.ops._common.sharding import Strategy, register_rules, shard
+from kernel_pytorch.ops.rope.call import Options
 from kernel_pytorch.ops.rope.config import FlatConfig, RopeConfig, TileConfig, TokenConfig, current
 from kernel_pytorch.ops.rope.plan import launch
 from kernel_pytorch.reference.rope import rope, rope_backward
@@ -68,8 +70,8 @@ def rope_fwd(
         (q_embed, k_embed): q's and k's shapes and dtypes; new tensors laid out like q and k
         (torch.empty_like), or q and k themselves in place.
     """
-    return launch(q, k, cos, sin, position_ids, interleaved, unsqueeze_dim, hf_rounding, inplace, False, eager,
-                  config or current())
+    return launch(q, k, cos, sin, position_ids, Options(interleaved, unsqueeze_dim, hf_rounding, inplace, False),
+                  eager, config or current())
 
 
 def rope_bwd(
@@ -79,8 +81,8 @@ def rope_bwd(
 ) -> tuple[Tensor, Tensor]:
     """Gradients for q and k from the upstream (dq_embed, dk_embed): the inverse rotation, same
     arguments as `rope_fwd` (inplace overwrites dq and dk). Returns (dq, dk)."""
-    return launch(dq, dk, cos, sin, position_ids, interleaved, unsqueeze_dim, hf_rounding, inplace, True, eager,
-                  config or current())
+    return launch(dq, dk, cos, sin, position_ids, Options(interleaved, unsqueeze_dim, hf_rounding, inplace, True),
+                  eager, config or current())
 
 
 def _fwd_reference(

@@ -23,6 +23,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
+from kernel_pytorch.ops.rope.call import Flags, Operands
 from kernel_pytorch.ops.rope.config import FlatConfig
 from kernel_pytorch.ops.rope.math import _cos_sin_rows, _cs, _pair_outputs, _partner_outputs
 
@@ -122,8 +123,7 @@ def row_divisor(x: Tensor, unsqueeze_dim: int) -> int | None:
 
 
 def plan(
-    q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, unsqueeze_dim: int, half: int, strides: tuple[int, ...],
-    n_positions: int, *, interleaved: bool, has_pos: bool, copy_pass: bool, backward: bool, hf_rounding: bool,
+    ops: Operands, unsqueeze_dim: int, half: int, strides: tuple[int, ...], n_positions: int, flags: Flags,
     config: FlatConfig,
 ) -> tuple[Launcher, tuple[int, ...], tuple, dict] | None:
     """The flat kernel's launch for plan.py: (kernel, grid, the scalar arguments after the tensors,
@@ -131,10 +131,11 @@ def plan(
     (or an output's order differs from its input's).
 
     Args:
-        q, k: (B, H, T, D) (unsqueeze_dim=1) or (B, T, H, D); qo, ko: the outputs (q and k in place).
+        ops: q, k: (B, H, T, D) (unsqueeze_dim=1) or (B, T, H, D); qo, ko: the outputs (q and k in place).
         half: r / 2 rotary pairs per row.
         strides: (scb, sct, ssb, sst, spb, spt), cos/sin's (batch, row) strides and position ids'.
     """
+    q, k, qo, ko = ops.q, ops.k, ops.qo, ops.ko
     div_q, div_k = row_divisor(q, unsqueeze_dim), row_divisor(k, unsqueeze_dim)
     if div_q is None or div_k is None or row_divisor(qo, unsqueeze_dim) != div_q \
             or row_divisor(ko, unsqueeze_dim) != div_k:
@@ -148,8 +149,7 @@ def plan(
     rows = max(1, config.elements // block_d)
     q_programs = triton.cdiv(rows_q, rows)
     grid = (q_programs + triton.cdiv(rows_k, rows),)
-    meta = dict(D=d, HALF=half, ROWS=rows, BLOCK_D=block_d, INTERLEAVED=interleaved, HAS_POS=has_pos,
-                COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding, HALVES=config.partner == "halves",
+    meta = dict(D=d, HALF=half, ROWS=rows, BLOCK_D=block_d, **flags.meta(), HALVES=config.partner == "halves",
                 EVICT=config.evict_tables, num_warps=config.num_warps)
     scalars = (rows_q, rows_k, div_q, div_k, heads_q * seq_len, heads_k * seq_len, seq_len, *strides,
                n_positions, -0.0, q_programs)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from kernel_pytorch.ops.rope import flat, tile, token
+from kernel_pytorch.ops.rope.call import Flags, Operands, Options, Sizes
 from kernel_pytorch.ops.rope.config import RopeConfig
 
 # Eager launch plans by key (see the module docstring): a cache, emptied when full, never tuning state.
@@ -37,30 +38,29 @@ def _row_strides(t: Tensor, table: bool) -> tuple[int, int]:
 
 
 def launch(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None, interleaved: bool,
-    unsqueeze_dim: int, hf_rounding: bool, inplace: bool, backward: bool, eager: bool, config: RopeConfig,
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None, options: Options, eager: bool,
+    config: RopeConfig,
 ) -> tuple[Tensor, Tensor]:
-    """Rotate q and k (or their gradients, `backward`) with `config`'s kernels; arguments as
+    """Rotate q and k (or their gradients, `options.backward`) with `config`'s kernels; arguments as
     `kernel_pytorch.ops.rope.rope_fwd`'s. Returns (q_out, k_out): new tensors, or q and k in place."""
-    qo = q if inplace else torch.empty_like(q)
-    ko = k if inplace else torch.empty_like(k)
+    qo = q if options.inplace else torch.empty_like(q)
+    ko = k if options.inplace else torch.empty_like(k)
     if cos.stride(-1) != 1:
         cos = cos.contiguous()  # (rows, r) of cos/sin: small next to q and k
     if sin.stride(-1) != 1:
         sin = sin.contiguous()
     pos = position_ids
-    args = (q, k, qo, ko, cos, sin, pos, interleaved, unsqueeze_dim, hf_rounding, inplace, backward, config)
+    ops = Operands(q, k, qo, ko, cos, sin, pos)
     if not eager:  # traced (compile, export): sizes may be symbolic, nothing to cache
-        plan = build_plan(*args)
+        plan = build_plan(ops, options, config)
     else:
         key = (
             q.shape, q.stride(), k.shape, k.stride(), qo.stride(), ko.stride(), cos.shape, cos.stride(), sin.shape,
-            sin.stride(), None if pos is None else (pos.shape, pos.stride()), interleaved, unsqueeze_dim,
-            hf_rounding, inplace, backward, config,
+            sin.stride(), None if pos is None else (pos.shape, pos.stride()), options, config,
         )
         plan = _PLANS.get(key, False)
         if plan is False:
-            plan = build_plan(*args)
+            plan = build_plan(ops, options, config)
             if len(_PLANS) >= MAX_PLANS:
                 _PLANS.clear()
             _PLANS[key] = plan
@@ -70,12 +70,11 @@ def launch(
     return qo, ko
 
 
-def build_plan(
-    q: Tensor, k: Tensor, qo: Tensor, ko: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None,
-    interleaved: bool, unsqueeze_dim: int, hf_rounding: bool, inplace: bool, backward: bool, config: RopeConfig,
-) -> tuple | None:
+def build_plan(ops: Operands, options: Options, config: RopeConfig) -> tuple | None:
     """(kernel, grid, the scalar arguments after the tensors, constexprs and warps) for these inputs'
     shapes and strides, or None when there is nothing to rotate; cos and sin have a unit last stride."""
+    q, k, qo, ko, cos, sin, position_ids = ops
+    unsqueeze_dim = options.unsqueeze_dim
     batch, seq_len, d = q.shape[0], q.shape[3 - unsqueeze_dim], q.shape[-1]
     heads_q, heads_k = q.shape[unsqueeze_dim], k.shape[unsqueeze_dim]
     if batch * seq_len * (heads_q + heads_k) == 0:
@@ -90,24 +89,21 @@ def build_plan(
         spb, spt = 0, 0
     half = cos.shape[-1] // 2
     n_pass = d - 2 * half
-    copy_pass = not inplace and n_pass > 0
+    copy_pass = not options.inplace and n_pass > 0
     sq = _bthd_strides(q, unsqueeze_dim)
     strides = (*sq, *_bthd_strides(k, unsqueeze_dim), *_bthd_strides(qo, unsqueeze_dim),
                *_bthd_strides(ko, unsqueeze_dim), scb, sct, ssb, sst, spb, spt)
     n_positions = cos.shape[0] if table else 0
-    flags = dict(interleaved=interleaved, has_pos=table, copy_pass=copy_pass, backward=backward,
-                 hf_rounding=hf_rounding)
+    flags = Flags(options.interleaved, table, copy_pass, options.backward, options.hf_rounding)
     schedule = config.schedule
     if schedule == "flat":
-        planned = flat.plan(q, k, qo, ko, unsqueeze_dim, half, strides[-6:], n_positions, **flags,
-                            config=config.flat)
+        planned = flat.plan(ops, unsqueeze_dim, half, strides[-6:], n_positions, flags, config.flat)
         if planned is not None:
             return planned
-        schedule = config.fallback(interleaved)  # not dense in one of the two orders
+        schedule = config.fallback(options.interleaved)  # not dense in one of the two orders
+    sizes = Sizes(batch, seq_len, heads_q, heads_k, half, n_pass, n_positions)
     if schedule == "token":
-        kernel, grid, scalars, meta = token.plan(batch, seq_len, heads_q, heads_k, half, n_pass, n_positions,
-                                                 **flags, config=config.token)
+        kernel, grid, scalars, meta = token.plan(sizes, flags, config.token)
     else:
-        kernel, grid, scalars, meta = tile.plan(batch, seq_len, heads_q, heads_k, half, n_pass, n_positions,
-                                                sq[2] < sq[1], **flags, config=config.tile)
+        kernel, grid, scalars, meta = tile.plan(sizes, sq[2] < sq[1], flags, config.tile)
     return kernel, grid, (*strides, *scalars), meta

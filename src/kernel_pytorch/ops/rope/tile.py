@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
+from kernel_pytorch.ops.rope.call import Flags, Sizes
 from kernel_pytorch.ops.rope.config import PAIR_METHODS, TileConfig
 from kernel_pytorch.ops.rope.math import _cos_sin_rows, _cs, _pair_outputs, _partner_outputs
 
@@ -158,22 +159,20 @@ def tile_shape(
 
 
 def plan(
-    batch: int, seq_len: int, heads_q: int, heads_k: int, half: int, n_pass: int, n_positions: int,
-    heads_contiguous: bool, *, interleaved: bool, has_pos: bool, copy_pass: bool, backward: bool,
-    hf_rounding: bool, config: TileConfig,
+    sizes: Sizes, heads_contiguous: bool, flags: Flags, config: TileConfig,
 ) -> tuple[Launcher, tuple[int, ...], tuple, dict]:
     """The tile kernel's launch for plan.py: (kernel, grid, the scalar arguments after the strides, the
     constexprs and warps). `heads_contiguous` as for `tile_shape` (q's head stride below its token
     stride)."""
-    pairs = config.pairs_interleaved if interleaved else config.pairs_rotate_half
+    batch, seq_len, heads_q, heads_k, half, n_pass, n_positions = sizes
+    pairs = config.pairs_interleaved if flags.interleaved else config.pairs_rotate_half
     block_r2 = next_power_of_2(half)
     block_t, block_hq, block_hk = tile_shape(seq_len, heads_q, heads_k, 2 * block_r2, heads_contiguous, config)
     q_blocks = triton.cdiv(heads_q, block_hq)
     grid = (batch * triton.cdiv(seq_len, block_t), q_blocks + triton.cdiv(heads_k, block_hk))
     meta = dict(
         BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_R2=block_r2,
-        BLOCK_P=next_power_of_2(n_pass) if copy_pass else 1, PAIRS=PAIR_METHODS.index(pairs), INTERLEAVED=interleaved,
-        HAS_POS=has_pos, COPY_PASS=copy_pass, BACKWARD=backward, HF_ROUNDING=hf_rounding,
-        num_warps=config.num_warps,
+        BLOCK_P=next_power_of_2(n_pass) if flags.copy_pass else 1, PAIRS=PAIR_METHODS.index(pairs),
+        **flags.meta(), num_warps=config.num_warps,
     )
     return _kernel, grid, (seq_len, heads_q, heads_k, half, n_pass, n_positions, -0.0, q_blocks), meta

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kernel_pytorch.ops._common.launch import Launcher, next_power_of_2
+from kernel_pytorch.ops.rope.call import Flags, Sizes
 from kernel_pytorch.ops.rope.config import TokenConfig
 
 
@@ -124,18 +125,15 @@ def heads_per_tile(heads: int, block_r2: int, config: TokenConfig) -> int:
     return max(1, min(next_power_of_2(heads), next_power_of_2(max(1, config.elements // (2 * block_r2)))))
 
 
-def plan(
-    batch: int, seq_len: int, heads_q: int, heads_k: int, half: int, n_pass: int, n_positions: int, *,
-    interleaved: bool, has_pos: bool, copy_pass: bool, backward: bool, hf_rounding: bool, config: TokenConfig,
-) -> tuple[Launcher, tuple[int, ...], tuple, dict]:
+def plan(sizes: Sizes, flags: Flags, config: TokenConfig) -> tuple[Launcher, tuple[int, ...], tuple, dict]:
     """The per-token kernel's launch for plan.py: (kernel, grid, the scalar arguments after the
     strides, the constexprs and warps)."""
+    batch, seq_len, heads_q, heads_k, half, n_pass, n_positions = sizes
     block_r2 = next_power_of_2(half)
     meta = dict(
-        BLOCK_R2=block_r2, BLOCK_P=next_power_of_2(n_pass) if copy_pass else 1,
+        BLOCK_R2=block_r2, BLOCK_P=next_power_of_2(n_pass) if flags.copy_pass else 1,
         BLOCK_HQ=heads_per_tile(heads_q, block_r2, config), BLOCK_HK=heads_per_tile(heads_k, block_r2, config),
-        INTERLEAVED=interleaved, HAS_POS=has_pos, COPY_PASS=copy_pass, BACKWARD=backward,
-        HF_ROUNDING=hf_rounding, num_warps=config.num_warps,
+        **flags.meta(), num_warps=config.num_warps,
     )
     return _kernel, (batch * seq_len,), (seq_len, heads_q, heads_k, half, n_pass, n_positions, -0.0), meta
 
