@@ -71,3 +71,27 @@ def test_nothing_tunes_by_assigning_a_module_attribute() -> None:
                 if hit and not any(f'"{name}"' in line or f".{name} " in line for name in NOT_TUNING):
                     found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not found, "tuning by module attribute (use kernel_pytorch.ops.tuning.override):\n" + "\n".join(found)
+
+
+MAX_LAUNCHER_PARAMETERS = 8
+_LAUNCHER = re.compile(r"launch|_launch\w*|plan|build_plan|\w+_plan")
+
+
+def _parameters(fn: ast.FunctionDef) -> int:
+    a = fn.args
+    return len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def test_launchers_take_records_not_long_argument_lists() -> None:
+    """The internal launchers and launch planners of ops/ (`launch`, `_launch*`, `plan`, `build_plan`,
+    `*_plan`) take at most MAX_LAUNCHER_PARAMETERS parameters: a call's tensors, sizes and flags travel
+    as one record (rope's call.py, quant_matmul's Operands, gated_act's Streams), not a long positional
+    list where two swapped ints of the same type go unnoticed. Registered ops' entry points keep their
+    schema's arguments and are not launchers by this rule."""
+    found = []
+    for path in sorted(OPS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and _LAUNCHER.fullmatch(node.name):
+                if _parameters(node) > MAX_LAUNCHER_PARAMETERS:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {_parameters(node)}")
+    assert not found, f"launchers over {MAX_LAUNCHER_PARAMETERS} parameters:\n" + "\n".join(found)
