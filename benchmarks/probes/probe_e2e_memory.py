@@ -16,7 +16,7 @@ allocated on top of the weights and optimizer state, `benchmark.memory_peak.allo
 the device and versions; scripts/guide_figures.py draws it (the guide's memory figure):
 
     python benchmarks/probes/probe_e2e_memory.py --variants "eager,torch.compile,ours+compile@noreuse" \
-        --timeline benchmarks/results/memory_timeline_h100.json
+        --timeline /tmp/memory_timeline.json
 """
 
 from __future__ import annotations
