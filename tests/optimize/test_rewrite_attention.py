@@ -231,6 +231,79 @@ def test_attention_causal_runs_the_dense_mask_off_the_square() -> None:
     close(kp_attention_causal(q, k, v, 2.0, 4, 6, 2, "div"), written)
 
 
+class AdditiveMaskAttention(nn.Module):
+    """An additive mask `s + mask`: built in the forward (`torch.full((t, t), -inf).triu(1)`, `torch.triu(
+    torch.ones(t, t) * -inf, diagonal=1)`), or a buffer sliced [:t, :t] (0 on and below the diagonal, -inf
+    above); near misses: a buffer with one entry changed, a triu shifted by one, a finite fill."""
+
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.mask = mask
+        self.proj = nn.Linear(C, 3 * C)
+        buffer = torch.full((T + 2, T + 2), float("-inf")).triu(1)
+        if mask == "buffer-changed":
+            buffer[T + 1, 0] = -1.0  # outside every [:t, :t] a call reads: the proof covers the whole buffer
+        self.register_buffer("causal", buffer.view(1, 1, T + 2, T + 2))
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.proj(x).view(b, t, 3, H, C // H).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.mask == "built":
+            m = torch.full((t, t), float("-inf"), device=x.device).triu(1)
+        elif self.mask == "built-ones":
+            m = torch.triu(torch.ones((t, t), device=x.device) * float("-inf"), diagonal=1)
+        elif self.mask == "shifted":
+            m = torch.full((t, t), float("-inf"), device=x.device).triu(2)
+        elif self.mask == "finite":
+            m = torch.full((t, t), -1e9, device=x.device).triu(1)
+        else:
+            m = self.causal[:, :, :t, :t]
+        att = (q @ k.transpose(-2, -1)) * 0.5 + m
+        return (att.softmax(-1) @ v).sum(1)
+
+
+@pytest.mark.parametrize("mask,causal", [("built", True), ("built-ones", True), ("buffer", True),
+                                         ("buffer-changed", False), ("shifted", False), ("finite", False)])
+def test_attention_additive_causal_mask_only_where_proven(mask: str, causal: bool,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel_pytorch import functional
+
+    model, report = optimize(_build(AdditiveMaskAttention, mask=mask), _x(), components=False, compile=False,
+                             rewrite="attention")
+    (r,) = report.rewrites
+    assert report.passed and r.status == "applied" and ("is_causal=True" in r.after) == causal
+    calls: list[dict[str, object]] = []
+    attention = functional.attention
+    monkeypatch.setattr(functional, "attention", lambda *a, **kw: calls.append(kw) or attention(*a, **kw))
+    same_outputs_and_grads(model, _build(AdditiveMaskAttention, mask=mask), _x())
+    shorter = (torch.randn(B, T - 2, C, device=DEV),)  # another length: the slice follows it
+    close(model(*shorter), _build(AdditiveMaskAttention, mask=mask)(*shorter))
+    assert len(calls) == 2 and all((c.get("is_causal", False), c.get("mask") is None) == (causal, causal)
+                                   for c in calls)
+
+
+def test_attention_additive_causal_runs_the_dense_mask_off_the_square() -> None:
+    from kernel_pytorch.optimize.rewrite.causal import kp_attention_causal
+
+    q, k, v = (torch.randn(1, 2, n, 4, device=DEV) for n in (3, 4, 4))
+    # a [:3, :3] additive mask does not broadcast to 3 x 4 scores: the written code's own error
+    with pytest.raises(RuntimeError):
+        kp_attention_causal(q, k, v, 2.0, 3, 6, 2, "mul", torch.float32)
+    q = torch.randn(1, 2, 4, 4, device=DEV)
+    mask = torch.full((4, 4), float("-inf"), device=DEV).triu(1)
+    written = ((q @ k.transpose(-2, -1)) * 2.0 + mask).softmax(-1) @ v
+    close(kp_attention_causal(q, k, v, 2.0, 4, 6, 2, "mul", torch.float32), written)
+
+
+@pytest.mark.parametrize("mask,causal", [("built", True), ("buffer", True), ("shifted", False)])
+def test_attention_additive_causal_mask_in_the_inductor_pass(mask: str, causal: bool) -> None:
+    rewrite, pre_grad, _ = recording_pass("attention")
+    torch._dynamo.reset()
+    model = torch.compile(_build(AdditiveMaskAttention, mask=mask), options={"pre_grad_custom_pass": pre_grad})
+    same_outputs_and_grads(model, _build(AdditiveMaskAttention, mask=mask), _x())
+    assert rewrite.counts == ({"attention": 1, "attention.causal": 1} if causal else {"attention": 1})
+
+
 @pytest.mark.parametrize("mask,causal", [("built-sizes", True), ("tril-changed", False)])
 def test_attention_causal_mask_in_the_inductor_pass(mask: str, causal: bool) -> None:
     rewrite, pre_grad, _ = recording_pass("attention")

@@ -17,8 +17,8 @@ a compiled graph of a model in eval).
 The scale and the mask are carried exactly: the scale is the number written (1 / c for `/ c`:
 `/ math.sqrt(d)`, `* self.scale`, `* q.size(-1) ** -0.5`), whatever its value, so nothing about it needs
 proving but that it is a number (a tensor, a learned temperature, leaves the code alone); an additive
-mask is passed as the float mask it is, and a `masked_fill(m, -inf)` as the boolean mask `~m` (one proven
-causal becomes `is_causal=True` after the replacement: causal.py). A fill value other than -inf (`-1e9`,
+mask is passed as the float mask it is, and a `masked_fill(m, -inf)` as the boolean mask `~m` (either one
+proven causal becomes `is_causal=True` after the replacement: causal.py). A fill value other than -inf (`-1e9`,
 `finfo.min`: not the same where a whole row is masked), a softmax over another dim, a softmax with a
 dtype, or a mask of another kind do not match. A row whose every key is masked, NaN as written, stays
 NaN. Where, at run time, the tensors are not of the form our call takes (4-D q, k, v of one float dtype

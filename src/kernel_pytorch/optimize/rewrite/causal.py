@@ -1,4 +1,5 @@
-"""A rewritten attention's fill mask carried as `is_causal=True` where it is provably the causal mask.
+"""A rewritten attention's fill or additive mask carried as `is_causal=True` where it is provably the
+causal mask.
 
 A `masked_fill(m, -inf)` masks the keys where m is True; causal attention masks key j > query i. So m is
 causal where it is True exactly above the diagonal of a T x T square (leading dims of size 1 aside):
@@ -10,6 +11,11 @@ causal where it is True exactly above the diagonal of a T x T square (leading di
     keep = buf[:, :, :T, :T]              buf a buffer whose value is exactly tril(ones(n, n)) over the whole
                                           square, leading dims of size 1, sliced top-left with one T twice
     keep = torch.tril(torch.ones(T, T))   built in the forward (or `.tril()`, diagonal 0)
+
+An additive mask `s + mask` is causal where it is 0 on and below the diagonal and -inf above it:
+
+    mask = torch.full((T, T), -inf).triu(1)   (or torch.triu(..., diagonal=1); or torch.ones(T, T) * -inf)
+    mask = buf[:, :, :T, :T]                  buf a buffer whose value is exactly that over its whole square
 
 The buffer's values are read when the graph is rewritten (a module's buffer, or the example Dynamo
 recorded for a compiled graph's input). Causal attention is the mask only where T equals the query and
@@ -45,13 +51,15 @@ from kernel_pytorch.optimize.rewrite.pattern import example
 
 @dataclass(frozen=True)
 class Causal:
-    """A proven causal fill mask: `size` T (an int, or a node of a traced forward), `limit` the buffer's
-    side n (None: built at T), `lead` its leading dims of size 1, `nodes` its computation, mask first."""
+    """A proven causal mask: `size` T (an int, or a node of a traced forward), `limit` the buffer's side n
+    (None: built at T), `lead` its leading dims of size 1, `nodes` its computation, mask first; `additive`
+    an additive mask's dtype (None: a fill mask)."""
 
     size: Any
     limit: int | None
     lead: int
     nodes: tuple[torch.fx.Node, ...]
+    additive: torch.dtype | None = None
 
 
 def _value(node: Any) -> Tensor | None:
@@ -99,20 +107,36 @@ def _square(index: Any, dims: int) -> Any:
     return rows.stop if rows.stop is not None and _same(rows.stop, cols.stop) else None
 
 
-def _sliced_buffer(keep: torch.fx.Node, boolean: bool) -> Causal | None:
-    if not (keep.op == "call_function" and keep.target is operator.getitem and len(keep.args) == 2):
+def _sliced(node: torch.fx.Node, expected: Any) -> Causal | None:
+    """`node` = buf[..., :T, :T] of a buffer whose (n, n) square equals `expected(n, value)` (None: not the
+    buffer's kind), leading dims of size 1."""
+    if not (node.op == "call_function" and node.target is operator.getitem and len(node.args) == 2):
         return None
-    value = _value(keep.args[0])
+    value = _value(node.args[0])
     if value is None or value.dim() < 2 or any(s != 1 for s in value.shape[:-2]) or value.shape[-1] != value.shape[-2]:
         return None
     n = value.shape[-1]
-    if (boolean and value.dtype != torch.bool) or value.is_complex():
+    want = None if value.is_complex() else expected(n, value)
+    size = _square(node.args[1], value.dim())
+    if want is None or size is None or not torch.equal(value.reshape(n, n), want):
         return None
-    tril = torch.ones(n, n, dtype=value.dtype, device=value.device).tril()
-    size = _square(keep.args[1], value.dim())
-    if size is None or not torch.equal(value.reshape(n, n), tril):
+    return Causal(size, n, value.dim() - 2, (node,), value.dtype if value.is_floating_point() else None)
+
+
+def _sliced_buffer(keep: torch.fx.Node, boolean: bool) -> Causal | None:
+    def tril(n: int, value: Tensor) -> Tensor | None:
+        if boolean and value.dtype != torch.bool:
+            return None
+        return torch.ones(n, n, dtype=value.dtype, device=value.device).tril()
+
+    found = _sliced(keep, tril)
+    return None if found is None else dataclasses.replace(found, additive=None)
+
+
+def _minus_inf_triu(n: int, value: Tensor) -> Tensor | None:
+    if not value.is_floating_point():
         return None
-    return Causal(size, n, value.dim() - 2, (keep,))
+    return torch.full((n, n), -math.inf, dtype=value.dtype, device=value.device).triu(1)
 
 
 _ONES_KEYWORDS = {"dtype", "device", "requires_grad", "pin_memory"}
@@ -134,6 +158,48 @@ def _built(keep: torch.fx.Node, boolean: bool) -> Causal | None:
     return Causal(sizes[0], None, 0, (keep, ones))
 
 
+def _minus_inf(value: Any) -> bool:
+    return isinstance(value, float) and value == -math.inf
+
+
+def _minus_inf_square(node: Any) -> tuple[Any, torch.dtype, tuple[torch.fx.Node, ...]] | None:
+    """(T, dtype, nodes) of `torch.full((T, T), -inf)` or `torch.ones(T, T) * -inf` (either order)."""
+    if _call(node, torch.full, ""):
+        sizes = node.args[0] if node.args else node.kwargs.get("size")
+        fill = node.args[1] if len(node.args) > 1 else node.kwargs.get("fill_value")
+        made, nodes = node, (node,)
+        if len(node.args) > 2 or set(node.kwargs) - _ONES_KEYWORDS - {"size", "fill_value"} or not _minus_inf(fill):
+            return None
+    elif _call(node, operator.mul, "mul") and len(node.args) == 2 and not node.kwargs:
+        made = next((a for a in node.args if _call(a, torch.ones, "")), None)
+        if made is None or not _minus_inf(node.args[1] if node.args[0] is made else node.args[0]):
+            return None
+        sizes = made.args[0] if len(made.args) == 1 and isinstance(made.args[0], (tuple, list)) else made.args
+        nodes = (node, made)
+        if set(made.kwargs) - _ONES_KEYWORDS:
+            return None
+    else:
+        return None
+    if not isinstance(sizes, (tuple, list)) or len(sizes) != 2 or not _same(sizes[0], sizes[1]):
+        return None
+    dtype = made.kwargs.get("dtype") or torch.get_default_dtype()
+    return (sizes[0], dtype, nodes) if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
+def causal_additive(mask: Any) -> Causal | None:
+    """`mask` (an additive mask's node) proven 0 on and below the diagonal and -inf above it; else None."""
+    if not isinstance(mask, torch.fx.Node):
+        return None
+    if _call(mask, torch.triu, "triu") and mask.args:
+        diagonal = mask.args[1] if len(mask.args) > 1 else mask.kwargs.get("diagonal", 0)
+        found = _minus_inf_square(mask.args[0]) if not set(mask.kwargs) - {"diagonal"} and diagonal == 1 else None
+        if found is not None and type(diagonal) is int:
+            size, dtype, nodes = found
+            return Causal(size, None, 0, (mask, *nodes), dtype)
+        return None
+    return _sliced(mask, _minus_inf_triu)
+
+
 def causal_mask(mask: Any) -> Causal | None:
     """`mask` (a fill mask's node: True = masked) proven True exactly above the diagonal; else None."""
     if not isinstance(mask, torch.fx.Node):
@@ -152,9 +218,14 @@ def causal_mask(mask: Any) -> Causal | None:
     return None if found is None else Causal(found.size, found.limit, found.lead, (mask, *found.nodes))
 
 
+def _proven(mask: Any, mask_op: str) -> Causal | None:
+    return causal_mask(mask) if mask_op == "fill" else causal_additive(mask) if mask_op == "add" else None
+
+
 def note(values: dict[str, Any]) -> str:
-    """The report's words for a match whose fill mask is causal ("" otherwise)."""
-    return " (causal mask carried as is_causal=True)" if causal_mask(values.get("mask")) is not None else ""
+    """The report's words for a match whose mask is causal ("" otherwise); a fill pattern binds `fill`."""
+    causal = _proven(values.get("mask"), "fill" if "fill" in values else "add")
+    return " (causal mask carried as is_causal=True)" if causal is not None else ""
 
 
 def _factor(scale: Any, scale_op: str) -> float:
@@ -162,9 +233,10 @@ def _factor(scale: Any, scale_op: str) -> float:
 
 
 def kp_attention_causal(q: Tensor, k: Tensor, v: Tensor, scale: Any, size: int, limit: int | None, lead: int,
-                        scale_op: str) -> Tensor:
+                        scale_op: str, additive: torch.dtype | None = None) -> Tensor:
     """Our attention with `is_causal=True` where q and k are `size` long (within the buffer's `limit`);
-    otherwise the written fill mask, rebuilt: True above the diagonal of the [:size, :size] square."""
+    otherwise the written mask, rebuilt: the fill mask True above the diagonal of the [:size, :size]
+    square, or (`additive`, its dtype) the additive mask -inf there and 0 elsewhere."""
     number = isinstance(scale, (int, float)) and not isinstance(scale, bool)
     square = isinstance(q, Tensor) and isinstance(k, Tensor) and q.dim() >= 2 and k.dim() >= 2 \
         and q.shape[-2] == k.shape[-2] == size and (limit is None or size <= limit)
@@ -175,6 +247,9 @@ def kp_attention_causal(q: Tensor, k: Tensor, v: Tensor, scale: Any, size: int, 
     side = len(range(limit)[:size]) if limit is not None else size
     device = q.device if isinstance(q, Tensor) else None
     mask = torch.ones(side, side, dtype=torch.bool, device=device).triu(1).view((1,) * lead + (side, side))
+    if additive is not None:
+        mask = torch.zeros(mask.shape, dtype=additive, device=device).masked_fill(mask, -math.inf)
+        return kp_attention_written(q, k, v, scale, mask, None, scale_op, "add")
     return kp_attention_written(q, k, v, scale, mask, -math.inf, scale_op, "fill")
 
 
@@ -205,7 +280,7 @@ def carry_causal(gm: torch.fx.GraphModule, op: bool) -> int:
             continue
         q, k, v, scale, mask = node.args[:5]
         scale_op, mask_op = node.args[-2:]
-        causal = causal_mask(mask) if mask_op == "fill" else None
+        causal = _proven(mask, mask_op)
         if causal is None or (op and not _proven_square(causal, q, k)):
             continue
         with gm.graph.inserting_before(node):
@@ -213,7 +288,7 @@ def carry_causal(gm: torch.fx.GraphModule, op: bool) -> int:
                 new = gm.graph.call_function(kp_attention_causal_op, (q, k, v, scale, scale_op))
             else:
                 new = gm.graph.call_function(kp_attention_causal, (q, k, v, scale, causal.size, causal.limit,
-                                                                   causal.lead, scale_op))
+                                                                   causal.lead, scale_op, causal.additive))
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
@@ -229,5 +304,5 @@ def carry_causal(gm: torch.fx.GraphModule, op: bool) -> int:
 # the attention patterns with their fill masks carried as causal where proven
 CAUSAL_ATTENTION_PATTERNS = tuple(dataclasses.replace(p, note=note, finish=carry_causal) for p in ATTENTION_PATTERNS)
 
-__all__ = ["CAUSAL_ATTENTION_PATTERNS", "Causal", "carry_causal", "causal_mask", "kp_attention_causal",
-           "kp_attention_causal_op", "note"]
+__all__ = ["CAUSAL_ATTENTION_PATTERNS", "Causal", "carry_causal", "causal_additive", "causal_mask",
+           "kp_attention_causal", "kp_attention_causal_op", "note"]
