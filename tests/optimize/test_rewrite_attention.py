@@ -2,7 +2,8 @@
 head called as a module into cross-entropy: found, replaced, validated (outputs and gradients), reported at
 the analyser's line; near misses (a softmax over another dim, a learned scale, a finite fill value) left
 alone; a fill mask proven causal carried as is_causal=True, and no other (an upper triangle, a tril buffer
-with one entry changed); in the Inductor pass, the graph holds SDPA and our loss op."""
+with one entry changed), an additive mask proven causal carried the same way; one head written without
+its dim (3-D q, k, v) rewritten too; in the Inductor pass, the graph holds SDPA and our loss op."""
 
 from __future__ import annotations
 
@@ -311,3 +312,55 @@ def test_attention_causal_mask_in_the_inductor_pass(mask: str, causal: bool) -> 
     model = torch.compile(_build(MaskedAttention, mask=mask), options={"pre_grad_custom_pass": pre_grad})
     same_outputs_and_grads(model, _build(MaskedAttention, mask=mask), _x())
     assert rewrite.counts == ({"attention": 1, "attention.causal": 1} if causal else {"attention": 1})
+
+
+class SingleHeadAttention(nn.Module):
+    """One head without its dim: q, k, v (B, T, C); no mask, a 2-D tril buffer as a fill mask (causal), or
+    a (B, T, T) additive float mask."""
+
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.mask = mask
+        self.proj = nn.Linear(C, 3 * C)
+        self.register_buffer("bias", torch.ones(T, T).tril())
+
+    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        t = x.shape[1]
+        q, k, v = self.proj(x).chunk(3, dim=-1)
+        att = (q @ k.transpose(-2, -1)) / 4.0
+        if self.mask == "fill":
+            att = att.masked_fill(self.bias[:t, :t] == 0, float("-inf"))
+        elif self.mask == "add":
+            att = att + bias
+        return att.softmax(dim=-1) @ v
+
+
+def _single_head_inputs() -> tuple[Tensor, Tensor]:
+    return torch.randn(B, T, C, device=DEV), torch.randn(B, T, T, device=DEV)
+
+
+@pytest.mark.parametrize("mask", ["none", "fill", "add"])
+def test_single_head_attention_rewritten(mask: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel_pytorch import functional
+
+    inputs = _single_head_inputs()
+    model, report = optimize(_build(SingleHeadAttention, mask=mask), inputs, components=False, compile=False,
+                             rewrite="attention")
+    (r,) = report.rewrites
+    assert report.passed and (r.kind, r.status) == ("attention", "applied")
+    assert ("is_causal=True" in r.after) == (mask == "fill")
+    calls: list[tuple[int, dict[str, object]]] = []
+    attention = functional.attention
+    monkeypatch.setattr(functional, "attention",
+                        lambda q, *a, **kw: calls.append((q.dim(), kw)) or attention(q, *a, **kw))
+    same_outputs_and_grads(model, _build(SingleHeadAttention, mask=mask), inputs)
+    # our attention ran, on one head of 4-D tensors (not the written code's fallback)
+    assert len(calls) == 1 and calls[0][0] == 4 and calls[0][1].get("is_causal", False) == (mask == "fill")
+
+
+def test_single_head_attention_in_the_inductor_pass() -> None:
+    rewrite, pre_grad, seen = recording_pass("attention")
+    torch._dynamo.reset()
+    model = torch.compile(_build(SingleHeadAttention, mask="fill"), options={"pre_grad_custom_pass": pre_grad})
+    same_outputs_and_grads(model, _build(SingleHeadAttention, mask="fill"), _single_head_inputs())
+    assert rewrite.counts == {"attention": 1, "attention.causal": 1} and not any("softmax" in t for t in seen)

@@ -8,6 +8,8 @@ scaled_dot_product_attention underneath: the scores are never materialised).
     p = dropout(p, p=0) (or in eval)             (optional)
     out = p @ v                                  (B, H, Q, Dv)
 
+q, k and v may also be 3-D, one head without its dim: (B, Q, D), (B, K, D), (B, K, Dv).
+
 Spellings: `@` or `torch.matmul` (the same for both products); the transpose of the last two dims
 (`transpose(-2, -1)`, or `(2, 3)` where k's example value shows it is 4-D); softmax as `F.softmax(s,
 dim=-1)`, `torch.softmax(s, -1)` or `s.softmax(-1)` (each positional or by keyword), over the last dim
@@ -21,9 +23,9 @@ mask is passed as the float mask it is, and a `masked_fill(m, -inf)` as the bool
 proven causal becomes `is_causal=True` after the replacement: causal.py). A fill value other than -inf (`-1e9`,
 `finfo.min`: not the same where a whole row is masked), a softmax over another dim, a softmax with a
 dtype, or a mask of another kind do not match. A row whose every key is masked, NaN as written, stays
-NaN. Where, at run time, the tensors are not of the form our call takes (4-D q, k, v of one float dtype
-with q's heads and batch, Q <= K, a mask of q's dtype broadcasting to the scores), the written code runs
-and a log line says so once.
+NaN. Where, at run time, the tensors are not of the form our call takes (4-D q, k, v, or 3-D for one
+head, of one float dtype with q's heads and batch, Q <= K, a mask of q's dtype broadcasting to the
+scores), the written code runs and a log line says so once.
 """
 
 from __future__ import annotations
@@ -59,27 +61,39 @@ SOFTMAXES: dict[str, Callable[[Tensor, Any], Tensor]] = {
 
 def attention_ok(q: Any, k: Any, v: Any, mask: Any, mask_op: str) -> bool:
     """Whether our call computes the written attention on these values: q (B, H, Q, D), k (B, H, K, D),
-    v (B, H, K, Dv) of one float dtype and device, Q <= K; an additive mask of q's dtype, a fill mask
-    boolean, either broadcasting to the scores (B, H, Q, K)."""
+    v (B, H, K, Dv) of one float dtype and device, Q <= K, or the same without H (one head: (B, Q, D), ...);
+    an additive mask of q's dtype, a fill mask boolean, either broadcasting to the scores (B, H, Q, K)."""
     if not all(isinstance(t, Tensor) for t in (q, k, v)) or not q.is_floating_point():
         return False
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.dtype != k.dtype or q.dtype != v.dtype:
+    if q.dim() not in (3, 4) or k.dim() != q.dim() or v.dim() != q.dim() or q.dtype != k.dtype or q.dtype != v.dtype:
         return False
-    if k.shape[:2] != q.shape[:2] or v.shape[:3] != k.shape[:3] or k.shape[3] != q.shape[3] or q.shape[2] > k.shape[2]:
+    lead = q.dim() - 2  # batch (and heads)
+    if k.shape[:lead] != q.shape[:lead] or v.shape[:lead + 1] != k.shape[:lead + 1] or k.shape[-1] != q.shape[-1] \
+            or q.shape[-2] > k.shape[-2]:
         return False
     if not q.device == k.device == v.device:
         return False
     if mask_op == "none":
         return True
-    if not isinstance(mask, Tensor) or mask.device != q.device or mask.dim() > 4:
+    if not isinstance(mask, Tensor) or mask.device != q.device or mask.dim() > q.dim():
         return False
     if mask.dtype != (q.dtype if mask_op == "add" else torch.bool):
         return False
-    scores = (*q.shape[:3], k.shape[2])
+    scores = (*q.shape[:-1], k.shape[-2])
     try:
         return tuple(torch.broadcast_shapes(mask.shape, scores)) == scores
     except RuntimeError:
         return False
+
+
+def one_head(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """3-D q, k, v (one head) as 4-D ones with a head dim of 1 (a 3-D mask too, a 2-D one broadcasts as it is);
+    4-D ones as they are."""
+    if q.dim() != 3:
+        return q, k, v, mask
+    if mask is not None and mask.dim() == 3:
+        mask = mask.unsqueeze(1)
+    return q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), mask
 
 
 def _written(q: Tensor, k: Tensor, v: Tensor, scale: Any, mask: Any, fill: Any, scale_op: str, mask_op: str
@@ -103,14 +117,14 @@ def kp_attention_written(q: Tensor, k: Tensor, v: Tensor, scale: Any, mask: Any,
     the values are not of the form it takes."""
     number = isinstance(scale, (int, float)) and not isinstance(scale, bool)
     if not (attention_ok(q, k, v, mask, mask_op) and (scale_op == "none" or (number and scale != 0))):
-        log_once("kernel_pytorch rewrite: an attention's tensors are not of the form our call takes (4-D q, k, v "
-                 "of one float dtype, q's batch and heads, a number scale, a mask of q's dtype or a boolean fill "
-                 "mask broadcasting to the scores); the written code runs")
+        log_once("kernel_pytorch rewrite: an attention's tensors are not of the form our call takes (4-D q, k, "
+                 "v or 3-D of one float dtype, q's batch and heads, a number scale, a mask of q's dtype or a "
+                 "boolean fill mask broadcasting to the scores); the written code runs")
         return _written(q, k, v, scale, mask, fill, scale_op, mask_op)
     factor = 1.0 if scale_op == "none" else float(scale) if scale_op == "mul" else 1.0 / float(scale)
-    keep = ~mask if mask_op == "fill" else mask
-    out = kp_functional.attention(q, k, v, mask=keep, scale=factor)
-    return _nan_rows(out, keep, mask_op)
+    q4, k4, v4, keep = one_head(q, k, v, ~mask if mask_op == "fill" else mask)
+    out = _nan_rows(kp_functional.attention(q4, k4, v4, mask=keep, scale=factor), keep, mask_op)
+    return out.squeeze(1) if q.dim() == 3 else out
 
 
 def kp_attention_op(q: Tensor, k: Tensor, v: Tensor, scale: Any, mask: Any, scale_op: str, mask_op: str) -> Tensor:
@@ -228,4 +242,4 @@ def _patterns() -> tuple[Pattern, ...]:
 
 ATTENTION_PATTERNS = _patterns()
 
-__all__ = ["ATTENTION_PATTERNS", "attention_ok", "kp_attention_op", "kp_attention_written", "proof"]
+__all__ = ["ATTENTION_PATTERNS", "attention_ok", "kp_attention_op", "kp_attention_written", "one_head", "proof"]

@@ -45,6 +45,7 @@ from kernel_pytorch.optimize.rewrite.attention import (
     attention_ok,
     kp_attention_op,
     kp_attention_written,
+    one_head,
 )
 from kernel_pytorch.optimize.rewrite.pattern import example
 
@@ -241,7 +242,9 @@ def kp_attention_causal(q: Tensor, k: Tensor, v: Tensor, scale: Any, size: int, 
     square = isinstance(q, Tensor) and isinstance(k, Tensor) and q.dim() >= 2 and k.dim() >= 2 \
         and q.shape[-2] == k.shape[-2] == size and (limit is None or size <= limit)
     if square and attention_ok(q, k, v, None, "none") and (scale_op == "none" or (number and scale != 0)):
-        return kp_functional.attention(q, k, v, is_causal=True, scale=_factor(scale, scale_op))
+        q4, k4, v4, _ = one_head(q, k, v, None)
+        out = kp_functional.attention(q4, k4, v4, is_causal=True, scale=_factor(scale, scale_op))
+        return out.squeeze(1) if q.dim() == 3 else out
     log_once("kernel_pytorch rewrite: a causal mask's size is not the query and key length here (or the "
              "tensors are not of the form our call takes); the attention runs with the dense mask")
     side = len(range(limit)[:size]) if limit is not None else size
