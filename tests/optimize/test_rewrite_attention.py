@@ -56,9 +56,10 @@ class CausalSelfAttention(nn.Module):
 
 class OtherSpellings(nn.Module):
     """`torch.matmul`, `/ math.sqrt(C)` (a scale carried as written, whatever it is), an additive float mask
-    buffer, `.softmax(dim=-1)`; or `* q.size(-1) ** -0.5` (a scale computed from a size) with no mask."""
+    buffer, `.softmax(dim=-1)`; or a scale computed from a size, `* q.size(-1) ** -0.5` or `/
+    math.sqrt(q.size(-1))`, with no mask."""
 
-    def __init__(self, sized: bool = False) -> None:
+    def __init__(self, sized: str = "") -> None:
         super().__init__()
         self.sized = sized
         self.proj = nn.Linear(C, 3 * C, bias=False)
@@ -66,8 +67,10 @@ class OtherSpellings(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = self.proj(x).view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4).unbind(0)
-        if self.sized:
+        if self.sized == "pow":
             att = torch.matmul(q, k.transpose(-1, -2)) * q.size(-1) ** -0.5  # AT:sized
+        elif self.sized == "sqrt":
+            att = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))  # AT:sqrt
         else:
             att = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(C) + self.alibi  # AT:div
         return torch.matmul(att.softmax(dim=-1), v).sum(1)
@@ -118,12 +121,13 @@ def test_attention_rewritten_at_the_analysers_line() -> None:
     assert finding.location.line == _line("qk") and "rewrite=True" in finding.suggestion
 
 
-@pytest.mark.parametrize("sized", [False, True], ids=["matmul-div-additive-mask", "size-scale"])
-def test_attention_other_spellings(sized: bool) -> None:
+@pytest.mark.parametrize("sized", ["", "pow", "sqrt"], ids=["matmul-div-additive-mask", "size-pow", "size-sqrt"])
+def test_attention_other_spellings(sized: str) -> None:
     model, report = optimize(_build(OtherSpellings, sized=sized), _x(), components=False, compile=False,
                              rewrite="attention")
     (r,) = report.rewrites
-    assert report.passed and (r.status, _where(r)) == ("applied", _line("sized" if sized else "div"))
+    marker = {"pow": "sized", "sqrt": "sqrt"}.get(sized, "div")
+    assert report.passed and (r.status, _where(r)) == ("applied", _line(marker))
     same_outputs_and_grads(model, _build(OtherSpellings, sized=sized), _x())
 
 
