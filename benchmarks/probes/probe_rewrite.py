@@ -124,6 +124,22 @@ class HandAttention(nn.Module):
         return self.out((att @ v).transpose(1, 2).reshape(b, t, d))
 
 
+class HandAttentionAdditive(HandAttention):
+    """The same attention with an additive causal mask: a buffer 0 on and below the diagonal, -inf above,
+    added to the scores (the model's dtype once `.to` casts it)."""
+
+    def __init__(self, d: int, heads: int, t: int) -> None:
+        super().__init__(d, heads, t)
+        self.register_buffer("causal_add", torch.full((t, t), float("-inf")).triu(1), False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4).unbind(0)
+        att = (q @ k.transpose(-2, -1)) * self.scale + self.causal_add[:t, :t]
+        att = self.drop(F.softmax(att, dim=-1))
+        return self.out((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
 class LMHeadLoss(nn.Module):
     """An LM head and its loss written out, as Hugging Face's causal-LM loss does (fp32 upcast, views)."""
 
@@ -165,6 +181,7 @@ def _problems(tiny: bool, device: str, dtype: torch.dtype) -> dict[str, Callable
         "norm_mlp_block": make(NormMLPBlock, d, i),
         "rope_attention": make(RopeAttention, d, heads),
         "hand_attention": make(HandAttention, d, heads, t),
+        "hand_attention_additive": make(HandAttentionAdditive, d, heads, t),
         "lm_head_loss": lm_head_loss,
         "llama-8l-2048": builtin("llama-8l-2048"),
     }
