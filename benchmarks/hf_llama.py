@@ -106,6 +106,12 @@ def allocated_cache(size: LlamaSize, config: Any, max_len: int, batch: int, dev:
     return cache
 
 
+def cache_kwarg(model: nn.Module) -> str:
+    """The forward's name for the cache: `cache` in the releases that renamed it, else `past_key_values`."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def rewind_hf(cache: Any, pos: int) -> None:
     """Where the next update writes: transformers >= 5 static layers write at their own running length
     (a device tensor) rather than at cache_position; older ones at cache_position only."""
