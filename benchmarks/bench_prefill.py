@@ -69,6 +69,7 @@ from prefill_floor import FLOORS, QUICK, Prefill, Size, attention_flops, floor_p
 from prefill_report import write  # noqa: E402
 
 from kernel_pytorch.benchmark.ceilings import device_name  # noqa: E402
+from kernel_pytorch.benchmark.decode import compiled_frames  # noqa: E402
 from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row  # noqa: E402
 from kernel_pytorch.benchmark.timer import Timing, resolve_device, time_fn  # noqa: E402
 
@@ -96,13 +97,14 @@ def hf_prefill(provider: str, size: Size, dev: torch.device, dtype: torch.dtype,
     cache = allocated_cache(size, model.config, size.tokens, size.batch, dev, dtype)
     cache_position = torch.arange(size.tokens, device=dev)
     position_ids = cache_position.unsqueeze(0).expand(size.batch, -1)
-    forward = model.forward if provider == "hf-eager" else compiled(model.forward, backend)
+    if provider != "hf-eager":
+        model.forward = compiled(model.forward, backend)  # the instance's forward; hooks stay outside
     kwargs = {cache_kwarg(model): cache}
 
     def run() -> Tensor:
         rewind_hf(cache, 0)
-        return forward(input_ids=ids, position_ids=position_ids, cache_position=cache_position, use_cache=True,
-                       logits_to_keep=1, **kwargs).logits
+        return model(input_ids=ids, position_ids=position_ids, cache_position=cache_position, use_cache=True,
+                     logits_to_keep=1, **kwargs).logits
 
     return Prefill(run, provider != "hf-eager" and backend != "none", [model, cache])
 
@@ -181,7 +183,9 @@ def measure(provider: str, pre: Prefill, size: Size, dev: torch.device, dtype: t
         torch.cuda.synchronize(dev)
         peak = torch.cuda.max_memory_allocated(dev)
     warm_s = time.perf_counter() - t0
+    frames = compiled_frames()
     timing = time_fn(pre.run, device=dev, rep_ms=size.rep_ms)
+    recompiles = compiled_frames() - frames
     graph, why = graph_timing(pre.run, dev, timing.median_ms)
     flops = gemm_flops(size)
     rows = []
@@ -198,11 +202,12 @@ def measure(provider: str, pre: Prefill, size: Size, dev: torch.device, dtype: t
     pct = ", ".join(f"{100 * v:.1f}% of {f}" for f, v in vs.items())
     graph_txt = f"CUDA-graph replay {graph.median_ms:.4g} ms" if graph else why
     rows[0].note = (f"{tok_s:,.0f} tok/s; {pct + '; ' if pct else ''}GEMMs {rows[0].tflops:.1f} TFLOP/s; {check}; "
-                    f"{graph_txt}; build + check + warm-up {warm_s:.1f} s")
+                    f"{graph_txt}; {recompiles} frames compiled while timing; build + check + warm-up {warm_s:.1f} s")
     entry.update(ms=timing.median_ms, q20_ms=timing.q20_ms, q80_ms=timing.q80_ms, tokens_per_s=tok_s,
                  graph_ms=graph.median_ms if graph else None, graph_note=why, gemm_tflops=rows[0].tflops,
                  peak_mib=peak / 2**20 if peak else None, warmup_s=warm_s,
-                 **{f"pct_of_{f}": 100 * v for f, v in vs.items()})
+                 recompiles=recompiles, **{f"pct_of_{f.replace('+sdpa', '_sdpa').replace('-', '_')}": 100 * v
+                                           for f, v in vs.items()})
     if not ok:
         for row in rows:
             row.status = "failed: correctness"
@@ -270,6 +275,7 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, backend: str, provide
                     reference, ref_failed = _reference(size, dev, dtype, ids, results)
                     failed |= ref_failed
                 t0 = time.perf_counter()
+                pre = None
                 try:
                     with torch.no_grad():
                         pre = build(p, size, dev, dtype, backend, ids)
@@ -278,10 +284,10 @@ def run(size: Size, dev: torch.device, dtype: torch.dtype, backend: str, provide
                         floors[p] = entry["ms"]
                     if p in paired:
                         kept[p] = pre
-                    del pre
                 except Exception as exc:  # noqa: BLE001 (one provider's failure must not lose the others)
                     status, note = failure_status(exc)
                     rows = [make_row(p, size, dtype, backend, status=status, note=note)]
+                pre = None  # freed below unless kept for the paired rows
                 slowest = max(slowest, time.perf_counter() - t0)
                 if not paired:  # paired rows keep their compiled code
                     free(dev)

@@ -67,7 +67,9 @@ def test_quick_cpu_run(tmp_path: Path) -> None:
         c = s["check"]
         assert c["passed"] and c["reference"] == "fp64" and 0 < c["max_abs_err"] <= c["allowed"], (p, c)
         assert s["tokens_per_s"] == pytest.approx(bench.QUICK.tokens / (s["ms"] / 1e3))
-        assert s["pct_of_gemm-floor"] == pytest.approx(100 * floor / s["ms"])
+        assert s["pct_of_gemm_floor"] == pytest.approx(100 * floor / s["ms"])
+        assert s["pct_of_gemm_sdpa_floor"] == pytest.approx(100 * summary["gemm+sdpa-floor"]["ms"] / s["ms"])
+        assert s["recompiles"] == 0
         assert s["gemm_tflops"] > 0 and s["graph_ms"] is None and s["graph_note"] == "CUDA-graph replay: CUDA only"
         assert "CUDA-graph replay: CUDA only" in rows[(p, "prefill (eager)")].note
     assert "check" not in summary["gemm-floor"]  # GEMMs alone have no logits
@@ -105,7 +107,7 @@ def test_compiled_provider_and_budget_and_interrupt(tmp_path: Path, monkeypatch:
     bench = _bench()
     torch._dynamo.reset()
     rc, data, _ = _run(bench, tmp_path, "--providers", "hf-eager,hf-compile", "--backend", "eager")
-    assert rc == 0 and data["prefill"][1]["check"]["passed"]
+    assert rc == 0 and data["prefill"][1]["check"]["passed"] and data["prefill"][1]["recompiles"] == 0
     assert any(r.pass_name == "prefill (compiled, backend eager)" for r in BenchmarkResults.load(
         tmp_path / "prefill_cpu.json").rows)
     rc, _, results = _run(bench, tmp_path, "--budget-s", "0", "--providers", "gemm-floor,hf-eager")
