@@ -159,8 +159,9 @@ def graph_timing(run: Callable[[], Tensor], dev: torch.device, call_ms: float) -
 
     try:
         return time_cuda_graph(run, device=dev, call_ms=call_ms), ""
-    except RuntimeError as exc:
-        return None, f"CUDA-graph replay not possible ({str(exc).splitlines()[0][:200]})"
+    except Exception as exc:  # noqa: BLE001 (a capture or replay that fails is the note, the row stands)
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        return None, f"CUDA-graph replay not possible ({first})"
 
 
 def measure(provider: str, pre: Prefill, size: Size, dev: torch.device, dtype: torch.dtype, backend: str,
