@@ -44,15 +44,11 @@ results are written after every provider and on SIGINT; the exit code is nonzero
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import gc
-import importlib.metadata
-import inspect
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,19 +63,32 @@ from kernel_pytorch.benchmark.decode import compiled_frames, cudagraph_skips, ti
 from kernel_pytorch.benchmark.results import PARTIAL_NOTE, BenchmarkResults, Row  # noqa: E402
 from kernel_pytorch.benchmark.timer import resolve_device  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared HF Llama helpers
+from hf_llama import (  # noqa: E402
+    LlamaSize,
+    Reference,
+    cache_tensors,
+    cast,
+    check_logits,
+    exact_fp32,
+    failure_status,
+    hf_model,
+    hi_dtype,
+    optimized,
+    rewind_hf,
+    static_cache,
+    versions,
+)
+from hf_llama import free as _free  # noqa: E402
+from hf_llama import max_abs as _max_abs  # noqa: E402
+
 BASELINE = "hf-compile"
 
 
 @dataclass(frozen=True)
-class Size:
-    """The decoder's sizes, the batch, the cache and the timing (the benchmark's config, or --quick's)."""
+class Size(LlamaSize):
+    """The decoder's widths (LlamaSize), the batch, the cache and the timing (the benchmark's config, or --quick's)."""
 
-    hidden: int = 2048
-    intermediate: int = 5632
-    layers: int = 8
-    heads: int = 16
-    kv_heads: int = 8
-    vocab: int = 128256
     batch: int = 8
     cache: int = 4096
     steps: int = 32  # consecutive decode steps per timed run
@@ -90,21 +99,8 @@ class Size:
     stream: int = 256
 
     @property
-    def label(self) -> str:
-        return (f"HF Llama h{self.hidden} i{self.intermediate} L{self.layers} H{self.heads}/{self.kv_heads} "
-                f"V{self.vocab}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    def hf_config(self) -> Any:
-        from transformers import LlamaConfig
-
-        return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
-                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
-                           num_key_value_heads=self.kv_heads, max_position_embeddings=self.cache,
-                           attn_implementation="sdpa")
+    def max_positions(self) -> int:
+        return self.cache
 
 
 QUICK = Size(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=256, batch=2, cache=64, steps=4,
@@ -126,27 +122,6 @@ class Decoder:
 
 # ---- the HF model, its static cache, ours ---------------------------------------------------------------
 
-def cast(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """model.to(dtype), except RoPE's inverse frequencies, which stay fp32 (as from_pretrained leaves them:
-    rounded to bf16, positions in the thousands would rotate by visibly wrong angles)."""
-    keep = {name: buf.clone() for name, buf in model.named_buffers() if name.endswith("inv_freq")}
-    model.to(dtype)
-    for name, buf in keep.items():
-        owner, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(owner), leaf, buf)
-    return model
-
-
-def hf_model(size: Size, dev: torch.device, dtype: torch.dtype) -> nn.Module:
-    """A random LlamaForCausalLM, the same weights on every call (seeded)."""
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(0)
-    with torch.device(dev):
-        model = LlamaForCausalLM(size.hf_config())
-    return cast(model, dtype).eval()
-
-
 def cache_values(layer: int, batch: int, size: Size, dev: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """The keys and values every provider's cache holds for `layer`: (batch, Hkv, cache, Dh) each, seeded;
     batch 1 gets batch 8's first row."""
@@ -157,17 +132,6 @@ def cache_values(layer: int, batch: int, size: Size, dev: torch.device, dtype: t
     return k[:batch].contiguous(), v[:batch].contiguous()
 
 
-def static_cache(config: Any, max_len: int, batch: int, dev: torch.device, dtype: torch.dtype) -> Any:
-    """transformers' StaticCache; the constructor took the batch, device and dtype in early versions and
-    allocates lazily (on the first update) in later ones."""
-    from transformers import StaticCache
-
-    params = inspect.signature(StaticCache.__init__).parameters
-    if "max_batch_size" in params:
-        return StaticCache(config=config, max_batch_size=batch, max_cache_len=max_len, device=dev, dtype=dtype)
-    return StaticCache(config=config, max_cache_len=max_len)
-
-
 def filled_hf_cache(config: Any, size: Size, batch: int, dev: torch.device, dtype: torch.dtype,
                     store: torch.dtype | None = None) -> Any:
     """A StaticCache of size.cache slots holding `cache_values` in every layer (allocated now, so its
@@ -175,28 +139,12 @@ def filled_hf_cache(config: Any, size: Size, batch: int, dev: torch.device, dtyp
     not `dtype` (the reference's: the same values, upcast)."""
     store = store or dtype
     cache = static_cache(config, size.cache, batch, dev, store)
-    layers = getattr(cache, "layers", None)
     for i in range(size.layers):
         k, v = (t.to(store) for t in cache_values(i, batch, size, dev, dtype))
-        if layers is not None:
-            layer = layers[i]
-            if not getattr(layer, "is_initialized", True) or getattr(layer, "keys", None) is None:
-                layer.lazy_initialization(k[:, :, :1], v[:, :, :1])
-            keys, values = layer.keys, layer.values
-        else:  # key_cache / value_cache lists (older releases)
-            keys, values = cache.key_cache[i], cache.value_cache[i]
+        keys, values = cache_tensors(cache, i, k[:, :, :1], v[:, :, :1])
         keys.copy_(k)
         values.copy_(v)
     return cache
-
-
-def rewind_hf(cache: Any, pos: int) -> None:
-    """Where the next update writes: transformers >= 5 static layers write at their own running length
-    (a device tensor) rather than at cache_position; older ones at cache_position only."""
-    for layer in getattr(cache, "layers", []):
-        length = getattr(layer, "cumulative_length", None)
-        if isinstance(length, Tensor):
-            length.fill_(pos)
 
 
 def compiled(fn: Callable, backend: str, dev: torch.device) -> Callable:
@@ -220,21 +168,6 @@ def weights_bytes(model: nn.Module) -> int:
             seen.add(key)
             total += t.untyped_storage().nbytes()
     return total
-
-
-def optimized(model: nn.Module, size: Size, dev: torch.device) -> nn.Module:
-    """kernel_pytorch.optimize() without its compile steps (the decode is compiled here), validated on the
-    outputs of a short prompt (no gradients: nothing here trains, and the backward kernels' first builds
-    would cost device time)."""
-    from kernel_pytorch.optimize import optimize
-    from kernel_pytorch.validation import ValidationOptions
-
-    ids = torch.randint(0, size.vocab, (1, min(size.cache, 128)), device=dev)
-    model, report = optimize(model, {"input_ids": ids}, compile=False, seeds=(0,),
-                             validate_options=ValidationOptions.correctness_only().replace(check_gradients=False))
-    if not report.passed:
-        raise RuntimeError(f"optimize() did not validate: {report.summary(validation=False)}")
-    return model
 
 
 def quant_scheme(provider: str) -> tuple[str, dict[str, Any]]:
@@ -301,7 +234,7 @@ def hf_decoder(provider: str, size: Size, batch: int, dev: torch.device, dtype: 
     batch: the same weights give the same numbers)."""
     model = hf_model(size, dev, dtype)
     if provider.startswith("ours"):
-        model = optimized(model, size, dev)
+        model = optimized(model, size.vocab, min(size.cache, 128), dev)
     rtol = acc = None
     if "+" in provider:
         from kernel_pytorch.deploy.quantize import expected_rtol, quantize
@@ -396,40 +329,6 @@ def nn_decoder(size: Size, batch: int, dev: torch.device, dtype: torch.dtype, ba
 
 # ---- the reference: the same step in higher precision -----------------------------------------------
 
-@dataclass
-class Reference:
-    """One decode step's logits (B, 1, V) of the same model, cache and inputs: `hi` in higher precision,
-    `eager` hf-eager's in the benchmark's dtype; the budget's two ends."""
-
-    hi: Tensor
-    eager: Tensor
-    seconds: float = 0.0
-
-    @property
-    def label(self) -> str:
-        return str(self.hi.dtype).removeprefix("torch.").replace("float", "fp")
-
-    def first(self, batch: int) -> Reference:
-        """The first `batch` rows (batch 1's logits are batch 8's first row: the rows are independent)."""
-        return Reference(self.hi[:batch], self.eager[:batch], self.seconds)
-
-
-def hi_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The reference's dtype: fp32 for bf16/fp16 runs, fp64 for fp32 ones."""
-    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
-
-
-@contextlib.contextmanager
-def exact_fp32() -> Iterator[None]:
-    """fp32 matmuls in full fp32 (no TF32) inside; the process's setting restored after."""
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(old)
-
-
 def reference_logits(size: Size, batch: int, dev: torch.device, dtype: torch.dtype, inputs: Inputs) -> Reference:
     """hf-eager's first timed step in `dtype`, then the same model upcast to `hi_dtype(dtype)` (exactly the
     same weights: bf16 -> fp32 is exact) with the same cache values upcast, the same step; one model
@@ -492,40 +391,6 @@ class Inputs:
         return cls(start, [i.contiguous().to(dev) for i in ids], pos, cpos)
 
 
-def _max_abs(a: Tensor, b: Tensor) -> float:
-    return float((a.double() - b.double()).abs().max())
-
-
-def check_logits(logits: Tensor, ref: Reference | None, rtol: float | None = None) -> tuple[bool, str, dict]:
-    """One decode step's logits (B, 1, V) against the higher-precision reference: within the budget of
-    2 x hf-eager's error + floor (`tolerances.fp64_budget`); a quantized model (`rtol`: its
-    `deploy.quantize.expected_rtol`) within that plus 2 x rtol x max|reference|, the error its
-    weights' rounding adds (validate_quantized's rule)."""
-    from kernel_pytorch.tolerances import BUDGET_FACTOR, fp64_budget
-
-    if ref is None:
-        return True, "logits not checked (no reference)", {}
-    eager_err, vs_eager = _max_abs(ref.eager, ref.hi), _max_abs(logits, ref.eager)
-    top = float(ref.hi.abs().max())
-    if rtol is not None:
-        err = _max_abs(logits, ref.hi)
-        floor = float(torch.finfo(logits.dtype).eps) * top
-        allowed = BUDGET_FACTOR * eager_err + floor + BUDGET_FACTOR * rtol * top
-        ok = bool(torch.isfinite(logits).all()) and err <= allowed
-        how = (f"{BUDGET_FACTOR:g} x hf-eager's err {eager_err:.3g} + floor + {BUDGET_FACTOR:g} x expected_rtol "
-               f"{rtol:.3g} x max|ref| {top:.3g}")
-    else:
-        c = fp64_budget(logits, ref.eager, ref.hi)
-        ok, err, how = c.passed, c.max_abs_err, c.allowed
-        # the same number fp64_budget compares with (its text above says how it is made)
-        allowed = BUDGET_FACTOR * eager_err + float(torch.finfo(logits.dtype).eps) * top
-    text = (f"logits vs {ref.label} reference {'ok' if ok else 'FAILED'}: max abs err {err:.3g}, budget "
-            f"{allowed:.3g} ({how}); vs hf-eager {vs_eager:.3g}")
-    info = {"passed": ok, "max_abs_err": err, "allowed": allowed, "method": how, "reference": ref.label,
-            "eager_err": eager_err, "vs_eager": vs_eager}
-    return ok, text, info
-
-
 def measure(job: Job, size: Size, dev: torch.device, dtype: torch.dtype, backend: str, inputs: Inputs,
             reference: Reference | None, summary: dict) -> tuple[Row, Tensor]:
     """Build the provider, check one step's logits, warm up, time; the row and the checked logits."""
@@ -583,13 +448,6 @@ def measure(job: Job, size: Size, dev: torch.device, dtype: torch.dtype, backend
     return row, logits
 
 
-def _free(dev: torch.device) -> None:
-    torch._dynamo.reset()
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def _reference(size: Size, dev: torch.device, dtype: torch.dtype, inputs: Inputs,
                results: BenchmarkResults) -> tuple[Reference | None, bool]:
     """The reference logits, with a note saying what they are; (None, True) and the reason when they
@@ -612,24 +470,11 @@ def _reference(size: Size, dev: torch.device, dtype: torch.dtype, inputs: Inputs
 
 
 def _failed(job: Job, size: Size, dtype: torch.dtype, backend: str, exc: BaseException) -> Row:
-    oom = isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
-    first = str(exc).splitlines()[0][:300] if str(exc) else ""
-    return job.row(size, dtype, backend, status="out of memory" if oom else "error",
-                   note=f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
+    status, note = failure_status(exc)
+    return job.row(size, dtype, backend, status=status, note=note)
 
 
 # ---- the run --------------------------------------------------------------------------------------------
-
-def versions() -> dict[str, str]:
-    out = {}
-    for name in ("torch", "triton", "transformers", "torchao"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    out["torch"] = torch.__version__
-    return out
-
 
 def torchao_missing() -> str | None:
     try:

@@ -8,7 +8,7 @@
 #   and tests/{ops,functional,nn,reference,optim} in 536 s, so the whole suite takes three runs, e.g.
 #   KP_SUITE_PATHS="tests/ops tests/functional tests/nn tests/reference tests/optim", then the rest.
 #   verdict (opt-in, one run of its own, ~9 min): scripts/verdict_agreement.py, the compile verdict's agreement table
-#   opt-in: loss_curve; rewrite (optimize(rewrite=True): tests, then probe_rewrite); quant (our quantized matmuls: tests, then bench_quant_matmul); fsdp fsdp_8b (the e2e step
+#   opt-in: loss_curve; prefill (bench_prefill: batch 1 x 4096 tokens against its GEMM floor, ~4 min); rewrite (optimize(rewrite=True): tests, then probe_rewrite); quant (our quantized matmuls: tests, then bench_quant_matmul); fsdp fsdp_8b (the e2e step
 #   under FSDP2, torchrun over every GPU); e2e_families e2e_packed e2e_long (the e2e step on Qwen3 and Gemma 3,
 #   on packed rows, at long context; each ~9 min, one run of its own);
 #   probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
@@ -187,6 +187,12 @@ for s in $steps; do
     # model-level decode: HF static cache eager / compiled, ours, the nn decoder, int8/fp8 (200 s budget)
     decode) step $((${KP_DECODE_BUDGET_S:-200} + 20)) bench_decode python3 benchmarks/bench_decode.py --out "$work/results" \
               --budget-s "${KP_DECODE_BUDGET_S:-200}" ${KP_DECODE_PROVIDERS:+--providers "$KP_DECODE_PROVIDERS"} ;;
+    # model-level prefill: batch 1 x 4096 prompt tokens, HF eager / compiled, ours, and the model's GEMMs alone (and
+    # with causal SDPA) as floors, 240 s budget (KP_PREFILL_BUDGET_S, KP_PREFILL_PROVIDERS); KP_PREFILL_PAIRED, e.g.
+    # "hf-compile,ours,gemm-floor", times those again in turns (set KP_SMI_LOG=1 to log the clock beside)
+    prefill) step $((${KP_PREFILL_BUDGET_S:-240} + 60)) bench_prefill python3 benchmarks/bench_prefill.py \
+               --out "$work/results" --budget-s "${KP_PREFILL_BUDGET_S:-240}" \
+               ${KP_PREFILL_PROVIDERS:+--providers "$KP_PREFILL_PROVIDERS"} ${KP_PREFILL_PAIRED:+--paired "$KP_PREFILL_PAIRED"} ;;
     # our weight-only quantized matmuls: their tests on the GPU (Llama shapes against the reference, dynamic
     # compile with CUDA graphs, an int4 AOTInductor package), then their benchmark against bf16 and torchao
     quant) step 240 pytest_quant python3 -m pytest -q -p no:cacheprovider -rf tests/ops/test_quant_matmul_kernels.py \
