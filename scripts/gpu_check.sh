@@ -195,7 +195,7 @@ for s in $steps; do
                ${KP_PREFILL_PROVIDERS:+--providers "$KP_PREFILL_PROVIDERS"} ${KP_PREFILL_PAIRED:+--paired "$KP_PREFILL_PAIRED"} ;;
     # our weight-only quantized matmuls: their tests on the GPU (Llama shapes against the reference, dynamic
     # compile with CUDA graphs, an int4 AOTInductor package), then their benchmark against bf16 and torchao
-    quant) step 240 pytest_quant python3 -m pytest -q -p no:cacheprovider -rf tests/ops/test_quant_matmul_kernels.py \
+    quant) step 240 pytest_quant python3 -m pytest -q -p no:cacheprovider -rf tests/ops/test_quant_matmul_kernels.py tests/ops/test_quant_matmul_gemv.py tests/ops/test_launch_keywords.py \
              tests/ops/test_quant_matmul_op.py tests/functional/test_quant_linear.py tests/nn/test_quant_linear.py \
              tests/deploy/test_quantize_kernels.py tests/reference/test_quant_matmul.py
            step 200 bench_quant_matmul python3 benchmarks/bench_quant_matmul.py --out "$work/results" \
