@@ -129,3 +129,28 @@ def test_the_other_workers_are_stopped_while_one_measures() -> None:
     finally:
         other.kill()
         other.wait()
+
+
+def test_judge_and_summary_count_the_queued_protocol_apart() -> None:
+    mod = _load_script()
+    v = {"verdict": "compile", "speedup": 1.5, "low": 1.4, "high": 1.6, "eager_ms": 3.0, "compiled_ms": 2.0,
+         "why": None}
+    rows = [mod.judge({"name": "a", "careful": {"speedup": 1.5}, "careful_queued": {"speedup": 0.8}, "verdict": v}),
+            mod.judge({"name": "b", "careful": {"speedup": 1.05}, "careful_queued": {"speedup": 1.3}, "verdict": v}),
+            mod.judge({"name": "c", "careful": {"speedup": 2.0}, "verdict": v})]
+    assert (rows[0]["agree"], rows[0]["agree_queued"]) == (True, False)
+    assert (rows[1]["decisive"], rows[1]["agree"], rows[1]["agree_queued"]) == (False, None, True)
+    assert "agree_queued" not in rows[2]  # a CPU row: one protocol
+    s = mod.summary(rows)
+    assert (s["decisive"], s["agree"]) == (2, 2) and s["queued"] == {"decisive": 2, "agree": 1, "agreement": 0.5}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("queued", [False, True])
+def test_careful_timing_on_cuda(queued: bool) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    a = torch.randn(2048, 2048, device="cuda")
+    out = _load_script().careful_timing(lambda: a @ a @ a @ a, lambda: a @ a, torch.device("cuda"), budget_s=0.2,
+                                        rounds=(25, 50), queued=queued)
+    assert out["rounds"] >= 25 and 2.0 < out["speedup"] < 4.0  # three matmuls against one
