@@ -12,7 +12,7 @@
 #   under FSDP2, torchrun over every GPU); e2e_families e2e_packed e2e_long (the e2e step on Qwen3 and Gemma 3,
 #   on packed rows, at long context; each ~9 min, one run of its own);
 #   probes: mlp_sweep ce_sweep onepass flce_chunks reinplace rope_flat flex_docs aoti aoti_diagnose
-#   aoti_toolchain quant_decode e2e_norms e2e_memory memory_timeline adamw e2e_host
+#   aoti_toolchain quant_decode e2e_norms e2e_memory memory_timeline channels_last adamw e2e_host
 #   host (opt-in, < 30 s): benchmarks/probes/probe_host.py, ours vs eager torch at launch-bound shapes (do_bench medians)
 #   KP_GPU_BUDGET_S (default 570): the whole run's limit in seconds; a step starts only with >= 20 s
 #   left and is stopped by SIGINT at its own limit or the budget, whichever comes first. A benchmark
@@ -214,6 +214,10 @@ for s in $steps; do
     # what is live at the e2e step's memory peak, by variant (up to about 2 min each: compile, steps, the trace)
     e2e_memory) step 300 probe_e2e_memory python3 benchmarks/probes/probe_e2e_memory.py \
                   --variants "${KP_E2E_MEMORY_VARIANTS:-ours+compile,ours+compile@noreuse}" ;;
+    # channels_last against NCHW on resnet50 and convnext_tiny (bf16, batch 64, train mode), eager and compiled,
+    # fwd and fwd+bwd, events and CUDA graphs (docs/examples/cnn_optimization.md)
+    channels_last) step 480 probe_channels_last python3 benchmarks/probes/probe_channels_last.py \
+                     --out "$work/results/channels_last.md" ${KP_CL_MODELS:+--models "$KP_CL_MODELS"} ;;
     # the guide's memory timeline: one e2e training step per provider, bytes allocated over time (JSON for
     # scripts/guide_figures.py; commit it as benchmarks/results/memory_timeline_<device>.json) and the peaks' report
     memory_timeline) step 360 probe_memory_timeline python3 benchmarks/probes/probe_e2e_memory.py \
