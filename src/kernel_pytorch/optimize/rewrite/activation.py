@@ -25,48 +25,18 @@ from kernel_pytorch.functional._dispatch import KERNEL_DTYPES
 from kernel_pytorch.optimize.rewrite.pattern import Pattern
 
 
-def kp_swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    """silu(gate) * up, ours (one node in a rewritten graph)."""
-    return kp_functional.gated_act(gate, up, "silu")
+def kp_gated_act(gate: Tensor, up: Tensor, activation: str) -> Tensor:
+    """act(gate) * up, ours (one node in a rewritten graph; the activation's name a constant argument)."""
+    return kp_functional.gated_act(gate, up, activation)
 
 
-def kp_geglu(gate: Tensor, up: Tensor) -> Tensor:
-    """gelu(gate) * up, ours (one node in a rewritten graph)."""
-    return kp_functional.gated_act(gate, up, "gelu")
+def kp_bias_act(x: Tensor, bias: Tensor, activation: str) -> Tensor:
+    """act(x + bias), ours (one node in a rewritten graph; the activation's name a constant argument)."""
+    return kp_functional.bias_act(x, bias, activation)
 
 
-def kp_geglu_tanh(gate: Tensor, up: Tensor) -> Tensor:
-    """gelu(gate, approximate="tanh") * up, ours (one node in a rewritten graph)."""
-    return kp_functional.gated_act(gate, up, "gelu_tanh")
-
-
-torch.fx.wrap("kp_swiglu")
-torch.fx.wrap("kp_geglu")
-torch.fx.wrap("kp_geglu_tanh")
-
-
-def kp_bias_silu(x: Tensor, bias: Tensor) -> Tensor:
-    """silu(x + bias), ours (one node in a rewritten graph)."""
-    return kp_functional.bias_act(x, bias, "silu")
-
-
-def kp_bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
-    """gelu(x + bias), ours (one node in a rewritten graph)."""
-    return kp_functional.bias_act(x, bias, "gelu")
-
-
-def kp_bias_gelu_tanh(x: Tensor, bias: Tensor) -> Tensor:
-    """gelu(x + bias, approximate="tanh"), ours (one node in a rewritten graph)."""
-    return kp_functional.bias_act(x, bias, "gelu_tanh")
-
-
-def kp_bias_relu(x: Tensor, bias: Tensor) -> Tensor:
-    """relu(x + bias), ours (one node in a rewritten graph)."""
-    return kp_functional.bias_act(x, bias, "relu")
-
-
-for _name in ("kp_bias_silu", "kp_bias_gelu", "kp_bias_gelu_tanh", "kp_bias_relu"):
-    torch.fx.wrap(_name)
+torch.fx.wrap("kp_gated_act")
+torch.fx.wrap("kp_bias_act")
 
 
 def fits(values: Mapping[str, Any]) -> bool:
@@ -84,22 +54,17 @@ def _op(act: str) -> Callable[[Tensor, Tensor], Tensor]:
     return op
 
 
-def _swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    return kp_swiglu(gate, up)
+def _replace(act: str) -> Callable[[Tensor, Tensor], Tensor]:
+    # by its global name, which torch.fx.wrap patches while a replacement is traced
+    def replace(gate: Tensor, up: Tensor) -> Tensor:
+        return kp_gated_act(gate, up, act)
+    return replace
 
 
-def _geglu(gate: Tensor, up: Tensor) -> Tensor:
-    return kp_geglu(gate, up)
-
-
-def _geglu_tanh(gate: Tensor, up: Tensor) -> Tensor:
-    return kp_geglu_tanh(gate, up)
-
-
-_ACTS: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[Tensor, Tensor], Tensor]]] = {
-    "silu": (lambda g: F.silu(g), _swiglu),
-    "gelu": (lambda g: F.gelu(g), _geglu),
-    "gelu_tanh": (lambda g: F.gelu(g, approximate="tanh"), _geglu_tanh),
+_ACTS: dict[str, Callable[[Tensor], Tensor]] = {
+    "silu": lambda g: F.silu(g),
+    "gelu": lambda g: F.gelu(g),
+    "gelu_tanh": lambda g: F.gelu(g, approximate="tanh"),
 }
 
 
@@ -115,13 +80,13 @@ ACTIVATION_PATTERNS = tuple(
         kind="gated-act",
         family="activation",
         search=_search(act, left),
-        replace=replace,
+        replace=_replace(name),
         op=_op(name),
         anchor="mul",
         what=f"kernel_pytorch.functional.gated_act(activation={name!r})",
         fits=fits,
     )
-    for name, (act, replace) in _ACTS.items()
+    for name, act in _ACTS.items()
     for left in (True, False)
 )
 
@@ -134,15 +99,9 @@ def bias_fits(values: Mapping[str, Any]) -> bool:
 
 
 def _bias_replace(act: str) -> Callable[[Tensor, Tensor], Tensor]:
-    # by their global names, which torch.fx.wrap patches while a replacement is traced
+    # by its global name, which torch.fx.wrap patches while a replacement is traced
     def replace(x: Tensor, bias: Tensor) -> Tensor:
-        if act == "silu":
-            return kp_bias_silu(x, bias)
-        if act == "gelu":
-            return kp_bias_gelu(x, bias)
-        if act == "gelu_tanh":
-            return kp_bias_gelu_tanh(x, bias)
-        return kp_bias_relu(x, bias)
+        return kp_bias_act(x, bias, act)
     return replace
 
 
@@ -185,5 +144,4 @@ BIAS_ACT_PATTERNS = tuple(
     for x_first in (True, False)
 )
 
-__all__ = ["ACTIVATION_PATTERNS", "BIAS_ACT_PATTERNS", "bias_fits", "fits", "kp_bias_gelu", "kp_bias_gelu_tanh",
-           "kp_bias_relu", "kp_bias_silu", "kp_geglu", "kp_geglu_tanh", "kp_swiglu"]
+__all__ = ["ACTIVATION_PATTERNS", "BIAS_ACT_PATTERNS", "bias_fits", "fits", "kp_bias_act", "kp_gated_act"]
