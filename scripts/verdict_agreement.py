@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ROOT / "benchmarks" / "verdict_corpus"
 DECISIVE = 0.10  # careful medians further apart than this make a model decisive
 QUEUED_SYNC_ROUNDS = 10  # the queued protocol reads its events (and lets the queue drain) this often
+CAREFUL_CUDA_S = 0.6  # per protocol on CUDA: two protocols in about the time one took (corpus run of ~8 min)
 FLUSH_BYTES = 256 * 2**20
 
 Inputs = Any  # a tuple of positional arguments or a dict of keyword arguments
@@ -279,12 +280,14 @@ def warm_compile(model: Any, inputs: Inputs) -> Callable[[], Any]:
 
 
 def careful(model: Any, compiled: Any, inputs: Inputs, device: Any, queued: bool = False) -> dict[str, float]:
-    """`careful_timing` of the eager and the compiled model under no_grad."""
+    """`careful_timing` of the eager and the compiled model under no_grad; on CUDA, where each model is timed
+    by both protocols while the other workers wait, CAREFUL_CUDA_S of rounds each (at least 20 rounds)."""
     import torch
 
+    budget = CAREFUL_CUDA_S if device.type == "cuda" else 1.0
     with torch.no_grad():
         return careful_timing(partial(_call, model, inputs), partial(_call, compiled, inputs), device,
-                              queued=queued)
+                              budget_s=budget, queued=queued)
 
 
 def verdict(entry: Entry, model: Any, inputs: Inputs) -> dict[str, Any]:
