@@ -2,8 +2,8 @@
 head called as a module into cross-entropy: found, replaced, validated (outputs and gradients), reported at
 the analyser's line; near misses (a softmax over another dim, a learned scale, a finite fill value) left
 alone; a fill mask proven causal carried as is_causal=True, and no other (an upper triangle, a tril buffer
-with one entry changed), an additive mask proven causal carried the same way; one head written without
-its dim (3-D q, k, v) rewritten too; in the Inductor pass, the graph holds SDPA and our loss op."""
+with one entry changed); in the Inductor pass, the graph holds SDPA and our loss op. Additive causal masks:
+test_rewrite_causal_add.py; one head written without its dim: test_rewrite_single_head.py."""
 
 from __future__ import annotations
 
@@ -236,79 +236,6 @@ def test_attention_causal_runs_the_dense_mask_off_the_square() -> None:
     close(kp_attention_causal(q, k, v, 2.0, 4, 6, 2, "div"), written)
 
 
-class AdditiveMaskAttention(nn.Module):
-    """An additive mask `s + mask`: built in the forward (`torch.full((t, t), -inf).triu(1)`, `torch.triu(
-    torch.ones(t, t) * -inf, diagonal=1)`), or a buffer sliced [:t, :t] (0 on and below the diagonal, -inf
-    above); near misses: a buffer with one entry changed, a triu shifted by one, a finite fill."""
-
-    def __init__(self, mask: str) -> None:
-        super().__init__()
-        self.mask = mask
-        self.proj = nn.Linear(C, 3 * C)
-        buffer = torch.full((T + 2, T + 2), float("-inf")).triu(1)
-        if mask == "buffer-changed":
-            buffer[T + 1, 0] = -1.0  # outside every [:t, :t] a call reads: the proof covers the whole buffer
-        self.register_buffer("causal", buffer.view(1, 1, T + 2, T + 2))
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, _ = x.shape
-        q, k, v = self.proj(x).view(b, t, 3, H, C // H).permute(2, 0, 3, 1, 4).unbind(0)
-        if self.mask == "built":
-            m = torch.full((t, t), float("-inf"), device=x.device).triu(1)
-        elif self.mask == "built-ones":
-            m = torch.triu(torch.ones((t, t), device=x.device) * float("-inf"), diagonal=1)
-        elif self.mask == "shifted":
-            m = torch.full((t, t), float("-inf"), device=x.device).triu(2)
-        elif self.mask == "finite":
-            m = torch.full((t, t), -1e9, device=x.device).triu(1)
-        else:
-            m = self.causal[:, :, :t, :t]
-        att = (q @ k.transpose(-2, -1)) * 0.5 + m
-        return (att.softmax(-1) @ v).sum(1)
-
-
-@pytest.mark.parametrize("mask,causal", [("built", True), ("built-ones", True), ("buffer", True),
-                                         ("buffer-changed", False), ("shifted", False), ("finite", False)])
-def test_attention_additive_causal_mask_only_where_proven(mask: str, causal: bool,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernel_pytorch import functional
-
-    model, report = optimize(_build(AdditiveMaskAttention, mask=mask), _x(), components=False, compile=False,
-                             rewrite="attention")
-    (r,) = report.rewrites
-    assert report.passed and r.status == "applied" and ("is_causal=True" in r.after) == causal
-    calls: list[dict[str, object]] = []
-    attention = functional.attention
-    monkeypatch.setattr(functional, "attention", lambda *a, **kw: calls.append(kw) or attention(*a, **kw))
-    same_outputs_and_grads(model, _build(AdditiveMaskAttention, mask=mask), _x())
-    shorter = (torch.randn(B, T - 2, C, device=DEV),)  # another length: the slice follows it
-    close(model(*shorter), _build(AdditiveMaskAttention, mask=mask)(*shorter))
-    assert len(calls) == 2 and all((c.get("is_causal", False), c.get("mask") is None) == (causal, causal)
-                                   for c in calls)
-
-
-def test_attention_additive_causal_runs_the_dense_mask_off_the_square() -> None:
-    from kernel_pytorch.optimize.rewrite.causal import kp_attention_causal
-
-    q, k, v = (torch.randn(1, 2, n, 4, device=DEV) for n in (3, 4, 4))
-    # a [:3, :3] additive mask does not broadcast to 3 x 4 scores: the written code's own error
-    with pytest.raises(RuntimeError):
-        kp_attention_causal(q, k, v, 2.0, 3, 6, 2, "mul", torch.float32)
-    q = torch.randn(1, 2, 4, 4, device=DEV)
-    mask = torch.full((4, 4), float("-inf"), device=DEV).triu(1)
-    written = ((q @ k.transpose(-2, -1)) * 2.0 + mask).softmax(-1) @ v
-    close(kp_attention_causal(q, k, v, 2.0, 4, 6, 2, "mul", torch.float32), written)
-
-
-@pytest.mark.parametrize("mask,causal", [("built", True), ("buffer", True), ("shifted", False)])
-def test_attention_additive_causal_mask_in_the_inductor_pass(mask: str, causal: bool) -> None:
-    rewrite, pre_grad, _ = recording_pass("attention")
-    torch._dynamo.reset()
-    model = torch.compile(_build(AdditiveMaskAttention, mask=mask), options={"pre_grad_custom_pass": pre_grad})
-    same_outputs_and_grads(model, _build(AdditiveMaskAttention, mask=mask), _x())
-    assert rewrite.counts == ({"attention": 1, "attention.causal": 1} if causal else {"attention": 1})
-
-
 @pytest.mark.parametrize("mask,causal", [("built-sizes", True), ("tril-changed", False)])
 def test_attention_causal_mask_in_the_inductor_pass(mask: str, causal: bool) -> None:
     rewrite, pre_grad, _ = recording_pass("attention")
@@ -316,55 +243,3 @@ def test_attention_causal_mask_in_the_inductor_pass(mask: str, causal: bool) -> 
     model = torch.compile(_build(MaskedAttention, mask=mask), options={"pre_grad_custom_pass": pre_grad})
     same_outputs_and_grads(model, _build(MaskedAttention, mask=mask), _x())
     assert rewrite.counts == ({"attention": 1, "attention.causal": 1} if causal else {"attention": 1})
-
-
-class SingleHeadAttention(nn.Module):
-    """One head without its dim: q, k, v (B, T, C); no mask, a 2-D tril buffer as a fill mask (causal), or
-    a (B, T, T) additive float mask."""
-
-    def __init__(self, mask: str) -> None:
-        super().__init__()
-        self.mask = mask
-        self.proj = nn.Linear(C, 3 * C)
-        self.register_buffer("bias", torch.ones(T, T).tril())
-
-    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
-        t = x.shape[1]
-        q, k, v = self.proj(x).chunk(3, dim=-1)
-        att = (q @ k.transpose(-2, -1)) / 4.0
-        if self.mask == "fill":
-            att = att.masked_fill(self.bias[:t, :t] == 0, float("-inf"))
-        elif self.mask == "add":
-            att = att + bias
-        return att.softmax(dim=-1) @ v
-
-
-def _single_head_inputs() -> tuple[Tensor, Tensor]:
-    return torch.randn(B, T, C, device=DEV), torch.randn(B, T, T, device=DEV)
-
-
-@pytest.mark.parametrize("mask", ["none", "fill", "add"])
-def test_single_head_attention_rewritten(mask: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernel_pytorch import functional
-
-    inputs = _single_head_inputs()
-    model, report = optimize(_build(SingleHeadAttention, mask=mask), inputs, components=False, compile=False,
-                             rewrite="attention")
-    (r,) = report.rewrites
-    assert report.passed and (r.kind, r.status) == ("attention", "applied")
-    assert ("is_causal=True" in r.after) == (mask == "fill")
-    calls: list[tuple[int, dict[str, object]]] = []
-    attention = functional.attention
-    monkeypatch.setattr(functional, "attention",
-                        lambda q, *a, **kw: calls.append((q.dim(), kw)) or attention(q, *a, **kw))
-    same_outputs_and_grads(model, _build(SingleHeadAttention, mask=mask), inputs)
-    # our attention ran, on one head of 4-D tensors (not the written code's fallback)
-    assert len(calls) == 1 and calls[0][0] == 4 and calls[0][1].get("is_causal", False) == (mask == "fill")
-
-
-def test_single_head_attention_in_the_inductor_pass() -> None:
-    rewrite, pre_grad, seen = recording_pass("attention")
-    torch._dynamo.reset()
-    model = torch.compile(_build(SingleHeadAttention, mask="fill"), options={"pre_grad_custom_pass": pre_grad})
-    same_outputs_and_grads(model, _build(SingleHeadAttention, mask="fill"), _single_head_inputs())
-    assert rewrite.counts == {"attention": 1, "attention.causal": 1} and not any("softmax" in t for t in seen)

@@ -1,7 +1,8 @@
 """optimize(rewrite="attention") on an additive causal mask (0 on and below the diagonal, -inf above): a
 buffer sliced [:t, :t] whose whole square is that mask, or `torch.full((t, t), -inf).triu(1)` built in the
-forward, carried as is_causal=True with no mask, reported at the q @ k^T line; any other additive mask (a
-finite entry, a -1e9 fill, another diagonal, the lower triangle) stays the dense mask it is."""
+forward (or `torch.ones((t, t)) * -inf` under the triu), carried as is_causal=True with no mask, reported at
+the q @ k^T line; any other additive mask (a finite entry, a -1e9 fill, another diagonal, the lower
+triangle) stays the dense mask it is."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.optimize.rewrite_checks import close, marked_line, recording_pass, sa
 
 DEV = device_under_test()
 B, T, C, H = 2, 5, 16, 2
-CAUSAL = ("buffer", "built", "torch-triu")
+CAUSAL = ("buffer", "built", "torch-triu", "ones-times-inf")
 DENSE = ("finite-entry", "finite-fill", "shifted", "lower")
 
 
@@ -39,6 +40,8 @@ class AdditiveMask(nn.Module):
             m = full.triu(1)
         elif self.mask == "torch-triu":
             m = torch.triu(full, diagonal=1)
+        elif self.mask == "ones-times-inf":
+            m = torch.triu(torch.ones((t, t), device=x.device) * float("-inf"), diagonal=1)
         elif self.mask == "finite-fill":
             m = torch.full((t, t), -1e9, device=x.device).triu(1)
         elif self.mask == "shifted":
