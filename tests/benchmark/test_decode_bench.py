@@ -4,9 +4,7 @@ provider a row with its reason, the budget and SIGINT honoured), and benchmark.d
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,17 +12,12 @@ import torch
 
 from kernel_pytorch.benchmark.decode import compiled_frames, time_steps
 from kernel_pytorch.benchmark.results import BenchmarkResults
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_decode.py"
+from tests.benchmark.scripts import load_bench
 
 
 def _bench():  # noqa: ANN202 (the script as a module)
     pytest.importorskip("transformers")
-    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_decode")
 
 
 def test_time_steps_runs_consecutive_steps_after_reset() -> None:

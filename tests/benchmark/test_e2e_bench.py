@@ -5,7 +5,6 @@ misspelt or replaced name is an error naming the right one."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from kernel_pytorch.benchmark.results import BenchmarkResults
+from tests.benchmark.scripts import load_bench
 
 pytest.importorskip("transformers")
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_e2e.py"
@@ -25,11 +25,7 @@ from e2e.providers import VARIANTS, Provider, Variant, parse  # noqa: E402
 
 
 def _bench():  # noqa: ANN202 (the script as a module)
-    spec = importlib.util.spec_from_file_location("bench_e2e", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_e2e")
 
 
 def test_quick_cpu_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

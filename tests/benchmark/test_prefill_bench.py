@@ -4,26 +4,19 @@ budget and SIGINT honoured; and the floor's GEMM shapes and FLOPs."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from kernel_pytorch.benchmark.results import BenchmarkResults
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_prefill.py"
+from tests.benchmark.scripts import load_bench
 
 
 def _bench():  # noqa: ANN202 (the script as a module)
     pytest.importorskip("transformers")
-    spec = importlib.util.spec_from_file_location("bench_prefill", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_prefill")
 
 
 def _run(bench, tmp_path: Path, *args: str) -> tuple[int, dict, BenchmarkResults]:  # noqa: ANN001

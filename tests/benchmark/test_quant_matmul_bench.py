@@ -3,23 +3,16 @@ reference before timing, an unknown provider a row with its reason and a nonzero
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from kernel_pytorch.benchmark.results import BenchmarkResults
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_quant_matmul.py"
+from tests.benchmark.scripts import load_bench
 
 
 def _bench():  # noqa: ANN202 (the script as a module)
-    spec = importlib.util.spec_from_file_location("bench_quant_matmul", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_quant_matmul")
 
 
 def test_help(capsys: pytest.CaptureFixture[str]) -> None:
